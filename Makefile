@@ -1,0 +1,45 @@
+# The two commands of a fresh machine are `make run` and `make test`; each does its own set-up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PACKAGES := protos/python libs/workqueue libs/runtime services/schema_catalog services/controlplane services/connectors services/integration
+STAMP := $(VENV)/.setup-stamp
+PROTOS := $(shell find protos/nexuscrm -name '*.proto')
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
+
+.PHONY: setup protos test run lint typecheck fmt clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements/constraints.txt requirements/dev.txt $(PYPROJECTS) $(PROTOS) protos/generate.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt grpcio-tools protobuf
+	$(BIN)/python protos/generate.py > /dev/null
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -r requirements/dev.txt $(addprefix -e ,$(PACKAGES))
+	touch $@
+
+protos: setup
+	$(BIN)/python protos/generate.py
+
+test: setup
+	bash tests/integration/connector-projection-ranges.sh
+
+run: setup
+	$(BIN)/nexuscrm-run
+
+lint: setup
+	$(BIN)/buf lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy libs services tests protos/generate.py
+
+fmt: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) protos/python/nexuscrm var

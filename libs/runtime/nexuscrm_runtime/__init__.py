@@ -1,0 +1,1 @@
+"""Plumbing shared by the four NexusCRM services; no domain logic lives here."""

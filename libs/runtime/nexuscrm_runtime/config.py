@@ -1,0 +1,77 @@
+"""Reading service configuration from the environment, once, with errors that name the variable."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from sqlalchemy.engine import make_url
+
+DEFAULT_DSN = "sqlite:///var/nexuscrm.db"
+
+
+class ConfigError(ValueError):
+    """A configuration variable is missing or malformed; the message names it."""
+
+
+def env_str(name: str, default: str) -> str:
+    """The variable's value, or ``default`` when unset or empty."""
+    return os.environ.get(name) or default
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    """The variable as an integer of at least ``minimum``."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def dsn_backend(dsn: str) -> str:
+    """The backend a DSN names ("sqlite", "mysql"): all of a DSN that may reach a log line."""
+    return make_url(dsn).get_backend_name()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServiceConfig:
+    """Settings every service reads from the environment.
+
+    ``dsn``: database URL (``NEXUSCRM_DSN``; default: embedded SQLite under ``var/``).
+    ``address``: host:port to listen on (``NEXUSCRM_<SERVICE>_ADDRESS``; port 0 = any free port).
+    ``grace_seconds``: how long SIGTERM waits for in-flight RPCs (``NEXUSCRM_GRACE_SECONDS``).
+    ``max_workers``: RPC handler threads (``NEXUSCRM_MAX_WORKERS``).
+    ``port_file``: where to write the bound port once serving (``NEXUSCRM_PORT_FILE``; for
+    launchers and tests that bind port 0).
+    """
+
+    dsn: str
+    address: str
+    grace_seconds: int = 10
+    max_workers: int = 16
+    port_file: str = ""
+
+    def __post_init__(self) -> None:
+        host, _, port = self.address.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"listen address must be host:port, got {self.address!r}")
+        try:
+            make_url(self.dsn)
+        except Exception:
+            raise ConfigError("NEXUSCRM_DSN is not a valid database URL") from None
+
+    @classmethod
+    def from_env(cls, service: str, default_port: int) -> ServiceConfig:
+        """Read the configuration of ``service`` (for example ``CONNECTORS``)."""
+        return cls(
+            dsn=env_str("NEXUSCRM_DSN", DEFAULT_DSN),
+            address=env_str(f"NEXUSCRM_{service}_ADDRESS", f"127.0.0.1:{default_port}"),
+            grace_seconds=env_int("NEXUSCRM_GRACE_SECONDS", 10),
+            max_workers=env_int("NEXUSCRM_MAX_WORKERS", 16, minimum=1),
+            port_file=env_str("NEXUSCRM_PORT_FILE", ""),
+        )

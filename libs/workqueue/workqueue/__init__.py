@@ -1,0 +1,23 @@
+"""The shared workqueue vocabulary: every owner imports these names, none owns them."""
+
+from workqueue.errors import DomainError, ErrorKind
+from workqueue.identity import (
+    KEY_VERSION,
+    ProjectionIdentity,
+    ProjectionKey,
+    decode_projection_key,
+)
+from workqueue.statuses import TERMINAL_WORK_STATUSES, EventStatus, ReceiptState, WorkStatus
+
+__all__ = [
+    "KEY_VERSION",
+    "TERMINAL_WORK_STATUSES",
+    "DomainError",
+    "ErrorKind",
+    "EventStatus",
+    "ProjectionIdentity",
+    "ProjectionKey",
+    "ReceiptState",
+    "WorkStatus",
+    "decode_projection_key",
+]

@@ -1,0 +1,39 @@
+"""Statuses shared by every owner (see docs/state-machine.md)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class WorkStatus(enum.StrEnum):
+    """Status of a WorkItem (one generation)."""
+
+    PENDING = "pending"
+    BLOCKED = "blocked"  # waits for its predecessor of the same identity
+    PROCESSING = "processing"
+    RETRY = "retry"  # waits for NextAttemptAt
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+TERMINAL_WORK_STATUSES = frozenset({WorkStatus.COMPLETED, WorkStatus.FAILED})
+NONTERMINAL_WORK_STATUSES = frozenset(set(WorkStatus) - TERMINAL_WORK_STATUSES)
+
+
+class EventStatus(enum.StrEnum):
+    """Status of an Event; claim moves only the selected Event to processing."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    PROCESSED = "processed"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+class ReceiptState(enum.StrEnum):
+    """State of an ingress receipt."""
+
+    STORED = "stored"  # durable, not admitted yet (fenced, or the admission crashed)
+    ADMITTED = "admitted"  # an Event exists; confirmation not yet recorded
+    CONFIRMED = "confirmed"
+    COVERAGE_MISSING = "coverage_missing"  # a duplicate whose input has no generation

@@ -1,0 +1,1 @@
+"""Connectors: receipts, Events and WorkItems of source projection."""

@@ -1,0 +1,1 @@
+"""Controlplane: pack lifecycle, fences, protocol rows and cutover."""

@@ -1,0 +1,1 @@
+"""Core Integration Service: activation gate and worker host."""

@@ -1,0 +1,173 @@
+"""Starting the four services as separate processes on OS-chosen ports, and stopping them.
+
+Used by ``nexuscrm-run`` and by the acceptance tests. Each child binds port 0 and publishes
+the port it got through ``NEXUSCRM_PORT_FILE``; the launcher then waits until the child's
+health service answers SERVING.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+STARTUP_TIMEOUT = 60.0  # seconds for a service to report SERVING
+STOP_TIMEOUT = 20.0  # seconds between SIGTERM and SIGKILL
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServiceSpec:
+    """How to start one service: its module and the environment prefix of its settings."""
+
+    name: str
+    module: str
+    env_name: str
+    service_name: str
+
+
+SCHEMA_CATALOG = ServiceSpec(
+    name="schema-catalog",
+    module="nexuscrm_schema_catalog.main",
+    env_name="SCHEMA_CATALOG",
+    service_name="nexuscrm.schemacatalog.v1.SchemaCatalogService",
+)
+CONTROLPLANE = ServiceSpec(
+    name="controlplane",
+    module="nexuscrm_controlplane.main",
+    env_name="CONTROLPLANE",
+    service_name="nexuscrm.controlplane.v1.ControlplaneService",
+)
+CONNECTORS = ServiceSpec(
+    name="connectors",
+    module="nexuscrm_connectors.main",
+    env_name="CONNECTORS",
+    service_name="nexuscrm.connectors.v1.ConnectorsService",
+)
+INTEGRATION = ServiceSpec(
+    name="integration",
+    module="nexuscrm_integration.main",
+    env_name="INTEGRATION",
+    service_name="nexuscrm.integration.v1.IntegrationService",
+)
+# The schema catalog starts first: it applies the canonical schema the others need.
+ALL_SERVICES = (SCHEMA_CATALOG, CONTROLPLANE, CONNECTORS, INTEGRATION)
+
+
+class LaunchError(RuntimeError):
+    """A service did not start or did not become healthy; the message says which and why."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class ServiceProcess:
+    """A running service process and where it listens."""
+
+    spec: ServiceSpec
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        """host:port for clients."""
+        return f"127.0.0.1:{self.port}"
+
+
+def health_status(address: str, service_name: str = "", timeout: float = 2.0) -> str:
+    """The health status name a service reports ("SERVING", "NOT_SERVING", ...)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        response = stub.Check(health_pb2.HealthCheckRequest(service=service_name), timeout=timeout)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+def _wait_for_port(spec: ServiceSpec, process: subprocess.Popen[bytes], port_file: Path, log_path: Path) -> int:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if port_file.exists():
+            return int(port_file.read_text())
+        if process.poll() is not None:
+            raise LaunchError(f"{spec.name} exited with {process.returncode} during startup; see {log_path}")
+        time.sleep(0.05)
+    raise LaunchError(f"{spec.name} did not bind a port within {STARTUP_TIMEOUT:.0f}s; see {log_path}")
+
+
+def _wait_serving(service: ServiceProcess) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while True:
+        try:
+            if health_status(service.address, service.spec.service_name) == "SERVING":
+                return
+        except grpc.RpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"{service.spec.name} is not SERVING after {STARTUP_TIMEOUT:.0f}s; see {service.log_path}"
+            )
+        time.sleep(0.1)
+
+
+def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -> ServiceProcess:
+    """Start one service on port 0 with ``env`` added to this process's environment."""
+    port_file = workdir / f"{spec.name}.port"
+    port_file.unlink(missing_ok=True)
+    log_path = workdir / f"{spec.name}.log"
+    child_env = {
+        **os.environ,
+        **env,
+        f"NEXUSCRM_{spec.env_name}_ADDRESS": "127.0.0.1:0",
+        "NEXUSCRM_PORT_FILE": str(port_file),
+    }
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", spec.module], env=child_env, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    port = _wait_for_port(spec, process, port_file, log_path)
+    return ServiceProcess(spec=spec, process=process, port=port, log_path=log_path)
+
+
+def start_services(specs: Sequence[ServiceSpec], *, env: Mapping[str, str], workdir: Path) -> list[ServiceProcess]:
+    """Start ``specs`` in order, each healthy before the next.
+
+    Each service gets the addresses of those started before it (``NEXUSCRM_<NAME>_TARGET``).
+    On failure, stops what started and raises.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    started: list[ServiceProcess] = []
+    targets: dict[str, str] = {}
+    try:
+        for spec in specs:
+            service = start_service(spec, env={**env, **targets}, workdir=workdir)
+            started.append(service)
+            _wait_serving(service)
+            targets[f"NEXUSCRM_{spec.env_name}_TARGET"] = service.address
+    except BaseException:
+        stop_services(started)
+        raise
+    return started
+
+
+def stop_services(services: Sequence[ServiceProcess], timeout: float = STOP_TIMEOUT) -> dict[str, int]:
+    """Stop services and return each one's exit code.
+
+    Sends SIGTERM to every service (last started first) and SIGKILL to any still running
+    after ``timeout`` seconds.
+    """
+    for service in reversed(services):
+        if service.process.poll() is None:
+            service.process.send_signal(signal.SIGTERM)
+    codes: dict[str, int] = {}
+    for service in reversed(services):
+        try:
+            codes[service.spec.name] = service.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            service.process.kill()
+            codes[service.spec.name] = service.process.wait()
+    return codes

@@ -1,0 +1,1 @@
+"""Core schema catalog: the canonical tables and their migrations."""

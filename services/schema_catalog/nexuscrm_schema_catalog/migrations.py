@@ -1,0 +1,120 @@
+"""Versioned, additive migrations of the canonical schema.
+
+Version 1 is the pre-upgrade schema: WorkItem already has ReplayOfWorkId but no
+InputStartOrdinal, and there is no protocol table. Version 2 is the additive upgrade of the
+specification: a nullable WorkItem.InputStartOrdinal and the immutable
+_System_ConnectorProjectionProtocol table. Steps only create tables, indexes and nullable
+columns, each guarded so a repeated or concurrent run is a no-op; no step writes a data row
+other than its own _System_SchemaVersion record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_schema_catalog import tables
+from workqueue.errors import InvalidArgument
+
+V2_COLUMN = "InputStartOrdinal"
+V2_TABLES = (tables.ConnectorProjectionProtocol,)
+
+
+def _v1_metadata() -> sa.MetaData:
+    """The canonical tables as they were at version 1."""
+    v1 = sa.MetaData()
+    for table in tables.metadata.sorted_tables:
+        if table in V2_TABLES:
+            continue
+        if table is tables.WorkItem:
+            sa.Table(
+                table.name,
+                v1,
+                *(column._copy() for column in table.columns if column.name != V2_COLUMN),
+                *(sa.Index(index.name, *index.columns.keys(), unique=index.unique) for index in table.indexes),
+                **tables.MYSQL_TABLE_OPTIONS,
+            )
+        else:
+            table.to_metadata(v1)
+    return v1
+
+
+def _apply_v1(connection: Connection) -> None:
+    _v1_metadata().create_all(connection, checkfirst=True)
+
+
+def _apply_v2(connection: Connection) -> None:
+    columns = {c["name"] for c in sa.inspect(connection).get_columns(tables.WorkItem.name)}
+    if V2_COLUMN not in columns:
+        operations = Operations(MigrationContext.configure(connection))
+        operations.add_column(tables.WorkItem.name, sa.Column(V2_COLUMN, sa.BigInteger, nullable=True))
+    tables.metadata.create_all(connection, tables=list(V2_TABLES), checkfirst=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One schema version and the additive DDL that reaches it."""
+
+    version: int
+    name: str
+    apply: Callable[[Connection], None]
+
+
+STEPS = (
+    Step(1, "v1_pre_upgrade_schema", _apply_v1),
+    Step(2, "v2_projection_input_ranges", _apply_v2),
+)
+NEWEST_VERSION = STEPS[-1].version
+
+
+def current_version(connection: Connection) -> int:
+    """The newest applied version, 0 for an empty database."""
+    if not sa.inspect(connection).has_table(tables.SchemaVersion.name):
+        return 0
+    version = connection.execute(sa.select(sa.func.max(tables.SchemaVersion.c.Version))).scalar()
+    return int(version or 0)
+
+
+def apply_schema(engine: Engine, target_version: int = 0) -> tuple[int, int, list[str]]:
+    """Migrate forward to ``target_version`` (0 = newest); return (from, to, applied step names).
+
+    Idempotent. Never migrates backwards: a target below the current version changes nothing.
+    """
+    target = target_version or NEWEST_VERSION
+    if not 0 < target <= NEWEST_VERSION:
+        raise InvalidArgument(
+            f"target_version must be between 1 and {NEWEST_VERSION}, got {target_version}",
+            field="target_version",
+        )
+    with engine.connect() as connection:
+        start = current_version(connection)
+    applied: list[str] = []
+    for step in STEPS:
+        if start < step.version <= target:
+            with engine.begin() as connection:
+                step.apply(connection)
+                tables.SchemaVersion.create(connection, checkfirst=True)
+                _record(connection, step)
+            applied.append(step.name)
+    with engine.connect() as connection:
+        return start, current_version(connection), applied
+
+
+def _record(connection: Connection, step: Step) -> None:
+    exists = connection.execute(
+        sa.select(tables.SchemaVersion.c.Version).where(tables.SchemaVersion.c.Version == step.version)
+    ).first()
+    if exists is None:
+        connection.execute(
+            tables.SchemaVersion.insert().values(
+                Version=step.version,
+                Step=step.name,
+                AppliedAt=dt.datetime.now(dt.UTC).replace(tzinfo=None),
+            )
+        )

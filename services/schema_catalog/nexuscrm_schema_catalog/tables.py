@@ -1,0 +1,178 @@
+"""The canonical schema, at the newest version, as SQLAlchemy Core tables.
+
+Names are canonical (see DESIGN.md) and PascalCase. Every string column compares
+byte-for-byte (``utf8mb4_bin`` on MySQL/TiDB; SQLite's default BINARY), so keys that differ
+only in case or accents never collide. Every index says which query it serves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+from workqueue.identity import FIELD_MAX_LENGTHS, PROJECTION_KEY_MAX_LENGTH
+
+metadata = sa.MetaData()
+
+MYSQL_TABLE_OPTIONS: dict[str, Any] = {
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+    "mysql_engine": "InnoDB",
+}
+
+PACK_ID_LENGTH = FIELD_MAX_LENGTHS["pack_install_id"]
+WORK_ID_LENGTH = 36
+RECEIPT_KEY_LENGTH = 255
+NAMESPACE_LENGTH = 64
+STATUS_LENGTH = 16
+
+
+def Timestamp() -> sa.types.TypeEngine[Any]:
+    """Naive UTC timestamp with microseconds on every backend."""
+    return sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+def Payload() -> sa.types.TypeEngine[bytes]:
+    """Opaque payload bytes, up to 16 MiB on MySQL."""
+    return sa.LargeBinary().with_variant(mysql.MEDIUMBLOB(), "mysql", "mariadb")
+
+
+PackInstall = sa.Table(
+    "PackInstall",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("Namespace", sa.String(NAMESPACE_LENGTH), nullable=False),
+    sa.Column("PackName", sa.String(128), nullable=False),
+    sa.Column("PackVersion", sa.String(64), nullable=False),
+    # The per-pack ordinal counter: the last ordinal allocated. Admission and replay lock this
+    # row, so ordinals are allocated in commit order and never reused (never AUTO_INCREMENT).
+    sa.Column("LastOrdinal", sa.BigInteger, nullable=False, server_default="0"),
+    # When the pack's execution became driven by WorkItems alone (the prior v2 handoff).
+    sa.Column("WorkItemHandoffAt", Timestamp(), nullable=True),
+    sa.Column("CreatedAt", Timestamp(), nullable=False),
+    # Lists the packs of a namespace (fences, drain, dashboards).
+    sa.Index("ix_packinstall_namespace", "Namespace"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+AdmissionFence = sa.Table(
+    "AdmissionFence",
+    metadata,
+    sa.Column("FenceId", sa.String(36), primary_key=True),
+    sa.Column("Namespace", sa.String(NAMESPACE_LENGTH), nullable=False),
+    # "*" for the whole namespace, else one PackInstallId.
+    sa.Column("Scope", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("ExpiresAt", Timestamp(), nullable=True),  # NULL: never expires
+    sa.Column("Reason", sa.String(255), nullable=False, server_default=""),
+    sa.Column("CreatedAt", Timestamp(), nullable=False),
+    # The admission fence check: fences of (namespace, '*') and (namespace, pack).
+    sa.Index("ix_admissionfence_scope", "Namespace", "Scope"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+AdmissionFenceOverride = sa.Table(
+    "AdmissionFenceOverride",
+    metadata,
+    sa.Column("FenceId", sa.String(36), primary_key=True),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("ExpiresAt", Timestamp(), nullable=True),  # NULL: until removed
+    sa.Column("CreatedAt", Timestamp(), nullable=False),
+    # The admission fence check: active overrides of one pack.
+    sa.Index("ix_admissionfenceoverride_pack", "PackInstallId"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+IngressReceipt = sa.Table(
+    "IngressReceipt",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("ReceiptKey", sa.String(RECEIPT_KEY_LENGTH), primary_key=True),
+    sa.Column("ProjectionKey", sa.String(PROJECTION_KEY_MAX_LENGTH), nullable=False),
+    sa.Column("PayloadHash", sa.String(64), nullable=False),  # sha256 hex
+    sa.Column("Payload", Payload(), nullable=False),
+    sa.Column("SourceTime", Timestamp(), nullable=True),
+    sa.Column("State", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("ReceivedAt", Timestamp(), nullable=False),
+    sa.Column("ConfirmedAt", Timestamp(), nullable=True),
+    # The materializer scan and operator lists: receipts of a pack in one state, oldest first.
+    sa.Index("ix_ingressreceipt_state", "State", "PackInstallId", "ReceivedAt"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+Event = sa.Table(
+    "Event",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    # Positive and unique per pack; legacy history may hold ordinal 0 (at most one per pack).
+    sa.Column("EnqueueOrdinal", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("ProjectionKey", sa.String(PROJECTION_KEY_MAX_LENGTH), nullable=False),
+    # NULL for replay Events, which no delivery produced.
+    sa.Column("ReceiptKey", sa.String(RECEIPT_KEY_LENGTH), nullable=True),
+    sa.Column("PayloadHash", sa.String(64), nullable=False),
+    sa.Column("Payload", Payload(), nullable=False),
+    sa.Column("SourceTime", Timestamp(), nullable=True),  # recorded, never used for membership
+    sa.Column("Status", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("IsReplay", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("CreatedAt", Timestamp(), nullable=False),
+    # Duplicate detection: the Event of a receipt.
+    sa.Index("uq_event_receipt", "PackInstallId", "ReceiptKey", unique=True),
+    # The source-lane index: payload range reads and audit scans per identity.
+    sa.Index("ix_event_source_lane", "PackInstallId", "ProjectionKey", "EnqueueOrdinal"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+WorkItem = sa.Table(
+    "WorkItem",
+    metadata,
+    sa.Column("WorkId", sa.String(WORK_ID_LENGTH), primary_key=True),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("ProjectionKey", sa.String(PROJECTION_KEY_MAX_LENGTH), nullable=False),
+    sa.Column("WorkType", sa.String(FIELD_MAX_LENGTHS["work_type"]), nullable=False),
+    # Added by schema v2. NULL marks old-protocol work whose coverage was inferred.
+    sa.Column("InputStartOrdinal", sa.BigInteger, nullable=True),
+    # Inclusive upper bound and the selected Event's ordinal.
+    sa.Column("LaneOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("ReplayOfWorkId", sa.String(WORK_ID_LENGTH), nullable=True),
+    sa.Column("Status", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("Attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("MaxAttempts", sa.Integer, nullable=False),
+    # When the row becomes claimable: creation or unblock (pending), NextAttemptAt (retry) or
+    # lease expiry (processing). NULL while blocked or terminal.
+    sa.Column("ClaimableAt", Timestamp(), nullable=True),
+    sa.Column("LeaseOwner", sa.String(128), nullable=True),
+    sa.Column("LeaseToken", sa.String(36), nullable=True),
+    sa.Column("LeaseExpiresAt", Timestamp(), nullable=True),
+    sa.Column("LastError", sa.Text, nullable=True),
+    sa.Column("CreatedAt", Timestamp(), nullable=False),
+    sa.Column("FinishedAt", Timestamp(), nullable=True),
+    # The projection-order index: newest generation of an identity, coverage probes,
+    # successor lookup on completion.
+    sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),
+    # Claim candidates and drain counts: claimable rows of a pack by status, oldest first.
+    sa.Index("ix_workitem_claim", "PackInstallId", "Status", "ClaimableAt"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+ConnectorProjectionProtocol = sa.Table(
+    "_System_ConnectorProjectionProtocol",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("ProtocolVersion", sa.Integer, nullable=False),
+    # Last input admitted under the old protocol; 0 for a greenfield pack. Written once.
+    sa.Column("LegacyMaxOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("Origin", sa.String(16), nullable=False),  # "greenfield" or "cutover"
+    sa.Column("AuditReport", sa.Text, nullable=True),  # JSON of the cutover audit
+    sa.Column("CreatedAt", Timestamp(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+SchemaVersion = sa.Table(
+    "_System_SchemaVersion",
+    metadata,
+    sa.Column("Version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("Step", sa.String(64), nullable=False),
+    sa.Column("AppliedAt", Timestamp(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
+)

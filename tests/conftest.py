@@ -1,0 +1,109 @@
+"""Database harness: every database test runs on SQLite and on a MySQL-protocol server.
+
+NEXUSCRM_TIDB_DSN names a MySQL-protocol server (TiDB, MariaDB, MySQL); each test gets its
+own uniquely named database, created and dropped around it. Without a DSN, testcontainers
+starts MariaDB when Docker works. NEXUSCRM_TIDB_REQUIRED=1 turns the skip of a database test
+into a failure. NEXUSCRM_REPO_ROOT names the Core checkout whose canonical schema is applied.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+REPO_ROOT = Path(os.environ.get("NEXUSCRM_REPO_ROOT") or Path(__file__).resolve().parents[1])
+CATALOG_DIR = REPO_ROOT / "services" / "schema_catalog"
+if not (CATALOG_DIR / "nexuscrm_schema_catalog").is_dir():
+    raise pytest.UsageError(f"NEXUSCRM_REPO_ROOT has no services/schema_catalog: {REPO_ROOT}")
+sys.path.insert(0, str(CATALOG_DIR))
+
+from nexuscrm_runtime.database import create_engine, normalize_dsn  # noqa: E402
+from nexuscrm_schema_catalog import migrations  # noqa: E402
+
+BACKENDS = ("sqlite", "mysql")
+REQUIRED = os.environ.get("NEXUSCRM_TIDB_REQUIRED") == "1"
+
+
+def pytest_report_header() -> list[str]:
+    return [
+        f"canonical schema from {migrations.__file__}",
+        "MySQL-protocol backend: "
+        + ("NEXUSCRM_TIDB_DSN" if os.environ.get("NEXUSCRM_TIDB_DSN") else "testcontainers if Docker works")
+        + (" (required)" if REQUIRED else ""),
+    ]
+
+
+@pytest.fixture(scope="session")
+def mysql_server_dsn() -> Iterator[str]:
+    """The DSN of a MySQL-protocol server, without a database name."""
+    dsn = os.environ.get("NEXUSCRM_TIDB_DSN")
+    if dsn:
+        yield dsn
+        return
+    try:
+        from testcontainers.mysql import MySqlContainer
+
+        container = MySqlContainer("mariadb:11", username="root", password="test")
+        container.start()
+    except Exception as error:
+        message = f"no NEXUSCRM_TIDB_DSN and testcontainers could not start MariaDB: {error}"
+        if REQUIRED:
+            pytest.fail(f"NEXUSCRM_TIDB_REQUIRED=1: {message}")
+        pytest.skip(message)
+    try:
+        yield container.get_connection_url()
+    finally:
+        container.stop()
+
+
+def _mysql_database(server_dsn: str) -> Iterator[str]:
+    name = f"nxtest_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(str(normalize_dsn(server_dsn).set(database=None)))
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    try:
+        yield str(normalize_dsn(server_dsn).set(database=name).render_as_string(hide_password=False))
+    finally:
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The DSN of an empty, isolated database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'nexuscrm.db'}"
+    else:
+        yield from _mysql_database(request.getfixturevalue("mysql_server_dsn"))
+
+
+@pytest.fixture
+def empty_engine(empty_dsn: str) -> Iterator[sa.Engine]:
+    """An engine on an empty, isolated database."""
+    engine = create_engine(empty_dsn)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def dsn(empty_dsn: str) -> str:
+    """The DSN of an isolated database migrated to the newest canonical schema."""
+    engine = create_engine(empty_dsn)
+    migrations.apply_schema(engine)
+    engine.dispose()
+    return empty_dsn
+
+
+@pytest.fixture
+def engine(dsn: str) -> Iterator[sa.Engine]:
+    """An engine on an isolated database at the newest canonical schema."""
+    engine = create_engine(dsn)
+    yield engine
+    engine.dispose()

@@ -1,0 +1,115 @@
+"""Canonical schema migrations on every backend: v1 -> v2 is additive and changes no row."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from nexuscrm_schema_catalog import catalog, migrations, tables
+from tests.support.checksums import row_checksums
+
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, 678901)
+
+
+def _seed_v1_history(connection: sa.Connection) -> None:
+    connection.execute(
+        sa.insert(tables.PackInstall).values(
+            PackInstallId="pack-old", Namespace="acme", PackName="crm", PackVersion="1.0", LastOrdinal=3, CreatedAt=NOW
+        )
+    )
+    for ordinal in (1, 2, 3):
+        connection.execute(
+            sa.insert(tables.Event).values(
+                PackInstallId="pack-old",
+                EnqueueOrdinal=ordinal,
+                ProjectionKey=f"pk1|key-{ordinal % 2}",
+                ReceiptKey=f"r-{ordinal}",
+                PayloadHash="h" * 64,
+                Payload=b"\x00\xffpayload",
+                SourceTime=NOW,
+                Status="processed",
+                CreatedAt=NOW,
+            )
+        )
+    v1_work_item = sa.Table("WorkItem", sa.MetaData(), autoload_with=connection)
+    connection.execute(
+        sa.insert(v1_work_item).values(
+            WorkId="w-legacy-1",
+            PackInstallId="pack-old",
+            ProjectionKey="pk1|key-1",
+            WorkType="project",
+            LaneOrdinal=3,
+            ReplayOfWorkId=None,
+            Status="completed",
+            Attempt=1,
+            MaxAttempts=5,
+            CreatedAt=NOW,
+            FinishedAt=NOW,
+        )
+    )
+
+
+def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty_engine: sa.Engine) -> None:
+    assert migrations.apply_schema(empty_engine, 1) == (0, 1, ["v1_pre_upgrade_schema"])
+    with empty_engine.begin() as connection:
+        _seed_v1_history(connection)
+    with empty_engine.connect() as connection:
+        inspector = sa.inspect(connection)
+        v1_columns = {
+            name: [c["name"] for c in inspector.get_columns(name)] for name in ("PackInstall", "Event", "WorkItem")
+        }
+        assert "InputStartOrdinal" not in v1_columns["WorkItem"]
+        assert "ReplayOfWorkId" in v1_columns["WorkItem"]
+        assert not inspector.has_table(tables.ConnectorProjectionProtocol.name)
+        before = {name: row_checksums(connection, name, columns) for name, columns in v1_columns.items()}
+    assert sum(len(rows) for rows in before.values()) == 5
+
+    assert migrations.apply_schema(empty_engine) == (1, 2, ["v2_projection_input_ranges"])
+
+    with empty_engine.connect() as connection:
+        after = {name: row_checksums(connection, name, columns) for name, columns in v1_columns.items()}
+        assert after == before
+        column = next(c for c in sa.inspect(connection).get_columns("WorkItem") if c["name"] == "InputStartOrdinal")
+        assert column["nullable"] is True
+        assert connection.execute(sa.select(tables.WorkItem.c.InputStartOrdinal)).scalars().all() == [None]
+        assert sa.inspect(connection).has_table(tables.ConnectorProjectionProtocol.name)
+        assert (
+            connection.execute(sa.select(sa.func.count()).select_from(tables.ConnectorProjectionProtocol)).scalar() == 0
+        )
+
+
+def test_verify_schema_lists_what_v1_lacks_and_nothing_on_v2(empty_engine: sa.Engine) -> None:
+    assert set(catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION)) == set(tables.metadata.tables)
+    migrations.apply_schema(empty_engine, 1)
+    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == [
+        "WorkItem.InputStartOrdinal",
+        "_System_ConnectorProjectionProtocol",
+    ]
+    migrations.apply_schema(empty_engine)
+    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == []
+
+
+def test_a_schema_without_replay_of_work_id_is_incomplete(empty_engine: sa.Engine) -> None:
+    migrations.apply_schema(empty_engine)
+    with empty_engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE WorkItem DROP COLUMN ReplayOfWorkId")
+    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == ["WorkItem.ReplayOfWorkId"]
+
+
+def test_migrating_from_empty_equals_the_metadata(empty_engine: sa.Engine) -> None:
+    migrations.apply_schema(empty_engine)
+    with empty_engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        diff = compare_metadata(context, tables.metadata)
+    assert diff == []
+
+
+def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
+    assert migrations.apply_schema(empty_engine)[2] == ["v1_pre_upgrade_schema", "v2_projection_input_ranges"]
+    described = catalog.describe_schema(empty_engine)
+    assert migrations.apply_schema(empty_engine) == (2, 2, [])
+    assert catalog.describe_schema(empty_engine) == described
+    assert described.version == described.newest_version == 2

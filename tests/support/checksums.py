@@ -1,0 +1,33 @@
+"""Row checksums: proof that an operation changed no existing row."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+import sqlalchemy as sa
+
+Checksums = dict[str, dict[tuple[object, ...], str]]
+
+
+def row_checksums(
+    connection: sa.Connection, table_name: str, columns: Iterable[str] | None = None
+) -> dict[tuple[object, ...], str]:
+    """Map each row's primary key to a sha256 of its values in ``columns`` (default: all).
+
+    The table is reflected, so rows written under an older schema version can be compared
+    after an upgrade on the columns they had.
+    """
+    table = sa.Table(table_name, sa.MetaData(), autoload_with=connection)
+    names = list(columns) if columns is not None else [c.name for c in table.columns]
+    key_columns = list(table.primary_key.columns)
+    result: dict[tuple[object, ...], str] = {}
+    for row in connection.execute(sa.select(table).order_by(*key_columns)).mappings():
+        digest = hashlib.sha256(repr([(name, row[name]) for name in names]).encode()).hexdigest()
+        result[tuple(row[c.name] for c in key_columns)] = digest
+    return result
+
+
+def database_checksums(connection: sa.Connection, table_names: Iterable[str]) -> Checksums:
+    """``row_checksums`` of every named table, over all of its current columns."""
+    return {name: row_checksums(connection, name) for name in table_names}
