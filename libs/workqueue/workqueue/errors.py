@@ -17,6 +17,7 @@ class ErrorKind(enum.StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"
     UNAVAILABLE = "UNAVAILABLE"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    DATA_LOSS = "DATA_LOSS"  # durable facts that must exist are missing
 
 
 class DomainError(Exception):

@@ -33,7 +33,8 @@ class EventStatus(enum.StrEnum):
 class ReceiptState(enum.StrEnum):
     """State of an ingress receipt."""
 
-    STORED = "stored"  # durable, not admitted yet (fenced, or the admission crashed)
-    ADMITTED = "admitted"  # an Event exists; confirmation not yet recorded
+    # Durable, not confirmed: fenced (no Event yet), or the process stopped between the
+    # admission commit and confirmation (an Event exists).
+    STORED = "stored"
     CONFIRMED = "confirmed"
     COVERAGE_MISSING = "coverage_missing"  # a duplicate whose input has no generation

@@ -11,7 +11,6 @@ other than its own _System_SchemaVersion record.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from collections.abc import Callable
 
 import sqlalchemy as sa
@@ -19,6 +18,7 @@ from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from sqlalchemy.engine import Connection, Engine
 
+from nexuscrm_runtime.clock import utcnow
 from nexuscrm_schema_catalog import tables
 from workqueue.errors import InvalidArgument
 
@@ -115,6 +115,6 @@ def _record(connection: Connection, step: Step) -> None:
             tables.SchemaVersion.insert().values(
                 Version=step.version,
                 Step=step.name,
-                AppliedAt=dt.datetime.now(dt.UTC).replace(tzinfo=None),
+                AppliedAt=utcnow(),
             )
         )

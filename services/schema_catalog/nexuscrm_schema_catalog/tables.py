@@ -152,6 +152,8 @@ WorkItem = sa.Table(
     sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),
     # Claim candidates and drain counts: claimable rows of a pack by status, oldest first.
     sa.Index("ix_workitem_claim", "PackInstallId", "Status", "ClaimableAt"),
+    # Replay conflict fence: the replays of one WorkId.
+    sa.Index("ix_workitem_replay_of", "ReplayOfWorkId"),
     **MYSQL_TABLE_OPTIONS,
 )
 

@@ -1,0 +1,57 @@
+"""Errors of the Connectors domain; the RPC layer maps each kind to a status code."""
+
+from __future__ import annotations
+
+from workqueue.errors import DomainError, ErrorKind
+
+
+class ConnectorsError(DomainError):
+    """Root of every Connectors refusal."""
+
+
+class UnknownPack(ConnectorsError):
+    """No PackInstall row has this id."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+class ProtocolMissing(ConnectorsError):
+    """A native operation on a pack that has no projection protocol row."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class LegacyRefused(ConnectorsError):
+    """The legacy (v0) runtime was asked to write for a pack that has been cut over."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class WorkNotFound(ConnectorsError):
+    """No WorkItem has this WorkId."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+class LeaseLost(ConnectorsError):
+    """The caller's lease token is not the current lease of a processing WorkItem."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class ReplayRefused(ConnectorsError):
+    """Replay of work that is not terminal, or whose earlier replay is still live."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class MembershipMissing(ConnectorsError):
+    """A generation's persisted membership is missing or inconsistent: never a fallback."""
+
+    kind = ErrorKind.DATA_LOSS
+
+
+class LimitExceeded(ConnectorsError):
+    """A request is larger than a configured limit."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED

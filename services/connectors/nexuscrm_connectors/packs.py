@@ -1,0 +1,112 @@
+"""What admission reads and locks per pack: the pack row, its fences, its protocol row.
+
+Every function takes the caller's open transaction: the fence check and the protocol read
+must be atomic with the admission (or replay) they guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from nexuscrm_connectors.errors import UnknownPack
+from nexuscrm_schema_catalog.tables import (
+    AdmissionFence,
+    AdmissionFenceOverride,
+    ConnectorProjectionProtocol,
+    PackInstall,
+)
+
+NAMESPACE_SCOPE = "*"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LockedPack:
+    """A PackInstall row read under its row lock (held until the transaction ends)."""
+
+    pack_install_id: str
+    namespace: str
+    last_ordinal: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Protocol:
+    """A pack's immutable projection protocol row."""
+
+    pack_install_id: str
+    protocol_version: int
+    legacy_max_ordinal: int
+
+
+def pack_lock(connection: Connection, pack_install_id: str) -> LockedPack:
+    """Lock the PackInstall row: serializes admission and replay of one pack.
+
+    Raises ``UnknownPack``. On SQLite the transaction already holds the write lock.
+    """
+    row = connection.execute(
+        sa.select(PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal)
+        .where(PackInstall.c.PackInstallId == pack_install_id)
+        .with_for_update()
+    ).first()
+    if row is None:
+        raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+    return LockedPack(pack_install_id=row.PackInstallId, namespace=row.Namespace, last_ordinal=row.LastOrdinal)
+
+
+def ordinals_allocate(connection: Connection, pack: LockedPack, count: int) -> range:
+    """Allocate ``count`` new ordinals of a locked pack, in order; never reused.
+
+    The counter only grows, and the row lock makes allocation follow commit order.
+    """
+    first = pack.last_ordinal + 1
+    result = connection.execute(
+        sa.update(PackInstall)
+        .where(PackInstall.c.PackInstallId == pack.pack_install_id, PackInstall.c.LastOrdinal == pack.last_ordinal)
+        .values(LastOrdinal=pack.last_ordinal + count)
+    )
+    if result.rowcount != 1:  # the lock makes this impossible; refuse rather than reuse
+        raise RuntimeError(f"ordinal counter of {pack.pack_install_id} moved under its lock")
+    return range(first, first + count)
+
+
+def protocol_get(connection: Connection, pack_install_id: str) -> Protocol | None:
+    """The pack's protocol row by primary key, or None before activation/cutover."""
+    row = connection.execute(
+        sa.select(ConnectorProjectionProtocol.c.ProtocolVersion, ConnectorProjectionProtocol.c.LegacyMaxOrdinal).where(
+            ConnectorProjectionProtocol.c.PackInstallId == pack_install_id
+        )
+    ).first()
+    if row is None:
+        return None
+    return Protocol(
+        pack_install_id=pack_install_id, protocol_version=row.ProtocolVersion, legacy_max_ordinal=row.LegacyMaxOrdinal
+    )
+
+
+def fence_active(connection: Connection, pack: LockedPack, now: dt.datetime) -> bool:
+    """True when an unexpired fence of the pack's namespace (``*``) or of the pack itself
+    holds admission and no unexpired override of that fence releases this pack.
+    """
+    override = (
+        sa.select(AdmissionFenceOverride.c.FenceId)
+        .where(
+            AdmissionFenceOverride.c.FenceId == AdmissionFence.c.FenceId,
+            AdmissionFenceOverride.c.PackInstallId == pack.pack_install_id,
+            sa.or_(AdmissionFenceOverride.c.ExpiresAt.is_(None), AdmissionFenceOverride.c.ExpiresAt > now),
+        )
+        .exists()
+    )
+    fence = connection.execute(
+        sa.select(AdmissionFence.c.FenceId)
+        .where(
+            AdmissionFence.c.Namespace == pack.namespace,
+            AdmissionFence.c.Scope.in_([NAMESPACE_SCOPE, pack.pack_install_id]),
+            sa.or_(AdmissionFence.c.ExpiresAt.is_(None), AdmissionFence.c.ExpiresAt > now),
+            ~override,
+        )
+        .limit(1)
+    ).first()
+    return fence is not None
