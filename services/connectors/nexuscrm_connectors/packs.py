@@ -87,8 +87,10 @@ def protocol_get(connection: Connection, pack_install_id: str) -> Protocol | Non
 
 
 def fence_active(connection: Connection, pack: LockedPack, now: dt.datetime) -> bool:
-    """True when an unexpired fence of the pack's namespace (``*``) or of the pack itself
-    holds admission and no unexpired override of that fence releases this pack.
+    """Tell whether an admission fence holds this pack now.
+
+    A fence holds when it is unexpired, scoped to the pack's namespace (``*``) or to the pack
+    itself, and no unexpired override of that fence releases this pack.
     """
     override = (
         sa.select(AdmissionFenceOverride.c.FenceId)
