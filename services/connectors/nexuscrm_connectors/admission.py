@@ -1,0 +1,355 @@
+"""Fresh admission: receipts, Events and generations of one pack in one transaction.
+
+``ingest`` validates each delivery on its own (a rejected item changes nothing and does not
+fail its neighbours), then runs one transaction per batch that locks the PackInstall row
+(serializing admission and replay of the pack), checks fences, reads the protocol row once,
+stores new receipts, splits duplicates from new inputs, allocates ordinals in arrival order,
+inserts Events and extends or succeeds each identity's newest generation. Confirmation of
+the receipts is a separate transaction after the commit: a crash in between leaves receipt,
+Event and WorkItem intact and the retried delivery takes the duplicate path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors.duplicates import verify_duplicate
+from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
+from nexuscrm_connectors.models import (
+    ACKNOWLEDGED_OUTCOMES,
+    IngestItem,
+    IngestResult,
+    Outcome,
+    Route,
+)
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.database import run_transaction
+from nexuscrm_schema_catalog.tables import RECEIPT_KEY_LENGTH
+from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
+from workqueue.errors import DomainError
+from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
+from workqueue.statuses import TERMINAL_WORK_STATUSES
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Delivery:
+    """A validated delivery: the first of its receipt key in the batch."""
+
+    item: IngestItem
+    projection_key: str
+    payload_hash: str
+
+
+def ingest(
+    engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, items: Sequence[IngestItem]
+) -> list[IngestResult]:
+    """Store and admit a batch of deliveries of one pack; one result per item, in order.
+
+    Raises ``UnknownPack``, ``LimitExceeded`` (too many items) and ``ProtocolMissing`` (an
+    unfenced pack without a protocol row) for the whole batch, before writing anything.
+    """
+    validate_text("pack_install_id", pack_install_id, FIELD_MAX_LENGTHS["pack_install_id"])
+    if len(items) > settings.max_batch_items:
+        raise LimitExceeded(
+            f"items has {len(items)} deliveries; the limit is {settings.max_batch_items}", field="items"
+        )
+    results: dict[int, IngestResult] = {}
+    first_of_key: dict[str, int] = {}
+    deliveries: list[_Delivery] = []
+    for index, item in enumerate(items):
+        try:
+            delivery = _validate(settings, pack_install_id, item)
+        except DomainError as error:
+            results[index] = IngestResult(receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=str(error))
+            continue
+        if item.receipt_key in first_of_key:
+            continue  # resolved after admission, from the first delivery of the key
+        first_of_key[item.receipt_key] = index
+        deliveries.append(delivery)
+
+    admitted = admit(engine, settings, clock, pack_install_id, deliveries)
+    for index, item in enumerate(items):
+        if index in results:
+            continue
+        first = first_of_key[item.receipt_key]
+        results[index] = admitted[item.receipt_key] if first == index else _same_key_again(items[first], item, admitted)
+    return [results[index] for index in range(len(items))]
+
+
+def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> _Delivery:
+    validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
+    identity = item.route.identity(pack_install_id)
+    if len(item.payload) > settings.max_payload_bytes:
+        raise LimitExceeded(
+            f"payload is {len(item.payload)} bytes; the limit is {settings.max_payload_bytes}", field="payload"
+        )
+    return _Delivery(item=item, projection_key=identity.key, payload_hash=payload_hash(item.payload))
+
+
+def payload_hash(payload: bytes) -> str:
+    """The stored digest of a payload (sha256, hex)."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _same_key_again(first: IngestItem, again: IngestItem, admitted: dict[str, IngestResult]) -> IngestResult:
+    """A later delivery of a receipt key already seen in this batch."""
+    result = admitted[first.receipt_key]
+    if again.payload != first.payload or again.route != first.route:
+        return IngestResult(
+            receipt_key=again.receipt_key,
+            outcome=Outcome.REJECTED,
+            message="receipt_key appears twice in this batch with a different payload or route",
+        )
+    if result.outcome is Outcome.ADMITTED:
+        return dataclasses.replace(result, outcome=Outcome.DUPLICATE_COVERED, message="duplicate within the batch")
+    return result
+
+
+def admit(
+    engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, deliveries: Sequence[_Delivery]
+) -> dict[str, IngestResult]:
+    """Run the admission transaction, then confirm acknowledged receipts; results by key."""
+    now = clock()
+    results = run_transaction(
+        engine,
+        lambda connection: _admission(connection, settings, pack_install_id, deliveries, now),
+        name="admission",
+    )
+    _confirm(engine, pack_install_id, results.values(), clock)
+    return results
+
+
+def _admission(
+    connection: Connection, settings: Settings, pack_install_id: str, deliveries: Sequence[_Delivery], now: dt.datetime
+) -> dict[str, IngestResult]:
+    pack = packs.pack_lock(connection, pack_install_id)
+    fenced = packs.fence_active(connection, pack, now)
+    protocol = packs.protocol_get(connection, pack_install_id)
+    if protocol is None and not fenced:
+        raise ProtocolMissing(
+            f"pack {pack_install_id} has no projection protocol row: activate it (greenfield) or run "
+            "the cutover before native admission",
+            field="pack_install_id",
+        )
+    results: dict[str, IngestResult] = {}
+    keys = [d.item.receipt_key for d in deliveries]
+    stored = queries.receipts_get(connection, pack_install_id, keys)
+    accepted: list[_Delivery] = []
+    new_receipts: list[dict[str, Any]] = []
+    for delivery in deliveries:
+        receipt = stored.get(delivery.item.receipt_key)
+        if receipt is None:
+            new_receipts.append(_receipt_row(pack_install_id, delivery, now))
+        elif receipt.PayloadHash != delivery.payload_hash or receipt.ProjectionKey != delivery.projection_key:
+            results[delivery.item.receipt_key] = IngestResult(
+                receipt_key=delivery.item.receipt_key,
+                outcome=Outcome.REJECTED,
+                message="receipt_key is already stored with a different payload or route; receipts are immutable",
+            )
+            continue
+        accepted.append(delivery)
+    queries.receipts_insert(connection, new_receipts)
+
+    if protocol is None:  # fenced, and not yet cut over: store only
+        results.update({d.item.receipt_key: _fenced(d) for d in accepted})
+        return results
+    events = queries.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
+    fresh: list[_Delivery] = []
+    for delivery in accepted:
+        event = events.get(delivery.item.receipt_key)
+        if event is not None:
+            results[delivery.item.receipt_key] = verify_duplicate(
+                connection, protocol, delivery.item.receipt_key, event
+            )
+        elif fenced:
+            results[delivery.item.receipt_key] = _fenced(delivery)
+        else:
+            fresh.append(delivery)
+    if fresh:
+        results.update(_admit_fresh(connection, settings, pack, fresh, now))
+    return results
+
+
+def _fenced(delivery: _Delivery) -> IngestResult:
+    return IngestResult(
+        receipt_key=delivery.item.receipt_key,
+        outcome=Outcome.FENCED,
+        message="stored durably; an admission fence holds this pack, admission follows when it is lifted",
+    )
+
+
+def _receipt_row(pack_install_id: str, delivery: _Delivery, now: dt.datetime) -> dict[str, Any]:
+    return {
+        "PackInstallId": pack_install_id,
+        "ReceiptKey": delivery.item.receipt_key,
+        "ProjectionKey": delivery.projection_key,
+        "PayloadHash": delivery.payload_hash,
+        "Payload": delivery.item.payload,
+        "SourceTime": delivery.item.source_time,
+        "State": ReceiptState.STORED,
+        "ReceivedAt": now,
+    }
+
+
+def _admit_fresh(
+    connection: Connection, settings: Settings, pack: packs.LockedPack, fresh: Sequence[_Delivery], now: dt.datetime
+) -> dict[str, IngestResult]:
+    """Allocate ordinals in arrival order, insert Events, and cover every new input once.
+
+    Every identity of the batch gets exactly one generation covering its new inputs
+    (invariant M): its newest one extended, or a successor.
+    """
+    ordinals = packs.ordinals_allocate(connection, pack, len(fresh))
+    queries.events_insert(
+        connection,
+        [
+            {
+                "PackInstallId": pack.pack_install_id,
+                "EnqueueOrdinal": ordinal,
+                "ProjectionKey": delivery.projection_key,
+                "ReceiptKey": delivery.item.receipt_key,
+                "PayloadHash": delivery.payload_hash,
+                "Payload": delivery.item.payload,
+                "SourceTime": delivery.item.source_time,
+                "Status": EventStatus.PENDING,
+                "IsReplay": False,
+                "CreatedAt": now,
+            }
+            for ordinal, delivery in zip(ordinals, fresh, strict=True)
+        ],
+    )
+    by_identity: dict[str, list[tuple[int, _Delivery]]] = {}
+    for ordinal, delivery in zip(ordinals, fresh, strict=True):
+        by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
+    newest = queries.work_items_newest(connection, pack.pack_install_id, by_identity)
+    new_generations: list[dict[str, Any]] = []
+    work_ids: dict[str, str] = {}
+    for projection_key, members in by_identity.items():
+        low, high = members[0][0], members[-1][0]  # arrival order = ordinal order
+        current = newest.get(projection_key)
+        if current is not None and _extendable(current):
+            if queries.work_item_extend(connection, current.WorkId, current.LaneOrdinal, high) != 1:
+                raise RuntimeError(f"generation {current.WorkId} changed under its row lock")
+            work_ids[projection_key] = current.WorkId
+            continue
+        work_id = str(uuid.uuid4())
+        work_ids[projection_key] = work_id
+        blocked = current is not None and WorkStatus(current.Status) not in TERMINAL_WORK_STATUSES
+        new_generations.append(
+            generation_row(
+                work_id=work_id,
+                pack_install_id=pack.pack_install_id,
+                projection_key=projection_key,
+                start=low,
+                end=high,
+                blocked=blocked,
+                now=now,
+                max_attempts=settings.max_attempts,
+            )
+        )
+    queries.work_items_insert(connection, new_generations)
+    return {
+        delivery.item.receipt_key: IngestResult(
+            receipt_key=delivery.item.receipt_key,
+            outcome=Outcome.ADMITTED,
+            enqueue_ordinal=ordinal,
+            work_id=work_ids[delivery.projection_key],
+        )
+        for ordinal, delivery in zip(ordinals, fresh, strict=True)
+    }
+
+
+def _extendable(row: Any) -> bool:
+    """Only an unclaimed attempt-zero generation may raise its upper bound (invariant B)."""
+    return WorkStatus(row.Status) in queries.UNCLAIMED_STATUSES and row.Attempt == 0
+
+
+def generation_row(
+    *,
+    work_id: str,
+    pack_install_id: str,
+    projection_key: str,
+    start: int,
+    end: int,
+    blocked: bool,
+    now: dt.datetime,
+    max_attempts: int,
+    replay_of_work_id: str | None = None,
+) -> dict[str, Any]:
+    """A new generation [start, end]; blocked while its predecessor is not terminal (X)."""
+    return {
+        "WorkId": work_id,
+        "PackInstallId": pack_install_id,
+        "ProjectionKey": projection_key,
+        "WorkType": decode_projection_key(projection_key).work_type,
+        "InputStartOrdinal": start,
+        "LaneOrdinal": end,
+        "ReplayOfWorkId": replay_of_work_id,
+        "Status": WorkStatus.BLOCKED if blocked else WorkStatus.PENDING,
+        "Attempt": 0,
+        "MaxAttempts": max_attempts,
+        "ClaimableAt": None if blocked else now,
+        "CreatedAt": now,
+    }
+
+
+def _confirm(engine: Engine, pack_install_id: str, results: Iterable[IngestResult], clock: Clock) -> None:
+    """Record after the commit which receipts were acknowledged and which lack coverage."""
+    results = list(results)
+    acknowledged = [r.receipt_key for r in results if r.outcome in ACKNOWLEDGED_OUTCOMES]
+    missing = [r.receipt_key for r in results if r.outcome is Outcome.COVERAGE_MISSING]
+    if not acknowledged and not missing:
+        return
+    now = clock()
+
+    def confirm(connection: Connection) -> None:
+        queries.receipts_set_state(connection, pack_install_id, acknowledged, ReceiptState.CONFIRMED, now)
+        queries.receipts_set_state(connection, pack_install_id, missing, ReceiptState.COVERAGE_MISSING, now)
+
+    run_transaction(engine, confirm, name="receipt confirmation")
+
+
+def materialize(engine: Engine, settings: Settings, clock: Clock, limit: int = 500) -> int:
+    """Admit stored, unconfirmed receipts (left by a fence or a crash); return how many were acknowledged.
+
+    Each pack with such receipts gets its oldest ``limit`` admitted in one batch, so a pack
+    that stays fenced never starves the others. Packs without a protocol row are skipped.
+    """
+    with engine.connect() as connection:
+        pack_ids = queries.receipt_packs_stored(connection)
+    acknowledged = 0
+    for pack_install_id in pack_ids:
+        with engine.connect() as connection:
+            stored = queries.receipts_stored_list(connection, pack_install_id, limit)
+        deliveries = [
+            _Delivery(
+                item=IngestItem(
+                    receipt_key=row.ReceiptKey,
+                    route=Route.of(decode_projection_key(row.ProjectionKey)),
+                    payload=row.Payload,
+                    source_time=row.SourceTime,
+                ),
+                projection_key=row.ProjectionKey,
+                payload_hash=row.PayloadHash,
+            )
+            for row in stored
+        ]
+        try:
+            results = admit(engine, settings, clock, pack_install_id, deliveries)
+        except ProtocolMissing as error:
+            log.warning("materializer skipped pack %s: %s", pack_install_id, error)
+            continue
+        acknowledged += sum(1 for r in results.values() if r.outcome in ACKNOWLEDGED_OUTCOMES)
+    return acknowledged

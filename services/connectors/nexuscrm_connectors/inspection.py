@@ -1,0 +1,90 @@
+"""Read-only answers for operators: one generation, and why a receipt has (no) work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlalchemy.engine import Engine
+
+from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors.duplicates import verify_duplicate
+from nexuscrm_connectors.errors import WorkNotFound
+from nexuscrm_connectors.models import Outcome, WorkItemRow
+from workqueue import ReceiptState
+from workqueue.errors import InvalidArgument
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkDescription:
+    """A generation and how many Events are its members (0 for old-protocol work)."""
+
+    work: WorkItemRow
+    member_count: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReceiptExplanation:
+    """Where a receipt stands, which generation covers its input, and why."""
+
+    receipt_state: str
+    enqueue_ordinal: int | None
+    covered_by: WorkItemRow | None
+    explanation: str
+
+
+def get_work(engine: Engine, work_id: str) -> WorkDescription:
+    """Describe one WorkItem; raises ``WorkNotFound``."""
+    if not work_id:
+        raise InvalidArgument("work_id is required", field="work_id")
+    with engine.connect() as connection:
+        row = queries.work_item_get(connection, work_id)
+        if row is None:
+            raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+        members = 0
+        if row.InputStartOrdinal is not None:
+            members = queries.event_range_count(
+                connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
+            )
+        return WorkDescription(work=WorkItemRow.from_row(row), member_count=members)
+
+
+def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> ReceiptExplanation:
+    """Say which generation covers a receipt's input, or why no work exists for it."""
+    if not pack_install_id or not receipt_key:
+        raise InvalidArgument("pack_install_id and receipt_key are required", field="receipt_key")
+    with engine.connect() as connection:
+        receipt = queries.receipt_get(connection, pack_install_id, receipt_key)
+        if receipt is None:
+            raise WorkNotFound(f"no receipt {receipt_key!r} in pack {pack_install_id}", field="receipt_key")
+        event = queries.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
+        if event is None:
+            return ReceiptExplanation(
+                receipt_state=receipt.State,
+                enqueue_ordinal=None,
+                covered_by=None,
+                explanation="stored durably but not admitted yet: an admission fence held the pack, or the "
+                "pack has no protocol row yet; the materializer admits it once admission is possible",
+            )
+        protocol = packs.protocol_get(connection, pack_install_id)
+        if protocol is None:
+            return ReceiptExplanation(
+                receipt_state=receipt.State,
+                enqueue_ordinal=event.EnqueueOrdinal,
+                covered_by=None,
+                explanation="admitted by the old protocol; the pack has not been cut over, so coverage is inferred",
+            )
+        verdict = verify_duplicate(connection, protocol, receipt_key, event)
+        covering = queries.work_item_get(connection, verdict.work_id) if verdict.work_id else None
+        explanation = verdict.message
+        if verdict.outcome is Outcome.DUPLICATE_COVERED:
+            explanation = f"input {event.EnqueueOrdinal} is a member of " + verdict.message.removeprefix(
+                "duplicate covered by "
+            )
+        if receipt.State == ReceiptState.STORED and verdict.outcome is not Outcome.COVERAGE_MISSING:
+            explanation += "; the receipt is not confirmed yet (the materializer confirms it)"
+        return ReceiptExplanation(
+            receipt_state=receipt.State,
+            enqueue_ordinal=event.EnqueueOrdinal,
+            covered_by=WorkItemRow.from_row(covering) if covering is not None else None,
+            explanation=explanation,
+        )

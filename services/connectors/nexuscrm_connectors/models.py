@@ -1,0 +1,145 @@
+"""Rows and value types of the Connectors domain (frozen, keyword-only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from typing import Any
+
+from workqueue import ProjectionIdentity, WorkStatus
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Route:
+    """The projection identity of an input without its pack incarnation."""
+
+    event_kind: str
+    route_version: str
+    companion_version: str
+    work_type: str
+    source_lane: str
+
+    def identity(self, pack_install_id: str) -> ProjectionIdentity:
+        """The full identity in ``pack_install_id``; validates every field."""
+        return ProjectionIdentity(pack_install_id=pack_install_id, **dataclasses.asdict(self))
+
+    @classmethod
+    def of(cls, identity: ProjectionIdentity) -> Route:
+        """The route part of ``identity``."""
+        return cls(
+            event_kind=identity.event_kind,
+            route_version=identity.route_version,
+            companion_version=identity.companion_version,
+            work_type=identity.work_type,
+            source_lane=identity.source_lane,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IngestItem:
+    """One delivery from a source system."""
+
+    receipt_key: str
+    route: Route
+    payload: bytes
+    source_time: dt.datetime | None = None  # the source's clock: recorded, never trusted
+
+
+class Outcome(enum.StrEnum):
+    """What happened to one delivery of an Ingest batch."""
+
+    ADMITTED = "admitted"
+    DUPLICATE_LEGACY = "duplicate_legacy"  # at or below LegacyMaxOrdinal: acknowledged
+    DUPLICATE_COVERED = "duplicate_covered"  # a generation covers it: acknowledged
+    FENCED = "fenced"  # stored durably; admitted once the fence is lifted
+    COVERAGE_MISSING = "coverage_missing"  # an explicit error: never acknowledged
+    REJECTED = "rejected"  # nothing written for this item
+
+
+ACKNOWLEDGED_OUTCOMES = frozenset({Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IngestResult:
+    """The outcome of one delivery; ``work_id`` names the covering generation, if any."""
+
+    receipt_key: str
+    outcome: Outcome
+    enqueue_ordinal: int | None = None
+    work_id: str | None = None
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkItemRow:
+    """One WorkItem (a generation, or old-protocol work when ``input_start_ordinal`` is None)."""
+
+    work_id: str
+    pack_install_id: str
+    projection_key: str
+    work_type: str
+    input_start_ordinal: int | None
+    lane_ordinal: int
+    replay_of_work_id: str | None
+    status: WorkStatus
+    attempt: int
+    max_attempts: int
+    claimable_at: dt.datetime | None
+    lease_owner: str | None
+    lease_token: str | None
+    lease_expires_at: dt.datetime | None
+    last_error: str | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> WorkItemRow:
+        """Build from a WorkItem result row."""
+        return cls(
+            work_id=row.WorkId,
+            pack_install_id=row.PackInstallId,
+            projection_key=row.ProjectionKey,
+            work_type=row.WorkType,
+            input_start_ordinal=row.InputStartOrdinal,
+            lane_ordinal=row.LaneOrdinal,
+            replay_of_work_id=row.ReplayOfWorkId,
+            status=WorkStatus(row.Status),
+            attempt=row.Attempt,
+            max_attempts=row.MaxAttempts,
+            claimable_at=row.ClaimableAt,
+            lease_owner=row.LeaseOwner,
+            lease_token=row.LeaseToken,
+            lease_expires_at=row.LeaseExpiresAt,
+            last_error=row.LastError,
+            created_at=row.CreatedAt,
+            finished_at=row.FinishedAt,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Claim:
+    """A claimed generation and the fencing token every later call must present."""
+
+    work: WorkItemRow
+    lease_token: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InputRow:
+    """One member of a generation, as a worker sees it."""
+
+    enqueue_ordinal: int
+    receipt_key: str | None
+    payload: bytes
+    source_time: dt.datetime | None
+    is_replay: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InputPage:
+    """A page of a generation's members, in ordinal order."""
+
+    inputs: tuple[InputRow, ...]
+    last: bool
+    member_count: int

@@ -1,0 +1,73 @@
+"""Worker payload reads: exactly the members of the claimed generation, in ordinal order.
+
+Membership comes only from the persisted interval [InputStartOrdinal, LaneOrdinal] and the
+exact projection key of the WorkId remembered at claim: never from timestamps, Event status,
+delivery order or retained history. Missing membership is an error, never a fallback to the
+selected payload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sqlalchemy.engine import Engine
+
+from nexuscrm_connectors import queries
+from nexuscrm_connectors.errors import MembershipMissing
+from nexuscrm_connectors.leases import current_lease
+from nexuscrm_connectors.models import InputPage, InputRow
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import Clock
+from workqueue.errors import InvalidArgument
+
+
+def load_inputs(
+    engine: Engine, settings: Settings, clock: Clock, work_id: str, lease_token: str, page_size: int = 0
+) -> Iterator[InputPage]:
+    """Stream the members of a held generation in pages of ``page_size`` (0 = default).
+
+    The lease is checked before every page, so a worker that lost its lease stops reading.
+    Raises ``MembershipMissing`` when the range is absent (old-protocol work), when the first
+    or selected member is missing, or when the streamed set disagrees with the counted one.
+    """
+    size = page_size or settings.default_page_size
+    if not 1 <= size <= settings.max_page_size:
+        raise InvalidArgument(
+            f"page_size must be between 1 and {settings.max_page_size}, got {page_size}", field="page_size"
+        )
+    with engine.connect() as connection:
+        row = current_lease(connection, work_id, lease_token, clock())
+        start, end = row.InputStartOrdinal, row.LaneOrdinal
+        if start is None:
+            raise MembershipMissing(f"work {work_id} has no InputStartOrdinal: its membership was never recorded")
+        count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
+    after, streamed = start - 1, 0
+    while True:
+        with engine.connect() as connection:
+            current_lease(connection, work_id, lease_token, clock())
+            rows = queries.event_range_page(connection, row.PackInstallId, row.ProjectionKey, after, end, size)
+        if streamed == 0 and (not rows or rows[0].EnqueueOrdinal != start):
+            raise MembershipMissing(f"work {work_id}: its first input (ordinal {start}) is missing")
+        streamed += len(rows)
+        last = len(rows) < size or rows[-1].EnqueueOrdinal == end
+        if last and (not rows or rows[-1].EnqueueOrdinal != end):
+            raise MembershipMissing(f"work {work_id}: its selected input (ordinal {end}) is missing")
+        if last and streamed != count:
+            raise MembershipMissing(f"work {work_id}: streamed {streamed} inputs but the range holds {count}")
+        yield InputPage(
+            inputs=tuple(
+                InputRow(
+                    enqueue_ordinal=r.EnqueueOrdinal,
+                    receipt_key=r.ReceiptKey,
+                    payload=r.Payload,
+                    source_time=r.SourceTime,
+                    is_replay=bool(r.IsReplay),
+                )
+                for r in rows
+            ),
+            last=last,
+            member_count=count,
+        )
+        if last:
+            return
+        after = rows[-1].EnqueueOrdinal

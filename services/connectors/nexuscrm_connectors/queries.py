@@ -1,0 +1,342 @@
+"""Every statement the native Connectors runtime runs on Events, WorkItems and receipts.
+
+Builders are named noun + verb. Each states the index it relies on; each state change is
+conditional on the state it expects and returns the affected row count for the caller to
+check. All take the caller's connection (and so its transaction).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from workqueue import EventStatus, ReceiptState, WorkStatus
+
+UNCLAIMED_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED)
+
+DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
+
+
+def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
+    """Stored receipts of ``keys`` (primary key lookups)."""
+    rows = connection.execute(
+        sa.select(
+            IngressReceipt.c.ReceiptKey,
+            IngressReceipt.c.PayloadHash,
+            IngressReceipt.c.ProjectionKey,
+            IngressReceipt.c.State,
+        ).where(IngressReceipt.c.PackInstallId == pack_install_id, IngressReceipt.c.ReceiptKey.in_(keys))
+    )
+    return {row.ReceiptKey: row for row in rows}
+
+
+def receipts_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert new receipts (one multi-row INSERT)."""
+    if rows:
+        connection.execute(sa.insert(IngressReceipt), list(rows))
+
+
+def receipts_set_state(
+    connection: Connection,
+    pack_install_id: str,
+    keys: Sequence[str],
+    state: ReceiptState,
+    now: dt.datetime,
+) -> int:
+    """Record the verdict on receipts after the admission commit.
+
+    CONFIRMED applies to stored receipts only. COVERAGE_MISSING applies whatever the state:
+    a confirmed input whose generation has since gone missing must become visible to
+    operators, and nothing ever moves a receipt out of COVERAGE_MISSING.
+    """
+    if not keys:
+        return 0
+    values: dict[str, Any] = {"State": state}
+    if state is ReceiptState.CONFIRMED:
+        values["ConfirmedAt"] = now
+    expected = ReceiptState.STORED if state is ReceiptState.CONFIRMED else None
+    condition = IngressReceipt.c.State == expected if expected else IngressReceipt.c.State != state
+    return connection.execute(
+        sa.update(IngressReceipt)
+        .where(IngressReceipt.c.PackInstallId == pack_install_id, IngressReceipt.c.ReceiptKey.in_(keys), condition)
+        .values(**values)
+    ).rowcount
+
+
+def receipt_packs_stored(connection: Connection) -> list[str]:
+    """Packs that have stored, unconfirmed receipts (ix_ingressreceipt_state prefix)."""
+    return list(
+        connection.execute(
+            sa.select(IngressReceipt.c.PackInstallId)
+            .where(IngressReceipt.c.State == ReceiptState.STORED)
+            .group_by(IngressReceipt.c.PackInstallId)
+        ).scalars()
+    )
+
+
+def receipts_stored_list(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
+    """A pack's oldest stored receipts, for the materializer (ix_ingressreceipt_state range)."""
+    return list(
+        connection.execute(
+            sa.select(IngressReceipt)
+            .where(IngressReceipt.c.State == ReceiptState.STORED, IngressReceipt.c.PackInstallId == pack_install_id)
+            .order_by(IngressReceipt.c.ReceivedAt)
+            .limit(limit)
+        )
+    )
+
+
+def receipt_get(connection: Connection, pack_install_id: str, receipt_key: str) -> DbRow | None:
+    """One receipt by primary key."""
+    return connection.execute(
+        sa.select(IngressReceipt).where(
+            IngressReceipt.c.PackInstallId == pack_install_id, IngressReceipt.c.ReceiptKey == receipt_key
+        )
+    ).first()
+
+
+def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
+    """Events already admitted for ``keys`` (uq_event_receipt)."""
+    rows = connection.execute(
+        sa.select(Event.c.ReceiptKey, Event.c.EnqueueOrdinal, Event.c.ProjectionKey).where(
+            Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys)
+        )
+    )
+    return {row.ReceiptKey: row for row in rows}
+
+
+def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert new Events (one multi-row INSERT)."""
+    if rows:
+        connection.execute(sa.insert(Event), list(rows))
+
+
+def event_set_status(
+    connection: Connection, pack_install_id: str, ordinal: int, status: EventStatus, projection_key: str
+) -> int:
+    """Set the status of the selected Event of a generation (primary key)."""
+    return connection.execute(
+        sa.update(Event)
+        .where(
+            Event.c.PackInstallId == pack_install_id,
+            Event.c.EnqueueOrdinal == ordinal,
+            Event.c.ProjectionKey == projection_key,
+        )
+        .values(Status=status)
+    ).rowcount
+
+
+def event_range_page(
+    connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
+) -> list[DbRow]:
+    """Members of an identity with ``after < ordinal <= through``, in ordinal order.
+
+    A range scan of ix_event_source_lane; callers paginate by keyset (``after``).
+    """
+    return list(
+        connection.execute(
+            sa.select(
+                Event.c.EnqueueOrdinal,
+                Event.c.ReceiptKey,
+                Event.c.Payload,
+                Event.c.SourceTime,
+                Event.c.IsReplay,
+            )
+            .where(
+                Event.c.PackInstallId == pack_install_id,
+                Event.c.ProjectionKey == projection_key,
+                Event.c.EnqueueOrdinal > after,
+                Event.c.EnqueueOrdinal <= through,
+            )
+            .order_by(Event.c.EnqueueOrdinal)
+            .limit(limit)
+        )
+    )
+
+
+def event_range_count(connection: Connection, pack_install_id: str, projection_key: str, start: int, end: int) -> int:
+    """Number of members of an identity in ``[start, end]`` (ix_event_source_lane)."""
+    return int(
+        connection.execute(
+            sa.select(sa.func.count())
+            .select_from(Event)
+            .where(
+                Event.c.PackInstallId == pack_install_id,
+                Event.c.ProjectionKey == projection_key,
+                Event.c.EnqueueOrdinal.between(start, end),
+            )
+        ).scalar_one()
+    )
+
+
+def work_items_newest(connection: Connection, pack_install_id: str, projection_keys: Iterable[str]) -> dict[str, DbRow]:
+    """The newest generation of each identity, locked.
+
+    Two set queries on ix_workitem_projection_order, whatever the number of identities: the
+    max LaneOrdinal per key, then those rows FOR UPDATE.
+    """
+    keys = sorted(set(projection_keys))
+    if not keys:
+        return {}
+    newest = connection.execute(
+        sa.select(WorkItem.c.ProjectionKey, sa.func.max(WorkItem.c.LaneOrdinal).label("LaneOrdinal"))
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.ProjectionKey.in_(keys))
+        .group_by(WorkItem.c.ProjectionKey)
+    ).all()
+    if not newest:
+        return {}
+    rows = connection.execute(
+        sa.select(WorkItem)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            sa.tuple_(WorkItem.c.ProjectionKey, WorkItem.c.LaneOrdinal).in_(
+                [(row.ProjectionKey, row.LaneOrdinal) for row in newest]
+            ),
+        )
+        .with_for_update()
+    )
+    return {row.ProjectionKey: row for row in rows}
+
+
+def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert new generations (one multi-row INSERT)."""
+    if rows:
+        connection.execute(sa.insert(WorkItem), list(rows))
+
+
+def work_item_extend(connection: Connection, work_id: str, lane_ordinal: int, new_lane_ordinal: int) -> int:
+    """Raise the upper bound of an unclaimed attempt-zero generation (invariant B)."""
+    return connection.execute(
+        sa.update(WorkItem)
+        .where(
+            WorkItem.c.WorkId == work_id,
+            WorkItem.c.Status.in_(UNCLAIMED_STATUSES),
+            WorkItem.c.Attempt == 0,
+            WorkItem.c.LaneOrdinal == lane_ordinal,
+            WorkItem.c.LaneOrdinal < new_lane_ordinal,
+        )
+        .values(LaneOrdinal=new_lane_ordinal)
+    ).rowcount
+
+
+def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -> DbRow | None:
+    """One WorkItem by primary key, optionally locked."""
+    statement = sa.select(WorkItem).where(WorkItem.c.WorkId == work_id)
+    if lock:
+        statement = statement.with_for_update()
+    return connection.execute(statement).first()
+
+
+def work_item_covering(connection: Connection, pack_install_id: str, projection_key: str, ordinal: int) -> DbRow | None:
+    """The generation of an identity whose range contains ``ordinal``, in any status.
+
+    Generations of one identity never overlap, so the only candidate is the first with
+    LaneOrdinal >= ordinal (ix_workitem_projection_order, one row).
+    """
+    row = connection.execute(
+        sa.select(WorkItem)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.ProjectionKey == projection_key,
+            WorkItem.c.LaneOrdinal >= ordinal,
+        )
+        .order_by(WorkItem.c.LaneOrdinal)
+        .limit(1)
+    ).first()
+    if row is None or row.InputStartOrdinal is None or row.InputStartOrdinal > ordinal:
+        return None
+    return row
+
+
+def work_item_successor(
+    connection: Connection, pack_install_id: str, projection_key: str, lane_ordinal: int
+) -> DbRow | None:
+    """The next generation of an identity after ``lane_ordinal`` (ix_workitem_projection_order)."""
+    return connection.execute(
+        sa.select(WorkItem.c.WorkId, WorkItem.c.Status)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.ProjectionKey == projection_key,
+            WorkItem.c.LaneOrdinal > lane_ordinal,
+        )
+        .order_by(WorkItem.c.LaneOrdinal)
+        .limit(1)
+    ).first()
+
+
+def work_item_unblock(connection: Connection, work_id: str, now: dt.datetime) -> int:
+    """Make a blocked generation claimable: its predecessor became terminal."""
+    return connection.execute(
+        sa.update(WorkItem)
+        .where(WorkItem.c.WorkId == work_id, WorkItem.c.Status == WorkStatus.BLOCKED)
+        .values(Status=WorkStatus.PENDING, ClaimableAt=now)
+    ).rowcount
+
+
+def work_items_claimable(
+    connection: Connection,
+    pack_install_ids: Sequence[str],
+    work_types: Sequence[str],
+    now: dt.datetime,
+    limit: int,
+) -> list[DbRow]:
+    """Claim candidates: pending, due retry and lease-expired processing native work, oldest first.
+
+    One ordered, limited range scan of ix_workitem_claim per (pack, status), combined with
+    UNION ALL, so a large backlog is never sorted as a whole.
+    """
+    selects = []
+    for pack_install_id in pack_install_ids:
+        for status in (WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.PROCESSING):
+            statement = (
+                sa.select(
+                    WorkItem.c.WorkId,
+                    WorkItem.c.Status,
+                    WorkItem.c.ClaimableAt,
+                    WorkItem.c.LeaseToken,
+                    WorkItem.c.InputStartOrdinal,
+                )
+                .where(
+                    WorkItem.c.PackInstallId == pack_install_id,
+                    WorkItem.c.Status == status,
+                    WorkItem.c.ClaimableAt <= now,
+                )
+                .order_by(WorkItem.c.ClaimableAt)
+                .limit(limit)
+            )
+            if work_types:
+                statement = statement.where(WorkItem.c.WorkType.in_(work_types))
+            selects.append(statement.subquery().select())
+    if not selects:
+        return []
+    rows = connection.execute(sa.union_all(*selects)).all()
+    return sorted(rows, key=lambda row: row.ClaimableAt)[: limit * 2]
+
+
+def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, Any], values: dict[str, Any]) -> int:
+    """Compare-and-set one WorkItem; return the row count (0 or 1).
+
+    The update applies only if every column in ``expect`` still holds its value (None
+    compares with IS NULL).
+    """
+    conditions = [WorkItem.c.WorkId == work_id]
+    for column, value in expect.items():
+        conditions.append(WorkItem.c[column].is_(None) if value is None else WorkItem.c[column] == value)
+    return connection.execute(sa.update(WorkItem).where(*conditions).values(**values)).rowcount
+
+
+def work_item_live_replay(connection: Connection, work_id: str) -> DbRow | None:
+    """A nonterminal replay of ``work_id``, if any (ix_workitem_replay_of)."""
+    return connection.execute(
+        sa.select(WorkItem.c.WorkId, WorkItem.c.Status)
+        .where(
+            WorkItem.c.ReplayOfWorkId == work_id,
+            WorkItem.c.Status.not_in([WorkStatus.COMPLETED, WorkStatus.FAILED]),
+        )
+        .limit(1)
+    ).first()

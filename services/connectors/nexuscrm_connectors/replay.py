@@ -1,0 +1,101 @@
+"""Explicit replay of terminal work: a new replay Event and a generation that starts with it.
+
+Replay runs under the same PackInstall lock as admission, so the two never interleave. The
+replay generation [o, o] (o = the replay Event's new ordinal) carries ReplayOfWorkId and,
+while unclaimed, absorbs later fresh inputs like any attempt-zero generation.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors.admission import generation_row, payload_hash
+from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused, WorkNotFound
+from nexuscrm_connectors.models import WorkItemRow
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.database import run_transaction
+from workqueue import EventStatus, WorkStatus
+from workqueue.errors import InvalidArgument
+from workqueue.statuses import TERMINAL_WORK_STATUSES
+
+
+def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tuple[WorkItemRow, int]:
+    """Queue a replay of terminal ``work_id``; return the new generation and its Event's ordinal.
+
+    Refuses unknown work (``WorkNotFound``), nonterminal work and work whose earlier replay
+    is not terminal yet (``ReplayRefused``), and old-protocol work (``ProtocolMissing``).
+    """
+    if not work_id:
+        raise InvalidArgument("work_id is required", field="work_id")
+
+    def run(connection: Connection) -> tuple[WorkItemRow, int]:
+        found = queries.work_item_get(connection, work_id)
+        if found is None:
+            raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+        pack = packs.pack_lock(connection, found.PackInstallId)
+        target = queries.work_item_get(connection, work_id, lock=True)
+        assert target is not None  # WorkItems are never deleted
+        if target.InputStartOrdinal is None or packs.protocol_get(connection, target.PackInstallId) is None:
+            raise ProtocolMissing(f"work {work_id} is old-protocol work; replay needs native range work")
+        if WorkStatus(target.Status) not in TERMINAL_WORK_STATUSES:
+            raise ReplayRefused(f"work {work_id} is {target.Status}; only terminal work can be replayed")
+        live = queries.work_item_live_replay(connection, work_id)
+        if live is not None:
+            raise ReplayRefused(f"work {work_id} already has a live replay {live.WorkId} ({live.Status})")
+        now = clock()
+        (ordinal,) = packs.ordinals_allocate(connection, pack, 1)
+        payload = json.dumps(
+            {
+                "replay_of_work_id": work_id,
+                "input_start_ordinal": target.InputStartOrdinal,
+                "lane_ordinal": target.LaneOrdinal,
+            },
+            sort_keys=True,
+        ).encode()
+        queries.events_insert(
+            connection,
+            [
+                {
+                    "PackInstallId": pack.pack_install_id,
+                    "EnqueueOrdinal": ordinal,
+                    "ProjectionKey": target.ProjectionKey,
+                    "ReceiptKey": None,
+                    "PayloadHash": payload_hash(payload),
+                    "Payload": payload,
+                    "SourceTime": None,
+                    "Status": EventStatus.PENDING,
+                    "IsReplay": True,
+                    "CreatedAt": now,
+                }
+            ],
+        )
+        newest = queries.work_items_newest(connection, pack.pack_install_id, [target.ProjectionKey])[
+            target.ProjectionKey
+        ]
+        new_id = str(uuid.uuid4())
+        queries.work_items_insert(
+            connection,
+            [
+                generation_row(
+                    work_id=new_id,
+                    pack_install_id=pack.pack_install_id,
+                    projection_key=target.ProjectionKey,
+                    start=ordinal,
+                    end=ordinal,
+                    blocked=WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES,
+                    now=now,
+                    max_attempts=settings.max_attempts,
+                    replay_of_work_id=work_id,
+                )
+            ],
+        )
+        created = queries.work_item_get(connection, new_id)
+        assert created is not None
+        return WorkItemRow.from_row(created), ordinal
+
+    return run_transaction(engine, run, name="replay")

@@ -1,0 +1,83 @@
+"""The Connectors domain facade: every operation of ConnectorsService, without gRPC.
+
+The servicer and in-process workers call this class; it only binds the engine, settings
+and clock to the modules that own each operation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+
+from sqlalchemy.engine import Engine
+
+from nexuscrm_connectors import admission, inspection, leases, payloads, replay
+from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, WorkItemRow
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import Clock, utcnow
+
+
+class Connectors:
+    """Admission, duplicates, replay, claims and payload reads over one database."""
+
+    def __init__(self, engine: Engine, settings: Settings | None = None, clock: Clock = utcnow) -> None:
+        self.engine = engine
+        self.settings = settings or Settings()
+        self.clock = clock
+
+    def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
+        """See ``admission.ingest``."""
+        return admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
+
+    def materialize(self, limit: int = 500) -> int:
+        """See ``admission.materialize``."""
+        return admission.materialize(self.engine, self.settings, self.clock, limit)
+
+    def replay(self, work_id: str) -> tuple[WorkItemRow, int]:
+        """See ``replay.replay``."""
+        return replay.replay(self.engine, self.settings, self.clock, work_id)
+
+    def claim(
+        self,
+        worker_id: str,
+        *,
+        pack_install_ids: Sequence[str] = (),
+        work_types: Sequence[str] = (),
+        max_items: int = 1,
+        lease_seconds: int = 0,
+    ) -> list[Claim]:
+        """See ``leases.claim``."""
+        return leases.claim(
+            self.engine,
+            self.settings,
+            self.clock,
+            worker_id=worker_id,
+            pack_install_ids=pack_install_ids,
+            work_types=work_types,
+            max_items=max_items,
+            lease_seconds=lease_seconds,
+        )
+
+    def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+        """See ``payloads.load_inputs``."""
+        return payloads.load_inputs(self.engine, self.settings, self.clock, work_id, lease_token, page_size)
+
+    def heartbeat(self, work_id: str, lease_token: str, lease_seconds: int = 0) -> dt.datetime:
+        """See ``leases.heartbeat``."""
+        return leases.heartbeat(self.engine, self.settings, self.clock, work_id, lease_token, lease_seconds)
+
+    def complete(self, work_id: str, lease_token: str) -> WorkItemRow:
+        """See ``leases.complete``."""
+        return leases.complete(self.engine, self.clock, work_id, lease_token)
+
+    def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
+        """See ``leases.fail``."""
+        return leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
+
+    def get_work(self, work_id: str) -> inspection.WorkDescription:
+        """See ``inspection.get_work``."""
+        return inspection.get_work(self.engine, work_id)
+
+    def explain_receipt(self, pack_install_id: str, receipt_key: str) -> inspection.ReceiptExplanation:
+        """See ``inspection.explain_receipt``."""
+        return inspection.explain_receipt(self.engine, pack_install_id, receipt_key)

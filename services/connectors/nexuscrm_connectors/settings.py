@@ -1,0 +1,62 @@
+"""Limits and policies of the Connectors runtime, read from the environment once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nexuscrm_runtime.config import ConfigError, env_int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Connectors limits and retry policy; each field names its environment variable.
+
+    ``max_batch_items``: deliveries per Ingest call (NEXUSCRM_MAX_BATCH_ITEMS).
+    ``max_payload_bytes``: bytes per delivery payload (NEXUSCRM_MAX_PAYLOAD_BYTES).
+    ``max_attempts``: attempts of a generation before it fails for good (NEXUSCRM_MAX_ATTEMPTS).
+    ``retry_base_seconds`` / ``retry_max_seconds``: exponential backoff after a failed attempt
+    (NEXUSCRM_RETRY_BASE_SECONDS, NEXUSCRM_RETRY_MAX_SECONDS).
+    ``default_lease_seconds`` / ``max_lease_seconds``: claim and heartbeat lease bounds
+    (NEXUSCRM_DEFAULT_LEASE_SECONDS, NEXUSCRM_MAX_LEASE_SECONDS).
+    ``max_claim_items``: generations per Claim call (NEXUSCRM_MAX_CLAIM_ITEMS).
+    ``default_page_size`` / ``max_page_size``: members per LoadInputs page
+    (NEXUSCRM_DEFAULT_PAGE_SIZE, NEXUSCRM_MAX_PAGE_SIZE).
+    ``materialize_interval_seconds``: how often the service admits stored receipts; 0 = never
+    (NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS).
+    """
+
+    max_batch_items: int = 1000
+    max_payload_bytes: int = 1024 * 1024
+    max_attempts: int = 5
+    retry_base_seconds: int = 1
+    retry_max_seconds: int = 300
+    default_lease_seconds: int = 30
+    max_lease_seconds: int = 3600
+    max_claim_items: int = 100
+    default_page_size: int = 500
+    max_page_size: int = 5000
+    materialize_interval_seconds: int = 2
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) < (0 if field.name == "materialize_interval_seconds" else 1):
+                raise ConfigError(f"{field.name} must be positive, got {getattr(self, field.name)}")
+        if self.default_lease_seconds > self.max_lease_seconds:
+            raise ConfigError("default_lease_seconds exceeds max_lease_seconds")
+        if self.default_page_size > self.max_page_size:
+            raise ConfigError("default_page_size exceeds max_page_size")
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """Read every field from its NEXUSCRM_<FIELD> variable, defaulting as above."""
+        defaults = cls()
+        return cls(
+            **{
+                field.name: env_int(f"NEXUSCRM_{field.name.upper()}", getattr(defaults, field.name))
+                for field in dataclasses.fields(cls)
+            }
+        )
+
+    def backoff_seconds(self, attempt: int) -> int:
+        """Delay before attempt ``attempt + 1`` after ``attempt`` failed attempts."""
+        return int(min(self.retry_max_seconds, self.retry_base_seconds * 2 ** max(0, attempt - 1)))

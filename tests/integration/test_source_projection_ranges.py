@@ -1,0 +1,310 @@
+"""Source projection ranges on every backend: the PR #329 regressions and the range protocol.
+
+Every scenario ends with the invariant checker (M, O, B, D, X, P) over the whole database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections import Counter
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors import admission
+from nexuscrm_connectors.models import Outcome
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from tests.support.factories import START, FakeClock, delivery, install_pack
+from tests.support.invariants import assert_invariants, bounds_violations, generation_bounds
+from workqueue import ReceiptState, WorkStatus
+
+pytestmark = pytest.mark.database
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def connectors(engine: sa.Engine, clock: FakeClock) -> Connectors:
+    return Connectors(engine, clock=clock)
+
+
+def count(engine: sa.Engine, table: sa.Table) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
+
+
+def load_all(connectors: Connectors, work_id: str, token: str, page_size: int = 0) -> list[int]:
+    return [i.enqueue_ordinal for page in connectors.load_inputs(work_id, token, page_size) for i in page.inputs]
+
+
+def claim_one(connectors: Connectors, pack: str, worker: str = "w1"):  # type: ignore[no-untyped-def]
+    claims = connectors.claim(worker, pack_install_ids=[pack])
+    assert len(claims) == 1, claims
+    return claims[0]
+
+
+def test_regression_1_membership_follows_ordinals_not_source_clocks(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    # The source's clock runs backwards relative to arrival: the old inference trusted it.
+    times = [START - dt.timedelta(minutes=m) for m in (0, 10, 5, 30)]
+    results = connectors.ingest(pack, [delivery(source_time=t) for t in times])
+    assert [r.outcome for r in results] == [Outcome.ADMITTED] * 4
+    ordinals = [r.enqueue_ordinal for r in results]
+    assert ordinals == [1, 2, 3, 4]
+    assert len({r.work_id for r in results}) == 1
+    claim = claim_one(connectors, pack)
+    assert (claim.work.input_start_ordinal, claim.work.lane_ordinal) == (1, 4)
+    assert load_all(connectors, claim.work.work_id, claim.lease_token, page_size=3) == ordinals
+    # A later input with the oldest source time still belongs to a new generation only.
+    later = connectors.ingest(pack, [delivery(source_time=START - dt.timedelta(days=1))])[0]
+    assert later.work_id != claim.work.work_id
+    assert later.enqueue_ordinal == 5
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    nxt = claim_one(connectors, pack)
+    assert load_all(connectors, nxt.work.work_id, nxt.lease_token) == [5]
+    assert_invariants(engine)
+
+
+def test_regression_2_duplicate_of_input_with_missing_generation_is_refused(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    first = connectors.ingest(pack, [delivery("r-lost")])[0]
+    assert first.outcome is Outcome.ADMITTED
+    with engine.begin() as connection:  # a retention bug deletes the live generation
+        connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == first.work_id))
+    events, work = count(engine, Event), count(engine, WorkItem)
+
+    again = connectors.ingest(pack, [delivery("r-lost")])[0]
+
+    assert again.outcome is Outcome.COVERAGE_MISSING
+    assert "coverage missing" in again.message and again.work_id is None
+    assert (count(engine, Event), count(engine, WorkItem)) == (events, work)  # nothing reconstructed or replayed
+    explained = connectors.explain_receipt(pack, "r-lost")
+    assert explained.receipt_state == ReceiptState.COVERAGE_MISSING
+    assert explained.covered_by is None and "coverage missing" in explained.explanation
+    assert connectors.claim("w1", pack_install_ids=[pack]) == []
+    assert_invariants(engine, damaged=[(pack, 1)])
+
+
+def test_active_generation_absorbs_until_claimed_then_successor_takes_over(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    a = connectors.ingest(pack, [delivery(), delivery()])
+    b = connectors.ingest(pack, [delivery()])
+    assert {r.work_id for r in a + b} == {a[0].work_id}
+    before = generation_bounds(engine)
+    claim = claim_one(connectors, pack)
+    assert (claim.work.input_start_ordinal, claim.work.lane_ordinal) == (1, 3)
+
+    c = connectors.ingest(pack, [delivery(), delivery()])
+    d = connectors.ingest(pack, [delivery()])
+    successor = connectors.get_work(c[0].work_id)
+    assert successor.work.work_id != claim.work.work_id
+    assert successor.work.status is WorkStatus.BLOCKED
+    assert (successor.work.input_start_ordinal, successor.work.lane_ordinal, successor.member_count) == (4, 6, 3)
+    assert d[0].work_id == successor.work.work_id
+    assert connectors.claim("w2", pack_install_ids=[pack]) == []  # X: the successor waits
+
+    assert load_all(connectors, claim.work.work_id, claim.lease_token) == [1, 2, 3]
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    assert connectors.get_work(successor.work.work_id).work.status is WorkStatus.PENDING
+    nxt = claim_one(connectors, pack)
+    assert load_all(connectors, nxt.work.work_id, nxt.lease_token) == [4, 5, 6]
+    assert bounds_violations(before, generation_bounds(engine)) == []
+    assert_invariants(engine)
+
+
+def test_identities_get_separate_generations_and_one_batch_query_set(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    results = connectors.ingest(pack, [delivery(lane=f"lane-{i % 3}") for i in range(9)])
+    by_lane = Counter(r.work_id for r in results)
+    assert sorted(by_lane.values()) == [3, 3, 3]
+    for work_id in by_lane:
+        described = connectors.get_work(work_id)
+        assert described.member_count == 3
+    assert_invariants(engine)
+
+
+def test_mixed_duplicates(engine: sa.Engine, connectors: Connectors, clock: FakeClock) -> None:
+    pack = install_pack(engine, legacy_max_ordinal=2, last_ordinal=2)
+    with engine.begin() as connection:  # two inputs of the old protocol, with their receipts
+        for ordinal in (1, 2):
+            item = delivery(f"old-{ordinal}")
+            key = item.route.identity(pack).key
+            row = {"PackInstallId": pack, "ReceiptKey": item.receipt_key, "ProjectionKey": key}
+            connection.execute(
+                sa.insert(IngressReceipt).values(
+                    **row,
+                    PayloadHash=admission.payload_hash(item.payload),
+                    Payload=item.payload,
+                    State=ReceiptState.CONFIRMED,
+                    ReceivedAt=START,
+                )
+            )
+            connection.execute(
+                sa.insert(Event).values(
+                    PackInstallId=pack,
+                    EnqueueOrdinal=ordinal,
+                    ProjectionKey=key,
+                    ReceiptKey=item.receipt_key,
+                    PayloadHash=admission.payload_hash(item.payload),
+                    Payload=item.payload,
+                    Status="processed",
+                    CreatedAt=START,
+                )
+            )
+    terminal = connectors.ingest(pack, [delivery("done")])[0]
+    claim = claim_one(connectors, pack)
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    live = connectors.ingest(pack, [delivery("live")])[0]
+    lost = connectors.ingest(pack, [delivery("lost", lane="lane-lost")])[0]
+    with engine.begin() as connection:
+        connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == lost.work_id))
+    events, work = count(engine, Event), count(engine, WorkItem)
+
+    results = connectors.ingest(
+        pack,
+        [
+            delivery("old-1"),
+            delivery("done"),
+            delivery("live"),
+            delivery("lost", lane="lane-lost"),
+            delivery("new-twice"),
+            delivery("new-twice"),
+            delivery("live", payload=b"changed"),
+            delivery("new-conflict", payload=b"one"),
+            delivery("new-conflict", payload=b"two"),
+        ],
+    )
+    outcomes = [(r.receipt_key, r.outcome, r.work_id) for r in results]
+    assert outcomes[0] == ("old-1", Outcome.DUPLICATE_LEGACY, None)
+    assert outcomes[1] == ("done", Outcome.DUPLICATE_COVERED, terminal.work_id)
+    assert outcomes[2] == ("live", Outcome.DUPLICATE_COVERED, live.work_id)
+    assert outcomes[3][:2] == ("lost", Outcome.COVERAGE_MISSING)
+    assert outcomes[4][1] is Outcome.ADMITTED and outcomes[5][1] is Outcome.DUPLICATE_COVERED
+    assert outcomes[4][2] == outcomes[5][2] == live.work_id  # absorbed by the live generation
+    assert outcomes[6][1] is Outcome.REJECTED and "different payload" in results[6].message
+    assert outcomes[7][1] is Outcome.ADMITTED and outcomes[8][1] is Outcome.REJECTED
+    # D: only the two genuinely new inputs wrote Events; no duplicate created work.
+    assert count(engine, Event) == events + 2
+    assert count(engine, WorkItem) == work
+    assert_invariants(engine, damaged=[(pack, lost.enqueue_ordinal)])
+
+
+def test_retry_keeps_both_bounds_and_successor_waits(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery(), delivery()])
+    claim = claim_one(connectors, pack)
+    failed = connectors.fail(claim.work.work_id, claim.lease_token, "boom")
+    assert failed.status is WorkStatus.RETRY and failed.attempt == 1
+    assert (failed.input_start_ordinal, failed.lane_ordinal) == (1, 2)
+    later = connectors.ingest(pack, [delivery()])[0]
+    assert later.work_id != claim.work.work_id  # a retry never extends
+    assert connectors.get_work(later.work_id).work.status is WorkStatus.BLOCKED
+    assert connectors.claim("w1", pack_install_ids=[pack]) == []  # backoff not over
+    clock.advance(connectors.settings.backoff_seconds(1))
+    again = claim_one(connectors, pack)
+    assert again.work.work_id == claim.work.work_id
+    assert (again.work.input_start_ordinal, again.work.lane_ordinal) == (1, 2)
+    assert load_all(connectors, again.work.work_id, again.lease_token) == [1, 2]
+    connectors.complete(again.work.work_id, again.lease_token)
+    assert_invariants(engine)
+
+
+def test_replay_starts_with_its_event_and_absorbs_later_inputs(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery(), delivery()])
+    claim = claim_one(connectors, pack)
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    replayed, ordinal = connectors.replay(claim.work.work_id)
+    assert ordinal == 3
+    assert (replayed.input_start_ordinal, replayed.lane_ordinal) == (3, 3)
+    assert replayed.replay_of_work_id == claim.work.work_id and replayed.status is WorkStatus.PENDING
+    absorbed = connectors.ingest(pack, [delivery()])[0]
+    assert absorbed.work_id == replayed.work_id
+    replay_claim = claim_one(connectors, pack)
+    pages = list(connectors.load_inputs(replay_claim.work.work_id, replay_claim.lease_token))
+    inputs = [i for page in pages for i in page.inputs]
+    assert [(i.enqueue_ordinal, i.is_replay) for i in inputs] == [(3, True), (4, False)]
+    assert b'"replay_of_work_id": "' + claim.work.work_id.encode() in inputs[0].payload
+    assert_invariants(engine)
+
+
+def test_crash_after_admission_commit_before_confirmation(
+    engine: sa.Engine, connectors: Connectors, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pack = install_pack(engine)
+
+    def crash(*_args: object) -> None:
+        raise ConnectionError("process died before confirming receipts")
+
+    monkeypatch.setattr(admission, "_confirm", crash)
+    with pytest.raises(ConnectionError):
+        connectors.ingest(pack, [delivery("r-crash")])
+    monkeypatch.undo()
+    with engine.connect() as connection:
+        state = connection.execute(sa.select(IngressReceipt.c.State)).scalar_one()
+    assert state == ReceiptState.STORED  # durable, unconfirmed, and its Event committed
+    assert count(engine, Event) == 1 and count(engine, WorkItem) == 1
+
+    retried = connectors.ingest(pack, [delivery("r-crash")])[0]
+    assert retried.outcome is Outcome.DUPLICATE_COVERED
+    assert connectors.explain_receipt(pack, "r-crash").receipt_state == ReceiptState.CONFIRMED
+    assert count(engine, Event) == 1 and count(engine, WorkItem) == 1
+    assert_invariants(engine)
+
+
+def test_enqueue_and_claim_race_threads(engine: sa.Engine) -> None:
+    connectors = Connectors(engine)
+    pack = install_pack(engine)
+    lanes, batches, per_batch = 5, 12, 10
+    admitted: list[int] = []
+    executed: Counter[int] = Counter()
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def producer(n: int) -> None:
+        try:
+            for b in range(batches):
+                results = connectors.ingest(
+                    pack, [delivery(f"p{n}-{b}-{i}", lane=f"lane-{i % lanes}") for i in range(per_batch)]
+                )
+                admitted.extend(r.enqueue_ordinal for r in results if r.outcome is Outcome.ADMITTED)
+        except BaseException as error:
+            errors.append(error)
+
+    def worker(n: int) -> None:
+        try:
+            while True:
+                claims = connectors.claim(f"w{n}", pack_install_ids=[pack], max_items=2)
+                for c in claims:
+                    executed.update(load_all(connectors, c.work.work_id, c.lease_token))
+                    connectors.complete(c.work.work_id, c.lease_token)
+                if not claims and done.is_set():
+                    return
+        except BaseException as error:
+            errors.append(error)
+
+    producers = [threading.Thread(target=producer, args=(n,)) for n in range(3)]
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(3)]
+    for t in producers + workers:
+        t.start()
+    for t in producers:
+        t.join()
+    done.set()
+    for t in workers:
+        t.join()
+    assert not errors, errors
+    assert sorted(admitted) == list(range(1, 3 * batches * per_batch + 1))
+    # Every input executed exactly once, by the one generation that holds it (M, P, X).
+    assert executed == Counter(admitted)
+    assert_invariants(engine)

@@ -1,0 +1,80 @@
+"""Factories for test rows and deliveries, and a clock tests can move."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import itertools
+import uuid
+
+import sqlalchemy as sa
+
+from nexuscrm_connectors.models import IngestItem, Route
+from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, PackInstall
+
+START = dt.datetime(2026, 3, 1, 12, 0, 0)
+_counter = itertools.count(1)
+
+
+@dataclasses.dataclass
+class FakeClock:
+    """A clock that only moves when told to."""
+
+    now: dt.datetime = START
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += dt.timedelta(seconds=seconds)
+
+
+def install_pack(
+    engine: sa.Engine, *, namespace: str = "acme", legacy_max_ordinal: int | None = 0, last_ordinal: int = 0
+) -> str:
+    """A PackInstall row; with a protocol row unless ``legacy_max_ordinal`` is None."""
+    pack_id = f"pk-{uuid.uuid4().hex[:12]}"
+    with engine.begin() as connection:
+        connection.execute(
+            sa.insert(PackInstall).values(
+                PackInstallId=pack_id,
+                Namespace=namespace,
+                PackName="crm",
+                PackVersion="1.0",
+                LastOrdinal=last_ordinal,
+                CreatedAt=START,
+            )
+        )
+        if legacy_max_ordinal is not None:
+            connection.execute(
+                sa.insert(ConnectorProjectionProtocol).values(
+                    PackInstallId=pack_id,
+                    ProtocolVersion=1,
+                    LegacyMaxOrdinal=legacy_max_ordinal,
+                    Origin="greenfield" if legacy_max_ordinal == 0 else "cutover",
+                    CreatedAt=START,
+                )
+            )
+    return pack_id
+
+
+def route(lane: str = "lane-1", *, kind: str = "contact.upsert", work_type: str = "project") -> Route:
+    """A route of the demo contact projection on ``lane``."""
+    return Route(event_kind=kind, route_version="1", companion_version="crm-1.0", work_type=work_type, source_lane=lane)
+
+
+def delivery(
+    key: str | None = None,
+    *,
+    lane: str = "lane-1",
+    payload: bytes | None = None,
+    source_time: dt.datetime | None = None,
+) -> IngestItem:
+    """One delivery; unique key and payload unless given."""
+    key = key or f"r-{next(_counter)}"
+    return IngestItem(
+        receipt_key=key,
+        route=route(lane),
+        payload=payload if payload is not None else f"payload of {key}".encode(),
+        source_time=source_time,
+    )
