@@ -1,6 +1,8 @@
-"""Entry point of the connectors service (``nexuscrm-connectors``).
+"""Entry point of the Connectors service (``nexuscrm-connectors``).
 
-Environment: NEXUSCRM_DSN, NEXUSCRM_CONNECTORS_ADDRESS (default 127.0.0.1:50053).
+Environment: NEXUSCRM_DSN, NEXUSCRM_CONNECTORS_ADDRESS (default 127.0.0.1:50053), and the
+limits of ``nexuscrm_connectors.settings.Settings`` (NEXUSCRM_MAX_BATCH_ITEMS, ...). A
+background materializer admits stored receipts every NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS.
 """
 
 from __future__ import annotations
@@ -8,7 +10,10 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
+from nexuscrm_connectors.materializer import Materializer
+from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import ConnectorsServicer
+from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.config import ServiceConfig
 from nexuscrm_runtime.server import Registration, run_service
 
@@ -16,20 +21,28 @@ SERVICE_NAME = "nexuscrm.connectors.v1.ConnectorsService"
 DEFAULT_PORT = 50053
 
 
-def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
-    """Register the servicer."""
-    return [
-        Registration(
-            servicer=ConnectorsServicer(engine),
-            add=pb_grpc.add_ConnectorsServiceServicer_to_server,
-            service_name=SERVICE_NAME,
-        )
-    ]
-
-
 def main() -> None:
-    """Serve ConnectorsService until SIGTERM."""
-    run_service(env_name="CONNECTORS", default_port=DEFAULT_PORT, build=build)
+    """Serve ConnectorsService and run the materializer until SIGTERM."""
+    materializers: list[Materializer] = []
+
+    def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
+        connectors = Connectors(engine, Settings.from_env())
+        materializer = Materializer(connectors)
+        materializer.start()
+        materializers.append(materializer)
+        return [
+            Registration(
+                servicer=ConnectorsServicer(connectors),
+                add=pb_grpc.add_ConnectorsServiceServicer_to_server,
+                service_name=SERVICE_NAME,
+            )
+        ]
+
+    def stop() -> None:
+        for materializer in materializers:
+            materializer.stop()
+
+    run_service(env_name="CONNECTORS", default_port=DEFAULT_PORT, build=build, on_stop=stop)
 
 
 if __name__ == "__main__":

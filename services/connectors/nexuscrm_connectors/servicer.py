@@ -1,14 +1,81 @@
-"""ConnectorsService over gRPC: proto in, domain call, proto out."""
+"""ConnectorsService over gRPC: proto in, domain call, proto out.
+
+Errors are mapped to status codes by the shared interceptor; nothing here aborts by hand.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy.engine import Engine
+from collections.abc import Iterator
 
+import grpc
+
+from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
+from nexuscrm_connectors import convert
+from nexuscrm_connectors.errors import LimitExceeded
+from nexuscrm_connectors.service import Connectors
 
 
 class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
-    """Thin servicer; methods not overridden answer UNIMPLEMENTED."""
+    """Thin servicer over ``Connectors``."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, connectors: Connectors) -> None:
+        self._connectors = connectors
+
+    def Ingest(self, request: pb.IngestRequest, context: grpc.ServicerContext) -> pb.IngestResponse:
+        if len(request.items) > self._connectors.settings.max_batch_items:  # before converting anything
+            raise LimitExceeded(
+                f"items has {len(request.items)} deliveries; the limit is {self._connectors.settings.max_batch_items}",
+                field="items",
+            )
+        results = self._connectors.ingest(request.pack_install_id, [convert.item_from_proto(i) for i in request.items])
+        return pb.IngestResponse(results=[convert.result_to_proto(r) for r in results])
+
+    def Replay(self, request: pb.ReplayRequest, context: grpc.ServicerContext) -> pb.ReplayResponse:
+        work, ordinal = self._connectors.replay(request.work_id)
+        return pb.ReplayResponse(work=convert.work_to_proto(work), replay_event_ordinal=ordinal)
+
+    def Claim(self, request: pb.ClaimRequest, context: grpc.ServicerContext) -> pb.ClaimResponse:
+        claims = self._connectors.claim(
+            request.worker_id,
+            pack_install_ids=list(request.pack_install_ids),
+            work_types=list(request.work_types),
+            max_items=request.max_items or 1,
+            lease_seconds=request.lease_seconds,
+        )
+        return pb.ClaimResponse(claims=[convert.claim_to_proto(c) for c in claims])
+
+    def LoadInputs(
+        self, request: pb.LoadInputsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.LoadInputsResponse]:
+        for page in self._connectors.load_inputs(request.work_id, request.lease_token, request.page_size):
+            if not context.is_active():  # the caller cancelled or its deadline passed
+                return
+            yield convert.page_to_proto(page)
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        expires = self._connectors.heartbeat(request.work_id, request.lease_token, request.lease_seconds)
+        return pb.HeartbeatResponse(lease_expires_at=convert.timestamp(expires))
+
+    def Complete(self, request: pb.CompleteRequest, context: grpc.ServicerContext) -> pb.CompleteResponse:
+        work = self._connectors.complete(request.work_id, request.lease_token)
+        return pb.CompleteResponse(work=convert.work_to_proto(work))
+
+    def Fail(self, request: pb.FailRequest, context: grpc.ServicerContext) -> pb.FailResponse:
+        work = self._connectors.fail(request.work_id, request.lease_token, request.error, retryable=request.retryable)
+        return pb.FailResponse(work=convert.work_to_proto(work))
+
+    def GetWork(self, request: pb.GetWorkRequest, context: grpc.ServicerContext) -> pb.GetWorkResponse:
+        described = self._connectors.get_work(request.work_id)
+        return pb.GetWorkResponse(work=convert.work_to_proto(described.work), member_count=described.member_count)
+
+    def ExplainReceipt(
+        self, request: pb.ExplainReceiptRequest, context: grpc.ServicerContext
+    ) -> pb.ExplainReceiptResponse:
+        explained = self._connectors.explain_receipt(request.pack_install_id, request.receipt_key)
+        return pb.ExplainReceiptResponse(
+            receipt_state=explained.receipt_state,
+            enqueue_ordinal=explained.enqueue_ordinal or 0,
+            covered_by=convert.work_to_proto(explained.covered_by) if explained.covered_by else None,
+            explanation=explained.explanation,
+        )

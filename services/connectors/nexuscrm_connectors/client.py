@@ -1,0 +1,99 @@
+"""A ConnectorsService client with the same methods as the in-process ``Connectors`` facade.
+
+Every call carries a deadline. Status codes come back as ``grpc.RpcError``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+
+import grpc
+
+from nexuscrm.connectors.v1 import connectors_pb2 as pb
+from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
+from nexuscrm_connectors import convert
+from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, WorkItemRow
+
+DEFAULT_TIMEOUT = 30.0  # seconds per unary call
+STREAM_TIMEOUT = 600.0  # seconds for a whole LoadInputs stream
+
+
+class ConnectorsClient:
+    """ConnectorsService over a channel; usable wherever ``Connectors`` is (see ``worker.WorkSource``)."""
+
+    def __init__(self, channel: grpc.Channel, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._stub = pb_grpc.ConnectorsServiceStub(channel)
+        self._timeout = timeout
+
+    def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
+        """Ingest a batch; one result per item."""
+        response = self._stub.Ingest(
+            pb.IngestRequest(pack_install_id=pack_install_id, items=[convert.item_to_proto(i) for i in items]),
+            timeout=self._timeout,
+        )
+        return [convert.result_from_proto(r) for r in response.results]
+
+    def claim(
+        self,
+        worker_id: str,
+        *,
+        pack_install_ids: Sequence[str] = (),
+        work_types: Sequence[str] = (),
+        max_items: int = 1,
+        lease_seconds: int = 0,
+    ) -> list[Claim]:
+        """Claim up to ``max_items`` generations."""
+        response = self._stub.Claim(
+            pb.ClaimRequest(
+                worker_id=worker_id,
+                pack_install_ids=list(pack_install_ids),
+                work_types=list(work_types),
+                max_items=max_items,
+                lease_seconds=lease_seconds,
+            ),
+            timeout=self._timeout,
+        )
+        return [convert.claim_from_proto(c) for c in response.claims]
+
+    def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+        """Stream a held generation's members."""
+        stream = self._stub.LoadInputs(
+            pb.LoadInputsRequest(work_id=work_id, lease_token=lease_token, page_size=page_size), timeout=STREAM_TIMEOUT
+        )
+        for message in stream:
+            yield convert.page_from_proto(message)
+
+    def heartbeat(self, work_id: str, lease_token: str, lease_seconds: int = 0) -> dt.datetime:
+        """Extend a held lease; return the new expiry."""
+        response = self._stub.Heartbeat(
+            pb.HeartbeatRequest(work_id=work_id, lease_token=lease_token, lease_seconds=lease_seconds),
+            timeout=self._timeout,
+        )
+        expires: dt.datetime = response.lease_expires_at.ToDatetime()
+        return expires
+
+    def complete(self, work_id: str, lease_token: str) -> WorkItemRow:
+        """Complete a held generation."""
+        response = self._stub.Complete(
+            pb.CompleteRequest(work_id=work_id, lease_token=lease_token), timeout=self._timeout
+        )
+        return convert.work_from_proto(response.work)
+
+    def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
+        """Record a failed attempt."""
+        response = self._stub.Fail(
+            pb.FailRequest(work_id=work_id, lease_token=lease_token, error=error, retryable=retryable),
+            timeout=self._timeout,
+        )
+        return convert.work_from_proto(response.work)
+
+    def replay(self, work_id: str) -> tuple[WorkItemRow, int]:
+        """Replay terminal work."""
+        response = self._stub.Replay(pb.ReplayRequest(work_id=work_id), timeout=self._timeout)
+        return convert.work_from_proto(response.work), response.replay_event_ordinal
+
+    def get_work(self, work_id: str) -> tuple[WorkItemRow, int]:
+        """A generation and its member count."""
+        response = self._stub.GetWork(pb.GetWorkRequest(work_id=work_id), timeout=self._timeout)
+        return convert.work_from_proto(response.work), response.member_count

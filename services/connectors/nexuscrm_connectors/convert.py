@@ -1,0 +1,203 @@
+"""Conversions between Connectors protobuf messages and domain values (both directions)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from nexuscrm.connectors.v1 import connectors_pb2 as pb
+from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, InputRow, Outcome, Route, WorkItemRow
+from workqueue import WorkStatus, decode_projection_key
+
+OUTCOMES = {
+    Outcome.ADMITTED: pb.INGEST_OUTCOME_ADMITTED,
+    Outcome.DUPLICATE_LEGACY: pb.INGEST_OUTCOME_DUPLICATE_LEGACY,
+    Outcome.DUPLICATE_COVERED: pb.INGEST_OUTCOME_DUPLICATE_COVERED,
+    Outcome.FENCED: pb.INGEST_OUTCOME_FENCED,
+    Outcome.COVERAGE_MISSING: pb.INGEST_OUTCOME_COVERAGE_MISSING,
+    Outcome.REJECTED: pb.INGEST_OUTCOME_REJECTED,
+}
+OUTCOMES_BACK = {value: key for key, value in OUTCOMES.items()}
+STATUSES = {
+    WorkStatus.PENDING: pb.WORK_STATUS_PENDING,
+    WorkStatus.BLOCKED: pb.WORK_STATUS_BLOCKED,
+    WorkStatus.PROCESSING: pb.WORK_STATUS_PROCESSING,
+    WorkStatus.RETRY: pb.WORK_STATUS_RETRY,
+    WorkStatus.COMPLETED: pb.WORK_STATUS_COMPLETED,
+    WorkStatus.FAILED: pb.WORK_STATUS_FAILED,
+}
+STATUSES_BACK = {value: key for key, value in STATUSES.items()}
+
+
+def timestamp(value: dt.datetime | None) -> Timestamp | None:
+    """A protobuf Timestamp of a naive UTC datetime (None stays unset)."""
+    if value is None:
+        return None
+    stamp = Timestamp()
+    stamp.FromDatetime(value.replace(tzinfo=dt.UTC))
+    return stamp
+
+
+def datetime_of(message: pb.IngestItem | pb.Input | pb.WorkItem, field: str) -> dt.datetime | None:
+    """The naive UTC datetime of a Timestamp field, or None when unset."""
+    if not message.HasField(field):
+        return None
+    stamp: Timestamp = getattr(message, field)
+    return stamp.ToDatetime()
+
+
+def route_to_proto(route: Route) -> pb.ProjectionRoute:
+    """Route -> ProjectionRoute."""
+    return pb.ProjectionRoute(
+        event_kind=route.event_kind,
+        route_version=route.route_version,
+        companion_version=route.companion_version,
+        work_type=route.work_type,
+        source_lane=route.source_lane,
+    )
+
+
+def route_from_proto(message: pb.ProjectionRoute) -> Route:
+    """ProjectionRoute -> Route (validated later, with the pack, by the identity helper)."""
+    return Route(
+        event_kind=message.event_kind,
+        route_version=message.route_version,
+        companion_version=message.companion_version,
+        work_type=message.work_type,
+        source_lane=message.source_lane,
+    )
+
+
+def item_to_proto(item: IngestItem) -> pb.IngestItem:
+    """IngestItem -> proto."""
+    return pb.IngestItem(
+        receipt_key=item.receipt_key,
+        route=route_to_proto(item.route),
+        payload=item.payload,
+        source_time=timestamp(item.source_time),
+    )
+
+
+def item_from_proto(message: pb.IngestItem) -> IngestItem:
+    """Proto -> IngestItem."""
+    return IngestItem(
+        receipt_key=message.receipt_key,
+        route=route_from_proto(message.route),
+        payload=message.payload,
+        source_time=datetime_of(message, "source_time"),
+    )
+
+
+def result_to_proto(result: IngestResult) -> pb.IngestResult:
+    """IngestResult -> proto."""
+    return pb.IngestResult(
+        receipt_key=result.receipt_key,
+        outcome=OUTCOMES[result.outcome],
+        enqueue_ordinal=result.enqueue_ordinal or 0,
+        work_id=result.work_id or "",
+        message=result.message,
+    )
+
+
+def result_from_proto(message: pb.IngestResult) -> IngestResult:
+    """Proto -> IngestResult."""
+    return IngestResult(
+        receipt_key=message.receipt_key,
+        outcome=OUTCOMES_BACK[message.outcome],
+        enqueue_ordinal=message.enqueue_ordinal or None,
+        work_id=message.work_id or None,
+        message=message.message,
+    )
+
+
+def work_to_proto(work: WorkItemRow) -> pb.WorkItem:
+    """WorkItemRow -> proto (the lease token is never sent here: only the claim carries it)."""
+    return pb.WorkItem(
+        work_id=work.work_id,
+        pack_install_id=work.pack_install_id,
+        projection_key=work.projection_key,
+        route=route_to_proto(Route.of(decode_projection_key(work.projection_key))),
+        input_start_ordinal=work.input_start_ordinal or 0,
+        lane_ordinal=work.lane_ordinal,
+        replay_of_work_id=work.replay_of_work_id or "",
+        status=STATUSES[work.status],
+        attempt=work.attempt,
+        max_attempts=work.max_attempts,
+        next_attempt_at=timestamp(work.claimable_at if work.status is WorkStatus.RETRY else None),
+        lease_owner=work.lease_owner or "",
+        lease_expires_at=timestamp(work.lease_expires_at),
+        last_error=work.last_error or "",
+        created_at=timestamp(work.created_at),
+        finished_at=timestamp(work.finished_at),
+    )
+
+
+def work_from_proto(message: pb.WorkItem) -> WorkItemRow:
+    """Proto -> WorkItemRow (lease token not included)."""
+    status = STATUSES_BACK[message.status]
+    return WorkItemRow(
+        work_id=message.work_id,
+        pack_install_id=message.pack_install_id,
+        projection_key=message.projection_key,
+        work_type=message.route.work_type,
+        input_start_ordinal=message.input_start_ordinal or None,
+        lane_ordinal=message.lane_ordinal,
+        replay_of_work_id=message.replay_of_work_id or None,
+        status=status,
+        attempt=message.attempt,
+        max_attempts=message.max_attempts,
+        claimable_at=datetime_of(message, "next_attempt_at"),
+        lease_owner=message.lease_owner or None,
+        lease_token=None,
+        lease_expires_at=datetime_of(message, "lease_expires_at"),
+        last_error=message.last_error or None,
+        created_at=datetime_of(message, "created_at") or dt.datetime.min,
+        finished_at=datetime_of(message, "finished_at"),
+    )
+
+
+def claim_to_proto(claim: Claim) -> pb.ClaimedWork:
+    """Claim -> proto."""
+    return pb.ClaimedWork(work=work_to_proto(claim.work), lease_token=claim.lease_token)
+
+
+def claim_from_proto(message: pb.ClaimedWork) -> Claim:
+    """Proto -> Claim."""
+    return Claim(work=work_from_proto(message.work), lease_token=message.lease_token)
+
+
+def page_to_proto(page: InputPage) -> pb.LoadInputsResponse:
+    """InputPage -> proto."""
+    return pb.LoadInputsResponse(
+        inputs=[
+            pb.Input(
+                enqueue_ordinal=i.enqueue_ordinal,
+                receipt_key=i.receipt_key or "",
+                payload=i.payload,
+                source_time=timestamp(i.source_time),
+                replay=i.is_replay,
+            )
+            for i in page.inputs
+        ],
+        last=page.last,
+        member_count=page.member_count,
+    )
+
+
+def page_from_proto(message: pb.LoadInputsResponse) -> InputPage:
+    """Proto -> InputPage."""
+    return InputPage(
+        inputs=tuple(
+            InputRow(
+                enqueue_ordinal=i.enqueue_ordinal,
+                receipt_key=i.receipt_key or None,
+                payload=i.payload,
+                source_time=datetime_of(i, "source_time"),
+                is_replay=i.replay,
+            )
+            for i in message.inputs
+        ),
+        last=message.last,
+        member_count=message.member_count,
+    )
