@@ -308,3 +308,97 @@ def test_enqueue_and_claim_race_threads(engine: sa.Engine) -> None:
     # Every input executed exactly once, by the one generation that holds it (M, P, X).
     assert executed == Counter(admitted)
     assert_invariants(engine)
+
+
+def _ingest_process(dsn: str, pack: str, name: str, batches: int, per_batch: int) -> list[int]:
+    """Run in a separate process: admit batches over its own engine."""
+    from nexuscrm_runtime.database import create_engine
+
+    engine = create_engine(dsn)
+    connectors = Connectors(engine)
+    admitted: list[int] = []
+    for b in range(batches):
+        results = connectors.ingest(pack, [delivery(f"{name}-{b}-{i}", lane=f"lane-{i % 4}") for i in range(per_batch)])
+        admitted.extend(r.enqueue_ordinal for r in results if r.outcome is Outcome.ADMITTED)
+    engine.dispose()
+    return admitted
+
+
+def test_enqueue_and_claim_race_processes(engine: sa.Engine, dsn: str) -> None:
+    import concurrent.futures
+    import multiprocessing
+
+    connectors = Connectors(engine)
+    pack = install_pack(engine)
+    executed: Counter[int] = Counter()
+    context = multiprocessing.get_context("spawn")
+
+    def work_off() -> int:
+        claims = connectors.claim("w", pack_install_ids=[pack], max_items=4)
+        for c in claims:
+            executed.update(load_all(connectors, c.work.work_id, c.lease_token))
+            connectors.complete(c.work.work_id, c.lease_token)
+        return len(claims)
+
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+        futures = [pool.submit(_ingest_process, dsn, pack, f"proc{n}", 10, 8) for n in range(2)]
+        while not all(f.done() for f in futures):
+            work_off()  # claims race the other processes' admissions
+        admitted = [o for f in futures for o in f.result()]
+    while work_off():
+        pass
+    assert sorted(admitted) == list(range(1, 161))
+    assert executed == Counter(admitted)
+    assert_invariants(engine)
+
+
+def test_replay_and_admission_never_interleave(engine: sa.Engine) -> None:
+    connectors = Connectors(engine)
+    pack = install_pack(engine)
+    first = connectors.ingest(pack, [delivery(lane="lane-r")])[0]
+    claim = claim_one(connectors, pack)
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    replay_ordinals: list[int] = []
+    admitted: list[int] = []
+    errors: list[BaseException] = []
+
+    def replayer() -> None:
+        try:
+            target = first.work_id
+            for _ in range(8):
+                work, ordinal = connectors.replay(target)
+                replay_ordinals.append(ordinal)
+                while True:  # run the replay generation (it may absorb fresh inputs of lane-r)
+                    claims = connectors.claim("rw", pack_install_ids=[pack], max_items=4)
+                    for c in claims:
+                        list(connectors.load_inputs(c.work.work_id, c.lease_token))
+                        connectors.complete(c.work.work_id, c.lease_token)
+                    if connectors.get_work(work.work_id).work.status is WorkStatus.COMPLETED:
+                        break
+        except BaseException as error:
+            errors.append(error)
+
+    def producer(n: int) -> None:
+        try:
+            for b in range(8):
+                results = connectors.ingest(
+                    pack, [delivery(f"i{n}-{b}-{i}", lane=("lane-r", "lane-x")[i % 2]) for i in range(5)]
+                )
+                admitted.extend(r.enqueue_ordinal for r in results)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=replayer)] + [threading.Thread(target=producer, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    all_ordinals = sorted([1, *replay_ordinals, *admitted])
+    assert all_ordinals == list(range(1, len(all_ordinals) + 1))  # O: one sequence, no reuse, no gap
+    with engine.connect() as connection:
+        replay_events = (
+            connection.execute(sa.select(Event.c.EnqueueOrdinal).where(Event.c.IsReplay.is_(True))).scalars().all()
+        )
+    assert sorted(replay_events) == sorted(replay_ordinals)
+    assert_invariants(engine)

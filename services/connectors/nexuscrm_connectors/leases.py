@@ -35,6 +35,8 @@ from workqueue.identity import validate_text
 log = logging.getLogger(__name__)
 
 WORKER_ID_MAX_LENGTH = 128
+CLAIM_PASSES = 3
+RETIRED = "retired"  # _claim_one's answer when the candidate failed for good instead
 
 
 def check_lease_seconds(settings: Settings, lease_seconds: int) -> int:
@@ -75,22 +77,30 @@ def claim(
     now = clock()
     with engine.connect() as connection:
         served = _native_packs(connection, pack_install_ids)
-        candidates = queries.work_items_claimable(connection, served, work_types, now, max_items)
     claims: list[Claim] = []
-    for candidate in candidates:
-        if len(claims) == max_items:
+    # A pass that fails exhausted work unblocks successors that the candidate read could not
+    # see; read again then, a bounded number of times.
+    for _ in range(CLAIM_PASSES):
+        with engine.connect() as connection:
+            candidates = queries.work_items_claimable(connection, served, work_types, now, max_items)
+        retired = False
+        for candidate in candidates:
+            if len(claims) == max_items:
+                return claims
+            try:
+                claimed = run_transaction(
+                    engine,
+                    functools.partial(_claim_one, candidate=candidate, worker_id=worker_id, now=now, lease=lease),
+                    name="claim",
+                )
+            except MembershipMissing as error:
+                log.error("not claiming %s: %s", candidate.WorkId, error)
+                continue
+            if isinstance(claimed, Claim):
+                claims.append(claimed)
+            retired = retired or claimed is RETIRED
+        if not retired:
             break
-        try:
-            claimed = run_transaction(
-                engine,
-                functools.partial(_claim_one, candidate=candidate, worker_id=worker_id, now=now, lease=lease),
-                name="claim",
-            )
-        except MembershipMissing as error:
-            log.error("not claiming %s: %s", candidate.WorkId, error)
-            continue
-        if claimed is not None:
-            claims.append(claimed)
     return claims
 
 
@@ -124,8 +134,12 @@ def _claim_one(
     worker_id: str,
     now: dt.datetime,
     lease: dt.timedelta,
-) -> Claim | None:
-    """Compare-and-set one candidate; None when another worker took it first."""
+) -> Claim | str | None:
+    """Compare-and-set one candidate.
+
+    Returns the claim, ``RETIRED`` when the candidate's expired lease was its last attempt
+    (it is now failed and its successor unblocked), or None when another worker was first.
+    """
     if candidate.InputStartOrdinal is None:
         raise MembershipMissing(f"work {candidate.WorkId} has no InputStartOrdinal: it is not native range work")
     expect = {"Status": candidate.Status, "LeaseToken": candidate.LeaseToken, "ClaimableAt": candidate.ClaimableAt}
@@ -148,9 +162,10 @@ def _claim_one(
                     "LastError": "lease expired on the last attempt",
                 },
             )
-            if changed == 1:
-                _finish(connection, row, EventStatus.FAILED, now)
-            return None
+            if changed != 1:
+                return None
+            _finish(connection, row, EventStatus.FAILED, now)
+            return RETIRED
     token = str(uuid.uuid4())
     expires = now + lease
     values = {

@@ -1,0 +1,203 @@
+"""Lifecycle of generations on every backend: leases, completion races, stale snapshots, replay fences."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors import queries
+from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
+from nexuscrm_connectors.models import Outcome
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from tests.support.checksums import database_checksums
+from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.invariants import assert_invariants
+from workqueue import EventStatus, WorkStatus
+
+pytestmark = pytest.mark.database
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def connectors(engine: sa.Engine, clock: FakeClock) -> Connectors:
+    return Connectors(engine, clock=clock)
+
+
+def test_duplicates_never_change_stored_rows(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery("a"), delivery("b", lane="other")])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    with engine.connect() as connection:
+        before = database_checksums(connection, [Event.name, WorkItem.name, IngressReceipt.name])
+    results = connectors.ingest(pack, [delivery("a"), delivery("b", lane="other"), delivery("a", payload=b"x")])
+    assert [r.outcome for r in results] == [Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_COVERED, Outcome.REJECTED]
+    with engine.connect() as connection:
+        assert database_checksums(connection, [Event.name, WorkItem.name, IngressReceipt.name]) == before
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    assert_invariants(engine)
+
+
+def test_expired_lease_transfers_ownership_and_refuses_the_old_holder(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery(), delivery()])
+    first = connectors.claim("w1", pack_install_ids=[pack], lease_seconds=10)[0]
+    assert connectors.claim("w2", pack_install_ids=[pack]) == []  # lease still held
+    clock.advance(11)
+    with pytest.raises(LeaseLost, match="expired"):
+        connectors.heartbeat(first.work.work_id, first.lease_token)
+    second = connectors.claim("w2", pack_install_ids=[pack], lease_seconds=10)[0]
+    assert second.work.work_id == first.work.work_id
+    assert second.work.attempt == 1  # the expired lease counted as a failed attempt
+    assert (second.work.input_start_ordinal, second.work.lane_ordinal) == (1, 2)
+    for call in (
+        lambda: connectors.complete(first.work.work_id, first.lease_token),
+        lambda: connectors.fail(first.work.work_id, first.lease_token, "late"),
+        lambda: list(connectors.load_inputs(first.work.work_id, first.lease_token)),
+    ):
+        with pytest.raises(LeaseLost, match="stale"):
+            call()
+    done = connectors.complete(second.work.work_id, second.lease_token)
+    assert done.status is WorkStatus.COMPLETED and done.lease_owner == "w2"
+    assert_invariants(engine)
+
+
+def test_lease_expiry_on_the_last_attempt_fails_the_generation(engine: sa.Engine, clock: FakeClock) -> None:
+    connectors = Connectors(engine, clock=clock)
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery()])
+    successor_input = None
+    for attempt in range(connectors.settings.max_attempts):
+        claim = connectors.claim("w", pack_install_ids=[pack], lease_seconds=5)
+        assert len(claim) == 1 and claim[0].work.attempt == attempt
+        if successor_input is None:
+            successor_input = connectors.ingest(pack, [delivery()])[0]
+        clock.advance(6)
+    assert connectors.claim("w", pack_install_ids=[pack], lease_seconds=5)[0].work.work_id == successor_input.work_id
+    failed = connectors.get_work(claim[0].work.work_id).work
+    assert failed.status is WorkStatus.FAILED and "lease expired" in (failed.last_error or "")
+    assert_invariants(engine)
+
+
+def test_concurrent_completion_exactly_one_wins(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery()])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    outcomes: list[str] = []
+    barrier = threading.Barrier(4)
+
+    def finish(n: int) -> None:
+        barrier.wait()
+        try:
+            if n % 2:
+                connectors.complete(claim.work.work_id, claim.lease_token)
+                outcomes.append("completed")
+            else:
+                connectors.fail(claim.work.work_id, claim.lease_token, "boom", retryable=False)
+                outcomes.append("failed")
+        except LeaseLost as error:
+            assert "no longer held" in str(error) or "changed concurrently" in str(error)
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=finish, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes).count("refused") == 3
+    winner = next(o for o in outcomes if o != "refused")
+    assert connectors.get_work(claim.work.work_id).work.status == {"completed": "completed", "failed": "failed"}[winner]
+    assert_invariants(engine)
+
+
+def test_stale_snapshot_is_refused_by_the_conditional_update(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery()])
+    with engine.connect() as connection:
+        snapshot = queries.work_item_get(connection, connectors.ingest(pack, [delivery()])[0].work_id)
+    assert snapshot is not None and snapshot.Status == WorkStatus.PENDING
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]  # the row moves on
+    with engine.begin() as connection:
+        # A caller acting on its outdated read: claim as if still pending, extend as if unclaimed.
+        assert (
+            queries.work_item_update_if(
+                connection, snapshot.WorkId, {"Status": snapshot.Status, "LeaseToken": None}, {"LeaseOwner": "intruder"}
+            )
+            == 0
+        )
+        assert (
+            queries.work_item_extend(connection, snapshot.WorkId, snapshot.LaneOrdinal, snapshot.LaneOrdinal + 5) == 0
+        )
+    row = connectors.get_work(snapshot.WorkId).work
+    assert (row.lease_owner, row.lane_ordinal, row.status) == ("w", 2, WorkStatus.PROCESSING)
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    assert_invariants(engine)
+
+
+def test_replay_conflict_fences(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery()])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    with pytest.raises(ReplayRefused, match="only terminal work"):
+        connectors.replay(claim.work.work_id)
+    with pytest.raises(WorkNotFound):
+        connectors.replay("no-such-work")
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.replay(claim.work.work_id)
+    with pytest.raises(ReplayRefused, match="already has a live replay"):
+        connectors.replay(claim.work.work_id)
+    assert_invariants(engine)
+
+
+def test_two_concurrent_replays_exactly_one_succeeds(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery()])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    results: list[object] = []
+    barrier = threading.Barrier(2)
+
+    def replay() -> None:
+        barrier.wait()
+        try:
+            results.append(connectors.replay(claim.work.work_id))
+        except ReplayRefused as error:
+            results.append(error)
+
+    threads = [threading.Thread(target=replay) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, ReplayRefused) for r in results) == 1
+    with engine.connect() as connection:
+        replays = connection.execute(
+            sa.select(sa.func.count()).select_from(WorkItem).where(WorkItem.c.ReplayOfWorkId == claim.work.work_id)
+        ).scalar_one()
+    assert replays == 1
+    assert_invariants(engine)
+
+
+def test_claim_moves_only_the_selected_event_and_completion_settles_it(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery(), delivery(), delivery()])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+
+    def statuses() -> list[str]:
+        with engine.connect() as connection:
+            return list(connection.execute(sa.select(Event.c.Status).order_by(Event.c.EnqueueOrdinal)).scalars())
+
+    assert statuses() == [EventStatus.PENDING, EventStatus.PENDING, EventStatus.PROCESSING]
+    connectors.complete(claim.work.work_id, claim.lease_token)
+    assert statuses() == [EventStatus.PENDING, EventStatus.PENDING, EventStatus.PROCESSED]
+    assert_invariants(engine)
