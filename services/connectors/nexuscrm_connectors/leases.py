@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import packs, queries
-from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, WorkNotFound
+from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
 from nexuscrm_connectors.models import Claim, WorkItemRow
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
@@ -30,7 +30,7 @@ from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
-from workqueue.identity import validate_text
+from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ def claim(
         raise InvalidArgument(
             f"max_items must be between 1 and {settings.max_claim_items}, got {max_items}", field="max_items"
         )
+    for work_type in work_types:
+        validate_text("work_types", work_type, FIELD_MAX_LENGTHS["work_type"])
     lease = dt.timedelta(seconds=check_lease_seconds(settings, lease_seconds))
     now = clock()
     with engine.connect() as connection:
@@ -117,7 +119,7 @@ def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]
         known = {row.PackInstallId for row in rows}
         for pack_install_id in requested:
             if pack_install_id not in known:
-                raise WorkNotFound(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_ids")
+                raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_ids")
         for row in rows:
             if row.Native is None:
                 raise ProtocolMissing(
