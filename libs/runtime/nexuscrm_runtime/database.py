@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from nexuscrm_runtime.faults import fault_point
 from workqueue.errors import DomainError, ErrorKind
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,10 @@ def run_transaction(engine: Engine, work: Callable[[Connection], T], *, name: st
     for attempt in range(1, RETRY_ATTEMPTS + 1):
         try:
             with engine.begin() as connection:
-                return work(connection)
+                result = work(connection)
+                fault_point(f"{name}:before_commit")
+            fault_point(f"{name}:after_commit")
+            return result
         except sa.exc.DBAPIError as error:
             if is_unavailable(error):
                 raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
