@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup protos test run lint typecheck fmt clean
+.PHONY: setup protos test run lint typecheck fmt clean reliability
 
 setup: $(STAMP)
 
@@ -26,8 +26,15 @@ protos: setup
 test: setup
 	bash tests/integration/connector-projection-ranges.sh
 
+# The long reliability suite: crash points, stale workers, 10 000 fuzz cases per service.
+reliability: setup
+	NEXUSCRM_FUZZ_CASES_PER_SERVICE=10000 $(BIN)/pytest tests/reliability
+
+# Extra flags for nexuscrm-run, e.g. make run ARGS="--serve" or ARGS="--lanes 50 --inputs 1000".
+ARGS ?=
+
 run: setup
-	$(BIN)/nexuscrm-run
+	$(BIN)/nexuscrm-run $(ARGS)
 
 lint: setup
 	$(BIN)/buf lint

@@ -1,0 +1,119 @@
+"""Every RPC of every service, fuzzed with requests built from its descriptor.
+
+Only deliberate status codes come back (never INTERNAL or UNKNOWN: no unhandled exception),
+and a refused call changes no row. NEXUSCRM_FUZZ_CASES_PER_SERVICE sets the cases per
+service, shared among its RPCs (default 100 in `make test`; `make reliability` runs 10 000).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from google.protobuf.message import Message
+from hypothesis import HealthCheck, given, settings
+
+from nexuscrm.connectors.v1 import connectors_pb2, connectors_pb2_grpc
+from nexuscrm.schemacatalog.v1 import schema_catalog_pb2, schema_catalog_pb2_grpc
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.servicer import ConnectorsServicer
+from nexuscrm_runtime.server import Registration, create_server
+from nexuscrm_schema_catalog import tables
+from nexuscrm_schema_catalog.servicer import SchemaCatalogServicer
+from tests.support.checksums import database_checksums
+from tests.support.factories import delivery, install_pack
+from tests.support.proto_strategies import message_strategy
+
+pytestmark = pytest.mark.database
+
+CASES_PER_SERVICE = int(os.environ.get("NEXUSCRM_FUZZ_CASES_PER_SERVICE", "100"))
+DELIBERATE = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.DATA_LOSS,
+}
+# (messages module, registration builder) of every service under test.
+SERVICES: list[tuple[Any, Callable[[sa.Engine], Registration]]] = [
+    (
+        schema_catalog_pb2,
+        lambda engine: Registration(
+            servicer=SchemaCatalogServicer(engine),
+            add=schema_catalog_pb2_grpc.add_SchemaCatalogServiceServicer_to_server,
+            service_name="nexuscrm.schemacatalog.v1.SchemaCatalogService",
+        ),
+    ),
+    (
+        connectors_pb2,
+        lambda engine: Registration(
+            servicer=ConnectorsServicer(Connectors(engine)),
+            add=connectors_pb2_grpc.add_ConnectorsServiceServicer_to_server,
+            service_name="nexuscrm.connectors.v1.ConnectorsService",
+        ),
+    ),
+]
+METHODS = {
+    method.full_name: method
+    for module, _ in SERVICES
+    for service in module.DESCRIPTOR.services_by_name.values()
+    for method in service.methods
+}
+
+
+@pytest.fixture
+def server(engine: sa.Engine) -> Iterator[tuple[grpc.Channel, list[str]]]:
+    pack = install_pack(engine)
+    connectors = Connectors(engine)
+    results = connectors.ingest(pack, [delivery("r-1"), delivery("r-2", lane="b")])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    known = [pack, "r-1", "r-2", str(results[0].work_id), claim.lease_token, "native_projection", "project", "w"]
+    running = create_server([build(engine) for _, build in SERVICES], "127.0.0.1:0")
+    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    yield channel, known
+    channel.close()
+    running.stop(0)
+
+
+@pytest.mark.parametrize("method_name", sorted(METHODS))
+def test_rpc_answers_only_deliberate_codes_and_refusals_change_nothing(
+    server: tuple[grpc.Channel, list[str]], engine: sa.Engine, method_name: str
+) -> None:
+    channel, known = server
+    method = METHODS[method_name]
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    call = (channel.unary_stream if method.server_streaming else channel.unary_unary)(
+        path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b
+    )
+    table_names = [t.name for t in tables.metadata.sorted_tables]
+
+    examples = max(1, CASES_PER_SERVICE // len(method.containing_service.methods))
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(message_strategy(method.input_type, known))
+    def check(request: Message) -> None:
+        with engine.connect() as connection:
+            before = database_checksums(connection, table_names)
+        try:
+            response = call(request, timeout=30)
+            if method.server_streaming:
+                list(response)
+        except grpc.RpcError as error:
+            assert error.code() in DELIBERATE, f"{method_name} answered {error.code()}: {error.details()}"
+            assert error.details(), "a refusal must say why"
+            with engine.connect() as connection:
+                assert database_checksums(connection, table_names) == before, f"refused {method_name} changed rows"
+
+    check()
