@@ -94,9 +94,14 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_v2(empty_engine: sa.En
 
 def test_a_schema_without_replay_of_work_id_is_incomplete(empty_engine: sa.Engine) -> None:
     migrations.apply_schema(empty_engine)
-    with empty_engine.begin() as connection:
+    with empty_engine.begin() as connection:  # a database from before ReplayOfWorkId existed
+        index = next(i for i in tables.WorkItem.indexes if i.name == "ix_workitem_replay_of")
+        connection.execute(sa.schema.DropIndex(index))
         connection.exec_driver_sql("ALTER TABLE WorkItem DROP COLUMN ReplayOfWorkId")
-    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == ["WorkItem.ReplayOfWorkId"]
+    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == [
+        "WorkItem.ReplayOfWorkId",
+        "WorkItem(ix_workitem_replay_of)",
+    ]
 
 
 def test_migrating_from_empty_equals_the_metadata(empty_engine: sa.Engine) -> None:
