@@ -16,6 +16,7 @@ from tests.support.checksums import database_checksums
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import EventStatus, WorkStatus
+from workqueue.errors import InvalidArgument
 
 pytestmark = pytest.mark.database
 
@@ -201,3 +202,33 @@ def test_claim_moves_only_the_selected_event_and_completion_settles_it(
     connectors.complete(claim.work.work_id, claim.lease_token)
     assert statuses() == [EventStatus.PENDING, EventStatus.PENDING, EventStatus.PROCESSED]
     assert_invariants(engine)
+
+
+def test_list_receipts_pages_through_one_state(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    other = install_pack(engine)
+    first = connectors.ingest(pack, [delivery(f"k{i}") for i in range(5)])
+    connectors.ingest(other, [delivery("elsewhere")])
+    with engine.begin() as connection:  # two generations go missing
+        connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == first[0].work_id))
+    redelivered = connectors.ingest(
+        pack, [delivery("k1", payload=b"payload of k1"), delivery("k3", payload=b"payload of k3")]
+    )
+    assert {r.outcome for r in redelivered} == {Outcome.COVERAGE_MISSING}
+    page, token = connectors.list_receipts("coverage_missing", pack, page_size=1)
+    assert [r.receipt_key for r in page] == ["k1"] and token
+    page, token = connectors.list_receipts("coverage_missing", pack, page_size=1, page_token=token)
+    assert [r.receipt_key for r in page] == ["k3"]
+    assert connectors.list_receipts("coverage_missing", pack, page_size=1, page_token=token) == ([], "")
+    everywhere, _ = connectors.list_receipts("confirmed")
+    assert {(r.pack_install_id, r.receipt_key) for r in everywhere} == {
+        (pack, "k0"),
+        (pack, "k2"),
+        (pack, "k4"),
+        (other, "elsewhere"),
+    }
+    with pytest.raises(InvalidArgument, match="state must be one of"):
+        connectors.list_receipts("nonsense")
+    with pytest.raises(InvalidArgument, match="page_token"):
+        connectors.list_receipts("stored", page_token="garbage!")
+    assert_invariants(engine, damaged=[(pack, o) for o in range(1, 6)])

@@ -235,13 +235,13 @@ def _admit_fresh(
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
     newest = queries.work_items_newest(connection, pack.pack_install_id, by_identity)
     new_generations: list[dict[str, Any]] = []
+    extensions: list[tuple[str, int, int]] = []
     work_ids: dict[str, str] = {}
     for projection_key, members in by_identity.items():
         low, high = members[0][0], members[-1][0]  # arrival order = ordinal order
         current = newest.get(projection_key)
         if current is not None and _extendable(current):
-            if queries.work_item_extend(connection, current.WorkId, current.LaneOrdinal, high) != 1:
-                raise RuntimeError(f"generation {current.WorkId} changed under its row lock")
+            extensions.append((current.WorkId, current.LaneOrdinal, high))
             work_ids[projection_key] = current.WorkId
             continue
         work_id = str(uuid.uuid4())
@@ -259,6 +259,8 @@ def _admit_fresh(
                 max_attempts=settings.max_attempts,
             )
         )
+    if queries.work_items_extend(connection, extensions) != len(extensions):
+        raise RuntimeError("a generation of this batch changed under its row lock")
     queries.work_items_insert(connection, new_generations)
     return {
         delivery.item.receipt_key: IngestResult(

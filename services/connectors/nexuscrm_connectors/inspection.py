@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import datetime as dt
+import json
 
 from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.duplicates import verify_duplicate
 from nexuscrm_connectors.errors import WorkNotFound
-from nexuscrm_connectors.models import Outcome, WorkItemRow
-from workqueue import ReceiptState
+from nexuscrm_connectors.models import Outcome, Route, WorkItemRow
+from nexuscrm_connectors.settings import Settings
+from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
 
 
@@ -88,3 +93,62 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
             covered_by=WorkItemRow.from_row(covering) if covering is not None else None,
             explanation=explanation,
         )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReceiptSummary:
+    """One receipt in a listing."""
+
+    pack_install_id: str
+    receipt_key: str
+    state: str
+    route: Route
+    received_at: dt.datetime
+
+
+def list_receipts(
+    engine: Engine, settings: Settings, state: str, pack_install_id: str = "", page_size: int = 0, page_token: str = ""
+) -> tuple[list[ReceiptSummary], str]:
+    """One page of receipts in ``state``, oldest first per pack, and the next page's token ("" at the end)."""
+    try:
+        wanted = ReceiptState(state)
+    except ValueError:
+        known = ", ".join(s.value for s in ReceiptState)
+        raise InvalidArgument(f"state must be one of {known}, got {state!r}", field="state") from None
+    size = page_size or settings.default_page_size
+    if not 1 <= size <= settings.max_page_size:
+        raise InvalidArgument(
+            f"page_size must be between 1 and {settings.max_page_size}, got {page_size}", field="page_size"
+        )
+    with engine.connect() as connection:
+        rows = queries.receipts_in_state(connection, wanted, pack_install_id or None, _decode_token(page_token), size)
+    receipts = [
+        ReceiptSummary(
+            pack_install_id=row.PackInstallId,
+            receipt_key=row.ReceiptKey,
+            state=row.State,
+            route=Route.of(decode_projection_key(row.ProjectionKey)),
+            received_at=row.ReceivedAt,
+        )
+        for row in rows
+    ]
+    last = receipts[-1] if len(receipts) == size else None
+    token = _encode_token((last.pack_install_id, last.received_at, last.receipt_key)) if last else ""
+    return receipts, token
+
+
+def _encode_token(position: tuple[str, dt.datetime, str]) -> str:
+    pack, received_at, key = position
+    return base64.urlsafe_b64encode(json.dumps([pack, received_at.isoformat(), key]).encode()).decode()
+
+
+def _decode_token(token: str) -> tuple[str, dt.datetime, str] | None:
+    if not token:
+        return None
+    try:
+        pack, received_at, key = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return str(pack), dt.datetime.fromisoformat(received_at), str(key)
+    except (ValueError, TypeError, binascii.Error):
+        raise InvalidArgument(
+            "page_token is not a token from a previous ListReceipts page", field="page_token"
+        ) from None

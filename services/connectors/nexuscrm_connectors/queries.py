@@ -209,19 +209,33 @@ def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) ->
         connection.execute(sa.insert(WorkItem), list(rows))
 
 
-def work_item_extend(connection: Connection, work_id: str, lane_ordinal: int, new_lane_ordinal: int) -> int:
-    """Raise the upper bound of an unclaimed attempt-zero generation (invariant B)."""
+def work_items_extend(connection: Connection, extensions: Sequence[tuple[str, int, int]]) -> int:
+    """Raise the upper bounds of unclaimed attempt-zero generations in one statement (invariant B).
+
+    ``extensions`` holds (WorkId, current LaneOrdinal, new LaneOrdinal). Each row changes only
+    if it is still unclaimed attempt-zero at its current bound and the new bound is higher;
+    returns how many changed (the caller expects all). Primary-key lookups.
+    """
+    if not extensions:
+        return 0
+    current = {work_id: lane for work_id, lane, _new in extensions}
+    new = {work_id: new_lane for work_id, _lane, new_lane in extensions}
     return connection.execute(
         sa.update(WorkItem)
         .where(
-            WorkItem.c.WorkId == work_id,
+            WorkItem.c.WorkId.in_(list(current)),
             WorkItem.c.Status.in_(UNCLAIMED_STATUSES),
             WorkItem.c.Attempt == 0,
-            WorkItem.c.LaneOrdinal == lane_ordinal,
-            WorkItem.c.LaneOrdinal < new_lane_ordinal,
+            WorkItem.c.LaneOrdinal == sa.case(current, value=WorkItem.c.WorkId),
+            WorkItem.c.LaneOrdinal < sa.case(new, value=WorkItem.c.WorkId),
         )
-        .values(LaneOrdinal=new_lane_ordinal)
+        .values(LaneOrdinal=sa.case(new, value=WorkItem.c.WorkId))
     ).rowcount
+
+
+def work_item_extend(connection: Connection, work_id: str, lane_ordinal: int, new_lane_ordinal: int) -> int:
+    """Raise the upper bound of one unclaimed attempt-zero generation (see ``work_items_extend``)."""
+    return work_items_extend(connection, [(work_id, lane_ordinal, new_lane_ordinal)])
 
 
 def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -> DbRow | None:
@@ -340,3 +354,33 @@ def work_item_live_replay(connection: Connection, work_id: str) -> DbRow | None:
         )
         .limit(1)
     ).first()
+
+
+def receipts_in_state(
+    connection: Connection,
+    state: ReceiptState,
+    pack_install_id: str | None,
+    after: tuple[str, dt.datetime, str] | None,
+    limit: int,
+) -> list[DbRow]:
+    """Receipts in ``state`` (of one pack, or all), in (pack, ReceivedAt, key) order after ``after``.
+
+    A range scan of ix_ingressreceipt_state (whose InnoDB entries end with the primary key,
+    so the order needs no sort); keyset pagination by the last row's (pack, time, key).
+    """
+    statement = sa.select(
+        IngressReceipt.c.PackInstallId,
+        IngressReceipt.c.ReceiptKey,
+        IngressReceipt.c.ProjectionKey,
+        IngressReceipt.c.State,
+        IngressReceipt.c.ReceivedAt,
+    ).where(IngressReceipt.c.State == state)
+    if pack_install_id:
+        statement = statement.where(IngressReceipt.c.PackInstallId == pack_install_id)
+    if after is not None:
+        statement = statement.where(
+            sa.tuple_(IngressReceipt.c.PackInstallId, IngressReceipt.c.ReceivedAt, IngressReceipt.c.ReceiptKey)
+            > sa.tuple_(*after)
+        )
+    order = (IngressReceipt.c.PackInstallId, IngressReceipt.c.ReceivedAt, IngressReceipt.c.ReceiptKey)
+    return list(connection.execute(statement.order_by(*order).limit(limit)))

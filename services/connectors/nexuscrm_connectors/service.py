@@ -78,6 +78,12 @@ class Connectors:
         """See ``inspection.get_work``."""
         return inspection.get_work(self.engine, work_id)
 
+    def list_receipts(
+        self, state: str, pack_install_id: str = "", page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[inspection.ReceiptSummary], str]:
+        """See ``inspection.list_receipts``."""
+        return inspection.list_receipts(self.engine, self.settings, state, pack_install_id, page_size, page_token)
+
     def explain_receipt(self, pack_install_id: str, receipt_key: str) -> inspection.ReceiptExplanation:
         """See ``inspection.explain_receipt``."""
         return inspection.explain_receipt(self.engine, pack_install_id, receipt_key)

@@ -79,3 +79,21 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             covered_by=convert.work_to_proto(explained.covered_by) if explained.covered_by else None,
             explanation=explained.explanation,
         )
+
+    def ListReceipts(self, request: pb.ListReceiptsRequest, context: grpc.ServicerContext) -> pb.ListReceiptsResponse:
+        receipts, token = self._connectors.list_receipts(
+            request.state, request.pack_install_id, request.page_size, request.page_token
+        )
+        return pb.ListReceiptsResponse(
+            receipts=[
+                pb.Receipt(
+                    pack_install_id=r.pack_install_id,
+                    receipt_key=r.receipt_key,
+                    state=r.state,
+                    route=convert.route_to_proto(r.route),
+                    received_at=convert.timestamp(r.received_at),
+                )
+                for r in receipts
+            ],
+            next_page_token=token,
+        )

@@ -171,9 +171,13 @@ class Worker:
         self._thread = threading.Thread(target=self.run, name=f"worker-{self.worker_id}", daemon=True)
         self._thread.start()
 
+    def stop(self) -> None:
+        """Stop claiming new work; the in-flight generation, if any, runs to its end."""
+        self._stopping.set()
+
     def run_until_drained(self, timeout: float | None = None) -> bool:
         """Stop claiming and wait for the in-flight generation; True if it finished in time."""
-        self._stopping.set()
+        self.stop()
         if self._thread is None:
             return True
         self._thread.join(timeout)

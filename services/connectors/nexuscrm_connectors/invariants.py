@@ -1,0 +1,186 @@
+"""The invariants of DESIGN.md checked over a whole database.
+
+M membership, O ordinals, B bounds, D duplicates, X execution, P payload. The checker reads
+every row, so it is for tests, demos and operator audits of small databases, never a hot
+path; it returns violations prefixed with the invariant's letter. Every scenario test ends
+with it (tests/support/invariants.py), and `make run` prints its verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable
+
+import sqlalchemy as sa
+
+from nexuscrm_connectors.queries import DbRow
+from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
+from workqueue import ReceiptState, WorkStatus
+from workqueue.statuses import TERMINAL_WORK_STATUSES
+
+# (pack, projection key) -> [(InputStartOrdinal, LaneOrdinal, WorkId, Status)] by LaneOrdinal
+Generations = dict[tuple[str, str], list[tuple[int, int, str, str]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """A generation's bounds and claim state at one moment (for invariant B)."""
+
+    start: int | None
+    end: int
+    status: str
+    attempt: int
+
+
+def generation_bounds(engine: sa.Engine) -> dict[str, Bounds]:
+    """Snapshot every WorkItem's bounds, to compare a later snapshot with (``assert_bounds_moved_legally``)."""
+    with engine.connect() as connection:
+        rows = connection.execute(
+            sa.select(
+                WorkItem.c.WorkId,
+                WorkItem.c.InputStartOrdinal,
+                WorkItem.c.LaneOrdinal,
+                WorkItem.c.Status,
+                WorkItem.c.Attempt,
+            )
+        )
+        return {r.WorkId: Bounds(r.InputStartOrdinal, r.LaneOrdinal, r.Status, r.Attempt) for r in rows}
+
+
+def bounds_violations(before: dict[str, Bounds], after: dict[str, Bounds]) -> list[str]:
+    """B: InputStartOrdinal never changes; LaneOrdinal only rises, and only while unclaimed attempt-zero."""
+    problems = []
+    for work_id, old in before.items():
+        new = after.get(work_id)
+        if new is None:
+            problems.append(f"B: generation {work_id} disappeared")
+            continue
+        if new.start != old.start:
+            problems.append(f"B: {work_id} InputStartOrdinal changed {old.start} -> {new.start}")
+        if new.end < old.end:
+            problems.append(f"B: {work_id} LaneOrdinal fell {old.end} -> {new.end}")
+        unclaimed = old.status in (WorkStatus.PENDING, WorkStatus.BLOCKED) and old.attempt == 0
+        if new.end > old.end and not unclaimed:
+            problems.append(f"B: {work_id} LaneOrdinal rose while {old.status} attempt {old.attempt}")
+    return problems
+
+
+def check_invariants(engine: sa.Engine) -> list[str]:
+    """Every violation of M, O, B, D, X and P visible in the final database."""
+    with engine.connect() as connection:
+        packs = {r.PackInstallId: r.LastOrdinal for r in connection.execute(sa.select(PackInstall))}
+        cutoffs = {
+            r.PackInstallId: r.LegacyMaxOrdinal for r in connection.execute(sa.select(ConnectorProjectionProtocol))
+        }
+        events = connection.execute(
+            sa.select(
+                Event.c.PackInstallId,
+                Event.c.EnqueueOrdinal,
+                Event.c.ProjectionKey,
+                Event.c.ReceiptKey,
+                Event.c.PayloadHash,
+                Event.c.IsReplay,
+            )
+        ).all()
+        work = connection.execute(sa.select(WorkItem)).all()
+        receipts = connection.execute(
+            sa.select(
+                IngressReceipt.c.PackInstallId,
+                IngressReceipt.c.ReceiptKey,
+                IngressReceipt.c.PayloadHash,
+                IngressReceipt.c.State,
+            )
+        ).all()
+    problems: list[str] = []
+    problems += _ordinals(packs, events)
+    generations: Generations = defaultdict(list)
+    for w in work:
+        if w.InputStartOrdinal is not None:
+            generations[(w.PackInstallId, w.ProjectionKey)].append(
+                (w.InputStartOrdinal, w.LaneOrdinal, w.WorkId, w.Status)
+            )
+    for ranges in generations.values():
+        ranges.sort(key=lambda g: g[1])
+    problems += _membership(cutoffs, events, generations)
+    problems += _bounds_and_payload(events, generations)
+    problems += _execution(generations)
+    problems += _duplicates(events, receipts)
+    return problems
+
+
+def _ordinals(packs: dict[str, int], events: Iterable[DbRow]) -> list[str]:
+    problems = []
+    for e in events:
+        if e.EnqueueOrdinal < 0 or e.EnqueueOrdinal > packs[e.PackInstallId]:
+            problems.append(
+                f"O: Event {e.PackInstallId}/{e.EnqueueOrdinal} outside (0, LastOrdinal {packs[e.PackInstallId]}]"
+            )
+    return problems
+
+
+def _membership(cutoffs: dict[str, int], events: Iterable[DbRow], generations: Generations) -> list[str]:
+    problems = []
+    for e in events:
+        if e.PackInstallId not in cutoffs or e.EnqueueOrdinal <= cutoffs[e.PackInstallId]:
+            continue
+        owners = [
+            g[2] for g in generations.get((e.PackInstallId, e.ProjectionKey), []) if g[0] <= e.EnqueueOrdinal <= g[1]
+        ]
+        if len(owners) != 1:
+            problems.append(
+                f"M: Event {e.PackInstallId}/{e.EnqueueOrdinal} is a member of {len(owners)} generations {owners}"
+            )
+    for (pack, _key), ranges in generations.items():
+        for (s1, l1, w1, _), (s2, l2, w2, _) in itertools.pairwise(ranges):
+            if s2 <= l1:
+                problems.append(f"M: generations {w1} [{s1},{l1}] and {w2} [{s2},{l2}] of pack {pack} overlap")
+    return problems
+
+
+def _bounds_and_payload(events: Iterable[DbRow], generations: Generations) -> list[str]:
+    present = {(e.PackInstallId, e.ProjectionKey, e.EnqueueOrdinal) for e in events}
+    problems = []
+    for (pack, key), ranges in generations.items():
+        for start, end, work_id, _status in ranges:
+            if start > end:
+                problems.append(f"B: {work_id} has InputStartOrdinal {start} > LaneOrdinal {end}")
+            if (pack, key, start) not in present:
+                problems.append(f"P: {work_id} has no member at its InputStartOrdinal {start}")
+            if (pack, key, end) not in present:
+                problems.append(f"P: {work_id} has no selected Event at its LaneOrdinal {end}")
+    return problems
+
+
+def _execution(generations: Generations) -> list[str]:
+    problems = []
+    for ranges in generations.values():
+        seen_nonterminal = None
+        for _start, _end, work_id, status in ranges:
+            if seen_nonterminal is not None and status != WorkStatus.BLOCKED:
+                problems.append(f"X: {work_id} is {status} while its predecessor {seen_nonterminal} is not terminal")
+            if status not in TERMINAL_WORK_STATUSES and seen_nonterminal is None:
+                seen_nonterminal = work_id
+    return problems
+
+
+def _duplicates(events: Iterable[DbRow], receipts: Iterable[DbRow]) -> list[str]:
+    by_key = {(r.PackInstallId, r.ReceiptKey): r for r in receipts}
+    problems = []
+    admitted = set()
+    for e in events:
+        if e.IsReplay:
+            if e.ReceiptKey is not None:
+                problems.append(f"D: replay Event {e.PackInstallId}/{e.EnqueueOrdinal} carries a receipt key")
+            continue
+        receipt = by_key.get((e.PackInstallId, e.ReceiptKey))
+        if receipt is None:
+            continue  # old-protocol history may predate receipts
+        admitted.add((e.PackInstallId, e.ReceiptKey))
+        if receipt.PayloadHash != e.PayloadHash:
+            problems.append(f"D: Event {e.PackInstallId}/{e.EnqueueOrdinal} differs from its receipt's payload")
+    for key, receipt in by_key.items():
+        if receipt.State == ReceiptState.CONFIRMED and key not in admitted:
+            problems.append(f"D: receipt {key} is confirmed but has no Event (an acknowledged input was lost)")
+    return problems
