@@ -1,0 +1,492 @@
+"""The legacy (v0) runtime: admission and work the way the old protocol did them.
+
+It exists so that old-protocol history can be built for real, kept live, drained and audited
+before the cutover; production code never mixes it with the native runtime. What makes it
+"old":
+
+- WorkItems carry no ``InputStartOrdinal``; a WorkItem's inputs are *inferred* at execution
+  time from retained history: the Events of its identity above the LaneOrdinal of the
+  previous retained old-protocol WorkItem, up to its own LaneOrdinal.
+- One direct WorkItem per selected Event (LaneOrdinal = that Event's ordinal). When the
+  identity already has an unclaimed nonterminal WorkItem (pending or blocked), a new Event is
+  *coalesced*: it gets no task and its coverage is left to inference by a later task.
+- Claim, completion and failure change only the selected Event's status; coalesced inputs
+  keep their historical status.
+- Before a pack's WorkItem-only handoff (``record_work_item_handoff``), admission writes
+  Events only: the Event-status backlog of the era before WorkItems drove execution.
+
+Every write first refuses a pack that has a protocol row (``LegacyRefused``): a binary
+rollback to old writers after the cutover is unsupported. Admission also honours admission
+fences: a fenced delivery is stored as a durable receipt for the native materializer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import hashlib
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
+from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputRow, Outcome, WorkItemRow
+from nexuscrm_connectors.queries import DbRow
+from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.database import run_transaction
+from nexuscrm_schema_catalog.tables import RECEIPT_KEY_LENGTH, PackInstall, WorkItem
+from workqueue import EventStatus, ReceiptState, WorkStatus
+from workqueue.errors import InvalidArgument
+from workqueue.identity import validate_text
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+
+MAX_ATTEMPTS = 3
+RETRY_SECONDS = 60  # seconds between a failed attempt and the next one
+LEASE_SECONDS = 30  # seconds a claim is held without completion
+INPUT_PAGE = 1000  # Events per inference read
+
+LEGACY_WORK = WorkItem.c.InputStartOrdinal.is_(None)
+UNCLAIMED = (WorkStatus.PENDING, WorkStatus.BLOCKED)
+NONTERMINAL = sorted(NONTERMINAL_WORK_STATUSES)
+
+
+# --- statements (old-protocol only; the native ones live in queries) ----------------------
+
+
+def legacy_handoff_get(connection: Connection, pack_install_id: str) -> dt.datetime | None:
+    """The pack's WorkItem-only handoff time, or None (primary key read)."""
+    return connection.execute(
+        sa.select(PackInstall.c.WorkItemHandoffAt).where(PackInstall.c.PackInstallId == pack_install_id)
+    ).scalar()
+
+
+def legacy_handoff_set(connection: Connection, pack_install_id: str, now: dt.datetime) -> int:
+    """Record the handoff once; an existing record is kept (row count 0)."""
+    return connection.execute(
+        sa.update(PackInstall)
+        .where(PackInstall.c.PackInstallId == pack_install_id, PackInstall.c.WorkItemHandoffAt.is_(None))
+        .values(WorkItemHandoffAt=now)
+    ).rowcount
+
+
+def legacy_work_unclaimed(connection: Connection, pack_install_id: str, projection_key: str) -> DbRow | None:
+    """An unclaimed nonterminal old-protocol WorkItem of an identity, locked (ix_workitem_projection_order)."""
+    return connection.execute(
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.ProjectionKey == projection_key,
+            WorkItem.c.Status.in_(UNCLAIMED),
+            LEGACY_WORK,
+        )
+        .limit(1)
+        .with_for_update()
+    ).first()
+
+
+def legacy_work_live(connection: Connection, pack_install_id: str, projection_key: str, below: int | None) -> bool:
+    """True when an identity has nonterminal old-protocol work (below ordinal ``below``, if given)."""
+    statement = sa.select(WorkItem.c.WorkId).where(
+        WorkItem.c.PackInstallId == pack_install_id,
+        WorkItem.c.ProjectionKey == projection_key,
+        WorkItem.c.Status.in_(NONTERMINAL),
+        LEGACY_WORK,
+    )
+    if below is not None:
+        statement = statement.where(WorkItem.c.LaneOrdinal < below)
+    return connection.execute(statement.limit(1)).first() is not None
+
+
+def legacy_work_claimable(connection: Connection, pack_install_id: str, now: dt.datetime, limit: int) -> list[DbRow]:
+    """Old-protocol claim candidates of a pack: pending, due retries, expired leases (ix_workitem_claim)."""
+    return list(
+        connection.execute(
+            sa.select(WorkItem.c.WorkId, WorkItem.c.Status, WorkItem.c.ClaimableAt, WorkItem.c.LeaseToken)
+            .where(
+                WorkItem.c.PackInstallId == pack_install_id,
+                WorkItem.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.PROCESSING]),
+                WorkItem.c.ClaimableAt <= now,
+                LEGACY_WORK,
+            )
+            .order_by(WorkItem.c.ClaimableAt)
+            .limit(limit)
+        )
+    )
+
+
+def legacy_work_previous_lane(
+    connection: Connection, pack_install_id: str, projection_key: str, lane_ordinal: int
+) -> int | None:
+    """The LaneOrdinal of the previous retained old-protocol WorkItem of an identity (ix_workitem_projection_order)."""
+    value = connection.execute(
+        sa.select(sa.func.max(WorkItem.c.LaneOrdinal)).where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.ProjectionKey == projection_key,
+            WorkItem.c.LaneOrdinal < lane_ordinal,
+            LEGACY_WORK,
+        )
+    ).scalar()
+    return None if value is None else int(value)
+
+
+# --- the runtime ----------------------------------------------------------------------------
+
+
+def _terminal(status: WorkStatus, now: dt.datetime) -> dict[str, Any]:
+    return {"Status": status, "ClaimableAt": None, "FinishedAt": now}
+
+
+def _refuse_if_cut_over(connection: Connection, pack_install_id: str, action: str) -> None:
+    protocol = packs.protocol_get(connection, pack_install_id)
+    if protocol is not None:
+        raise LegacyRefused(
+            f"pack {pack_install_id} has been cut over to projection protocol {protocol.protocol_version} "
+            f"(LegacyMaxOrdinal {protocol.legacy_max_ordinal}); the legacy runtime refuses to {action}: "
+            "rollback to old writers after cutover is unsupported",
+            field="pack_install_id",
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Delivery:
+    item: IngestItem
+    projection_key: str
+    payload_hash: str
+
+
+class LegacyRuntime:
+    """The old-protocol writer and worker over one database (see the module docstring)."""
+
+    def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
+        self.engine = engine
+        self.clock = clock
+
+    def record_work_item_handoff(self, pack_install_id: str) -> dt.datetime:
+        """Switch a pack to WorkItem-only execution and record it (``PackInstall.WorkItemHandoffAt``).
+
+        Idempotent: returns the first recorded time. Refused after the cutover.
+        """
+
+        def record(connection: Connection) -> dt.datetime:
+            pack = packs.pack_lock(connection, pack_install_id)
+            _refuse_if_cut_over(connection, pack.pack_install_id, "record a handoff")
+            legacy_handoff_set(connection, pack.pack_install_id, self.clock())
+            recorded = legacy_handoff_get(connection, pack.pack_install_id)
+            assert recorded is not None  # set in this transaction or before
+            return recorded
+
+        return run_transaction(self.engine, record, name="legacy handoff")
+
+    def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
+        """Admit deliveries the old way, in one transaction; one result per item, in order.
+
+        Fenced: new receipts are stored (``fenced``) for the native materializer. A receipt
+        key with an Event is a duplicate and is acknowledged without looking further
+        (``duplicate_legacy``); with a different payload it is ``rejected``. Raises
+        ``UnknownPack``, ``LegacyRefused`` and ``InvalidArgument`` (malformed item).
+        """
+        deliveries = [self._validate(pack_install_id, item) for item in items]
+        return run_transaction(
+            self.engine, lambda connection: self._admit(connection, pack_install_id, deliveries), name="legacy ingest"
+        )
+
+    @staticmethod
+    def _validate(pack_install_id: str, item: IngestItem) -> _Delivery:
+        validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
+        return _Delivery(
+            item=item,
+            projection_key=item.route.identity(pack_install_id).key,
+            payload_hash=hashlib.sha256(item.payload).hexdigest(),
+        )
+
+    def _admit(self, connection: Connection, pack_install_id: str, deliveries: list[_Delivery]) -> list[IngestResult]:
+        now = self.clock()
+        pack = packs.pack_lock(connection, pack_install_id)
+        _refuse_if_cut_over(connection, pack.pack_install_id, "admit")
+        fenced = packs.fence_active(connection, pack, now)
+        work_item_only = legacy_handoff_get(connection, pack.pack_install_id) is not None
+        keys = [d.item.receipt_key for d in deliveries]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgument("a legacy batch may not repeat a receipt key", field="items")
+        stored = queries.receipts_get(connection, pack.pack_install_id, keys)
+        events = queries.events_by_receipt(connection, pack.pack_install_id, keys)
+        results: dict[str, IngestResult] = {}
+        fresh: list[_Delivery] = []
+        new_receipts: list[dict[str, Any]] = []
+        for delivery in deliveries:
+            key = delivery.item.receipt_key
+            receipt = stored.get(key)
+            if receipt is not None and receipt.PayloadHash != delivery.payload_hash:
+                results[key] = IngestResult(receipt_key=key, outcome=Outcome.REJECTED, message="payload differs")
+            elif key in events:
+                results[key] = IngestResult(
+                    receipt_key=key, outcome=Outcome.DUPLICATE_LEGACY, enqueue_ordinal=events[key].EnqueueOrdinal
+                )
+            else:
+                if receipt is None:
+                    new_receipts.append(self._receipt_row(pack.pack_install_id, delivery, now))
+                if fenced:
+                    results[key] = IngestResult(receipt_key=key, outcome=Outcome.FENCED, message="stored; fenced")
+                else:
+                    fresh.append(delivery)
+        queries.receipts_insert(connection, new_receipts)
+        ordinals = packs.ordinals_allocate(connection, pack, len(fresh)) if fresh else range(0)
+        queries.events_insert(
+            connection,
+            [
+                {
+                    "PackInstallId": pack.pack_install_id,
+                    "EnqueueOrdinal": ordinal,
+                    "ProjectionKey": delivery.projection_key,
+                    "ReceiptKey": delivery.item.receipt_key,
+                    "PayloadHash": delivery.payload_hash,
+                    "Payload": delivery.item.payload,
+                    "SourceTime": delivery.item.source_time,
+                    "Status": EventStatus.PENDING,
+                    "IsReplay": False,
+                    "CreatedAt": now,
+                }
+                for ordinal, delivery in zip(ordinals, fresh, strict=True)
+            ],
+        )
+        for ordinal, delivery in zip(ordinals, fresh, strict=True):
+            work_id = (
+                self._direct_task(connection, pack.pack_install_id, delivery, ordinal, now) if work_item_only else None
+            )
+            results[delivery.item.receipt_key] = IngestResult(
+                receipt_key=delivery.item.receipt_key,
+                outcome=Outcome.ADMITTED,
+                enqueue_ordinal=ordinal,
+                work_id=work_id,
+            )
+        acknowledged = [k for k, r in results.items() if r.outcome in (Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY)]
+        queries.receipts_set_state(connection, pack.pack_install_id, acknowledged, ReceiptState.CONFIRMED, now)
+        return [results[key] for key in keys]
+
+    @staticmethod
+    def _receipt_row(pack_install_id: str, delivery: _Delivery, now: dt.datetime) -> dict[str, Any]:
+        return {
+            "PackInstallId": pack_install_id,
+            "ReceiptKey": delivery.item.receipt_key,
+            "ProjectionKey": delivery.projection_key,
+            "PayloadHash": delivery.payload_hash,
+            "Payload": delivery.item.payload,
+            "SourceTime": delivery.item.source_time,
+            "State": ReceiptState.STORED,
+            "ReceivedAt": now,
+        }
+
+    @staticmethod
+    def _direct_task(
+        connection: Connection, pack_install_id: str, delivery: _Delivery, ordinal: int, now: dt.datetime
+    ) -> str | None:
+        """Give the Event its direct task, or coalesce it (None) into the identity's unclaimed one."""
+        if legacy_work_unclaimed(connection, pack_install_id, delivery.projection_key) is not None:
+            return None  # coalesced: a later task infers it
+        blocked = legacy_work_live(connection, pack_install_id, delivery.projection_key, None)
+        work_id = str(uuid.uuid4())
+        queries.work_items_insert(
+            connection,
+            [
+                {
+                    "WorkId": work_id,
+                    "PackInstallId": pack_install_id,
+                    "ProjectionKey": delivery.projection_key,
+                    "WorkType": delivery.item.route.work_type,
+                    "InputStartOrdinal": None,
+                    "LaneOrdinal": ordinal,
+                    "ReplayOfWorkId": None,
+                    "Status": WorkStatus.BLOCKED if blocked else WorkStatus.PENDING,
+                    "Attempt": 0,
+                    "MaxAttempts": MAX_ATTEMPTS,
+                    "ClaimableAt": None if blocked else now,
+                    "CreatedAt": now,
+                }
+            ],
+        )
+        return work_id
+
+    def claim(self, worker_id: str, pack_install_id: str, *, lease_seconds: int = LEASE_SECONDS) -> Claim | None:
+        """Lease the oldest claimable old-protocol WorkItem of a pack, or None.
+
+        Claimable: pending, a retry whose time has come, or processing whose lease expired
+        (a failed attempt; failed for good when attempts run out). The selected Event moves
+        to processing. Raises ``LegacyRefused`` for a cut-over pack.
+        """
+        validate_text("worker_id", worker_id, 128)
+        now = self.clock()
+        with self.engine.connect() as connection:
+            _refuse_if_cut_over(connection, pack_install_id, "claim")
+            candidates = legacy_work_claimable(connection, pack_install_id, now, 10)
+        for candidate in candidates:
+            claimed = run_transaction(
+                self.engine,
+                functools.partial(
+                    self._claim_one, candidate=candidate, worker_id=worker_id, now=now, lease_seconds=lease_seconds
+                ),
+                name="legacy claim",
+            )
+            if claimed is not None:
+                return claimed
+        return None
+
+    def _claim_one(
+        self, connection: Connection, *, candidate: DbRow, worker_id: str, now: dt.datetime, lease_seconds: int
+    ) -> Claim | None:
+        row = queries.work_item_get(connection, candidate.WorkId, lock=True)
+        if row is None:
+            return None
+        _refuse_if_cut_over(connection, row.PackInstallId, "claim")
+        expect = {"Status": candidate.Status, "LeaseToken": candidate.LeaseToken, "ClaimableAt": candidate.ClaimableAt}
+        attempt = row.Attempt + (1 if candidate.Status == WorkStatus.PROCESSING else 0)
+        if attempt >= row.MaxAttempts:
+            values = {
+                **_terminal(WorkStatus.FAILED, now),
+                "Attempt": attempt,
+                "LastError": "lease expired on the last attempt",
+            }
+            if queries.work_item_update_if(connection, row.WorkId, expect, values) == 1:
+                self._settle(connection, row, EventStatus.FAILED, now)
+            return None
+        token = str(uuid.uuid4())
+        expires = now + dt.timedelta(seconds=lease_seconds)
+        values = {
+            "Status": WorkStatus.PROCESSING,
+            "Attempt": attempt,
+            "LeaseOwner": worker_id,
+            "LeaseToken": token,
+            "LeaseExpiresAt": expires,
+            "ClaimableAt": expires,
+        }
+        if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
+            return None
+        queries.event_set_status(
+            connection, row.PackInstallId, row.LaneOrdinal, EventStatus.PROCESSING, row.ProjectionKey
+        )
+        return Claim(work=self._reread(connection, row.WorkId), lease_token=token)
+
+    def load_inputs(self, work_id: str, lease_token: str) -> list[InputRow]:
+        """Infer a held WorkItem's inputs the old way, in ordinal order.
+
+        The Events of its identity above the previous retained old-protocol WorkItem's
+        LaneOrdinal, up to its own: membership comes from retained history, which is
+        exactly what the native protocol no longer trusts.
+        """
+        with self.engine.connect() as connection:
+            row = self._held(connection, work_id, lease_token)
+            after = legacy_work_previous_lane(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal)
+            after = -1 if after is None else after  # old history may hold ordinal 0
+            inputs: list[InputRow] = []
+            while page := queries.event_range_page(
+                connection, row.PackInstallId, row.ProjectionKey, after, row.LaneOrdinal, INPUT_PAGE
+            ):
+                inputs.extend(
+                    InputRow(
+                        enqueue_ordinal=e.EnqueueOrdinal,
+                        receipt_key=e.ReceiptKey,
+                        payload=e.Payload,
+                        source_time=e.SourceTime,
+                        is_replay=bool(e.IsReplay),
+                    )
+                    for e in page
+                )
+                after = int(page[-1].EnqueueOrdinal)
+            return inputs
+
+    def complete(self, work_id: str, lease_token: str) -> WorkItemRow:
+        """Finish a held WorkItem: it and its selected Event settle; a blocked successor becomes pending."""
+        return self._transition(work_id, lease_token, lambda _row, now: _terminal(WorkStatus.COMPLETED, now))
+
+    def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
+        """Record a failed attempt: retry after ``RETRY_SECONDS`` or, attempts exhausted, failed."""
+
+        def decide(row: DbRow, now: dt.datetime) -> dict[str, Any]:
+            attempt = row.Attempt + 1
+            values: dict[str, Any] = {"Attempt": attempt, "LastError": error[:4000]}
+            if retryable and attempt < row.MaxAttempts:
+                return {**values, "Status": WorkStatus.RETRY, "ClaimableAt": now + dt.timedelta(seconds=RETRY_SECONDS)}
+            return {**values, **_terminal(WorkStatus.FAILED, now)}
+
+        return self._transition(work_id, lease_token, decide)
+
+    def wait_for_dependency(self, work_id: str, lease_token: str, dependency: str) -> WorkItemRow:
+        """Park a held WorkItem as blocked until ``resolve_dependency``: an external dependency wait."""
+        values = {
+            "Status": WorkStatus.BLOCKED,
+            "ClaimableAt": None,
+            "LastError": f"waiting for dependency {dependency}",
+        }
+        return self._transition(work_id, lease_token, lambda _row, _now: values)
+
+    def resolve_dependency(self, work_id: str) -> WorkItemRow:
+        """The dependency resolver: make a dependency-blocked WorkItem pending again.
+
+        Refuses work that is not blocked, or is blocked behind a live predecessor (that wait
+        ends when the predecessor finishes). Raises ``WorkNotFound``, ``LegacyRefused``.
+        """
+
+        def resolve(connection: Connection) -> WorkItemRow:
+            row = queries.work_item_get(connection, work_id, lock=True)
+            if row is None:
+                raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+            _refuse_if_cut_over(connection, row.PackInstallId, "resolve a dependency")
+            if row.Status != WorkStatus.BLOCKED or legacy_work_live(
+                connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal
+            ):
+                raise LeaseLost(f"work {work_id} is not waiting for a dependency ({row.Status})", field="work_id")
+            if queries.work_item_unblock(connection, work_id, self.clock()) != 1:
+                raise LeaseLost(f"work {work_id} changed concurrently", field="work_id")
+            return self._reread(connection, work_id)
+
+        return run_transaction(self.engine, resolve, name="legacy resolve dependency")
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _held(self, connection: Connection, work_id: str, lease_token: str) -> DbRow:
+        row = queries.work_item_get(connection, work_id)
+        if row is None:
+            raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+        if row.Status != WorkStatus.PROCESSING or row.LeaseToken != lease_token:
+            raise LeaseLost(f"lease of work {work_id} is not held by this token ({row.Status})", field="lease_token")
+        return row
+
+    def _transition(
+        self, work_id: str, lease_token: str, decide: Callable[[DbRow, dt.datetime], dict[str, Any]]
+    ) -> WorkItemRow:
+        """Move a held WorkItem out of processing to the values ``decide`` returns, releasing the lease."""
+
+        def move(connection: Connection) -> WorkItemRow:
+            now = self.clock()
+            row = self._held(connection, work_id, lease_token)
+            _refuse_if_cut_over(connection, row.PackInstallId, "finish work")
+            values = decide(row, now)
+            expect = {"Status": WorkStatus.PROCESSING, "LeaseToken": lease_token}
+            released = {"LeaseToken": None, "LeaseExpiresAt": None, **values}
+            if queries.work_item_update_if(connection, work_id, expect, released) != 1:
+                raise LeaseLost(f"lease of work {work_id} changed concurrently", field="lease_token")
+            if values["Status"] == WorkStatus.COMPLETED:
+                self._settle(connection, row, EventStatus.PROCESSED, now)
+            elif values["Status"] == WorkStatus.FAILED:
+                self._settle(connection, row, EventStatus.FAILED, now)
+            return self._reread(connection, work_id)
+
+        return run_transaction(self.engine, move, name="legacy transition")
+
+    @staticmethod
+    def _settle(connection: Connection, row: DbRow, event_status: EventStatus, now: dt.datetime) -> None:
+        """A WorkItem became terminal: settle its selected Event, release the next blocked one."""
+        queries.event_set_status(connection, row.PackInstallId, row.LaneOrdinal, event_status, row.ProjectionKey)
+        successor = queries.work_item_successor(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal)
+        if successor is not None and successor.Status == WorkStatus.BLOCKED:
+            queries.work_item_unblock(connection, successor.WorkId, now)
+
+    @staticmethod
+    def _reread(connection: Connection, work_id: str) -> WorkItemRow:
+        row = queries.work_item_get(connection, work_id)
+        assert row is not None  # changed in this transaction
+        return WorkItemRow.from_row(row)

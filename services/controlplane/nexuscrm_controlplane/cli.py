@@ -1,0 +1,424 @@
+"""Operator commands of the L2 cutover runbook (docs/runbook-cutover.md).
+
+``connector-projection-cutover -pack-install-id ID -timeout D [-dry-run] [-json]``
+    audits a pack and writes its cutoff once (``cutover.run_cutover``).
+``connector-projection-drain -pack-install-id ID -timeout D [-interval D] [-json]``
+    waits, read-only, until the pack's old projection work is terminal.
+``connector-admission-fence arm|disarm|list|override-add|override-remove ...``
+    arms and lifts admission fences.
+
+Flags follow Go's style (``-flag value``, ``-flag=value``; ``--flag`` works too) and
+durations are Go durations (``30s``, ``5m``, ``1h30m``, ``500ms``). Every command reads the
+database URL from ``CONNECTOR_CUTOVER_DSN`` and never prints it. Exit codes:
+
+== =====================================================================================
+0  written, already written (the same checkpoint), dry run passed, drained, fence command done
+2  usage error: bad flags, unknown pack or fence
+3  CONNECTOR_CUTOVER_DSN missing or malformed, or the database unreachable
+4  refused gate: schema incomplete, no qualifying namespace fence, old work not drained
+5  refused audit: retained old-protocol responsibility is missing or ambiguous
+6  missing prerequisite: the WorkItem-only handoff is not recorded
+7  timeout: nothing was written (the drain wait prints its last report)
+1  any other failure (the message says what)
+== =====================================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import sqlalchemy as sa
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy.engine import Engine
+
+from nexuscrm_controlplane import cutover, drain, fences
+from nexuscrm_controlplane.audit import Category
+from nexuscrm_controlplane.errors import CutoverTimeout, UnknownFence, UnknownPack
+from nexuscrm_runtime.config import dsn_backend
+from nexuscrm_runtime.database import DatabaseUnavailable, create_engine, is_retryable
+from workqueue.errors import DomainError, InvalidArgument
+
+DSN_VARIABLE = "CONNECTOR_CUTOVER_DSN"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_CONNECTION = 3
+EXIT_REFUSED_GATE = 4
+EXIT_REFUSED_AUDIT = 5
+EXIT_MISSING_PREREQUISITE = 6
+EXIT_TIMEOUT = 7
+
+REFUSAL_EXIT_CODES = {
+    Category.PREREQUISITE: EXIT_MISSING_PREREQUISITE,
+    Category.GATE: EXIT_REFUSED_GATE,
+    Category.AUDIT: EXIT_REFUSED_AUDIT,
+}
+OUTCOME_EXIT_CODES = {
+    cutover.Outcome.WRITTEN: EXIT_OK,
+    cutover.Outcome.ALREADY_WRITTEN: EXIT_OK,
+    cutover.Outcome.WOULD_WRITE: EXIT_OK,
+    cutover.Outcome.REFUSED_PREREQUISITE: EXIT_MISSING_PREREQUISITE,
+    cutover.Outcome.REFUSED_GATE: EXIT_REFUSED_GATE,
+    cutover.Outcome.REFUSED_AUDIT: EXIT_REFUSED_AUDIT,
+}
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+PROGRESS_LOG_INTERVAL = 10.0  # seconds between progress lines when stderr is not a terminal
+
+
+class CommandError(Exception):
+    """Ends a command with ``exit_code`` after printing ``message`` to stderr."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a positive Go duration such as ``30s``, ``5m``, ``1h30m`` or ``250ms``."""
+    position = 0
+    total = 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        position = match.end()
+    if not text or position != len(text) or total <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use a positive duration such as 30s, 5m or 1h")
+    return total
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with Go-style single-dash long flags and our usage exit code."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # Go's flag package matches names exactly; argparse would still expand single-dash
+        # prefixes ("-pack" for "-pack-install-id") despite allow_abbrev=False.
+        return []
+
+    def flag(self, name: str, **kwargs: Any) -> None:
+        self.add_argument(f"-{name}", f"--{name}", dest=name.replace("-", "_"), **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+
+
+def _engine_from_env() -> Engine:
+    dsn = os.environ.get(DSN_VARIABLE, "")
+    if not dsn:
+        raise CommandError(f"{DSN_VARIABLE} is not set: export the database URL of the deployment", EXIT_CONNECTION)
+    try:
+        dsn_backend(dsn)
+    except Exception:
+        raise CommandError(
+            f"{DSN_VARIABLE} is not a valid database URL (its value is not shown)", EXIT_CONNECTION
+        ) from None
+    return create_engine(dsn, pool_size=2)
+
+
+def _backend(engine: Engine) -> str:
+    return engine.dialect.name
+
+
+@contextmanager
+def _command(engine_factory: Callable[[], Engine] = _engine_from_env) -> Iterator[Engine]:
+    """Open the engine and turn known failures into their exit codes (never echoing the DSN)."""
+    engine = engine_factory()
+    try:
+        yield engine
+    except (CommandError, CutoverTimeout):
+        raise
+    except (UnknownPack, UnknownFence, InvalidArgument) as error:
+        raise CommandError(str(error), EXIT_USAGE) from None
+    except DatabaseUnavailable:
+        raise CommandError(
+            f"the {_backend(engine)} database named by {DSN_VARIABLE} is unreachable", EXIT_CONNECTION
+        ) from None
+    except sa.exc.DBAPIError as error:
+        if is_retryable(error):  # lock waits are bounded by the command's timeout (cutover.bound_lock_waits)
+            raise CutoverTimeout(
+                "a database lock was not granted in time; nothing was written", field="timeout"
+            ) from None
+        if not isinstance(error, sa.exc.OperationalError):
+            raise
+        code = error.orig.args[0] if error.orig is not None and error.orig.args else "?"
+        raise CommandError(
+            f"cannot use the {_backend(engine)} database named by {DSN_VARIABLE} ({type(error.orig).__name__} {code})",
+            EXIT_CONNECTION,
+        ) from None
+    except DomainError as error:
+        raise CommandError(str(error), EXIT_FAILURE) from None
+    finally:
+        engine.dispose()
+
+
+def _run(prog: str, body: Callable[[], int]) -> NoReturn:
+    try:
+        code = body()
+    except CommandError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        code = error.exit_code
+    except CutoverTimeout as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        code = EXIT_TIMEOUT
+    raise SystemExit(code)
+
+
+# --- connector-projection-cutover -----------------------------------------------------------
+
+
+@contextmanager
+def _audit_progress(enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback: a live bar on a terminal, else a line every few seconds on stderr."""
+    console = Console(stderr=True)
+    if enabled and console.is_terminal:
+        with Progress(
+            TextColumn("auditing identities"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("audit", total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+        return
+    last = time.monotonic()
+
+    def log_line(done: int, total: int) -> None:
+        nonlocal last
+        if enabled and time.monotonic() - last >= PROGRESS_LOG_INTERVAL:
+            last = time.monotonic()
+            print(f"audited {done} of {total} identities", file=sys.stderr, flush=True)
+
+    yield log_line
+
+
+def _describe(result: cutover.CutoverResult) -> str:
+    report = result.report
+    lines = []
+    if result.protocol is not None:
+        p = result.protocol
+        verb = "written" if result.outcome is cutover.Outcome.WRITTEN else "already written"
+        lines.append(
+            f"pack {p.pack_install_id}: checkpoint {verb}: protocol {p.protocol_version}, "
+            f"LegacyMaxOrdinal {p.legacy_max_ordinal}, origin {p.origin}, at {p.created_at.isoformat()}Z"
+        )
+    elif result.outcome is cutover.Outcome.WOULD_WRITE:
+        lines.append(
+            f"pack {report.pack_install_id}: dry run passed; a cutover would write "
+            f"LegacyMaxOrdinal {report.legacy_max_ordinal}"
+        )
+    else:
+        lines.append(f"pack {report.pack_install_id}: cutover REFUSED ({result.outcome.value}); nothing was written")
+        for f in report.findings:
+            samples = ", ".join(f.sample_ids) or "-"
+            lines.append(f"  {f.category.value} {f.rule.value}: count {f.count}; samples {samples}; {f.detail}")
+    if report.identities_audited or report.events_audited:
+        permitted = ", ".join(f"{k} {v}" for k, v in sorted(report.permitted.items())) or "none"
+        lines.append(
+            f"audited {report.identities_audited} identities, {report.events_audited} Events, "
+            f"{report.work_items_audited} old WorkItems; permitted cases: {permitted}"
+        )
+    return "\n".join(lines)
+
+
+def cutover_main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``connector-projection-cutover``: see the module docstring for flags and exit codes."""
+    prog = "connector-projection-cutover"
+    parser = _Parser(
+        prog=prog, description="Audit a pack incarnation's old-protocol history and write its cutoff once."
+    )
+    parser.flag("pack-install-id", required=True, metavar="ID", help="the pack incarnation to cut over")
+    parser.flag("timeout", type=parse_duration, default="5m", metavar="DURATION", help="bound on the whole run")
+    parser.flag("dry-run", action="store_true", help="run every gate and the audit; write nothing")
+    parser.flag("json", action="store_true", help="print the result as one JSON document on stdout")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        deadline = time.monotonic() + args.timeout
+        engine = _engine_from_env()
+        cutover.bound_lock_waits(engine, deadline)
+        try:
+            with _command(lambda: engine), _audit_progress(not args.json) as progress:
+                result = cutover.run_cutover(
+                    engine, args.pack_install_id, deadline=deadline, dry_run=args.dry_run, progress=progress
+                )
+        except CutoverTimeout as error:
+            message = f"pack {args.pack_install_id}: timed out after {args.timeout:g}s; nothing was written"
+            if args.json:
+                print(json.dumps({"outcome": "timeout", "message": message, "detail": str(error)}))
+            raise CommandError(message, EXIT_TIMEOUT) from None
+        code = OUTCOME_EXIT_CODES[result.outcome]
+        if args.json:
+            print(json.dumps({**result.to_dict(), "exit_code": code}, sort_keys=True))
+        else:
+            print(_describe(result), file=sys.stdout if code == EXIT_OK else sys.stderr)
+        return code
+
+    _run(prog, body)
+
+
+# --- connector-projection-drain -------------------------------------------------------------
+
+
+def _drain_dict(status: drain.DrainStatus) -> dict[str, Any]:
+    return {
+        "pack_install_id": status.pack_install_id,
+        "drained": status.drained,
+        "pending": status.pending,
+        "blocked": status.blocked,
+        "retry": status.retry,
+        "processing": status.processing,
+        "sample_work_ids": list(status.sample_work_ids),
+        "holds": [
+            {"reason": h.reason, "count": h.count, "sample_work_ids": list(h.sample_work_ids), "detail": h.detail}
+            for h in status.holds
+        ],
+    }
+
+
+def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``connector-projection-drain``: wait (read-only) for old projection work to become terminal."""
+    prog = "connector-projection-drain"
+    parser = _Parser(
+        prog=prog, description="Wait until a pack's old-protocol projection work is terminal; never changes a status."
+    )
+    parser.flag("pack-install-id", required=True, metavar="ID", help="the pack incarnation to watch")
+    parser.flag("timeout", type=parse_duration, default="10m", metavar="DURATION", help="bound on the wait")
+    parser.flag("interval", type=parse_duration, default="2s", metavar="DURATION", help="time between polls")
+    parser.flag("json", action="store_true", help="print the final status as JSON on stdout")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def body() -> int:
+        last_line = ""
+
+        def show(status: drain.DrainStatus) -> None:
+            nonlocal last_line
+            if not args.json and status.summary() != last_line:
+                last_line = status.summary()
+                print(last_line, file=sys.stderr, flush=True)
+
+        with _command() as engine:
+            try:
+                status = drain.wait_drained(
+                    engine, args.pack_install_id, args.timeout, interval=args.interval, on_poll=show, stop=stop
+                )
+                code = EXIT_OK
+            except drain.DrainTimeout as timeout:
+                status, code = timeout.status, EXIT_TIMEOUT
+        if args.json:
+            print(json.dumps({**_drain_dict(status), "exit_code": code}, sort_keys=True))
+        elif code == EXIT_OK:
+            print(status.summary())
+        else:
+            print(f"{prog}: not drained within {args.timeout:g}s: {status.summary()}", file=sys.stderr)
+            for hold in status.holds:
+                print(
+                    f"  {hold.reason}: {hold.count} ({', '.join(hold.sample_work_ids)}) {hold.detail}", file=sys.stderr
+                )
+        return code
+
+    _run(prog, body)
+
+
+# --- connector-admission-fence --------------------------------------------------------------
+
+
+def _fence_dict(fence: fences.FenceRow) -> dict[str, Any]:
+    def when(value: Any) -> str | None:
+        return None if value is None else value.isoformat() + "Z"
+
+    return {
+        "fence_id": fence.fence_id,
+        "namespace": fence.namespace,
+        "scope": fence.scope,
+        "expires_at": when(fence.expires_at),
+        "reason": fence.reason,
+        "overrides": [
+            {"pack_install_id": o.pack_install_id, "expires_at": when(o.expires_at)} for o in fence.overrides
+        ],
+    }
+
+
+def fence_main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``connector-admission-fence``: arm, disarm and list fences, add and remove overrides.
+
+    Every subcommand prints JSON on stdout (the fence, the fences, or ``{}``).
+    """
+    prog = "connector-admission-fence"
+    parser = _Parser(prog=prog, description="Arm, list and lift admission fences and their per-pack overrides.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def sub(name: str, help_text: str) -> _Parser:
+        return commands.add_parser(name, help=help_text)
+
+    arm = sub("arm", "arm a fence on a namespace ('*') or one pack")
+    arm.flag("namespace", required=True)
+    arm.flag("scope", default="*", help="'*' (default) or a pack_install_id")
+    arm.flag("expires-in", type=parse_duration, default=None, metavar="DURATION", help="default: never expires")
+    arm.flag("reason", default="")
+    disarm = sub("disarm", "remove a fence and its overrides")
+    disarm.flag("fence-id", required=True)
+    listing = sub("list", "list a namespace's fences with their overrides")
+    listing.flag("namespace", required=True)
+    add = sub("override-add", "release one pack from one fence")
+    add.flag("fence-id", required=True)
+    add.flag("pack-install-id", required=True)
+    add.flag("expires-in", type=parse_duration, default=None, metavar="DURATION", help="default: until removed")
+    remove = sub("override-remove", "end a pack's release from a fence")
+    remove.flag("fence-id", required=True)
+    remove.flag("pack-install-id", required=True)
+    args = parser.parse_args(argv)
+
+    def seconds(value: float | None) -> int:
+        return 0 if value is None else max(1, round(value))
+
+    def body() -> int:
+        with _command() as engine:
+            output: Any = {}
+            if args.command == "arm":
+                output = _fence_dict(
+                    fences.arm_fence(
+                        engine,
+                        args.namespace,
+                        args.scope,
+                        expires_in_seconds=seconds(args.expires_in),
+                        reason=args.reason,
+                    )
+                )
+            elif args.command == "disarm":
+                fences.disarm_fence(engine, args.fence_id)
+            elif args.command == "list":
+                output = [_fence_dict(f) for f in fences.list_fences(engine, args.namespace)]
+            elif args.command == "override-add":
+                output = _fence_dict(
+                    fences.add_override(
+                        engine, args.fence_id, args.pack_install_id, expires_in_seconds=seconds(args.expires_in)
+                    )
+                )
+            else:
+                fences.remove_override(engine, args.fence_id, args.pack_install_id)
+        print(json.dumps(output, sort_keys=True))
+        return EXIT_OK
+
+    _run(prog, body)

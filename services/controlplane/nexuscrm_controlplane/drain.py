@@ -1,0 +1,156 @@
+"""Drain status of old-protocol projection work, and a bounded wait for it to drain.
+
+Old projection work (WorkItems without InputStartOrdinal) must finish on the old runtime
+before the cutover: every pending, blocked, retry and processing row counts, not only the
+ones holding a lease. The status also names what holds the drain: retries waiting for a
+future attempt time and work blocked on an external dependency (no live predecessor), which
+a bounded drain may not outlast. Nothing here changes a status: the operator decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_controlplane import queries
+from nexuscrm_controlplane.errors import CutoverTimeout
+from nexuscrm_controlplane.lifecycle import pack_get
+from nexuscrm_runtime.clock import Clock, utcnow
+from workqueue import WorkStatus
+
+SAMPLE_LIMIT = 10  # sample ids per count in every report
+POLL_INTERVAL = 2.0  # seconds between drain polls
+
+RETRY_WAIT = "retry_wait"
+DEPENDENCY_WAIT = "dependency_wait"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrainHold:
+    """Something that holds the drain: why, how many WorkItems, and some of their WorkIds."""
+
+    reason: str
+    count: int
+    sample_work_ids: tuple[str, ...]
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrainStatus:
+    """Nonterminal old-protocol work of one pack, per status, and what holds it."""
+
+    pack_install_id: str
+    pending: int
+    blocked: int
+    retry: int
+    processing: int
+    holds: tuple[DrainHold, ...]
+    sample_work_ids: tuple[str, ...]  # some nonterminal WorkIds, whatever their status
+
+    @property
+    def nonterminal(self) -> int:
+        """Old-protocol WorkItems that are not completed or failed."""
+        return self.pending + self.blocked + self.retry + self.processing
+
+    @property
+    def drained(self) -> bool:
+        """True when no old-protocol work of the pack is nonterminal."""
+        return self.nonterminal == 0
+
+    def summary(self) -> str:
+        """One line for operators, for example ``2 nonterminal (pending 1, ...); holds: retry_wait 1``."""
+        counts = f"pending {self.pending}, blocked {self.blocked}, retry {self.retry}, processing {self.processing}"
+        if self.drained:
+            return f"pack {self.pack_install_id}: drained ({counts})"
+        holds = "; ".join(f"{h.reason} {h.count} ({', '.join(h.sample_work_ids)})" for h in self.holds)
+        return (
+            f"pack {self.pack_install_id}: {self.nonterminal} old projection WorkItems not terminal ({counts}); "
+            f"holds: {holds or 'none'}; samples: {', '.join(self.sample_work_ids)}"
+        )
+
+
+def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock = utcnow) -> DrainStatus:
+    """The drain status of a pack read on ``connection`` (the cutover reads it under its locks)."""
+    now = clock()
+    counts = queries.legacy_work_counts(connection, pack_install_id)
+    holds: list[DrainHold] = []
+    retry_waits = queries.legacy_retry_waits(connection, pack_install_id, now, SAMPLE_LIMIT)
+    if retry_waits:
+        soonest = retry_waits[0].ClaimableAt
+        holds.append(
+            DrainHold(
+                reason=RETRY_WAIT,
+                count=queries.legacy_retry_wait_count(connection, pack_install_id, now),
+                sample_work_ids=tuple(row.WorkId for row in retry_waits),
+                detail=f"next attempt at {soonest.isoformat()}Z at the earliest; old workers must keep running",
+            )
+        )
+    dependency_count, dependency_sample = queries.legacy_dependency_waits(connection, pack_install_id, SAMPLE_LIMIT)
+    if dependency_count:
+        holds.append(
+            DrainHold(
+                reason=DEPENDENCY_WAIT,
+                count=dependency_count,
+                sample_work_ids=tuple(dependency_sample),
+                detail="blocked on an external dependency; only its resolver can release it",
+            )
+        )
+    sample = queries.legacy_work_sample(connection, pack_install_id, queries.NONTERMINAL, SAMPLE_LIMIT)
+    return DrainStatus(
+        pack_install_id=pack_install_id,
+        pending=counts.get(WorkStatus.PENDING, 0),
+        blocked=counts.get(WorkStatus.BLOCKED, 0),
+        retry=counts.get(WorkStatus.RETRY, 0),
+        processing=counts.get(WorkStatus.PROCESSING, 0),
+        holds=tuple(holds),
+        sample_work_ids=tuple(sample),
+    )
+
+
+def drain_status(engine: Engine, pack_install_id: str, clock: Clock = utcnow) -> DrainStatus:
+    """The drain status of an installed pack; raises ``UnknownPack``. Read-only."""
+    with engine.connect() as connection:
+        pack = pack_get(connection, pack_install_id)
+        return drain_status_read(connection, pack.pack_install_id, clock)
+
+
+def wait_drained(
+    engine: Engine,
+    pack_install_id: str,
+    timeout: float,
+    *,
+    interval: float = POLL_INTERVAL,
+    on_poll: Callable[[DrainStatus], None] | None = None,
+    stop: threading.Event | None = None,
+    clock: Clock = utcnow,
+) -> DrainStatus:
+    """Poll until the pack's old projection work is drained; return the drained status.
+
+    ``timeout`` (seconds) bounds the wait: when it passes first, ``CutoverTimeout`` is raised
+    with the last status as its message and as ``status`` attribute. ``on_poll`` sees every
+    status read; ``stop`` (set by a signal handler) ends the wait early like a timeout.
+    Never changes any row.
+    """
+    deadline = time.monotonic() + timeout
+    stop = stop or threading.Event()
+    while True:
+        status = drain_status(engine, pack_install_id, clock)
+        if on_poll is not None:
+            on_poll(status)
+        if status.drained:
+            return status
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or stop.wait(min(interval, remaining)):
+            raise DrainTimeout(status)
+
+
+class DrainTimeout(CutoverTimeout):
+    """The drain did not finish within its bound; ``status`` is the last one read."""
+
+    def __init__(self, status: DrainStatus) -> None:
+        super().__init__(f"drain did not finish in time: {status.summary()}", field="timeout")
+        self.status = status

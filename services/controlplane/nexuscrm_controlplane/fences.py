@@ -1,0 +1,227 @@
+"""Admission fences: arm, disarm, list, and per-pack overrides with their own expiry.
+
+A fence blocks admission (materialization) for a whole namespace (scope ``*``) or one pack,
+until it is disarmed or expires. An override releases one pack from one fence, until it is
+removed or expires. Connectors evaluates fences inside its admission transaction
+(``nexuscrm_connectors.packs.fence_active``); receipts keep arriving durably while fenced.
+
+Changes to a fence's overrides and disarming lock the fence row first, so they serialize with
+the cutover, which locks the namespace-wide fences while it checks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_controlplane import queries
+from nexuscrm_controlplane.errors import UnknownFence
+from nexuscrm_controlplane.lifecycle import pack_get, validate_namespace, validate_pack_id
+from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.database import run_transaction
+from workqueue.errors import InvalidArgument
+
+NAMESPACE_SCOPE = queries.NAMESPACE_SCOPE
+REASON_LENGTH = 255
+MAX_EXPIRES_IN_SECONDS = 366 * 24 * 3600  # a year and a day: longer means "never", say so with 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FenceOverrideRow:
+    """One pack released from one fence; ``expires_at`` None: until removed."""
+
+    fence_id: str
+    pack_install_id: str
+    expires_at: dt.datetime | None
+    created_at: dt.datetime
+
+    def active(self, now: dt.datetime) -> bool:
+        """True while the override releases its pack."""
+        return self.expires_at is None or self.expires_at > now
+
+    @classmethod
+    def from_row(cls, row: Any) -> FenceOverrideRow:
+        """Build from an AdmissionFenceOverride result row."""
+        return cls(
+            fence_id=row.FenceId,
+            pack_install_id=row.PackInstallId,
+            expires_at=row.ExpiresAt,
+            created_at=row.CreatedAt,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FenceRow:
+    """One fence and its overrides (expired overrides included, so operators see them)."""
+
+    fence_id: str
+    namespace: str
+    scope: str
+    expires_at: dt.datetime | None
+    reason: str
+    created_at: dt.datetime
+    overrides: tuple[FenceOverrideRow, ...] = ()
+
+    def active(self, now: dt.datetime) -> bool:
+        """True while the fence holds (overrides aside)."""
+        return self.expires_at is None or self.expires_at > now
+
+    def active_overrides(self, now: dt.datetime) -> tuple[FenceOverrideRow, ...]:
+        """The overrides that release a pack now."""
+        return tuple(o for o in self.overrides if o.active(now))
+
+    @classmethod
+    def from_row(cls, row: Any, overrides: Sequence[FenceOverrideRow] = ()) -> FenceRow:
+        """Build from an AdmissionFence result row."""
+        return cls(
+            fence_id=row.FenceId,
+            namespace=row.Namespace,
+            scope=row.Scope,
+            expires_at=row.ExpiresAt,
+            reason=row.Reason,
+            created_at=row.CreatedAt,
+            overrides=tuple(overrides),
+        )
+
+
+def _expiry(field: str, expires_in_seconds: int, now: dt.datetime) -> dt.datetime | None:
+    if not 0 <= expires_in_seconds <= MAX_EXPIRES_IN_SECONDS:
+        raise InvalidArgument(
+            f"{field} must be between 0 (never) and {MAX_EXPIRES_IN_SECONDS}, got {expires_in_seconds}", field=field
+        )
+    return None if expires_in_seconds == 0 else now + dt.timedelta(seconds=expires_in_seconds)
+
+
+def with_overrides(connection: Connection, rows: Sequence[Any]) -> list[FenceRow]:
+    """Fence rows joined with every override of theirs."""
+    overrides: dict[str, list[FenceOverrideRow]] = {}
+    for override in queries.overrides_list(connection, [row.FenceId for row in rows]):
+        overrides.setdefault(override.FenceId, []).append(FenceOverrideRow.from_row(override))
+    return [FenceRow.from_row(row, overrides.get(row.FenceId, ())) for row in rows]
+
+
+def _fence_locked(connection: Connection, fence_id: str) -> Any:
+    if not fence_id:
+        raise InvalidArgument("fence_id is required", field="fence_id")
+    row = queries.fence_get(connection, fence_id, lock=True)
+    if row is None:
+        raise UnknownFence(f"fence {fence_id!r} does not exist", field="fence_id")
+    return row
+
+
+def _fence_reread(connection: Connection, fence_id: str) -> FenceRow:
+    row = queries.fence_get(connection, fence_id)
+    assert row is not None  # locked or written in this transaction
+    return with_overrides(connection, [row])[0]
+
+
+def arm_fence(
+    engine: Engine,
+    namespace: str,
+    scope: str = NAMESPACE_SCOPE,
+    *,
+    expires_in_seconds: int = 0,
+    reason: str = "",
+    clock: Clock = utcnow,
+) -> FenceRow:
+    """Arm a fence on ``namespace``: scope ``*`` (or empty) for every pack, else one pack of it.
+
+    ``expires_in_seconds`` 0 means the fence never expires (what the cutover requires).
+    A pack scope must name an installed pack of the namespace (``UnknownPack`` otherwise).
+    """
+    validate_namespace(namespace)
+    scope = scope or NAMESPACE_SCOPE
+    if len(reason) > REASON_LENGTH:
+        raise InvalidArgument(f"reason is longer than {REASON_LENGTH} characters", field="reason")
+    now = clock()
+    expires_at = _expiry("expires_in_seconds", expires_in_seconds, now)
+
+    def arm(connection: Connection) -> FenceRow:
+        if scope != NAMESPACE_SCOPE:
+            pack = pack_get(connection, scope)
+            if pack.namespace != namespace:
+                raise InvalidArgument(
+                    f"pack {scope} belongs to namespace {pack.namespace!r}, not {namespace!r}", field="scope"
+                )
+        fence_id = str(uuid.uuid4())
+        queries.fence_insert(
+            connection,
+            {
+                "FenceId": fence_id,
+                "Namespace": namespace,
+                "Scope": scope,
+                "ExpiresAt": expires_at,
+                "Reason": reason,
+                "CreatedAt": now,
+            },
+        )
+        return _fence_reread(connection, fence_id)
+
+    return run_transaction(engine, arm, name="arm fence")
+
+
+def disarm_fence(engine: Engine, fence_id: str) -> None:
+    """Remove a fence and its overrides; raises ``UnknownFence``.
+
+    Receipts stored while it held are admitted by the Connectors materializer afterwards.
+    """
+
+    def disarm(connection: Connection) -> None:
+        _fence_locked(connection, fence_id)
+        queries.override_delete(connection, fence_id)
+        if queries.fence_delete(connection, fence_id) != 1:
+            raise UnknownFence(f"fence {fence_id!r} was removed concurrently", field="fence_id")
+
+    run_transaction(engine, disarm, name="disarm fence")
+
+
+def list_fences(engine: Engine, namespace: str) -> list[FenceRow]:
+    """Every fence of a namespace with its overrides, expired ones included, oldest first."""
+    validate_namespace(namespace)
+    with engine.connect() as connection:
+        return with_overrides(connection, queries.fences_list(connection, namespace))
+
+
+def add_override(
+    engine: Engine, fence_id: str, pack_install_id: str, *, expires_in_seconds: int = 0, clock: Clock = utcnow
+) -> FenceRow:
+    """Release one pack of the fence's namespace from the fence; replaces an earlier override.
+
+    ``expires_in_seconds`` 0 means until removed. Raises ``UnknownFence``, ``UnknownPack``.
+    """
+    now = clock()
+    expires_at = _expiry("expires_in_seconds", expires_in_seconds, now)
+
+    def add(connection: Connection) -> FenceRow:
+        fence = _fence_locked(connection, fence_id)
+        pack = pack_get(connection, pack_install_id)
+        if pack.namespace != fence.Namespace:
+            raise InvalidArgument(
+                f"pack {pack_install_id} is not in the fence's namespace {fence.Namespace!r}",
+                field="pack_install_id",
+            )
+        queries.override_delete(connection, fence_id, pack_install_id)
+        queries.override_insert(
+            connection,
+            {"FenceId": fence_id, "PackInstallId": pack_install_id, "ExpiresAt": expires_at, "CreatedAt": now},
+        )
+        return _fence_reread(connection, fence_id)
+
+    return run_transaction(engine, add, name="add fence override")
+
+
+def remove_override(engine: Engine, fence_id: str, pack_install_id: str) -> None:
+    """End a pack's release from a fence; raises ``UnknownFence`` when there is no such override."""
+    validate_pack_id(pack_install_id)
+
+    def remove(connection: Connection) -> None:
+        _fence_locked(connection, fence_id)
+        if queries.override_delete(connection, fence_id, pack_install_id) != 1:
+            raise UnknownFence(f"fence {fence_id!r} has no override for {pack_install_id}", field="pack_install_id")
+
+    run_transaction(engine, remove, name="remove fence override")

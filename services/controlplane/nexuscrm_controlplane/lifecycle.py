@@ -1,0 +1,219 @@
+"""Pack incarnations and their immutable projection protocol rows.
+
+``install_pack`` creates an incarnation with its own ordinal counter. ``activate_pack`` writes
+protocol version 1 with LegacyMaxOrdinal 0 for a pack without history (greenfield), in its
+own transaction. ``protocol_write`` is the one writer of ``_System_ConnectorProjectionProtocol``
+(greenfield activation and cutover both use it): it inserts, and when another caller won the
+race it returns that caller's row. Nothing updates or deletes a protocol row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_controlplane import queries
+from nexuscrm_controlplane.errors import PackHasHistory, UnknownPack
+from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.database import run_transaction
+from nexuscrm_schema_catalog.tables import NAMESPACE_LENGTH, PACK_ID_LENGTH
+from workqueue.errors import InvalidArgument
+from workqueue.identity import validate_text
+
+PROTOCOL_VERSION = 1
+ORIGIN_GREENFIELD = "greenfield"
+ORIGIN_CUTOVER = "cutover"
+PACK_ID_PREFIX = "pk-"
+PACK_NAME_LENGTH = 128
+PACK_VERSION_LENGTH = 64
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PackInstallRow:
+    """One pack incarnation."""
+
+    pack_install_id: str
+    namespace: str
+    pack_name: str
+    pack_version: str
+    last_ordinal: int
+    work_item_handoff_at: dt.datetime | None
+    created_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> PackInstallRow:
+        """Build from a PackInstall result row."""
+        return cls(
+            pack_install_id=row.PackInstallId,
+            namespace=row.Namespace,
+            pack_name=row.PackName,
+            pack_version=row.PackVersion,
+            last_ordinal=int(row.LastOrdinal),
+            work_item_handoff_at=row.WorkItemHandoffAt,
+            created_at=row.CreatedAt,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProtocolRow:
+    """A pack's projection protocol row: written once, never changed."""
+
+    pack_install_id: str
+    protocol_version: int
+    legacy_max_ordinal: int
+    origin: str
+    audit_report: str | None
+    created_at: dt.datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> ProtocolRow:
+        """Build from a _System_ConnectorProjectionProtocol result row."""
+        return cls(
+            pack_install_id=row.PackInstallId,
+            protocol_version=int(row.ProtocolVersion),
+            legacy_max_ordinal=int(row.LegacyMaxOrdinal),
+            origin=row.Origin,
+            audit_report=row.AuditReport,
+            created_at=row.CreatedAt,
+        )
+
+
+def validate_namespace(namespace: str) -> str:
+    """A namespace is printable text and never ``*``, which names every pack of a namespace."""
+    validate_text("namespace", namespace, NAMESPACE_LENGTH)
+    if namespace == queries.NAMESPACE_SCOPE:
+        raise InvalidArgument("namespace may not be '*'", field="namespace")
+    return namespace
+
+
+def validate_pack_id(pack_install_id: str) -> str:
+    """Refuse an empty or malformed pack_install_id before touching the database."""
+    return validate_text("pack_install_id", pack_install_id, PACK_ID_LENGTH)
+
+
+def install_pack(
+    engine: Engine, namespace: str, pack_name: str, pack_version: str, clock: Clock = utcnow
+) -> PackInstallRow:
+    """Create a new incarnation (``pk-`` + 32 hex digits) with LastOrdinal 0 and no protocol row.
+
+    A reinstall of the same pack is another incarnation with its own ordinals and protocol.
+    """
+    validate_namespace(namespace)
+    validate_text("pack_name", pack_name, PACK_NAME_LENGTH)
+    validate_text("pack_version", pack_version, PACK_VERSION_LENGTH)
+    pack_install_id = PACK_ID_PREFIX + uuid.uuid4().hex
+    row = {
+        "PackInstallId": pack_install_id,
+        "Namespace": namespace,
+        "PackName": pack_name,
+        "PackVersion": pack_version,
+        "LastOrdinal": 0,
+        "WorkItemHandoffAt": None,
+        "CreatedAt": clock(),
+    }
+
+    def insert(connection: Connection) -> PackInstallRow:
+        queries.pack_insert(connection, row)
+        return pack_get(connection, pack_install_id)
+
+    return run_transaction(engine, insert, name="install pack")
+
+
+def pack_get(connection: Connection, pack_install_id: str, *, lock: bool = False) -> PackInstallRow:
+    """The pack incarnation, optionally under its row lock; raises ``UnknownPack``."""
+    row = queries.pack_get(connection, validate_pack_id(pack_install_id), lock=lock)
+    if row is None:
+        raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+    return PackInstallRow.from_row(row)
+
+
+def protocol_read(connection: Connection, pack_install_id: str) -> ProtocolRow | None:
+    """The pack's protocol row, or None (primary key read)."""
+    row = queries.protocol_get(connection, pack_install_id)
+    return None if row is None else ProtocolRow.from_row(row)
+
+
+def protocol_write(
+    connection: Connection,
+    *,
+    pack_install_id: str,
+    legacy_max_ordinal: int,
+    origin: str,
+    audit_report: str | None,
+    now: dt.datetime,
+) -> tuple[ProtocolRow, bool]:
+    """Insert the pack's protocol row; return (the row, True) or (the existing row, False).
+
+    Callers hold the pack lock, so a competing insert is not expected; should one commit
+    anyway, the primary key refuses ours and the winner's row is returned unchanged, inside a
+    savepoint so the caller's transaction survives. The cutoff is never advanced.
+    """
+    existing = protocol_read(connection, pack_install_id)
+    if existing is not None:
+        return existing, False
+    try:
+        with connection.begin_nested():
+            queries.protocol_insert(
+                connection,
+                {
+                    "PackInstallId": pack_install_id,
+                    "ProtocolVersion": PROTOCOL_VERSION,
+                    "LegacyMaxOrdinal": legacy_max_ordinal,
+                    "Origin": origin,
+                    "AuditReport": audit_report,
+                    "CreatedAt": now,
+                },
+            )
+    except sa.exc.IntegrityError:
+        winner = protocol_read(connection, pack_install_id)
+        if winner is None:
+            raise
+        return winner, False
+    written = protocol_read(connection, pack_install_id)
+    assert written is not None  # inserted in this transaction
+    return written, True
+
+
+def activate_pack(engine: Engine, pack_install_id: str, clock: Clock = utcnow) -> tuple[ProtocolRow, bool]:
+    """Greenfield activation: protocol 1 with LegacyMaxOrdinal 0, in its own transaction.
+
+    Returns (row, already_active). An existing row (greenfield or cutover) is returned
+    unchanged with ``already_active`` True. A pack with any Event, WorkItem or allocated
+    ordinal has old-protocol history and is refused with ``PackHasHistory``: it needs the
+    audited cutover instead. Raises ``UnknownPack``.
+    """
+
+    def activate(connection: Connection) -> tuple[ProtocolRow, bool]:
+        pack = pack_get(connection, pack_install_id, lock=True)
+        existing = protocol_read(connection, pack.pack_install_id)
+        if existing is not None:
+            return existing, True
+        if pack.last_ordinal > 0 or queries.pack_history_exists(connection, pack.pack_install_id):
+            raise PackHasHistory(
+                f"pack {pack.pack_install_id} has old-protocol history (last ordinal {pack.last_ordinal}); "
+                "greenfield activation would hide it: drain it and run connector-projection-cutover instead",
+                field="pack_install_id",
+            )
+        row, written = protocol_write(
+            connection,
+            pack_install_id=pack.pack_install_id,
+            legacy_max_ordinal=0,
+            origin=ORIGIN_GREENFIELD,
+            audit_report=None,
+            now=clock(),
+        )
+        return row, not written
+
+    return run_transaction(engine, activate, name="activate pack")
+
+
+def get_protocol(engine: Engine, pack_install_id: str) -> ProtocolRow | None:
+    """The pack's protocol row, or None when not written yet; raises ``UnknownPack``."""
+    with engine.connect() as connection:
+        pack = pack_get(connection, pack_install_id)
+        return protocol_read(connection, pack.pack_install_id)

@@ -1,0 +1,359 @@
+"""Every statement Controlplane runs: pack lifecycle, protocol rows, fences, drain and audit reads.
+
+Builders are named noun + verb and take the caller's connection (and so its transaction).
+Each says which index serves it. State changes are conditional on the state they expect and
+return the affected row count for the caller to check. The protocol table has an insert and
+reads, and deliberately no update or delete: a written cutoff is immutable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from nexuscrm_schema_catalog.tables import (
+    AdmissionFence,
+    AdmissionFenceOverride,
+    ConnectorProjectionProtocol,
+    Event,
+    PackInstall,
+    WorkItem,
+)
+from workqueue import WorkStatus
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+
+DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
+
+NAMESPACE_SCOPE = "*"
+NONTERMINAL = sorted(NONTERMINAL_WORK_STATUSES)
+
+# Old-protocol work: coverage was inferred, so no lower bound was persisted.
+LEGACY_WORK = WorkItem.c.InputStartOrdinal.is_(None)
+
+
+# --- PackInstall -------------------------------------------------------------------------
+
+
+def pack_insert(connection: Connection, row: dict[str, Any]) -> None:
+    """Insert a new pack incarnation (primary key: a fresh id, so no conflict is expected)."""
+    connection.execute(sa.insert(PackInstall).values(**row))
+
+
+def pack_get(connection: Connection, pack_install_id: str, *, lock: bool = False) -> DbRow | None:
+    """One PackInstall row by primary key; ``lock`` takes its row lock (the pack lock)."""
+    statement = sa.select(PackInstall).where(PackInstall.c.PackInstallId == pack_install_id)
+    if lock:
+        statement = statement.with_for_update()
+    return connection.execute(statement).first()
+
+
+def pack_history_exists(connection: Connection, pack_install_id: str) -> bool:
+    """True when the pack has any Event or WorkItem (ix_event_source_lane, ix_workitem_claim prefixes)."""
+    event = sa.select(Event.c.EnqueueOrdinal).where(Event.c.PackInstallId == pack_install_id).limit(1)
+    work = sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack_install_id).limit(1)
+    return connection.execute(event).first() is not None or connection.execute(work).first() is not None
+
+
+# --- _System_ConnectorProjectionProtocol ---------------------------------------------------
+
+
+def protocol_get(connection: Connection, pack_install_id: str) -> DbRow | None:
+    """The pack's protocol row by primary key, or None."""
+    return connection.execute(
+        sa.select(ConnectorProjectionProtocol).where(ConnectorProjectionProtocol.c.PackInstallId == pack_install_id)
+    ).first()
+
+
+def protocol_insert(connection: Connection, row: dict[str, Any]) -> None:
+    """Insert the pack's one protocol row; a concurrent insert raises IntegrityError (primary key)."""
+    connection.execute(sa.insert(ConnectorProjectionProtocol).values(**row))
+
+
+# --- AdmissionFence and AdmissionFenceOverride ---------------------------------------------
+
+
+def fence_insert(connection: Connection, row: dict[str, Any]) -> None:
+    """Insert a fence (primary key: a fresh id)."""
+    connection.execute(sa.insert(AdmissionFence).values(**row))
+
+
+def fence_get(connection: Connection, fence_id: str, *, lock: bool = False) -> DbRow | None:
+    """One fence by primary key; ``lock`` serializes override changes with the cutover gate."""
+    statement = sa.select(AdmissionFence).where(AdmissionFence.c.FenceId == fence_id)
+    if lock:
+        statement = statement.with_for_update()
+    return connection.execute(statement).first()
+
+
+def fence_delete(connection: Connection, fence_id: str) -> int:
+    """Delete one fence; its overrides go with it (the caller deletes them first)."""
+    return connection.execute(sa.delete(AdmissionFence).where(AdmissionFence.c.FenceId == fence_id)).rowcount
+
+
+def fences_list(connection: Connection, namespace: str) -> list[DbRow]:
+    """The fences of a namespace, oldest first (ix_admissionfence_scope prefix)."""
+    return list(
+        connection.execute(
+            sa.select(AdmissionFence)
+            .where(AdmissionFence.c.Namespace == namespace)
+            .order_by(AdmissionFence.c.CreatedAt, AdmissionFence.c.FenceId)
+        )
+    )
+
+
+def fences_namespace_lock(connection: Connection, namespace: str) -> list[DbRow]:
+    """Lock and return the namespace-wide (``*``) fences: the cutover's namespace lock.
+
+    DisarmFence and override changes lock the same rows, so they wait for a running cutover
+    (ix_admissionfence_scope).
+    """
+    return list(
+        connection.execute(
+            sa.select(AdmissionFence)
+            .where(AdmissionFence.c.Namespace == namespace, AdmissionFence.c.Scope == NAMESPACE_SCOPE)
+            .order_by(AdmissionFence.c.FenceId)
+            .with_for_update()
+        )
+    )
+
+
+def overrides_list(connection: Connection, fence_ids: list[str]) -> list[DbRow]:
+    """Every override of ``fence_ids``, expired ones included (primary key prefix)."""
+    if not fence_ids:
+        return []
+    return list(
+        connection.execute(
+            sa.select(AdmissionFenceOverride)
+            .where(AdmissionFenceOverride.c.FenceId.in_(fence_ids))
+            .order_by(AdmissionFenceOverride.c.FenceId, AdmissionFenceOverride.c.PackInstallId)
+        )
+    )
+
+
+def override_delete(connection: Connection, fence_id: str, pack_install_id: str | None = None) -> int:
+    """Delete one override of a fence, or all of them when ``pack_install_id`` is None."""
+    statement = sa.delete(AdmissionFenceOverride).where(AdmissionFenceOverride.c.FenceId == fence_id)
+    if pack_install_id is not None:
+        statement = statement.where(AdmissionFenceOverride.c.PackInstallId == pack_install_id)
+    return connection.execute(statement).rowcount
+
+
+def override_insert(connection: Connection, row: dict[str, Any]) -> None:
+    """Insert one override (primary key: fence, pack)."""
+    connection.execute(sa.insert(AdmissionFenceOverride).values(**row))
+
+
+# --- Drain: old-protocol work that is not terminal -----------------------------------------
+
+
+def legacy_work_counts(connection: Connection, pack_install_id: str) -> dict[str, int]:
+    """Nonterminal old-protocol WorkItems of a pack per status (ix_workitem_claim prefix)."""
+    rows = connection.execute(
+        sa.select(WorkItem.c.Status, sa.func.count().label("Count"))
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(NONTERMINAL), LEGACY_WORK)
+        .group_by(WorkItem.c.Status)
+    )
+    return {row.Status: int(row.Count) for row in rows}
+
+
+def legacy_work_sample(connection: Connection, pack_install_id: str, statuses: Sequence[str], limit: int) -> list[str]:
+    """Up to ``limit`` WorkIds of old-protocol work of a pack in ``statuses`` (ix_workitem_claim)."""
+    return list(
+        connection.execute(
+            sa.select(WorkItem.c.WorkId)
+            .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(statuses), LEGACY_WORK)
+            .order_by(WorkItem.c.WorkId)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def legacy_retry_waits(connection: Connection, pack_install_id: str, now: dt.datetime, limit: int) -> list[DbRow]:
+    """Old-protocol retries whose next attempt is still in the future, soonest first (ix_workitem_claim)."""
+    return list(
+        connection.execute(
+            sa.select(WorkItem.c.WorkId, WorkItem.c.ClaimableAt)
+            .where(
+                WorkItem.c.PackInstallId == pack_install_id,
+                WorkItem.c.Status == WorkStatus.RETRY,
+                WorkItem.c.ClaimableAt > now,
+                LEGACY_WORK,
+            )
+            .order_by(WorkItem.c.ClaimableAt, WorkItem.c.WorkId)
+            .limit(limit)
+        )
+    )
+
+
+def legacy_retry_wait_count(connection: Connection, pack_install_id: str, now: dt.datetime) -> int:
+    """How many old-protocol retries wait for a future attempt time (ix_workitem_claim)."""
+    return int(
+        connection.execute(
+            sa.select(sa.func.count())
+            .select_from(WorkItem)
+            .where(
+                WorkItem.c.PackInstallId == pack_install_id,
+                WorkItem.c.Status == WorkStatus.RETRY,
+                WorkItem.c.ClaimableAt > now,
+                LEGACY_WORK,
+            )
+        ).scalar_one()
+    )
+
+
+def _dependency_waits(pack_install_id: str) -> sa.Select[Any]:
+    """Blocked old-protocol work with no live predecessor of its identity.
+
+    Nothing inside the queue will unblock such a row: only an external dependency resolver
+    can. (A row blocked behind a live predecessor drains when that predecessor does.)
+    """
+    predecessor = WorkItem.alias("Predecessor")
+    live_predecessor = (
+        sa.select(predecessor.c.WorkId)
+        .where(
+            predecessor.c.PackInstallId == WorkItem.c.PackInstallId,
+            predecessor.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            predecessor.c.LaneOrdinal < WorkItem.c.LaneOrdinal,
+            predecessor.c.InputStartOrdinal.is_(None),
+            predecessor.c.Status.in_(NONTERMINAL),
+        )
+        .exists()
+    )
+    return sa.select(WorkItem.c.WorkId).where(
+        WorkItem.c.PackInstallId == pack_install_id,
+        WorkItem.c.Status == WorkStatus.BLOCKED,
+        LEGACY_WORK,
+        ~live_predecessor,
+    )
+
+
+def legacy_dependency_waits(connection: Connection, pack_install_id: str, limit: int) -> tuple[int, list[str]]:
+    """Count and sample the blocked old-protocol work that waits on an external dependency.
+
+    ix_workitem_claim finds the blocked rows; ix_workitem_projection_order probes each one's
+    predecessors.
+    """
+    statement = _dependency_waits(pack_install_id)
+    count = connection.execute(sa.select(sa.func.count()).select_from(statement.subquery())).scalar_one()
+    sample = connection.execute(statement.order_by(WorkItem.c.WorkId).limit(limit)).scalars()
+    return int(count), list(sample)
+
+
+# --- Audit of retained responsibility ------------------------------------------------------
+
+
+def legacy_work_count(connection: Connection, pack_install_id: str) -> int:
+    """Number of old-protocol WorkItems of a pack, any status (ix_workitem_claim prefix)."""
+    return int(
+        connection.execute(
+            sa.select(sa.func.count())
+            .select_from(WorkItem)
+            .where(WorkItem.c.PackInstallId == pack_install_id, LEGACY_WORK)
+        ).scalar_one()
+    )
+
+
+def _orphaned_work(pack_install_id: str) -> sa.Select[Any]:
+    selected = (
+        sa.select(Event.c.EnqueueOrdinal)
+        .where(
+            Event.c.PackInstallId == WorkItem.c.PackInstallId,
+            Event.c.EnqueueOrdinal == WorkItem.c.LaneOrdinal,
+            Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+        )
+        .exists()
+    )
+    return sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack_install_id, LEGACY_WORK, ~selected)
+
+
+def legacy_work_orphaned(connection: Connection, pack_install_id: str, limit: int) -> tuple[int, list[str]]:
+    """Count and sample old-protocol WorkItems whose selected Event is gone (or of another identity).
+
+    Walks the pack's old-protocol WorkItems once with a primary-key probe of Event each.
+    """
+    statement = _orphaned_work(pack_install_id)
+    count = connection.execute(sa.select(sa.func.count()).select_from(statement.subquery())).scalar_one()
+    sample = connection.execute(statement.order_by(WorkItem.c.WorkId).limit(limit)).scalars()
+    return int(count), list(sample)
+
+
+def event_identity_count(connection: Connection, pack_install_id: str) -> int:
+    """Number of projection identities with Events in a pack (ix_event_source_lane prefix)."""
+    keys = sa.select(Event.c.ProjectionKey).where(Event.c.PackInstallId == pack_install_id).distinct().subquery()
+    return int(connection.execute(sa.select(sa.func.count()).select_from(keys)).scalar_one())
+
+
+def event_identities_page(connection: Connection, pack_install_id: str, after: str, limit: int) -> list[str]:
+    """The next ``limit`` identities with Events after ``after`` in key order (keyset, ix_event_source_lane)."""
+    return list(
+        connection.execute(
+            sa.select(Event.c.ProjectionKey)
+            .where(Event.c.PackInstallId == pack_install_id, Event.c.ProjectionKey > after)
+            .group_by(Event.c.ProjectionKey)
+            .order_by(Event.c.ProjectionKey)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def identity_event_bounds(connection: Connection, pack_install_id: str, projection_key: str) -> tuple[int, int]:
+    """The lowest and highest Event ordinal of an identity (ix_event_source_lane, two index ends)."""
+    row = connection.execute(
+        sa.select(sa.func.min(Event.c.EnqueueOrdinal), sa.func.max(Event.c.EnqueueOrdinal)).where(
+            Event.c.PackInstallId == pack_install_id, Event.c.ProjectionKey == projection_key
+        )
+    ).one()
+    return int(row[0]), int(row[1])
+
+
+def identity_completed_boundary(connection: Connection, pack_install_id: str, projection_key: str) -> int | None:
+    """The highest LaneOrdinal of a completed old-protocol generation of an identity, or None.
+
+    ix_workitem_projection_order range of the identity.
+    """
+    value = connection.execute(
+        sa.select(sa.func.max(WorkItem.c.LaneOrdinal)).where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.ProjectionKey == projection_key,
+            WorkItem.c.Status == WorkStatus.COMPLETED,
+            LEGACY_WORK,
+        )
+    ).scalar()
+    return None if value is None else int(value)
+
+
+def identity_events_page(
+    connection: Connection, pack_install_id: str, projection_key: str, after: int, limit: int
+) -> list[DbRow]:
+    """The next ``limit`` Events of an identity after ordinal ``after``, each with whether it has a direct task.
+
+    A direct task is an old-protocol WorkItem that selected the Event (LaneOrdinal = its
+    ordinal). Keyset range of ix_event_source_lane; one ix_workitem_projection_order probe per
+    Event. Returns EnqueueOrdinal, Status and HasDirectTask.
+    """
+    direct = (
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == Event.c.PackInstallId,
+            WorkItem.c.ProjectionKey == Event.c.ProjectionKey,
+            WorkItem.c.LaneOrdinal == Event.c.EnqueueOrdinal,
+            LEGACY_WORK,
+        )
+        .exists()
+    )
+    return list(
+        connection.execute(
+            sa.select(Event.c.EnqueueOrdinal, Event.c.Status, direct.label("HasDirectTask"))
+            .where(
+                Event.c.PackInstallId == pack_install_id,
+                Event.c.ProjectionKey == projection_key,
+                Event.c.EnqueueOrdinal > after,
+            )
+            .order_by(Event.c.EnqueueOrdinal)
+            .limit(limit)
+        )
+    )
