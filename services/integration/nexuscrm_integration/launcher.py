@@ -102,6 +102,10 @@ def _wait_for_port(spec: ServiceSpec, process: subprocess.Popen[bytes], port_fil
 def _wait_serving(service: ServiceProcess) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while True:
+        if service.process.poll() is not None:  # a refusal (e.g. the activation gate) ends the wait at once
+            raise LaunchError(
+                f"{service.spec.name} exited with {service.process.returncode} before serving; see {service.log_path}"
+            )
         try:
             if health_status(service.address, service.spec.service_name) == "SERVING":
                 return
@@ -126,8 +130,14 @@ def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -
         "NEXUSCRM_PORT_FILE": str(port_file),
     }
     with log_path.open("ab") as log_file:
+        # A session of its own: Ctrl-C in a terminal reaches only the launcher, which then stops
+        # the services in order (the worker host drains while Connectors still answers).
         process = subprocess.Popen(
-            [sys.executable, "-m", spec.module], env=child_env, stdout=log_file, stderr=subprocess.STDOUT
+            [sys.executable, "-m", spec.module],
+            env=child_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     port = _wait_for_port(spec, process, port_file, log_path)
     return ServiceProcess(spec=spec, process=process, port=port, log_path=log_path)
@@ -136,22 +146,25 @@ def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -
 def start_services(specs: Sequence[ServiceSpec], *, env: Mapping[str, str], workdir: Path) -> list[ServiceProcess]:
     """Start ``specs`` in order, each healthy before the next.
 
-    Each service gets the addresses of those started before it (``NEXUSCRM_<NAME>_TARGET``).
-    On failure, stops what started and raises.
+    Each service gets the addresses of those started before it (``NEXUSCRM_<NAME>_TARGET``,
+    see ``target_env``) on top of ``env``. On failure, stops what started and raises.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     started: list[ServiceProcess] = []
-    targets: dict[str, str] = {}
     try:
         for spec in specs:
-            service = start_service(spec, env={**env, **targets}, workdir=workdir)
+            service = start_service(spec, env={**env, **target_env(started)}, workdir=workdir)
             started.append(service)
             _wait_serving(service)
-            targets[f"NEXUSCRM_{spec.env_name}_TARGET"] = service.address
     except BaseException:
         stop_services(started)
         raise
     return started
+
+
+def target_env(services: Sequence[ServiceProcess]) -> dict[str, str]:
+    """``NEXUSCRM_<NAME>_TARGET`` of each service: how later services and clients find them."""
+    return {f"NEXUSCRM_{service.spec.env_name}_TARGET": service.address for service in services}
 
 
 def stop_services(services: Sequence[ServiceProcess], timeout: float = STOP_TIMEOUT) -> dict[str, int]:

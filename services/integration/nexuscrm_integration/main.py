@@ -1,35 +1,124 @@
-"""Entry point of the integration service (``nexuscrm-integration``).
+"""Entry point of the Integration Service (``nexuscrm-integration``): the worker host.
 
-Environment: NEXUSCRM_DSN, NEXUSCRM_INTEGRATION_ADDRESS (default 127.0.0.1:50054).
+Serves IntegrationService (GetActivation, ListWorkers) with health NOT_SERVING, runs the
+activation gate for every configured pack, then starts the worker pools and reports SERVING.
+SIGTERM (or SIGINT) stops all claims, waits for in-flight generations (RunUntilDrained) and
+stops the server.
+
+Environment: NEXUSCRM_DSN (the Flows' read-model database), NEXUSCRM_INTEGRATION_ADDRESS
+(default 127.0.0.1:50054), NEXUSCRM_SCHEMA_CATALOG_TARGET / NEXUSCRM_CONTROLPLANE_TARGET /
+NEXUSCRM_CONNECTORS_TARGET (see ``targets``), and the host configuration of ``config``.
+
+Exit codes: 0 stopped cleanly; 2 configuration error; 3 the activation gate refused (the log
+names what is missing); 4 in-flight work did not finish within the drain timeout.
 """
 
 from __future__ import annotations
 
-from sqlalchemy.engine import Engine
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import grpc
 
 from nexuscrm.integration.v1 import integration_pb2_grpc as pb_grpc
+from nexuscrm_connectors.client import ConnectorsClient
+from nexuscrm_integration.activation import remote_gate, wait_for_activation
+from nexuscrm_integration.config import HostConfig
+from nexuscrm_integration.errors import ActivationRefused, IntegrationError
+from nexuscrm_integration.host import HostStatus, WorkerHost
 from nexuscrm_integration.servicer import IntegrationServicer
-from nexuscrm_runtime.config import ServiceConfig
-from nexuscrm_runtime.server import Registration, run_service
+from nexuscrm_integration.targets import Targets
+from nexuscrm_runtime.config import ConfigError, ServiceConfig
+from nexuscrm_runtime.database import create_engine
+from nexuscrm_runtime.server import Registration, configure_logging, create_server, write_port_file
 
+log = logging.getLogger("nexuscrm_integration")
 SERVICE_NAME = "nexuscrm.integration.v1.IntegrationService"
 DEFAULT_PORT = 50054
-
-
-def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
-    """Register the servicer."""
-    return [
-        Registration(
-            servicer=IntegrationServicer(engine),
-            add=pb_grpc.add_IntegrationServiceServicer_to_server,
-            service_name=SERVICE_NAME,
-        )
-    ]
+EXIT_CONFIG = 2
+EXIT_REFUSED = 3
+EXIT_NOT_DRAINED = 4
 
 
 def main() -> None:
-    """Serve IntegrationService until SIGTERM."""
-    run_service(env_name="INTEGRATION", default_port=DEFAULT_PORT, build=build)
+    """Run the worker host until SIGTERM; exit with one of the module's exit codes."""
+    configure_logging()
+    try:
+        config = ServiceConfig.from_env("INTEGRATION", DEFAULT_PORT)
+        host_config = HostConfig.from_env()
+    except (ConfigError, IntegrationError) as error:
+        log.error("configuration error: %s", error)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(serve(config, host_config, Targets.from_env()))
+
+
+def serve(config: ServiceConfig, host_config: HostConfig, targets: Targets) -> int:
+    """Serve, gate, host the pools until signalled; return the exit code."""
+    status = HostStatus(host_config.pack_install_ids)
+    registration = Registration(
+        servicer=IntegrationServicer(status),
+        add=pb_grpc.add_IntegrationServiceServicer_to_server,
+        service_name=SERVICE_NAME,
+    )
+    running = create_server([registration], config.address, max_workers=config.max_workers, serving=False)
+    log.info("listening on port %d; checking activation of %s", running.port, list(host_config.pack_install_ids))
+    if config.port_file:
+        write_port_file(Path(config.port_file), running.port)
+    stop = threading.Event()
+
+    def _request_stop(signum: int, _frame: object) -> None:
+        log.info("received %s; shutting down gracefully", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGINT, _request_stop)
+    with (
+        grpc.insecure_channel(targets.schema_catalog) as catalog,
+        grpc.insecure_channel(targets.controlplane) as controlplane,
+        grpc.insecure_channel(targets.connectors) as connectors,
+    ):
+        try:
+            grant = wait_for_activation(
+                remote_gate(catalog, controlplane, host_config.pack_install_ids),
+                wait_seconds=host_config.activation_wait_seconds,
+                stop=stop,
+                on_refused=status.refused,
+            )
+        except ActivationRefused as error:
+            running.stop(0)
+            if stop.is_set():
+                return 0
+            log.error("NOT_SERVING: %s", error)
+            return EXIT_REFUSED
+        engine = create_engine(config.dsn)
+        try:
+            host = WorkerHost(
+                grant, host_config.pools, ConnectorsClient(connectors), engine, host_id=host_config.host_id
+            )
+        except IntegrationError as error:
+            log.error("configuration error: %s", error)
+            running.stop(0)
+            engine.dispose()
+            return EXIT_CONFIG
+        host.start()
+        status.activated(host)
+        running.set_serving(True)
+        log.info("activation passed; serving %d workers", len(host.workers()))
+        stop.wait()
+        running.set_serving(False)
+        drained = host.run_until_drained(host_config.drain_timeout_seconds)
+        if not drained:
+            log.error(
+                "in-flight work did not finish in %.0fs; its leases expire and it runs again",
+                host_config.drain_timeout_seconds,
+            )
+        running.stop(config.grace_seconds)
+        engine.dispose()
+    log.info("stopped")
+    return 0 if drained else EXIT_NOT_DRAINED
 
 
 if __name__ == "__main__":

@@ -1,36 +1,331 @@
-"""``nexuscrm-run``: the whole system on one machine, stopped cleanly with Ctrl-C.
+"""``nexuscrm-run``: the whole system on one machine, with the demo, stopped cleanly with Ctrl-C.
+
+Starts the four services as separate processes, installs and activates a demo pack through
+Controlplane, starts the Integration host with the demo Flow, drives a source simulator
+(400 lanes, a walking workload with bursts and about 5% duplicate deliveries by default),
+waits until the host has projected every admitted input, and prints a summary with the
+invariant check over the database. ``--serve`` then keeps the services up for real clients
+(``--inputs 0`` skips the simulator).
 
 Environment: NEXUSCRM_DSN (default: embedded SQLite at var/nexuscrm.db; set it to a
 ``mysql://`` URL to run against MariaDB, MySQL or TiDB).
+
+Exit codes: 0 every check passed; 1 a check failed or a service did not stop cleanly;
+2 usage error; 3 a service did not start; 130 interrupted before the summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import signal
 import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from sqlalchemy.engine import Engine
 
-from nexuscrm_integration.launcher import ALL_SERVICES, LaunchError, health_status, start_services, stop_services
+from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
+from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
+from nexuscrm.integration.v1 import integration_pb2 as in_pb
+from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
+from nexuscrm_connectors.client import ConnectorsClient
+from nexuscrm_integration import demo, queries
+from nexuscrm_integration.launcher import (
+    CONNECTORS,
+    CONTROLPLANE,
+    INTEGRATION,
+    SCHEMA_CATALOG,
+    LaunchError,
+    ServiceProcess,
+    health_status,
+    start_services,
+    stop_services,
+    target_env,
+)
+from nexuscrm_integration.simulator import Simulator, SimulatorStats, WorkloadConfig
 from nexuscrm_runtime.config import DEFAULT_DSN, dsn_backend, env_str
+from nexuscrm_runtime.database import create_engine
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+
+POLL_INTERVAL = 0.25  # seconds between progress reads of the database
+RPC_TIMEOUT = 30.0  # seconds per set-up RPC
+EXIT_FAILED, EXIT_START, EXIT_INTERRUPTED = 1, 3, 130
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Summary:
+    """The outcome of one demo run, as the summary table shows it."""
+
+    pack_install_id: str
+    stats: SimulatorStats
+    generations: int
+    executions: int
+    lag_p50: float
+    lag_p99: float
+    seconds: float
+    problems: tuple[str, ...]
+    complete: bool
+
+
+def install_demo_pack(controlplane: grpc.Channel, namespace: str) -> str:
+    """Install a new incarnation of the demo pack and activate it (greenfield); return its id."""
+    stub = cp_grpc.ControlplaneServiceStub(controlplane)
+    installed = stub.InstallPack(
+        cp_pb.InstallPackRequest(namespace=namespace, pack_name=demo.PACK_NAME, pack_version=demo.PACK_VERSION),
+        timeout=RPC_TIMEOUT,
+    )
+    pack_install_id: str = installed.pack.pack_install_id
+    stub.ActivatePack(cp_pb.ActivatePackRequest(pack_install_id=pack_install_id), timeout=RPC_TIMEOUT)
+    return pack_install_id
+
+
+def demo_pools(pack_install_id: str, workers: int, flow: str = demo.FLOW_NAME) -> str:
+    """NEXUSCRM_INTEGRATION_POOLS for ``flow`` (default: the demo Flow) on ``pack_install_id``."""
+    pool = {"pack_install_id": pack_install_id, "work_type": demo.WORK_TYPE, "flow": flow, "size": workers}
+    return json.dumps([pool])
+
+
+def start_host(
+    core: Sequence[ServiceProcess],
+    pack_install_id: str,
+    workdir: Path,
+    *,
+    env: dict[str, str],
+    workers: int,
+    flow: str = demo.FLOW_NAME,
+) -> ServiceProcess:
+    """Start the Integration host serving ``flow`` on the pack, wired to the ``core`` services."""
+    host_env = {**env, **target_env(core), "NEXUSCRM_INTEGRATION_POOLS": demo_pools(pack_install_id, workers, flow)}
+    return start_services((INTEGRATION,), env=host_env, workdir=workdir)[0]
+
+
+def start_system(
+    dsn: str,
+    workdir: Path,
+    *,
+    namespace: str,
+    workers: int,
+    flow: str = demo.FLOW_NAME,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[list[ServiceProcess], str]:
+    """Start the services, install and activate a demo pack, then start the host serving it.
+
+    The host starts last because its activation gate needs the pack's protocol receipt.
+    Returns the running services (stop them with ``stop_services``) and the pack id.
+    """
+    env = {"NEXUSCRM_DSN": dsn, **(extra_env or {})}
+    services = start_services((SCHEMA_CATALOG, CONTROLPLANE, CONNECTORS), env=env, workdir=workdir)
+    try:
+        controlplane = next(s for s in services if s.spec is CONTROLPLANE)
+        with grpc.insecure_channel(controlplane.address) as channel:
+            pack_install_id = install_demo_pack(channel, namespace)
+        services.append(start_host(services, pack_install_id, workdir, env=env, workers=workers, flow=flow))
+    except BaseException:
+        stop_services(services)
+        raise
+    return services, pack_install_id
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of ``values`` (0 when empty)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
+
+
+def executions(integration: str) -> int:
+    """Flow executions so far, summed over the host's workers (ListWorkers)."""
+    with grpc.insecure_channel(integration) as channel:
+        listed = in_grpc.IntegrationServiceStub(channel).ListWorkers(in_pb.ListWorkersRequest(), timeout=RPC_TIMEOUT)
+    return sum(worker.executions for worker in listed.workers)
+
+
+def settled(engine: Engine, pack_install_id: str, stats: SimulatorStats) -> bool:
+    """True once the simulator is done, every admitted input is projected and no generation is open."""
+    with engine.connect() as connection:
+        applied = queries.demo_applied_count(connection, pack_install_id)
+        counts = queries.work_item_status_counts(connection, pack_install_id)
+    return stats.done and applied >= stats.admitted and not any(counts.get(s, 0) for s in NONTERMINAL_WORK_STATUSES)
+
+
+def run_demo(
+    engine: Engine,
+    services: Sequence[ServiceProcess],
+    pack_install_id: str,
+    workload: WorkloadConfig,
+    *,
+    stop: threading.Event,
+    timeout: float,
+    console: Console | None = None,
+) -> Summary:
+    """Drive the simulator, show progress, wait until projected (or ``timeout``/``stop``), summarize."""
+    address = {s.spec.name: s.address for s in services}
+    started = time.monotonic()
+    deadline = started + timeout
+    with grpc.insecure_channel(address[CONNECTORS.name]) as channel:
+        simulator = Simulator(ConnectorsClient(channel), pack_install_id, workload, stop)
+        thread = threading.Thread(target=simulator.run, name="simulator", daemon=True)
+        thread.start()
+        progress = Progress(
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=console is None,
+        )
+        with progress:
+            sent = progress.add_task("inputs delivered", total=workload.inputs)
+            projected = progress.add_task("inputs projected", total=workload.inputs)
+            while not stop.is_set() and time.monotonic() < deadline:
+                stats = simulator.stats
+                with engine.connect() as connection:
+                    applied = queries.demo_applied_count(connection, pack_install_id)
+                progress.update(sent, completed=stats.fresh_sent)
+                progress.update(
+                    projected, completed=applied, total=max(stats.admitted, applied) if stats.done else None
+                )
+                if settled(engine, pack_install_id, stats):
+                    break
+                stop.wait(POLL_INTERVAL)
+        thread.join()
+    stats = simulator.stats
+    complete = settled(engine, pack_install_id, stats)
+    seconds = time.monotonic() - started
+    with engine.connect() as connection:
+        lags = queries.demo_lags(connection, pack_install_id)
+        generations = sum(queries.work_item_status_counts(connection, pack_install_id).values())
+    problems = demo.verify_projection(engine, pack_install_id)
+    if not complete:
+        problems.insert(0, "stopped before every admitted input was projected")
+    return Summary(
+        pack_install_id=pack_install_id,
+        stats=stats,
+        generations=generations,
+        executions=executions(address[INTEGRATION.name]),
+        lag_p50=percentile(lags, 0.50),
+        lag_p99=percentile(lags, 0.99),
+        seconds=seconds,
+        problems=tuple(problems),
+        complete=complete,
+    )
+
+
+def summary_table(summary: Summary, lanes: int) -> Table:
+    """The summary as a rich table."""
+    stats = summary.stats
+    table = Table(title=f"demo pack {summary.pack_install_id}", show_header=False)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    ok = "[green]OK[/green]"
+    membership = [p for p in summary.problems if p.startswith("M:")]
+    projection = [p for p in summary.problems if not p.startswith("M:")]
+    rows = [
+        ("source lanes", f"{lanes}"),
+        ("deliveries sent (fresh + duplicate)", f"{stats.fresh_sent} + {stats.duplicates_sent}"),
+        ("inputs admitted", f"{stats.admitted}"),
+        ("duplicates acknowledged", f"{stats.duplicates_acknowledged}"),
+        ("generations", f"{summary.generations}"),
+        ("executions", f"{summary.executions}"),
+        ("inputs per execution", f"{stats.admitted / summary.executions:.2f}" if summary.executions else "-"),
+        ("end-to-end lag p50 / p99", f"{summary.lag_p50 * 1000:.0f} ms / {summary.lag_p99 * 1000:.0f} ms"),
+        ("wall time", f"{summary.seconds:.1f} s"),
+        ("every input in exactly one generation", ok if not membership else f"[red]{len(membership)} violations[/red]"),
+        ("projection equals the inputs", ok if not projection else f"[red]{len(projection)} problems[/red]"),
+    ]
+    others = {o.value: n for o, n in stats.outcomes.items() if o.value not in ("admitted", "duplicate_covered")}
+    if others:
+        rows.insert(4, ("other outcomes", ", ".join(f"{k} {v}" for k, v in sorted(others.items()))))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = WorkloadConfig()
+    parser = argparse.ArgumentParser(
+        prog="nexuscrm-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lanes", type=int, default=defaults.lanes, help="source lanes (default %(default)s)")
+    parser.add_argument("--inputs", type=int, default=defaults.inputs, help="fresh deliveries (default %(default)s)")
+    parser.add_argument(
+        "--rate", type=float, default=defaults.rate, help="deliveries/s, 0 = unpaced (default %(default)s)"
+    )
+    parser.add_argument(
+        "--duplicates", type=float, default=defaults.duplicate_ratio, help="duplicate share (default %(default)s)"
+    )
+    parser.add_argument("--workers", type=int, default=4, help="demo Flow workers in the host (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="workload seed (default %(default)s)")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for the projection (default %(default)s)"
+    )
+    parser.add_argument("--serve", action="store_true", help="keep the services up after the demo until Ctrl-C")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path("var/run"), help="logs and port files (default %(default)s)"
+    )
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Start the four services, show where they listen, and stop them on Ctrl-C or SIGTERM."""
-    parser = argparse.ArgumentParser(prog="nexuscrm-run", description=__doc__)
-    parser.add_argument("--workdir", type=Path, default=Path("var/run"), help="logs and port files (default: var/run)")
-    args = parser.parse_args(argv)
+    """Run the demo (and with ``--serve`` keep serving); return the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        workload = WorkloadConfig(
+            lanes=args.lanes, inputs=args.inputs, rate=args.rate, duplicate_ratio=args.duplicates, seed=args.seed
+        )
+    except ValueError as error:
+        _parser().error(str(error))
     console = Console()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     dsn = env_str("NEXUSCRM_DSN", DEFAULT_DSN)
     console.print(f"starting the NexusCRM services on the {dsn_backend(dsn)} database ...")
     try:
-        services = start_services(ALL_SERVICES, env={"NEXUSCRM_DSN": dsn}, workdir=args.workdir)
-    except LaunchError as error:
+        services, pack_install_id = start_system(dsn, args.workdir, namespace="demo", workers=args.workers)
+    except (LaunchError, grpc.RpcError) as error:
         console.print(f"[red]startup failed:[/red] {error}")
-        return 1
+        return EXIT_START
+    code = 0
+    try:
+        _print_services(console, services)
+        if workload.inputs:
+            engine = create_engine(dsn)
+            try:
+                summary = run_demo(
+                    engine, services, pack_install_id, workload, stop=stop, timeout=args.timeout, console=console
+                )
+            finally:
+                engine.dispose()
+            console.print(summary_table(summary, workload.lanes))
+            for problem in summary.problems[: 20 if summary.complete else 1]:
+                console.print(f"[red]{problem}[/red]")
+            code = (
+                EXIT_INTERRUPTED if stop.is_set() and not summary.complete else (EXIT_FAILED if summary.problems else 0)
+            )
+        if args.serve and not stop.is_set():
+            console.print("serving; for the operator CLI (nexuscrm --help):")
+            for name, value in target_env(services).items():
+                console.print(f"  export {name}={value}")
+            console.print(f"  demo pack: {pack_install_id}\npress Ctrl-C to stop")
+            stop.wait()
+    finally:
+        codes = stop_services(services)
+        console.print("stopped: " + ", ".join(f"{name} exit {exit_code}" for name, exit_code in codes.items()))
+    if any(codes.values()):
+        return code or EXIT_FAILED
+    return code
+
+
+def _print_services(console: Console, services: Sequence[ServiceProcess]) -> None:
     table = Table(title="NexusCRM services")
     for column in ("service", "pid", "address", "health", "log"):
         table.add_column(column)
@@ -38,16 +333,6 @@ def main(argv: list[str] | None = None) -> int:
         status = health_status(service.address, service.spec.service_name)
         table.add_row(service.spec.name, str(service.process.pid), service.address, status, str(service.log_path))
     console.print(table)
-    console.print("press Ctrl-C to stop")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
-    codes = stop_services(services)
-    console.print("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()))
-    return 0 if all(code == 0 for code in codes.values()) else 1
 
 
 if __name__ == "__main__":

@@ -1,14 +1,40 @@
-"""IntegrationService over gRPC: proto in, domain call, proto out."""
+"""IntegrationService over gRPC: proto in, host status out."""
 
 from __future__ import annotations
 
-from sqlalchemy.engine import Engine
+import grpc
 
+from nexuscrm.integration.v1 import integration_pb2 as pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as pb_grpc
+from nexuscrm_integration.host import HostStatus
 
 
 class IntegrationServicer(pb_grpc.IntegrationServiceServicer):
-    """Thin servicer; methods not overridden answer UNIMPLEMENTED."""
+    """Thin servicer over ``HostStatus``."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, status: HostStatus) -> None:
+        self._status = status
+
+    def GetActivation(
+        self, request: pb.GetActivationRequest, context: grpc.ServicerContext
+    ) -> pb.GetActivationResponse:
+        activation = self._status.activation()
+        return pb.GetActivationResponse(
+            active=activation.active, missing=activation.missing, pack_install_ids=activation.pack_install_ids
+        )
+
+    def ListWorkers(self, request: pb.ListWorkersRequest, context: grpc.ServicerContext) -> pb.ListWorkersResponse:
+        return pb.ListWorkersResponse(
+            workers=[
+                pb.WorkerInfo(
+                    worker_id=w.worker_id,
+                    pack_install_id=w.pack_install_id,
+                    work_type=w.work_type,
+                    flow=w.flow,
+                    state=w.state,
+                    current_work_id=w.current_work_id or "",
+                    executions=w.executions,
+                )
+                for w in self._status.workers()
+            ]
+        )

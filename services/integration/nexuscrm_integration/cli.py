@@ -1,0 +1,436 @@
+"""``nexuscrm``: the operator command line over the services' RPCs.
+
+Subcommands: ``packs install|activate|protocol``, ``fences arm|disarm|list|override``,
+``drain status|wait``, ``cutover audit|run``, ``work show``, ``receipts missing``, ``why``,
+``activation`` and ``workers``. Tables by default, ``--json`` for scripts. Services are found
+through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``; ``nexuscrm-run --serve`` prints them).
+
+Exit codes:
+  0  done; the check passed
+  1  the service refused the request (the message says why)
+  2  usage error
+  3  a service is unreachable, too slow, or does not implement the RPC yet
+  4  the check did not pass: not drained, cutover audit refused, receipts whose coverage is
+     missing exist, or the host is not activated
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
+from nexuscrm.connectors.v1 import connectors_pb2_grpc as cn_grpc
+from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
+from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
+from nexuscrm.integration.v1 import integration_pb2 as in_pb
+from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
+from nexuscrm_integration.targets import Targets
+from workqueue import ReceiptState
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CHECK_FAILED = 0, 1, 2, 3, 4
+RPC_TIMEOUT = 30.0  # seconds per call
+UNAVAILABLE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What a subcommand answers: data for ``--json``, a table or line for people, an exit code."""
+
+    data: Any
+    view: Table | str
+    code: int = EXIT_OK
+
+
+def _dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if value is None else str(value) for value in row))
+    return table
+
+
+def _fields(title: str, data: dict[str, Any]) -> Table:
+    return _table(
+        title,
+        ("field", "value"),
+        [(key, json.dumps(value) if isinstance(value, list | dict) else value) for key, value in data.items()],
+    )
+
+
+class Clients:
+    """Stubs of every service, over channels opened lazily from ``Targets``."""
+
+    def __init__(self, targets: Targets) -> None:
+        self._targets = targets
+        self._channels: list[grpc.Channel] = []
+
+    def _channel(self, address: str) -> grpc.Channel:
+        channel = grpc.insecure_channel(address)
+        self._channels.append(channel)
+        return channel
+
+    @property
+    def controlplane(self) -> cp_grpc.ControlplaneServiceStub:
+        """ControlplaneService."""
+        return cp_grpc.ControlplaneServiceStub(self._channel(self._targets.controlplane))
+
+    @property
+    def connectors(self) -> cn_grpc.ConnectorsServiceStub:
+        """ConnectorsService."""
+        return cn_grpc.ConnectorsServiceStub(self._channel(self._targets.connectors))
+
+    @property
+    def integration(self) -> in_grpc.IntegrationServiceStub:
+        """IntegrationService."""
+        return in_grpc.IntegrationServiceStub(self._channel(self._targets.integration))
+
+    def close(self) -> None:
+        """Close every channel opened."""
+        for channel in self._channels:
+            channel.close()
+
+
+Handler = Callable[[Clients, argparse.Namespace], Outcome]
+
+
+def packs_install(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Install a new pack incarnation."""
+    response = clients.controlplane.InstallPack(
+        cp_pb.InstallPackRequest(namespace=args.namespace, pack_name=args.name, pack_version=args.version),
+        timeout=RPC_TIMEOUT,
+    )
+    data = _dict(response.pack)
+    return Outcome(data=data, view=_fields("pack installed", data))
+
+
+def packs_activate(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Greenfield activation: protocol 1 with LegacyMaxOrdinal 0."""
+    response = clients.controlplane.ActivatePack(
+        cp_pb.ActivatePackRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    )
+    data = _dict(response)
+    return Outcome(
+        data=data, view=_fields("already active" if response.already_active else "activated", _dict(response.protocol))
+    )
+
+
+def packs_protocol(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """The pack's protocol row; exit 4 when it has none."""
+    response = clients.controlplane.GetProtocol(
+        cp_pb.GetProtocolRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    )
+    data = _dict(response)
+    if not response.exists:
+        return Outcome(data=data, view=f"pack {args.pack} has no protocol row", code=EXIT_CHECK_FAILED)
+    return Outcome(data=data, view=_fields(f"protocol of {args.pack}", _dict(response.protocol)))
+
+
+def _fence_rows(fences: Sequence[cp_pb.Fence]) -> Table:
+    rows = [
+        (
+            f.fence_id,
+            f.namespace,
+            f.scope,
+            f.expires_at.ToJsonString() if f.HasField("expires_at") else "never",
+            f.reason,
+            ", ".join(o.pack_install_id for o in f.overrides),
+        )
+        for f in fences
+    ]
+    return _table("fences", ("fence", "namespace", "scope", "expires", "reason", "overrides"), rows)
+
+
+def fences_arm(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Arm a fence on a namespace (``*``) or one pack."""
+    response = clients.controlplane.ArmFence(
+        cp_pb.ArmFenceRequest(
+            namespace=args.namespace, scope=args.scope, expires_in_seconds=args.expires_in, reason=args.reason
+        ),
+        timeout=RPC_TIMEOUT,
+    )
+    return Outcome(data=_dict(response.fence), view=_fence_rows([response.fence]))
+
+
+def fences_disarm(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Disarm a fence."""
+    clients.controlplane.DisarmFence(cp_pb.DisarmFenceRequest(fence_id=args.fence), timeout=RPC_TIMEOUT)
+    return Outcome(data={"fence_id": args.fence, "disarmed": True}, view=f"fence {args.fence} disarmed")
+
+
+def fences_list(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """List a namespace's fences and overrides."""
+    response = clients.controlplane.ListFences(cp_pb.ListFencesRequest(namespace=args.namespace), timeout=RPC_TIMEOUT)
+    return Outcome(data=[_dict(f) for f in response.fences], view=_fence_rows(response.fences))
+
+
+def fences_override(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Release a pack from a fence (``add``), or end that release (``remove``)."""
+    if args.action == "remove":
+        clients.controlplane.RemoveFenceOverride(
+            cp_pb.RemoveFenceOverrideRequest(fence_id=args.fence, pack_install_id=args.pack), timeout=RPC_TIMEOUT
+        )
+        return Outcome(
+            data={"fence_id": args.fence, "pack_install_id": args.pack, "removed": True}, view="override removed"
+        )
+    response = clients.controlplane.AddFenceOverride(
+        cp_pb.AddFenceOverrideRequest(
+            fence_id=args.fence, pack_install_id=args.pack, expires_in_seconds=args.expires_in
+        ),
+        timeout=RPC_TIMEOUT,
+    )
+    return Outcome(data=_dict(response.fence), view=_fence_rows([response.fence]))
+
+
+def _drain_outcome(response: cp_pb.GetDrainStatusResponse) -> Outcome:
+    data = _dict(response)
+    rows = [(h.reason, h.count, ", ".join(h.sample_work_ids)) for h in response.holds]
+    counts = ", ".join(f"{name} {getattr(response, name)}" for name in ("pending", "blocked", "retry", "processing"))
+    table = _table(
+        f"{response.pack_install_id}: {'drained' if response.drained else 'not drained'} ({counts})",
+        ("held by", "count", "sample work ids"),
+        rows,
+    )
+    return Outcome(data=data, view=table, code=EXIT_OK if response.drained else EXIT_CHECK_FAILED)
+
+
+def drain_status(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Old-protocol work of a pack that is not terminal yet; exit 4 unless drained."""
+    stub = clients.controlplane
+    return _drain_outcome(
+        stub.GetDrainStatus(cp_pb.GetDrainStatusRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT)
+    )
+
+
+def drain_wait(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Poll the drain status until drained or ``--timeout``; never changes anything. Exit 4 with what holds it."""
+    stub = clients.controlplane
+    deadline = time.monotonic() + args.timeout
+    while True:
+        response = stub.GetDrainStatus(cp_pb.GetDrainStatusRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT)
+        if response.drained or time.monotonic() >= deadline:
+            return _drain_outcome(response)
+        time.sleep(min(args.interval, max(0.0, deadline - time.monotonic())))
+
+
+def _report_outcome(report: cp_pb.CutoverReport, title: str, data: dict[str, Any]) -> Outcome:
+    rows = [(f.category, f.rule, f.count, ", ".join(f.sample_ids), f.detail) for f in report.refusals]
+    table = _table(
+        f"{title}: {'passed' if report.passed else 'REFUSED'} (cutoff {report.legacy_max_ordinal}, "
+        f"{report.events_audited} events, {report.work_items_audited} work items audited)",
+        ("category", "rule", "count", "samples", "detail"),
+        rows,
+    )
+    return Outcome(data=data, view=table, code=EXIT_OK if report.passed else EXIT_CHECK_FAILED)
+
+
+def cutover_audit(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Run every cutover gate and the audit; writes nothing. Exit 4 when refused."""
+    response = clients.controlplane.AuditCutover(
+        cp_pb.AuditCutoverRequest(pack_install_id=args.pack, timeout_seconds=args.timeout),
+        timeout=args.timeout + RPC_TIMEOUT,
+    )
+    return _report_outcome(response.report, f"cutover audit of {args.pack}", _dict(response))
+
+
+def cutover_run(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Audit and, when everything passes, write the protocol row exactly once."""
+    response = clients.controlplane.Cutover(
+        cp_pb.CutoverRequest(pack_install_id=args.pack, timeout_seconds=args.timeout),
+        timeout=args.timeout + RPC_TIMEOUT,
+    )
+    title = "cutover (checkpoint already written)" if response.already_written else "cutover"
+    return _report_outcome(response.report, f"{title} of {args.pack}", _dict(response))
+
+
+def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """One generation: range, member count, status, attempts."""
+    response = clients.connectors.GetWork(cn_pb.GetWorkRequest(work_id=args.work_id), timeout=RPC_TIMEOUT)
+    work = response.work
+    view = {
+        "work_id": work.work_id,
+        "pack_install_id": work.pack_install_id,
+        "route": f"{work.route.event_kind} v{work.route.route_version} {work.route.companion_version} "
+        f"{work.route.work_type} lane {work.route.source_lane}",
+        "range": f"[{work.input_start_ordinal}, {work.lane_ordinal}]"
+        if work.input_start_ordinal
+        else f"old protocol, lane {work.lane_ordinal}",
+        "members": response.member_count,
+        "status": cn_pb.WorkStatus.Name(work.status).removeprefix("WORK_STATUS_").lower(),
+        "attempts": f"{work.attempt} of {work.max_attempts}",
+        "replay of": work.replay_of_work_id or "-",
+        "last error": work.last_error or "-",
+    }
+    return Outcome(data=_dict(response), view=_fields(f"work {work.work_id}", view))
+
+
+def receipts_missing(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Receipts whose coverage is missing (Connectors ListReceipts, first ``--limit``); exit 4 if any."""
+    response = clients.connectors.ListReceipts(
+        cn_pb.ListReceiptsRequest(
+            state=ReceiptState.COVERAGE_MISSING, pack_install_id=args.pack or "", page_size=args.limit
+        ),
+        timeout=RPC_TIMEOUT,
+    )
+    rows = list(response.receipts)
+    data = [
+        {
+            "pack_install_id": r.pack_install_id,
+            "receipt_key": r.receipt_key,
+            "received_at": r.received_at.ToJsonString(),
+        }
+        for r in rows
+    ]
+    table = _table(
+        f"receipts with coverage missing: {len(rows)}{'+' if response.next_page_token else ''}",
+        ("pack", "receipt", "received at"),
+        [(d["pack_install_id"], d["receipt_key"], d["received_at"]) for d in data],
+    )
+    return Outcome(data=data, view=table, code=EXIT_CHECK_FAILED if rows else EXIT_OK)
+
+
+def why(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Which generation covers a receipt's input, or why none does."""
+    response = clients.connectors.ExplainReceipt(
+        cn_pb.ExplainReceiptRequest(pack_install_id=args.pack, receipt_key=args.receipt_key), timeout=RPC_TIMEOUT
+    )
+    view = {
+        "receipt": args.receipt_key,
+        "state": response.receipt_state,
+        "ordinal": response.enqueue_ordinal or "-",
+        "covered by": response.covered_by.work_id if response.HasField("covered_by") else "-",
+        "why": response.explanation,
+    }
+    code = EXIT_CHECK_FAILED if response.receipt_state == ReceiptState.COVERAGE_MISSING else EXIT_OK
+    return Outcome(data=_dict(response), view=_fields(f"receipt {args.receipt_key}", view), code=code)
+
+
+def activation(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """The host's activation gate; exit 4 when not active."""
+    response = clients.integration.GetActivation(in_pb.GetActivationRequest(), timeout=RPC_TIMEOUT)
+    view = _table(
+        "activation: " + ("active" if response.active else "NOT active"),
+        ("missing",),
+        [(m,) for m in response.missing],
+    )
+    return Outcome(data=_dict(response), view=view, code=EXIT_OK if response.active else EXIT_CHECK_FAILED)
+
+
+def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """The host's workers and what they are doing."""
+    response = clients.integration.ListWorkers(in_pb.ListWorkersRequest(), timeout=RPC_TIMEOUT)
+    rows = [
+        (w.worker_id, w.pack_install_id, w.work_type, w.flow, w.state, w.current_work_id, w.executions)
+        for w in response.workers
+    ]
+    table = _table("workers", ("worker", "pack", "work type", "flow", "state", "work", "executions"), rows)
+    return Outcome(data=[_dict(w) for w in response.workers], view=table)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; each leaf sets ``handler``."""
+    parser = argparse.ArgumentParser(
+        prog="nexuscrm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def leaf(group: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = group.add_parser(name, help=help_text, description=handler.__doc__)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    packs = commands.add_parser("packs", help="pack incarnations").add_subparsers(dest="action", required=True)
+    sub = leaf(packs, "install", packs_install, "install a new pack incarnation")
+    sub.add_argument("--namespace", required=True)
+    sub.add_argument("--name", required=True)
+    sub.add_argument("--version", required=True)
+    leaf(packs, "activate", packs_activate, "greenfield activation (cutoff 0)").add_argument("pack")
+    leaf(packs, "protocol", packs_protocol, "show the protocol row").add_argument("pack")
+
+    fences = commands.add_parser("fences", help="admission fences").add_subparsers(dest="action", required=True)
+    sub = leaf(fences, "arm", fences_arm, "arm a fence")
+    sub.add_argument("--namespace", required=True)
+    sub.add_argument("--scope", default="*", help='"*" (default) or a pack id')
+    sub.add_argument("--expires-in", type=int, default=0, help="seconds; 0 (default) never expires")
+    sub.add_argument("--reason", default="")
+    leaf(fences, "disarm", fences_disarm, "disarm a fence").add_argument("fence")
+    leaf(fences, "list", fences_list, "list fences").add_argument("--namespace", required=True)
+    sub = leaf(fences, "override", fences_override, "add or remove a pack's release from a fence")
+    sub.add_argument("action", choices=("add", "remove"))
+    sub.add_argument("fence")
+    sub.add_argument("pack")
+    sub.add_argument("--expires-in", type=int, default=0, help="seconds; 0 (default) until removed")
+
+    drain = commands.add_parser("drain", help="old-protocol drain").add_subparsers(dest="action", required=True)
+    leaf(drain, "status", drain_status, "what is not terminal yet").add_argument("pack")
+    sub = leaf(drain, "wait", drain_wait, "wait until drained (never mutates)")
+    sub.add_argument("pack")
+    sub.add_argument("--timeout", type=float, required=True, help="seconds")
+    sub.add_argument("--interval", type=float, default=2.0, help="seconds between checks (default %(default)s)")
+
+    cutover = commands.add_parser("cutover", help="the one-time cutover").add_subparsers(dest="action", required=True)
+    for name, handler, text in (
+        ("audit", cutover_audit, "audit only; writes nothing"),
+        ("run", cutover_run, "audit and write the checkpoint"),
+    ):
+        sub = leaf(cutover, name, handler, text)
+        sub.add_argument("pack")
+        sub.add_argument("--timeout", type=int, default=60, help="seconds (default %(default)s)")
+
+    work = commands.add_parser("work", help="generations").add_subparsers(dest="action", required=True)
+    leaf(work, "show", work_show, "range, members, status, attempts").add_argument("work_id")
+
+    receipts = commands.add_parser("receipts", help="ingress receipts").add_subparsers(dest="action", required=True)
+    sub = leaf(receipts, "missing", receipts_missing, "receipts whose coverage is missing")
+    sub.add_argument("--pack", default=None)
+    sub.add_argument("--limit", type=int, default=100)
+
+    sub = leaf(commands, "why", why, "why a receipt has (no) work")
+    sub.add_argument("pack")
+    sub.add_argument("receipt_key")
+    leaf(commands, "activation", activation, "the host's activation gate")
+    leaf(commands, "workers", workers, "the host's workers")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; return its exit code (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    console = Console()
+    clients = Clients(Targets.from_env())
+    try:
+        outcome: Outcome = args.handler(clients, args)
+    except grpc.RpcError as error:
+        code = error.code()
+        print(f"nexuscrm: {code.name if code else 'UNKNOWN'}: {error.details()}", file=sys.stderr)
+        return EXIT_UNAVAILABLE if code in UNAVAILABLE_CODES else EXIT_REFUSED
+    finally:
+        clients.close()
+    if args.json:
+        print(json.dumps(outcome.data, indent=2, sort_keys=True))
+    else:
+        console.print(outcome.view)
+    return outcome.code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

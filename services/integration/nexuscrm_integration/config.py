@@ -1,0 +1,167 @@
+"""The host configuration: which Flow serves which pack and work type, with how many workers.
+
+Read once at start from a TOML file and/or the environment:
+
+- ``NEXUSCRM_INTEGRATION_CONFIG``: path of a TOML file with ``[[pool]]`` tables (fields of
+  ``PoolConfig``) and optionally ``activation_wait_seconds`` / ``drain_timeout_seconds``.
+- ``NEXUSCRM_INTEGRATION_POOLS``: a JSON list of pool objects (same fields), added to the
+  file's pools; convenient for launchers.
+- ``NEXUSCRM_ACTIVATION_WAIT_SECONDS``: how long a refused host keeps re-checking the gate
+  (``0``: exit at once; ``forever``: until stopped). Overrides the file.
+- ``NEXUSCRM_DRAIN_TIMEOUT_SECONDS``: how long SIGTERM waits for in-flight generations.
+- ``NEXUSCRM_INTEGRATION_HOST_ID``: prefix of worker ids (default: host name and pid).
+
+Example file::
+
+    activation_wait_seconds = 30
+    [[pool]]
+    pack_install_id = "pk-0123456789ab"
+    work_type = "project-contacts"
+    flow = "demo-contacts"          # or "package.module:factory"
+    size = 4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nexuscrm_integration.errors import HostConfigError
+
+DEFAULT_LEASE_SECONDS = 30  # seconds
+DEFAULT_DRAIN_TIMEOUT = 30.0  # seconds
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PoolConfig:
+    """One worker pool.
+
+    ``pack_install_id`` and ``work_type``: the generations it claims. ``flow``: a Flow reference
+    (see ``flows.resolve_flow``). ``size``: workers (each runs one generation at a time).
+    ``lease_seconds``: claim lease, renewed by heartbeats every third of it. ``page_size``:
+    members per LoadInputs page (0: the service default).
+    """
+
+    pack_install_id: str
+    work_type: str
+    flow: str
+    size: int = 1
+    lease_seconds: int = DEFAULT_LEASE_SECONDS
+    page_size: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("pack_install_id", "work_type", "flow"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise HostConfigError(f"pool {name} must be a non-empty string, got {value!r}", field=name)
+        for name, minimum in (("size", 1), ("lease_seconds", 1), ("page_size", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < minimum:
+                raise HostConfigError(f"pool {name} must be an integer >= {minimum}, got {value!r}", field=name)
+
+    @property
+    def name(self) -> str:
+        """``<pack>/<work type>``: unique within a host."""
+        return f"{self.pack_install_id}/{self.work_type}"
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], where: str) -> PoolConfig:
+        """Build from a TOML table or JSON object; ``where`` locates it in error messages."""
+        if not isinstance(raw, Mapping):
+            raise HostConfigError(f"{where}: a pool must be a table/object, got {type(raw).__name__}")
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise HostConfigError(f"{where}: unknown pool fields {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**raw)
+        except TypeError as error:
+            raise HostConfigError(f"{where}: {error}") from None
+        except HostConfigError as error:
+            raise HostConfigError(f"{where}: {error}", field=error.field) from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostConfig:
+    """Everything the host reads at start; see the module docstring for the sources.
+
+    ``activation_wait_seconds``: 0 exits at the first refusal; ``math.inf`` waits until stopped.
+    """
+
+    pools: tuple[PoolConfig, ...] = ()
+    activation_wait_seconds: float = 0.0
+    drain_timeout_seconds: float = DEFAULT_DRAIN_TIMEOUT
+    host_id: str = dataclasses.field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        names = [pool.name for pool in self.pools]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise HostConfigError(f"more than one pool serves {duplicated}; merge them and raise size instead")
+        if self.activation_wait_seconds < 0 or self.drain_timeout_seconds < 0:
+            raise HostConfigError("activation_wait_seconds and drain_timeout_seconds must not be negative")
+
+    @property
+    def pack_install_ids(self) -> tuple[str, ...]:
+        """Every pack some pool serves: the packs the activation gate must check."""
+        return tuple(sorted({pool.pack_install_id for pool in self.pools}))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HostConfig:
+        """Read the file named by NEXUSCRM_INTEGRATION_CONFIG, then the environment."""
+        env = os.environ if environ is None else environ
+        settings: dict[str, Any] = {}
+        pools: list[PoolConfig] = []
+        path = env.get("NEXUSCRM_INTEGRATION_CONFIG")
+        if path:
+            try:
+                document = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as error:
+                raise HostConfigError(f"NEXUSCRM_INTEGRATION_CONFIG {path}: {error}") from None
+            raw_pools = document.pop("pool", [])
+            pools += [PoolConfig.from_mapping(raw, f"{path} pool {i + 1}") for i, raw in enumerate(raw_pools)]
+            unknown = sorted(set(document) - {"activation_wait_seconds", "drain_timeout_seconds"})
+            if unknown:
+                raise HostConfigError(f"{path}: unknown settings {unknown}")
+            settings.update(document)
+        inline = env.get("NEXUSCRM_INTEGRATION_POOLS")
+        if inline:
+            try:
+                raw_list = json.loads(inline)
+            except json.JSONDecodeError as error:
+                raise HostConfigError(f"NEXUSCRM_INTEGRATION_POOLS is not JSON: {error}") from None
+            if not isinstance(raw_list, list):
+                raise HostConfigError("NEXUSCRM_INTEGRATION_POOLS must be a JSON list of pool objects")
+            pools += [
+                PoolConfig.from_mapping(raw, f"NEXUSCRM_INTEGRATION_POOLS item {i + 1}")
+                for i, raw in enumerate(raw_list)
+            ]
+        for key, variable in (
+            ("activation_wait_seconds", "NEXUSCRM_ACTIVATION_WAIT_SECONDS"),
+            ("drain_timeout_seconds", "NEXUSCRM_DRAIN_TIMEOUT_SECONDS"),
+        ):
+            if env.get(variable):
+                settings[key] = env[variable]
+        values = {key: _seconds(key, value) for key, value in settings.items()}
+        return cls(
+            pools=tuple(pools),
+            activation_wait_seconds=values.get("activation_wait_seconds", 0.0),
+            drain_timeout_seconds=values.get("drain_timeout_seconds", DEFAULT_DRAIN_TIMEOUT),
+            host_id=env.get("NEXUSCRM_INTEGRATION_HOST_ID") or f"{socket.gethostname()}-{os.getpid()}",
+        )
+
+
+def _seconds(name: str, value: object) -> float:
+    if value == "forever":
+        return math.inf
+    try:
+        return float(value)  # type: ignore[arg-type]  # a TOML/env scalar; refused below when not numeric
+    except (TypeError, ValueError):
+        raise HostConfigError(f"{name} must be a number of seconds or 'forever', got {value!r}") from None

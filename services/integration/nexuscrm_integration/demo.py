@@ -1,0 +1,220 @@
+"""The demo: contact-style source events projected into a read model of the demo's own.
+
+Each input's payload is a JSON contact update from one source lane::
+
+    {"contact_id": "lane-0007/c-2", "fields": {"name": "...", "email": "..."}, "sent_at": 1767225600.25}
+
+The Flow folds a generation's inputs, in ordinal order, into ``DemoContactProjection`` (one
+row per contact: the latest value of every field and how many updates it absorbed) and
+records each applied input in ``DemoContactApplied``. Both writes share one transaction and
+skip inputs already recorded, so running a generation again (a retry after a lost lease)
+leaves the same result. Replay inputs carry no contact data and are skipped. These tables
+belong to the demo, not to the canonical schema; the Flow factory creates them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors.invariants import check_invariants
+from nexuscrm_connectors.models import InputRow, Route
+from nexuscrm_connectors.worker import Flow, Generation
+from nexuscrm_integration import queries
+from nexuscrm_integration.flows import FlowContext
+from nexuscrm_integration.tables import metadata
+from nexuscrm_runtime.database import run_transaction
+
+EVENT_KIND = "contact.upsert"
+ROUTE_VERSION = "1"
+COMPANION_VERSION = "demo-contacts-1"
+WORK_TYPE = "project-contacts"
+FLOW_NAME = "demo-contacts"  # the entry point of ``contact_projection``
+PACK_NAME = "demo-contacts"
+PACK_VERSION = "1.0"
+FIELDS = ("name", "email", "company", "stage")
+
+COLUMNS = {"name": "Name", "email": "Email", "company": "Company", "stage": "Stage"}
+
+
+def route(source_lane: str) -> Route:
+    """The demo's route on ``source_lane``."""
+    return Route(
+        event_kind=EVENT_KIND,
+        route_version=ROUTE_VERSION,
+        companion_version=COMPANION_VERSION,
+        work_type=WORK_TYPE,
+        source_lane=source_lane,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContactUpdate:
+    """One decoded input."""
+
+    contact_id: str
+    fields: Mapping[str, str]
+    sent_at: float
+
+    def encode(self) -> bytes:
+        """The payload bytes (canonical JSON, so equal updates are equal bytes)."""
+        body = {"contact_id": self.contact_id, "fields": dict(self.fields), "sent_at": self.sent_at}
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> ContactUpdate:
+        """Parse a payload; raises ``ValueError`` when it is not a contact update."""
+        body = json.loads(payload)
+        fields = body.get("fields")
+        if not isinstance(body.get("contact_id"), str) or not isinstance(fields, dict):
+            raise ValueError("payload is not a contact update")
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"contact update has unknown fields {sorted(unknown)}")
+        return cls(contact_id=body["contact_id"], fields=fields, sent_at=float(body.get("sent_at", 0.0)))
+
+
+@dataclasses.dataclass(kw_only=True)
+class ContactState:
+    """A contact's folded state: latest fields, updates absorbed, newest ordinal."""
+
+    fields: dict[str, str | None] = dataclasses.field(default_factory=lambda: dict.fromkeys(FIELDS))
+    updates: int = 0
+    last_ordinal: int = 0
+
+    def apply(self, ordinal: int, update: ContactUpdate) -> None:
+        """Fold one input; inputs must come in ordinal order."""
+        self.fields.update(update.fields)
+        self.updates += 1
+        self.last_ordinal = ordinal
+
+
+def fold(
+    inputs: Iterable[tuple[int, ContactUpdate]], into: dict[str, ContactState] | None = None
+) -> dict[str, ContactState]:
+    """Fold (ordinal, update) pairs, in ordinal order, into per-contact states (``into`` is extended)."""
+    states = into if into is not None else {}
+    for ordinal, update in inputs:
+        states.setdefault(update.contact_id, ContactState()).apply(ordinal, update)
+    return states
+
+
+def create_tables(engine: Engine) -> None:
+    """Create the demo's read-model tables if absent (idempotent; never alters existing ones)."""
+    metadata.create_all(engine, checkfirst=True)
+
+
+def apply_generation(connection: Connection, pack_install_id: str, work_id: str, inputs: Iterable[InputRow]) -> int:
+    """Fold a generation's inputs into the projection in ``connection``'s transaction; return how many were new.
+
+    Inputs already in ``DemoContactApplied`` are skipped, so applying a generation twice
+    changes nothing the second time. Raises ``ValueError`` for a payload that is not a contact
+    update (the attempt fails and is retried, then fails for good: never skipped silently).
+    """
+    decoded = [(row.enqueue_ordinal, ContactUpdate.decode(row.payload)) for row in inputs if not row.is_replay]
+    done = queries.demo_applied_ordinals(connection, pack_install_id, [ordinal for ordinal, _ in decoded])
+    fresh = [(ordinal, update) for ordinal, update in decoded if ordinal not in done]
+    if not fresh:
+        return 0
+    existing = queries.demo_contacts_get(connection, pack_install_id, {update.contact_id for _, update in fresh})
+    states = {
+        row.ContactId: ContactState(
+            fields={field: getattr(row, column) for field, column in COLUMNS.items()},
+            updates=row.Updates,
+            last_ordinal=row.LastOrdinal,
+        )
+        for row in existing
+    }
+    touched = fold(fresh, states)
+    now = time.time()
+    for contact_id in {update.contact_id for _, update in fresh}:
+        state = touched[contact_id]
+        values: dict[str, Any] = {column: state.fields[field] for field, column in COLUMNS.items()}
+        values.update(Updates=state.updates, LastOrdinal=state.last_ordinal)
+        if contact_id in {row.ContactId for row in existing}:
+            queries.demo_contact_update(connection, pack_install_id, contact_id, values)
+        else:
+            queries.demo_contact_insert(connection, pack_install_id, contact_id, values)
+    queries.demo_applied_insert(
+        connection,
+        [
+            {
+                "PackInstallId": pack_install_id,
+                "EnqueueOrdinal": ordinal,
+                "ContactId": update.contact_id,
+                "WorkId": work_id,
+                "SentAt": update.sent_at,
+                "AppliedAt": now,
+            }
+            for ordinal, update in fresh
+        ],
+    )
+    return len(fresh)
+
+
+def contact_projection(context: FlowContext) -> Flow:
+    """Flow factory of the demo (entry point ``demo-contacts``): creates the tables, returns the Flow.
+
+    The Flow reads the generation's whole member set first (the stream must not hold the
+    database's write lock), then applies it in one retried transaction.
+    """
+    engine = context.engine
+    create_tables(engine)
+
+    def project(generation: Generation) -> None:
+        inputs = list(generation.inputs)
+        run_transaction(
+            engine,
+            functools.partial(
+                apply_generation,
+                pack_install_id=generation.work.pack_install_id,
+                work_id=generation.work.work_id,
+                inputs=inputs,
+            ),
+            name="demo contact projection",
+        )
+
+    return project
+
+
+def verify_projection(engine: Engine, pack_install_id: str) -> list[str]:
+    """Every way the database disagrees with the demo's promises for one pack; empty when it holds.
+
+    Checks the protocol invariants M, O, B, D, X and P over the whole database, that every
+    admitted input was applied exactly once, and that the projection equals the fold of all
+    admitted inputs in ordinal order.
+    """
+    problems = check_invariants(engine)
+    with engine.connect() as connection:
+        events = queries.event_payloads(connection, pack_install_id)
+        applied = queries.demo_applied_ordinals(connection, pack_install_id)
+        projected = {row.ContactId: row for row in queries.demo_contacts_get(connection, pack_install_id)}
+    admitted = {ordinal for ordinal, _ in events}
+    problems += [f"input {o} was admitted but never projected" for o in sorted(admitted - applied)[:20]]
+    problems += [f"input {o} was projected but never admitted" for o in sorted(applied - admitted)[:20]]
+    expected = fold((ordinal, ContactUpdate.decode(payload)) for ordinal, payload in events)
+    for contact_id in sorted(set(expected) | set(projected)):
+        problem = _contact_problem(contact_id, expected.get(contact_id), projected.get(contact_id))
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _contact_problem(contact_id: str, expected: ContactState | None, row: Any) -> str | None:
+    if expected is None:
+        return f"contact {contact_id} is projected but no input names it"
+    if row is None:
+        return f"contact {contact_id} has inputs but no projection"
+    actual = {field: getattr(row, column) for field, column in COLUMNS.items()}
+    if actual != expected.fields or row.Updates != expected.updates or row.LastOrdinal != expected.last_ordinal:
+        return (
+            f"contact {contact_id}: projected {actual}, {row.Updates} updates, last {row.LastOrdinal}; "
+            f"inputs give {expected.fields}, {expected.updates} updates, last {expected.last_ordinal}"
+        )
+    return None

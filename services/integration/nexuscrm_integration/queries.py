@@ -1,0 +1,124 @@
+"""Every SQL statement the Integration package runs, named noun + verb.
+
+Most touch only the demo's own read-model tables. The ``event_*`` and ``work_item_*`` reads
+look at canonical tables for the demo's verification and summary; none of them writes a
+canonical table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from nexuscrm_integration.tables import DemoContactApplied, DemoContactProjection
+from nexuscrm_schema_catalog.tables import Event, WorkItem
+
+IN_CHUNK = 500  # values per IN list: bounded statements on every backend
+
+
+def _chunks(values: Collection[Any]) -> Iterable[list[Any]]:
+    ordered = sorted(values)
+    for start in range(0, len(ordered), IN_CHUNK):
+        yield ordered[start : start + IN_CHUNK]
+
+
+def demo_applied_ordinals(
+    connection: Connection, pack_install_id: str, ordinals: Collection[int] | None = None
+) -> set[int]:
+    """Ordinals of the pack already applied to the demo projection (only among ``ordinals`` when given)."""
+    statement = sa.select(DemoContactApplied.c.EnqueueOrdinal).where(
+        DemoContactApplied.c.PackInstallId == pack_install_id
+    )
+    if ordinals is None:
+        return set(connection.execute(statement).scalars())
+    found: set[int] = set()
+    for chunk in _chunks(ordinals):
+        found.update(connection.execute(statement.where(DemoContactApplied.c.EnqueueOrdinal.in_(chunk))).scalars())
+    return found
+
+
+def demo_contacts_get(
+    connection: Connection, pack_install_id: str, contact_ids: Collection[str] | None = None
+) -> list[Any]:
+    """Projection rows of the pack (only ``contact_ids`` when given)."""
+    statement = sa.select(DemoContactProjection).where(DemoContactProjection.c.PackInstallId == pack_install_id)
+    if contact_ids is None:
+        return list(connection.execute(statement))
+    rows: list[Any] = []
+    for chunk in _chunks(contact_ids):
+        rows += connection.execute(statement.where(DemoContactProjection.c.ContactId.in_(chunk)))
+    return rows
+
+
+def demo_contact_insert(
+    connection: Connection, pack_install_id: str, contact_id: str, values: Mapping[str, Any]
+) -> None:
+    """Insert a contact's first projection row."""
+    connection.execute(
+        sa.insert(DemoContactProjection).values(PackInstallId=pack_install_id, ContactId=contact_id, **values)
+    )
+
+
+def demo_contact_update(
+    connection: Connection, pack_install_id: str, contact_id: str, values: Mapping[str, Any]
+) -> None:
+    """Overwrite a contact's projection row; exactly one row must change."""
+    result = connection.execute(
+        sa.update(DemoContactProjection)
+        .where(
+            DemoContactProjection.c.PackInstallId == pack_install_id, DemoContactProjection.c.ContactId == contact_id
+        )
+        .values(**values)
+    )
+    if result.rowcount != 1:
+        raise RuntimeError(f"projection row of contact {contact_id} vanished during its update")
+
+
+def demo_applied_insert(connection: Connection, rows: list[dict[str, Any]]) -> None:
+    """Record applied inputs; the primary key refuses recording one twice."""
+    if rows:
+        connection.execute(sa.insert(DemoContactApplied), rows)
+
+
+def demo_lags(connection: Connection, pack_install_id: str) -> list[float]:
+    """End-to-end lag of every applied input of the pack, seconds from send to projection commit."""
+    lag = DemoContactApplied.c.AppliedAt - DemoContactApplied.c.SentAt
+    return [
+        float(v)
+        for v in connection.execute(
+            sa.select(lag).where(DemoContactApplied.c.PackInstallId == pack_install_id)
+        ).scalars()
+    ]
+
+
+def demo_applied_count(connection: Connection, pack_install_id: str) -> int:
+    """How many inputs of the pack the demo projection has applied."""
+    count = (
+        sa.select(sa.func.count())
+        .select_from(DemoContactApplied)
+        .where(DemoContactApplied.c.PackInstallId == pack_install_id)
+    )
+    return int(connection.execute(count).scalar_one())
+
+
+def event_payloads(connection: Connection, pack_install_id: str) -> list[tuple[int, bytes]]:
+    """(ordinal, payload) of every non-replay Event of the pack, in ordinal order."""
+    rows = connection.execute(
+        sa.select(Event.c.EnqueueOrdinal, Event.c.Payload)
+        .where(Event.c.PackInstallId == pack_install_id, Event.c.IsReplay == sa.false())
+        .order_by(Event.c.EnqueueOrdinal)
+    )
+    return [(int(row.EnqueueOrdinal), bytes(row.Payload)) for row in rows]
+
+
+def work_item_status_counts(connection: Connection, pack_install_id: str) -> dict[str, int]:
+    """Generations of the pack per status."""
+    rows = connection.execute(
+        sa.select(WorkItem.c.Status, sa.func.count())
+        .where(WorkItem.c.PackInstallId == pack_install_id)
+        .group_by(WorkItem.c.Status)
+    )
+    return {str(row[0]): int(row[1]) for row in rows}
