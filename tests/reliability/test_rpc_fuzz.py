@@ -18,9 +18,15 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 
 from nexuscrm.connectors.v1 import connectors_pb2, connectors_pb2_grpc
+from nexuscrm.controlplane.v1 import controlplane_pb2, controlplane_pb2_grpc
+from nexuscrm.integration.v1 import integration_pb2, integration_pb2_grpc
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2, schema_catalog_pb2_grpc
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import ConnectorsServicer
+from nexuscrm_controlplane.fences import arm_fence
+from nexuscrm_controlplane.servicer import ControlplaneServicer
+from nexuscrm_integration.host import HostStatus
+from nexuscrm_integration.servicer import IntegrationServicer
 from nexuscrm_runtime.server import Registration, create_server
 from nexuscrm_schema_catalog import tables
 from nexuscrm_schema_catalog.servicer import SchemaCatalogServicer
@@ -60,6 +66,22 @@ SERVICES: list[tuple[Any, Callable[[sa.Engine], Registration]]] = [
             service_name="nexuscrm.connectors.v1.ConnectorsService",
         ),
     ),
+    (
+        controlplane_pb2,
+        lambda engine: Registration(
+            servicer=ControlplaneServicer(engine),
+            add=controlplane_pb2_grpc.add_ControlplaneServiceServicer_to_server,
+            service_name="nexuscrm.controlplane.v1.ControlplaneService",
+        ),
+    ),
+    (
+        integration_pb2,
+        lambda engine: Registration(
+            servicer=IntegrationServicer(HostStatus(["pk-fuzz"])),
+            add=integration_pb2_grpc.add_IntegrationServiceServicer_to_server,
+            service_name="nexuscrm.integration.v1.IntegrationService",
+        ),
+    ),
 ]
 METHODS = {
     method.full_name: method
@@ -75,7 +97,9 @@ def server(engine: sa.Engine) -> Iterator[tuple[grpc.Channel, list[str]]]:
     connectors = Connectors(engine)
     results = connectors.ingest(pack, [delivery("r-1"), delivery("r-2", lane="b")])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
-    known = [pack, "r-1", "r-2", str(results[0].work_id), claim.lease_token, "native_projection", "project", "w"]
+    fence = arm_fence(engine, "acme", reason="fuzz")
+    known = [pack, "acme", fence.fence_id, "r-1", "r-2", str(results[0].work_id), claim.lease_token]
+    known += ["native_projection", "project", "w", "coverage_missing", "stored"]
     running = create_server([build(engine) for _, build in SERVICES], "127.0.0.1:0")
     channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
     yield channel, known
