@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, InputRow, Outcome, Route, WorkItemRow
+from nexuscrm_runtime.timestamps import from_timestamp, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
 
 OUTCOMES = {
@@ -28,23 +27,6 @@ STATUSES = {
     WorkStatus.FAILED: pb.WORK_STATUS_FAILED,
 }
 STATUSES_BACK = {value: key for key, value in STATUSES.items()}
-
-
-def timestamp(value: dt.datetime | None) -> Timestamp | None:
-    """A protobuf Timestamp of a naive UTC datetime (None stays unset)."""
-    if value is None:
-        return None
-    stamp = Timestamp()
-    stamp.FromDatetime(value.replace(tzinfo=dt.UTC))
-    return stamp
-
-
-def datetime_of(message: pb.IngestItem | pb.Input | pb.WorkItem, field: str) -> dt.datetime | None:
-    """The naive UTC datetime of a Timestamp field, or None when unset."""
-    if not message.HasField(field):
-        return None
-    stamp: Timestamp = getattr(message, field)
-    return stamp.ToDatetime()
 
 
 def route_to_proto(route: Route) -> pb.ProjectionRoute:
@@ -75,7 +57,7 @@ def item_to_proto(item: IngestItem) -> pb.IngestItem:
         receipt_key=item.receipt_key,
         route=route_to_proto(item.route),
         payload=item.payload,
-        source_time=timestamp(item.source_time),
+        source_time=to_timestamp(item.source_time),
     )
 
 
@@ -85,7 +67,7 @@ def item_from_proto(message: pb.IngestItem) -> IngestItem:
         receipt_key=message.receipt_key,
         route=route_from_proto(message.route),
         payload=message.payload,
-        source_time=datetime_of(message, "source_time"),
+        source_time=from_timestamp(message, "source_time"),
     )
 
 
@@ -124,12 +106,12 @@ def work_to_proto(work: WorkItemRow) -> pb.WorkItem:
         status=STATUSES[work.status],
         attempt=work.attempt,
         max_attempts=work.max_attempts,
-        next_attempt_at=timestamp(work.claimable_at if work.status is WorkStatus.RETRY else None),
+        next_attempt_at=to_timestamp(work.claimable_at if work.status is WorkStatus.RETRY else None),
         lease_owner=work.lease_owner or "",
-        lease_expires_at=timestamp(work.lease_expires_at),
+        lease_expires_at=to_timestamp(work.lease_expires_at),
         last_error=work.last_error or "",
-        created_at=timestamp(work.created_at),
-        finished_at=timestamp(work.finished_at),
+        created_at=to_timestamp(work.created_at),
+        finished_at=to_timestamp(work.finished_at),
     )
 
 
@@ -147,13 +129,13 @@ def work_from_proto(message: pb.WorkItem) -> WorkItemRow:
         status=status,
         attempt=message.attempt,
         max_attempts=message.max_attempts,
-        claimable_at=datetime_of(message, "next_attempt_at"),
+        claimable_at=from_timestamp(message, "next_attempt_at"),
         lease_owner=message.lease_owner or None,
         lease_token=None,
-        lease_expires_at=datetime_of(message, "lease_expires_at"),
+        lease_expires_at=from_timestamp(message, "lease_expires_at"),
         last_error=message.last_error or None,
-        created_at=datetime_of(message, "created_at") or dt.datetime.min,
-        finished_at=datetime_of(message, "finished_at"),
+        created_at=from_timestamp(message, "created_at") or dt.datetime.min,
+        finished_at=from_timestamp(message, "finished_at"),
     )
 
 
@@ -175,7 +157,7 @@ def page_to_proto(page: InputPage) -> pb.LoadInputsResponse:
                 enqueue_ordinal=i.enqueue_ordinal,
                 receipt_key=i.receipt_key or "",
                 payload=i.payload,
-                source_time=timestamp(i.source_time),
+                source_time=to_timestamp(i.source_time),
                 replay=i.is_replay,
             )
             for i in page.inputs
@@ -193,7 +175,7 @@ def page_from_proto(message: pb.LoadInputsResponse) -> InputPage:
                 enqueue_ordinal=i.enqueue_ordinal,
                 receipt_key=i.receipt_key or None,
                 payload=i.payload,
-                source_time=datetime_of(i, "source_time"),
+                source_time=from_timestamp(i, "source_time"),
                 is_replay=i.replay,
             )
             for i in message.inputs

@@ -14,6 +14,7 @@ from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors import convert
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.service import Connectors
+from nexuscrm_runtime.timestamps import to_timestamp
 
 
 class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
@@ -55,7 +56,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         expires = self._connectors.heartbeat(request.work_id, request.lease_token, request.lease_seconds)
-        return pb.HeartbeatResponse(lease_expires_at=convert.timestamp(expires))
+        return pb.HeartbeatResponse(lease_expires_at=to_timestamp(expires))
 
     def Complete(self, request: pb.CompleteRequest, context: grpc.ServicerContext) -> pb.CompleteResponse:
         work = self._connectors.complete(request.work_id, request.lease_token)
@@ -91,7 +92,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
                     receipt_key=r.receipt_key,
                     state=r.state,
                     route=convert.route_to_proto(r.route),
-                    received_at=convert.timestamp(r.received_at),
+                    received_at=to_timestamp(r.received_at),
                 )
                 for r in receipts
             ],

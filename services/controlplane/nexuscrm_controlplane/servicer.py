@@ -5,11 +5,9 @@ Domain errors become status codes in the shared interceptor; nothing here aborts
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.engine import Engine
 
 from nexuscrm.controlplane.v1 import controlplane_pb2 as pb
@@ -17,17 +15,10 @@ from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
 from nexuscrm_controlplane import cutover, drain, fences, lifecycle
 from nexuscrm_controlplane.audit import CutoverReport
 from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.timestamps import to_timestamp
 from workqueue.errors import InvalidArgument
 
 MAX_TIMEOUT_SECONDS = 24 * 3600  # a cutover RPC may not hold its locks longer than a day
-
-
-def _timestamp(value: dt.datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    stamp = Timestamp()
-    stamp.FromDatetime(value.replace(tzinfo=dt.UTC))
-    return stamp
 
 
 def _pack(row: lifecycle.PackInstallRow) -> pb.PackInstall:
@@ -37,7 +28,7 @@ def _pack(row: lifecycle.PackInstallRow) -> pb.PackInstall:
         pack_name=row.pack_name,
         pack_version=row.pack_version,
         last_ordinal=row.last_ordinal,
-        created_at=_timestamp(row.created_at),
+        created_at=to_timestamp(row.created_at),
     )
 
 
@@ -47,7 +38,7 @@ def _protocol(row: lifecycle.ProtocolRow) -> pb.ProjectionProtocol:
         protocol_version=row.protocol_version,
         legacy_max_ordinal=row.legacy_max_ordinal,
         origin=row.origin,
-        created_at=_timestamp(row.created_at),
+        created_at=to_timestamp(row.created_at),
         audit_report=row.audit_report or "",
     )
 
@@ -57,10 +48,10 @@ def _fence(row: fences.FenceRow) -> pb.Fence:
         fence_id=row.fence_id,
         namespace=row.namespace,
         scope=row.scope,
-        expires_at=_timestamp(row.expires_at),
+        expires_at=to_timestamp(row.expires_at),
         reason=row.reason,
         overrides=[
-            pb.FenceOverride(pack_install_id=o.pack_install_id, expires_at=_timestamp(o.expires_at))
+            pb.FenceOverride(pack_install_id=o.pack_install_id, expires_at=to_timestamp(o.expires_at))
             for o in row.overrides
         ],
     )
