@@ -11,6 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 import sqlalchemy as sa
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
@@ -107,6 +109,13 @@ def test_rpc_errors_name_the_field_and_change_nothing(services: tuple[str, Servi
         )
         assert code_of(stub.Ingest, too_many)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert code_of(stub.Claim, pb.ClaimRequest(worker_id=""))[1] == "worker_id is required"
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Claim(pb.ClaimRequest(worker_id="w", max_items=1000), timeout=10)
+        rich = rpc_status.from_call(caught.value)  # type: ignore[arg-type]  # the error is the call
+        assert rich is not None and rich.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        bad_request = error_details_pb2.BadRequest()
+        assert rich.details[0].Unpack(bad_request)
+        assert [v.field for v in bad_request.field_violations] == ["max_items"]
         code, details = code_of(stub.Claim, pb.ClaimRequest(worker_id="w", lease_seconds=100000))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "lease_seconds" in details
         assert code_of(stub.GetWork, pb.GetWorkRequest(work_id="nope"))[0] == grpc.StatusCode.NOT_FOUND

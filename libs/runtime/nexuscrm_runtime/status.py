@@ -1,4 +1,9 @@
-"""The ONE place where domain errors become gRPC status codes."""
+"""The ONE place where domain errors become gRPC status codes.
+
+A refusal carries its message as the status details and, when the domain error names the
+request field at fault, a ``google.rpc.BadRequest`` field violation in the rich status
+(read it with ``grpc_status.rpc_status.from_call``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from workqueue.errors import DomainError, ErrorKind
 
@@ -15,9 +23,20 @@ log = logging.getLogger(__name__)
 STATUS_CODES: dict[ErrorKind, grpc.StatusCode] = {kind: grpc.StatusCode[kind.value] for kind in ErrorKind}
 
 
+def domain_status(error: DomainError) -> status_pb2.Status:
+    """The rich status of a refusal: code, message and the field at fault, if named."""
+    details = []
+    if error.field:
+        violation = error_details_pb2.BadRequest.FieldViolation(field=error.field, description=str(error))
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.BadRequest(field_violations=[violation]))
+        details.append(detail)
+    return status_pb2.Status(code=STATUS_CODES[error.kind].value[0], message=str(error), details=details)
+
+
 def _abort(context: grpc.ServicerContext, error: Exception) -> None:
     if isinstance(error, DomainError):
-        context.abort(STATUS_CODES[error.kind], str(error))
+        context.abort_with_status(rpc_status.to_status(domain_status(error)))
     if isinstance(error, NotImplementedError):  # generated base servicers raise it
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "method not implemented")
     log.exception("unhandled error in RPC handler")
