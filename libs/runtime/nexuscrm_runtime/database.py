@@ -37,6 +37,11 @@ RETRY_MAX_DELAY = 0.5  # seconds
 RETRYABLE_MYSQL_CODES = frozenset({1205, 1213, 8002, 8022, 9007})
 # Errors that mean the server or connection went away: the caller may retry the request.
 UNAVAILABLE_MYSQL_CODES = frozenset({2003, 2006, 2013, 2014, 2055, 1927, 1053})
+# PyMySQL waits forever for a reply by default, so a partitioned connection would hold its
+# handler thread until the kernel gives up (hours). A DSN may set its own values
+# (``?read_timeout=5``); the default outlasts any lock wait we configure (MySQL's 50 s
+# ``innodb_lock_wait_timeout``, the cutover's 300 s default bound).
+MYSQL_IO_TIMEOUT = 360  # seconds per socket read or write
 
 
 class DatabaseUnavailable(DomainError):
@@ -52,12 +57,12 @@ class TransactionConflict(DomainError):
 
 
 def normalize_dsn(dsn: str) -> URL:
-    """Parse ``dsn``, choosing PyMySQL for MySQL URLs and utf8mb4 as their charset."""
+    """Parse ``dsn``, choosing PyMySQL for MySQL URLs, utf8mb4 and bounded socket waits by default."""
     url = make_url(dsn)
     if url.get_backend_name() in {"mysql", "mariadb"}:
         url = url.set(drivername="mysql+pymysql")
-        if "charset" not in url.query:
-            url = url.update_query_dict({"charset": "utf8mb4"})
+        defaults = {"charset": "utf8mb4", "read_timeout": str(MYSQL_IO_TIMEOUT), "write_timeout": str(MYSQL_IO_TIMEOUT)}
+        url = url.update_query_dict({key: value for key, value in defaults.items() if key not in url.query})
     return url
 
 
@@ -71,7 +76,7 @@ def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
     url = normalize_dsn(dsn)
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         isolation_level="READ COMMITTED",
         hide_parameters=True,
@@ -80,6 +85,24 @@ def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
         pool_size=pool_size,
         max_overflow=pool_size,
     )
+    event.listen(engine, "handle_error", _unavailable_on_connection_loss)
+    return engine
+
+
+def _unavailable_on_connection_loss(context: sa.engine.ExceptionContext) -> None:
+    """Raise ``DatabaseUnavailable`` for a lost connection wherever it happens.
+
+    Reads outside ``run_transaction`` (claim candidates, payload pages, inspection) would
+    otherwise surface a raw driver error, which the status table maps to INTERNAL instead of
+    a retryable UNAVAILABLE. The connection is invalidated either way. A failed pool
+    pre-ping is left alone: the pool reconnects after it by itself.
+    """
+    if context.is_pre_ping:
+        return
+    error = context.sqlalchemy_exception
+    if context.is_disconnect or (error is not None and is_unavailable(error)):
+        context.is_disconnect = True
+        raise DatabaseUnavailable("database connection lost; retry the request") from context.original_exception
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -148,6 +171,8 @@ def run_transaction(engine: Engine, work: Callable[[Connection], T], *, name: st
                 fault_point(f"{name}:before_commit")
             fault_point(f"{name}:after_commit")
             return result
+        except DatabaseUnavailable as error:  # raised by _unavailable_on_connection_loss
+            raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
         except sa.exc.DBAPIError as error:
             if is_unavailable(error):
                 raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error

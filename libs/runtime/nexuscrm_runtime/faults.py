@@ -3,7 +3,8 @@
 A test sets ``NEXUSCRM_FAULTS`` to ``name:phase=action[,...]`` where name is a transaction
 name given to ``run_transaction`` ("admission", "claim", "complete", ...), phase is
 ``before_commit`` or ``after_commit``, and action is ``kill`` (SIGKILL this process: the
-crash a test wants to survive) or ``raise`` (a ``InjectedFault`` exception). Each point
+crash a test wants to survive) or ``raise`` (an ``InjectedFault``, which callers see as
+UNAVAILABLE: the outcome is unknown to them, as after a lost connection). Each point
 fires once per process unless the action ends in ``*`` (``kill*``: every time). Nothing
 happens unless ``NEXUSCRM_FAULTS_ENABLED=1`` is also set, so a stray variable in production
 cannot crash a service.
@@ -15,12 +16,16 @@ import os
 import signal
 import threading
 
+from workqueue.errors import DomainError, ErrorKind
+
 _fired: set[str] = set()
 _lock = threading.Lock()
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(DomainError):
     """Raised by a fault point whose action is ``raise``."""
+
+    kind = ErrorKind.UNAVAILABLE
 
 
 def _configured() -> dict[str, str]:

@@ -7,6 +7,7 @@ import dataclasses
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from nexuscrm_runtime.database import DatabaseUnavailable, is_unavailable
 from nexuscrm_schema_catalog import tables
 from nexuscrm_schema_catalog.migrations import NEWEST_VERSION, current_version
 from workqueue.errors import InvalidArgument
@@ -54,7 +55,21 @@ class SchemaDescription:
 
 
 def describe_schema(engine: Engine) -> SchemaDescription:
-    """Reflect the canonical tables that exist in the database."""
+    """Reflect the canonical tables that exist in the database.
+
+    Raises ``DatabaseUnavailable`` when the connection is lost: MySQL reflection runs its
+    statements with the engine's error events switched off, so the engine-wide conversion
+    of lost connections does not reach it.
+    """
+    try:
+        return _describe(engine)
+    except sa.exc.DBAPIError as error:
+        if is_unavailable(error):
+            raise DatabaseUnavailable("database connection lost while reading the schema; retry") from error
+        raise
+
+
+def _describe(engine: Engine) -> SchemaDescription:
     with engine.connect() as connection:
         inspector = sa.inspect(connection)
         present = set(inspector.get_table_names())

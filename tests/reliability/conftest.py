@@ -1,0 +1,132 @@
+"""Shared harness of the database-fault and history tests: Connectors behind a TCP proxy.
+
+The schema catalog talks to the database directly; the Connectors process talks to it
+through ``tests.support.tcp_proxy`` (so the test can reset, refuse or blackhole its
+connections) with short socket timeouts, so a blackholed call ends in seconds instead of
+the production default. An admin engine, connected directly, kills the service's
+connections by id. ``NEXUSCRM_RELIABILITY_FULL=1`` (``make reliability``) scales the
+scenarios up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors.client import ConnectorsClient
+from nexuscrm_integration.launcher import (
+    CONNECTORS,
+    SCHEMA_CATALOG,
+    ServiceProcess,
+    start_services,
+    stop_services,
+    target_env,
+)
+from nexuscrm_runtime.database import create_engine, normalize_dsn
+from tests.support.tcp_proxy import TcpProxy, tcp_proxy
+
+FULL = os.environ.get("NEXUSCRM_RELIABILITY_FULL") == "1"
+SERVICE_IO_TIMEOUT = 2  # seconds: the proxied service's connect, read and write timeouts
+CALL_TIMEOUT = 30.0  # seconds: client deadline, well above the service's own timeouts
+
+
+def record_figures(test: str, figures: Mapping[str, object]) -> None:
+    """Append a run's figures as one JSON line to ``NEXUSCRM_RELIABILITY_FIGURES`` (if set) and print them."""
+    line = json.dumps({"test": test, **figures}, sort_keys=True, default=str)
+    print(line)
+    path = os.environ.get("NEXUSCRM_RELIABILITY_FIGURES")
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as sink:
+            sink.write(line + "\n")
+
+
+class ProxiedConnectors:
+    """A schema catalog and a Connectors process whose database connections cross a proxy."""
+
+    def __init__(self, dsn: str, proxy: TcpProxy, services: list[ServiceProcess]) -> None:
+        self.dsn = dsn
+        self.proxy = proxy
+        self.services = services
+        self.admin = create_engine(dsn)
+
+    @property
+    def connectors(self) -> ServiceProcess:
+        """The Connectors process (never restarted by these tests)."""
+        return self.services[-1]
+
+    @contextmanager
+    def client(self) -> Iterator[ConnectorsClient]:
+        """A client on a fresh channel, with a deadline on every call."""
+        with grpc.insecure_channel(self.connectors.address) as channel:
+            yield ConnectorsClient(channel, timeout=CALL_TIMEOUT)
+
+    def service_connection_ids(self, *, busy: bool = False) -> list[int]:
+        """Server-side ids of the Connectors process's database connections (``busy``: running a statement)."""
+        ports = {f"127.0.0.1:{port}" for port in self.proxy.upstream_ports()}
+        with self.admin.connect() as connection:
+            rows = connection.execute(sa.text("SELECT ID, HOST, COMMAND FROM information_schema.PROCESSLIST")).all()
+        return [row.ID for row in rows if row.HOST in ports and (not busy or row.COMMAND == "Query")]
+
+    def kill_connection(self, connection_id: int) -> bool:
+        """``KILL CONNECTION`` one server connection; False if it was already gone."""
+        with self.admin.connect() as connection:
+            try:
+                connection.exec_driver_sql(f"KILL CONNECTION {int(connection_id)}")
+            except sa.exc.OperationalError:  # 1094 unknown thread id: it closed meanwhile
+                return False
+        return True
+
+    def close(self) -> dict[str, int]:
+        """Stop the services and dispose the admin engine; each service's exit code."""
+        codes = stop_services(self.services)
+        self.admin.dispose()
+        return codes
+
+
+def proxied_dsn(dsn: str, port: int) -> str:
+    """``dsn`` pointed at the proxy on ``port``, with the test's short socket timeouts."""
+    timeouts = {name: str(SERVICE_IO_TIMEOUT) for name in ("connect_timeout", "read_timeout", "write_timeout")}
+    url = normalize_dsn(dsn).set(host="127.0.0.1", port=port).update_query_dict(timeouts)
+    return url.render_as_string(hide_password=False)
+
+
+StartProxied = Callable[[Mapping[str, str]], ProxiedConnectors]
+
+
+@pytest.fixture
+def start_proxied(empty_dsn: str, tmp_path: Path) -> Iterator[StartProxied]:
+    """Start the proxied pair with extra Connectors environment; everything stops at teardown."""
+    url = normalize_dsn(empty_dsn)
+    started: list[ProxiedConnectors] = []
+    with tcp_proxy(url.host or "127.0.0.1", url.port or 3306) as proxy:
+
+        def start(env: Mapping[str, str]) -> ProxiedConnectors:
+            (catalog,) = start_services([SCHEMA_CATALOG], env={"NEXUSCRM_DSN": empty_dsn}, workdir=tmp_path)
+            try:
+                (connectors,) = start_services(
+                    [CONNECTORS],
+                    env={"NEXUSCRM_DSN": proxied_dsn(empty_dsn, proxy.port), **target_env([catalog]), **env},
+                    workdir=tmp_path,
+                )
+            except BaseException:
+                stop_services([catalog])
+                raise
+            cluster = ProxiedConnectors(empty_dsn, proxy, [catalog, connectors])
+            started.append(cluster)
+            return cluster
+
+        try:
+            yield start
+        finally:
+            proxy.blackhole(False)
+            proxy.refuse(False)
+            for cluster in started:
+                cluster.close()

@@ -1,0 +1,52 @@
+"""The history checker finds each anomaly it promises to find (forged outcomes over a real database)."""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+
+from nexuscrm_connectors.models import Claim, IngestResult, Outcome
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_runtime.clock import utcnow
+from tests.support.factories import delivery, install_pack
+from tests.support.history import History, check_history
+
+LEASE = 1  # seconds
+
+
+def test_a_clean_history_has_no_violation_and_forged_anomalies_are_each_found(engine: sa.Engine) -> None:
+    connectors = Connectors(engine)
+    pack = install_pack(engine)
+    history = History()
+    item = delivery()
+    history.call("c", "ingest", ((item.receipt_key, item.payload),), lambda: connectors.ingest(pack, [item]))
+    first = history.call("w1", "claim", "w1", lambda: connectors.claim("w1", lease_seconds=LEASE))
+    (stale,) = first.result
+    key = (stale.work.work_id, stale.lease_token)
+    history.call("w1", "load", key, lambda: [i.enqueue_ordinal for p in connectors.load_inputs(*key) for i in p.inputs])
+    while utcnow() <= stale.work.lease_expires_at:  # w1 stalls past its lease; w2 takes over and completes
+        time.sleep(0.05)
+    second = history.call("w2", "claim", "w2", lambda: connectors.claim("w2", lease_seconds=LEASE))
+    (fresh,) = second.result
+    key2 = (fresh.work.work_id, fresh.lease_token)
+    history.call(
+        "w2", "load", key2, lambda: [i.enqueue_ordinal for p in connectors.load_inputs(*key2) for i in p.inputs]
+    )
+    history.call("w2", "complete", key2, lambda: connectors.complete(*key2))
+    assert check_history(history, engine, lease_seconds=LEASE) == []
+
+    # Forged outcomes: the stale worker's completion "accepted", and a lost acknowledged receipt.
+    history.call("w1", "complete", key, lambda: stale.work)
+    ghost = IngestResult(receipt_key="never-admitted", outcome=Outcome.ADMITTED)
+    history.call("c", "ingest", (("never-admitted", b"x"),), lambda: [ghost])
+    found = "\n".join(check_history(history, engine, lease_seconds=LEASE))
+    assert "lost: receipt never-admitted" in found
+    assert "false success: completion of" in found
+    assert "expired lease: completion of" in found
+    assert "superseded lease" in found
+
+    # A lease granted while the previous one was surely still held.
+    early = Claim(work=stale.work, lease_token="overlapping")
+    history.call("w3", "claim", "w3", lambda: [early])
+    assert "overlap:" in "\n".join(check_history(history, engine, lease_seconds=LEASE))
