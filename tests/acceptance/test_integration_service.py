@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +43,12 @@ from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema_catalog import migrations
 from nexuscrm_schema_catalog.tables import WorkItem
 from tests.support.invariants import assert_invariants
+from tests.support.waiting import DEADLINE, wait_until
 from workqueue import WorkStatus
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEADLINE = 60.0  # seconds any awaited condition may take
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        pause.wait(0.05)
 
 
 @pytest.fixture

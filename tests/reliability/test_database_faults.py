@@ -11,7 +11,6 @@ during a database restart) ends the same way.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from tests.reliability.conftest import CALL_TIMEOUT, ProxiedConnectors, StartPro
 from tests.support.factories import delivery, install_pack
 from tests.support.history import RETRYABLE_CODES
 from tests.support.invariants import assert_invariants
+from tests.support.waiting import wait_until
 from workqueue import WorkStatus
 
 pytestmark = [
@@ -37,16 +37,6 @@ pytestmark = [
 ]
 
 QUIET = {"NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS": "0"}  # no background writer racing the checks
-WAIT_SECONDS = 30.0
-
-
-def wait_until(condition: Callable[[], Any], what: str) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after WAIT_SECONDS."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-    return value
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import sqlalchemy as sa
@@ -17,6 +16,7 @@ from nexuscrm_runtime.clock import utcnow
 from nexuscrm_schema_catalog.tables import WorkItem
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
+from tests.support.waiting import wait_until
 from workqueue import WorkStatus
 
 pytestmark = [pytest.mark.database, pytest.mark.acceptance]
@@ -39,13 +39,6 @@ STALE_WORKER = textwrap.dedent(
 )
 
 
-def wait_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
 def test_sigstopped_worker_past_its_lease_is_refused(engine: sa.Engine, dsn: str) -> None:
     pack = install_pack(engine)
     connectors = Connectors(engine)
@@ -64,7 +57,7 @@ def test_sigstopped_worker_past_its_lease_is_refused(engine: sa.Engine, dsn: str
                 ).scalar_one()
             return bool(expires < utcnow() - dt.timedelta(milliseconds=50))
 
-        wait_until(lease_expired)
+        wait_until(lease_expired, "the stopped worker's lease to expire")
         takeover = connectors.claim("fresh", pack_install_ids=[pack], lease_seconds=60)
         assert [c.work.work_id for c in takeover] == [work_id] and takeover[0].work.attempt == 1
         child.send_signal(signal.SIGCONT)
