@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup protos test run lint typecheck fmt clean reliability
+.PHONY: setup protos test run lint typecheck fmt clean bench bench-quick reliability
 
 setup: $(STAMP)
 
@@ -26,9 +26,13 @@ protos: setup
 test: setup
 	bash tests/integration/connector-projection-ranges.sh
 
-# The long reliability suite: crash points, stale workers, 10 000 fuzz cases per service.
+# The long reliability suite: crash points, stale workers, 10 000 fuzz cases per service,
+# database faults, and five seeded fault histories of 1 000 receipts each; the figures of the
+# run go to var/reliability-figures.jsonl (see docs/reliability.md).
 reliability: setup
-	NEXUSCRM_FUZZ_CASES_PER_SERVICE=10000 $(BIN)/pytest tests/reliability
+	rm -f var/reliability-figures.jsonl
+	NEXUSCRM_FUZZ_CASES_PER_SERVICE=10000 NEXUSCRM_RELIABILITY_FULL=1 \
+	NEXUSCRM_RELIABILITY_FIGURES=var/reliability-figures.jsonl $(BIN)/pytest tests/reliability
 
 # Extra flags for nexuscrm-run, e.g. make run ARGS="--serve" or ARGS="--lanes 50 --inputs 1000".
 ARGS ?=
@@ -36,13 +40,20 @@ ARGS ?=
 run: setup
 	$(BIN)/nexuscrm-run $(ARGS)
 
+# Benchmarks, separate from the tests (docs/performance.md). QUICK=1 or bench-quick: the short run.
+bench: setup
+	$(BIN)/python -m bench $(if $(QUICK),--quick)
+
+bench-quick: setup
+	$(BIN)/python -m bench --quick
+
 lint: setup
 	$(BIN)/buf lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: setup
-	$(BIN)/mypy libs services tests protos/generate.py
+	$(BIN)/mypy libs services tests bench protos/generate.py
 
 fmt: setup
 	$(BIN)/ruff format .

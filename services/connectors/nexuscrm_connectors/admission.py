@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import logging
 import uuid
@@ -41,6 +42,8 @@ from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 log = logging.getLogger(__name__)
+
+IDENTITY_CACHE_SIZE = 65_536  # distinct (pack, route) pairs whose projection key is remembered
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,12 +93,23 @@ def ingest(
 
 def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> _Delivery:
     validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
-    identity = item.route.identity(pack_install_id)
+    projection_key = _projection_key(pack_install_id, item.route)
     if len(item.payload) > settings.max_payload_bytes:
         raise LimitExceeded(
             f"payload is {len(item.payload)} bytes; the limit is {settings.max_payload_bytes}", field="payload"
         )
-    return _Delivery(item=item, projection_key=identity.key, payload_hash=payload_hash(item.payload))
+    return _Delivery(item=item, projection_key=projection_key, payload_hash=payload_hash(item.payload))
+
+
+@functools.lru_cache(maxsize=IDENTITY_CACHE_SIZE)
+def _projection_key(pack_install_id: str, route: Route) -> str:
+    """The validated projection key of ``route`` in a pack.
+
+    A pure function of its arguments, memoized (bounded): sources deliver to the same lanes
+    over and over, and validating every field character by character dominated admission's
+    CPU time. Invalid routes raise and are never cached.
+    """
+    return route.identity(pack_install_id).key
 
 
 def payload_hash(payload: bytes) -> str:
@@ -235,13 +249,13 @@ def _admit_fresh(
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
     newest = queries.work_items_newest(connection, pack.pack_install_id, by_identity)
     new_generations: list[dict[str, Any]] = []
-    extensions: list[tuple[str, int, int]] = []
+    extended: dict[str, int] = {}  # WorkId -> new LaneOrdinal
     work_ids: dict[str, str] = {}
     for projection_key, members in by_identity.items():
         low, high = members[0][0], members[-1][0]  # arrival order = ordinal order
         current = newest.get(projection_key)
         if current is not None and _extendable(current):
-            extensions.append((current.WorkId, current.LaneOrdinal, high))
+            extended[current.WorkId] = high
             work_ids[projection_key] = current.WorkId
             continue
         work_id = str(uuid.uuid4())
@@ -259,7 +273,7 @@ def _admit_fresh(
                 max_attempts=settings.max_attempts,
             )
         )
-    if queries.work_items_extend(connection, extensions) != len(extensions):
+    if queries.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0]) != len(extended):
         raise RuntimeError("a generation of this batch changed under its row lock")
     queries.work_items_insert(connection, new_generations)
     return {
