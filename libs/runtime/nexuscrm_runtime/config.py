@@ -33,6 +33,14 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
+def check_address(name: str, address: str) -> str:
+    """``address`` if it is host:port (port 0 = any free port); else ``ConfigError`` naming ``name``."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{name} must be host:port, got {address!r}")
+    return address
+
+
 def dsn_backend(dsn: str) -> str:
     """The backend a DSN names ("sqlite", "mysql"): all of a DSN that may reach a log line."""
     return make_url(dsn).get_backend_name()
@@ -47,7 +55,10 @@ class ServiceConfig:
     ``grace_seconds``: how long SIGTERM waits for in-flight RPCs (``NEXUSCRM_GRACE_SECONDS``).
     ``max_workers``: RPC handler threads (``NEXUSCRM_MAX_WORKERS``).
     ``port_file``: where to write the bound port once serving (``NEXUSCRM_PORT_FILE``; for
-    launchers and tests that bind port 0).
+    launchers and tests that bind port 0). Side servers (metrics, dashboard) publish theirs
+    beside it (``server.side_port_file``).
+    ``metrics_address``: host:port of the Prometheus endpoint
+    (``NEXUSCRM_<SERVICE>_METRICS_ADDRESS``; empty: no endpoint; port 0 = any free port).
     """
 
     dsn: str
@@ -55,11 +66,12 @@ class ServiceConfig:
     grace_seconds: int = 10
     max_workers: int = 16
     port_file: str = ""
+    metrics_address: str = ""
 
     def __post_init__(self) -> None:
-        host, _, port = self.address.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"listen address must be host:port, got {self.address!r}")
+        check_address("the listen address", self.address)
+        if self.metrics_address:
+            check_address("the metrics address", self.metrics_address)
         try:
             make_url(self.dsn)
         except Exception:
@@ -74,4 +86,5 @@ class ServiceConfig:
             grace_seconds=env_int("NEXUSCRM_GRACE_SECONDS", 10),
             max_workers=env_int("NEXUSCRM_MAX_WORKERS", 16, minimum=1),
             port_file=env_str("NEXUSCRM_PORT_FILE", ""),
+            metrics_address=env_str(f"NEXUSCRM_{service}_METRICS_ADDRESS", ""),
         )

@@ -1,13 +1,14 @@
-"""The shared gRPC server bootstrap: health, reflection, status mapping, graceful SIGTERM."""
+"""The shared gRPC server bootstrap: health, reflection, status mapping, observability, graceful SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,10 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_runtime.config import ServiceConfig, dsn_backend
 from nexuscrm_runtime.database import create_engine
+from nexuscrm_runtime.logs import configure_logging
+from nexuscrm_runtime.metrics import RpcObservingInterceptor, metrics_server
 from nexuscrm_runtime.status import DomainErrorInterceptor
+from nexuscrm_runtime.telemetry import Tracing, configure_tracing
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +72,14 @@ def create_server(
 ) -> RunningServer:
     """Build, bind and start a server with health checking and reflection.
 
-    ``address`` may use port 0 (tests): the bound port is returned. Every servicer's domain
-    errors are mapped to status codes by ``DomainErrorInterceptor``.
+    ``address`` may use port 0 (tests): the bound port is returned. ``interceptors`` run
+    outermost (tracing); then every RPC is timed and given its log context
+    (``RpcObservingInterceptor``) and its domain errors are mapped to status codes
+    (``DomainErrorInterceptor``).
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
-        interceptors=[*interceptors, DomainErrorInterceptor()],
+        interceptors=[*interceptors, RpcObservingInterceptor(), DomainErrorInterceptor()],
     )
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -117,9 +123,36 @@ def write_port_file(path: Path, port: int) -> None:
     os.replace(partial, path)
 
 
-def configure_logging() -> None:
-    """Plain single-line logs on stderr for the services' entry points."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def side_port_file(port_file: Path, name: str) -> Path:
+    """Where a side server (``metrics``, ``dashboard``) publishes its port: beside ``port_file``.
+
+    ``var/controlplane.port`` -> ``var/controlplane.dashboard.port``. Written before the
+    gRPC port file, so a launcher that saw the gRPC port finds the side ports too.
+    """
+    return port_file.with_name(f"{port_file.stem}.{name}{port_file.suffix}")
+
+
+def publish_side_port(config: ServiceConfig, name: str, port: int) -> None:
+    """Log a side server's port and, with ``NEXUSCRM_PORT_FILE`` set, publish it (``side_port_file``)."""
+    log.info("serving %s on port %d", name, port)
+    if config.port_file:
+        write_port_file(side_port_file(Path(config.port_file), name), port)
+
+
+@contextlib.contextmanager
+def observability(service: str, config: ServiceConfig) -> Iterator[Tracing]:
+    """Tracing as ``NEXUSCRM_OTEL`` asks and, if configured, the metrics endpoint, while inside.
+
+    Yields the process's ``Tracing`` (its server interceptors, engine instrumentation).
+    """
+    tracing = configure_tracing(f"nexuscrm-{service.lower().replace('_', '-')}")
+    try:
+        with contextlib.ExitStack() as stack:
+            if config.metrics_address:
+                publish_side_port(config, "metrics", stack.enter_context(metrics_server(config.metrics_address)))
+            yield tracing
+    finally:
+        tracing.shutdown()
 
 
 def run_service(
@@ -131,26 +164,30 @@ def run_service(
 ) -> None:
     """Run one service: the body of every service's ``main``.
 
-    Reads the configuration of ``env_name``, opens the database, serves what ``build``
-    registers until SIGTERM, then disposes the engine.
+    Reads the configuration of ``env_name``, sets up logs, tracing and metrics, opens the
+    database, serves what ``build`` registers until SIGTERM, then disposes the engine.
     """
     configure_logging()
     config = ServiceConfig.from_env(env_name, default_port)
-    engine = create_engine(config.dsn)
-    registrations = build(config, engine)
-    running = create_server(registrations, config.address, max_workers=config.max_workers)
-    log.info(
-        "serving %s on port %d (%s database)",
-        ", ".join(running.service_names),
-        running.port,
-        dsn_backend(config.dsn),
-    )
-    if config.port_file:
-        write_port_file(Path(config.port_file), running.port)
+    with observability(env_name, config) as tracing:
+        engine = create_engine(config.dsn)
+        tracing.instrument_engine(engine)
+        registrations = build(config, engine)
+        running = create_server(
+            registrations, config.address, interceptors=tracing.interceptors, max_workers=config.max_workers
+        )
+        log.info(
+            "serving %s on port %d (%s database)",
+            ", ".join(running.service_names),
+            running.port,
+            dsn_backend(config.dsn),
+        )
+        if config.port_file:
+            write_port_file(Path(config.port_file), running.port)
 
-    def _stop() -> None:
-        if on_stop is not None:
-            on_stop()
-        engine.dispose()
+        def _stop() -> None:
+            if on_stop is not None:
+                on_stop()
+            engine.dispose()
 
-    serve_until_signalled(running, grace=config.grace_seconds, on_stop=_stop)
+        serve_until_signalled(running, grace=config.grace_seconds, on_stop=_stop)

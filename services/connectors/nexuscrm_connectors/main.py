@@ -3,6 +3,7 @@
 Environment: NEXUSCRM_DSN, NEXUSCRM_CONNECTORS_ADDRESS (default 127.0.0.1:50053), and the
 limits of ``nexuscrm_connectors.settings.Settings`` (NEXUSCRM_MAX_BATCH_ITEMS, ...). A
 background materializer admits stored receipts every NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS.
+NEXUSCRM_CONNECTORS_METRICS_ADDRESS serves the counters of ``nexuscrm_connectors.metrics``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
+from nexuscrm_connectors import metrics
 from nexuscrm_connectors.materializer import Materializer
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import ConnectorsServicer
@@ -26,6 +28,7 @@ def main() -> None:
     materializers: list[Materializer] = []
 
     def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
+        metrics.count_generations(bool(config.metrics_address))
         connectors = Connectors(engine, Settings.from_env())
         materializer = Materializer(connectors)
         materializer.start()

@@ -1,7 +1,8 @@
 """The Connectors domain facade: every operation of ConnectorsService, without gRPC.
 
 The servicer and in-process workers call this class; it only binds the engine, settings
-and clock to the modules that own each operation.
+and clock to the modules that own each operation, and counts what they return
+(``nexuscrm_connectors.metrics``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import admission, inspection, leases, payloads, replay
+from nexuscrm_connectors import admission, inspection, leases, metrics, payloads, replay
 from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, WorkItemRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock, utcnow
@@ -27,7 +28,12 @@ class Connectors:
 
     def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
-        return admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
+        results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
+        lowest = metrics.record_ingest(results)
+        if lowest and metrics.counting_generations():
+            with self.engine.connect() as connection:
+                metrics.record_generations(lowest, metrics.generation_starts(connection, list(lowest)))
+        return results
 
     def materialize(self, limit: int = 500) -> int:
         """See ``admission.materialize``."""
@@ -35,7 +41,9 @@ class Connectors:
 
     def replay(self, work_id: str) -> tuple[WorkItemRow, int]:
         """See ``replay.replay``."""
-        return replay.replay(self.engine, self.settings, self.clock, work_id)
+        work, ordinal = replay.replay(self.engine, self.settings, self.clock, work_id)
+        metrics.GENERATIONS_CREATED.labels("replay").inc()
+        return work, ordinal
 
     def claim(
         self,
@@ -47,7 +55,7 @@ class Connectors:
         lease_seconds: int = 0,
     ) -> list[Claim]:
         """See ``leases.claim``."""
-        return leases.claim(
+        claims = leases.claim(
             self.engine,
             self.settings,
             self.clock,
@@ -57,10 +65,14 @@ class Connectors:
             max_items=max_items,
             lease_seconds=lease_seconds,
         )
+        metrics.CLAIMS.inc(len(claims))
+        return claims
 
     def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """See ``payloads.load_inputs``."""
-        return payloads.load_inputs(self.engine, self.settings, self.clock, work_id, lease_token, page_size)
+        return metrics.observed_pages(
+            payloads.load_inputs(self.engine, self.settings, self.clock, work_id, lease_token, page_size)
+        )
 
     def heartbeat(self, work_id: str, lease_token: str, lease_seconds: int = 0) -> dt.datetime:
         """See ``leases.heartbeat``."""
@@ -68,11 +80,15 @@ class Connectors:
 
     def complete(self, work_id: str, lease_token: str) -> WorkItemRow:
         """See ``leases.complete``."""
-        return leases.complete(self.engine, self.clock, work_id, lease_token)
+        work = leases.complete(self.engine, self.clock, work_id, lease_token)
+        metrics.record_finish(work)
+        return work
 
     def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
         """See ``leases.fail``."""
-        return leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
+        work = leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
+        metrics.record_finish(work, retryable=retryable)
+        return work
 
     def get_work(self, work_id: str) -> inspection.WorkDescription:
         """See ``inspection.get_work``."""

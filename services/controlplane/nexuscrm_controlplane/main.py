@@ -1,35 +1,57 @@
 """Entry point of the controlplane service (``nexuscrm-controlplane``).
 
-Environment: NEXUSCRM_DSN, NEXUSCRM_CONTROLPLANE_ADDRESS (default 127.0.0.1:50052).
+Environment: NEXUSCRM_DSN, NEXUSCRM_CONTROLPLANE_ADDRESS (default 127.0.0.1:50052),
+NEXUSCRM_DASHBOARD_ADDRESS (host:port of the operator dashboard; empty, the default: no
+dashboard), NEXUSCRM_CONTROLPLANE_METRICS_ADDRESS (the Prometheus endpoint, which then also
+serves the per-pack queue gauges of ``dashboard.collector``), NEXUSCRM_OTEL and
+NEXUSCRM_LOG_FORMAT (docs/observability.md).
 """
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
 from sqlalchemy.engine import Engine
 
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
+from nexuscrm_controlplane.dashboard.app import create_app
+from nexuscrm_controlplane.dashboard.collector import QueueCollector
+from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_controlplane.servicer import ControlplaneServicer
-from nexuscrm_runtime.config import ServiceConfig
-from nexuscrm_runtime.server import Registration, run_service
+from nexuscrm_runtime.config import ServiceConfig, check_address, env_str
+from nexuscrm_runtime.server import Registration, publish_side_port, run_service
 
 SERVICE_NAME = "nexuscrm.controlplane.v1.ControlplaneService"
 DEFAULT_PORT = 50052
 
 
-def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
-    """Register the servicer."""
-    return [
-        Registration(
-            servicer=ControlplaneServicer(engine),
-            add=pb_grpc.add_ControlplaneServiceServicer_to_server,
-            service_name=SERVICE_NAME,
-        )
-    ]
-
-
 def main() -> None:
-    """Serve ControlplaneService until SIGTERM."""
-    run_service(env_name="CONTROLPLANE", default_port=DEFAULT_PORT, build=build)
+    """Serve ControlplaneService (and the dashboard, when configured) until SIGTERM."""
+    dashboard_address = env_str("NEXUSCRM_DASHBOARD_ADDRESS", "")
+    if dashboard_address:
+        check_address("NEXUSCRM_DASHBOARD_ADDRESS", dashboard_address)
+    dashboards: list[DashboardServer] = []
+
+    def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
+        if config.metrics_address:
+            REGISTRY.register(QueueCollector(engine))
+        if dashboard_address:
+            dashboard = DashboardServer(create_app(engine), dashboard_address)
+            dashboard.start()
+            dashboards.append(dashboard)
+            publish_side_port(config, "dashboard", dashboard.port)
+        return [
+            Registration(
+                servicer=ControlplaneServicer(engine),
+                add=pb_grpc.add_ControlplaneServiceServicer_to_server,
+                service_name=SERVICE_NAME,
+            )
+        ]
+
+    def stop() -> None:
+        for dashboard in dashboards:
+            dashboard.stop()
+
+    run_service(env_name="CONTROLPLANE", default_port=DEFAULT_PORT, build=build, on_stop=stop)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from nexuscrm_runtime.server import side_port_file
+
 STARTUP_TIMEOUT = 60.0  # seconds for a service to report SERVING
 STOP_TIMEOUT = 20.0  # seconds between SIGTERM and SIGKILL
 
@@ -79,6 +81,11 @@ class ServiceProcess:
         """host:port for clients."""
         return f"127.0.0.1:{self.port}"
 
+    def side_port(self, name: str) -> int | None:
+        """The port of a side server (``metrics``, ``dashboard``) the service published, or None."""
+        path = side_port_file(self.log_path.with_suffix(".port"), name)
+        return int(path.read_text()) if path.exists() else None
+
 
 def health_status(address: str, service_name: str = "", timeout: float = 2.0) -> str:
     """The health status name a service reports ("SERVING", "NOT_SERVING", ...)."""
@@ -122,6 +129,8 @@ def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -
     """Start one service on port 0 with ``env`` added to this process's environment."""
     port_file = workdir / f"{spec.name}.port"
     port_file.unlink(missing_ok=True)
+    for stale in workdir.glob(f"{spec.name}.*.port"):  # side ports of an earlier run
+        stale.unlink()
     log_path = workdir / f"{spec.name}.log"
     child_env = {
         **os.environ,

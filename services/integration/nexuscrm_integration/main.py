@@ -7,7 +7,9 @@ stops the server.
 
 Environment: NEXUSCRM_DSN (the Flows' read-model database), NEXUSCRM_INTEGRATION_ADDRESS
 (default 127.0.0.1:50054), NEXUSCRM_SCHEMA_CATALOG_TARGET / NEXUSCRM_CONTROLPLANE_TARGET /
-NEXUSCRM_CONNECTORS_TARGET (see ``targets``), and the host configuration of ``config``.
+NEXUSCRM_CONNECTORS_TARGET (see ``targets``), the host configuration of ``config``, and
+the observability settings every service reads (NEXUSCRM_INTEGRATION_METRICS_ADDRESS,
+NEXUSCRM_OTEL, NEXUSCRM_LOG_FORMAT; see docs/observability.md).
 
 Exit codes: 0 stopped cleanly; 2 configuration error; 3 the activation gate refused (the log
 names what is missing); 4 in-flight work did not finish within the drain timeout.
@@ -33,7 +35,9 @@ from nexuscrm_integration.servicer import IntegrationServicer
 from nexuscrm_integration.targets import Targets
 from nexuscrm_runtime.config import ConfigError, ServiceConfig
 from nexuscrm_runtime.database import create_engine
-from nexuscrm_runtime.server import Registration, configure_logging, create_server, write_port_file
+from nexuscrm_runtime.logs import configure_logging
+from nexuscrm_runtime.server import Registration, create_server, observability, write_port_file
+from nexuscrm_runtime.telemetry import Tracing
 
 log = logging.getLogger("nexuscrm_integration")
 SERVICE_NAME = "nexuscrm.integration.v1.IntegrationService"
@@ -52,10 +56,16 @@ def main() -> None:
     except (ConfigError, IntegrationError) as error:
         log.error("configuration error: %s", error)
         sys.exit(EXIT_CONFIG)
-    sys.exit(serve(config, host_config, Targets.from_env()))
+    try:
+        with observability("INTEGRATION", config) as tracing:
+            code = serve(config, host_config, Targets.from_env(), tracing)
+    except ConfigError as error:  # NEXUSCRM_OTEL or the metrics address
+        log.error("configuration error: %s", error)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(code)
 
 
-def serve(config: ServiceConfig, host_config: HostConfig, targets: Targets) -> int:
+def serve(config: ServiceConfig, host_config: HostConfig, targets: Targets, tracing: Tracing) -> int:
     """Serve, gate, host the pools until signalled; return the exit code."""
     status = HostStatus(host_config.pack_install_ids)
     registration = Registration(
@@ -63,7 +73,13 @@ def serve(config: ServiceConfig, host_config: HostConfig, targets: Targets) -> i
         add=pb_grpc.add_IntegrationServiceServicer_to_server,
         service_name=SERVICE_NAME,
     )
-    running = create_server([registration], config.address, max_workers=config.max_workers, serving=False)
+    running = create_server(
+        [registration],
+        config.address,
+        interceptors=tracing.interceptors,
+        max_workers=config.max_workers,
+        serving=False,
+    )
     log.info("listening on port %d; checking activation of %s", running.port, list(host_config.pack_install_ids))
     if config.port_file:
         write_port_file(Path(config.port_file), running.port)
@@ -94,6 +110,7 @@ def serve(config: ServiceConfig, host_config: HostConfig, targets: Targets) -> i
             log.error("NOT_SERVING: %s", error)
             return EXIT_REFUSED
         engine = create_engine(config.dsn)
+        tracing.instrument_engine(engine)
         try:
             host = WorkerHost(
                 grant, host_config.pools, ConnectorsClient(connectors), engine, host_id=host_config.host_id

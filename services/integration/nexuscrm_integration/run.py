@@ -8,7 +8,8 @@ invariant check over the database. ``--serve`` then keeps the services up for re
 (``--inputs 0`` skips the simulator).
 
 Environment: NEXUSCRM_DSN (default: embedded SQLite at var/nexuscrm.db; set it to a
-``mysql://`` URL to run against MariaDB, MySQL or TiDB).
+``mysql://`` URL to run against MariaDB, MySQL or TiDB); NEXUSCRM_DASHBOARD_ADDRESS (where
+Controlplane serves the operator dashboard; default 127.0.0.1:0, a free port, printed at start).
 
 Exit codes: 0 every check passed; 1 a check failed or a service did not stop cleanly;
 2 usage error; 3 a service did not start; 130 interrupted before the summary.
@@ -292,9 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     dsn = env_str("NEXUSCRM_DSN", DEFAULT_DSN)
+    dashboard = {"NEXUSCRM_DASHBOARD_ADDRESS": env_str("NEXUSCRM_DASHBOARD_ADDRESS", "127.0.0.1:0")}
     console.print(f"starting the NexusCRM services on the {dsn_backend(dsn)} database ...")
     try:
-        services, pack_install_id = start_system(dsn, args.workdir, namespace="demo", workers=args.workers)
+        services, pack_install_id = start_system(
+            dsn, args.workdir, namespace="demo", workers=args.workers, extra_env=dashboard
+        )
     except (LaunchError, grpc.RpcError) as error:
         console.print(f"[red]startup failed:[/red] {error}")
         return EXIT_START
@@ -319,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print("serving; for the operator CLI (nexuscrm --help):")
             for name, value in target_env(services).items():
                 console.print(f"  export {name}={value}")
-            console.print(f"  demo pack: {pack_install_id}\npress Ctrl-C to stop")
+            console.print(f"  demo pack: {pack_install_id}")
+            console.print(f"operator dashboard: {dashboard_url(services)}\npress Ctrl-C to stop")
             stop.wait()
     finally:
         codes = stop_services(services)
@@ -327,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     if any(codes.values()):
         return code or EXIT_FAILED
     return code
+
+
+def dashboard_url(services: Sequence[ServiceProcess]) -> str:
+    """Where Controlplane serves the operator dashboard ("not served" when it does not)."""
+    port = next(s for s in services if s.spec is CONTROLPLANE).side_port("dashboard")
+    return "not served" if port is None else f"http://127.0.0.1:{port}/"
 
 
 def _print_services(console: Console, services: Sequence[ServiceProcess]) -> None:
@@ -337,6 +348,7 @@ def _print_services(console: Console, services: Sequence[ServiceProcess]) -> Non
         status = health_status(service.address, service.spec.service_name)
         table.add_row(service.spec.name, str(service.process.pid), service.address, status, str(service.log_path))
     console.print(table)
+    console.print(f"operator dashboard: {dashboard_url(services)}")
 
 
 if __name__ == "__main__":

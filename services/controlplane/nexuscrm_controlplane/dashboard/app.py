@@ -1,0 +1,72 @@
+"""The dashboard's web application: one page, its static files and read-only JSON endpoints.
+
+Built on Starlette (docs/decisions/050-observability-and-dashboard.md). Every route is a GET;
+the endpoints are plain functions, which Starlette runs in its thread pool, over the bounded
+reads of ``overview``. A domain error (an invalid search, an unknown pack) answers 400 with
+its message; nothing else of the error reaches the page.
+
+| route | answer |
+|---|---|
+| ``/`` | the page (``static/index.html``) |
+| ``/static/...`` | its script and style sheet |
+| ``/api/overview`` | ``overview.packs_overview`` |
+| ``/api/packs/{pack}/timeline?after=`` | ``overview.pack_timeline`` |
+| ``/api/receipts?state=&pack=`` | ``overview.receipts`` |
+| ``/api/search?q=`` | ``overview.search`` |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from nexuscrm_controlplane.dashboard import overview
+from nexuscrm_controlplane.lifecycle import validate_pack_id
+from nexuscrm_runtime.clock import Clock, utcnow
+from workqueue.errors import DomainError
+
+STATIC = Path(__file__).with_name("static")
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _json(read: Callable[[Request], Any]) -> Callable[[Request], JSONResponse]:
+    def endpoint(request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(read(request), headers=NO_STORE)
+        except DomainError as error:
+            return JSONResponse({"error": str(error)}, status_code=400, headers=NO_STORE)
+
+    return endpoint
+
+
+def create_app(engine: Engine, clock: Clock = utcnow) -> Starlette:
+    """The dashboard over ``engine``; it only ever reads."""
+
+    def page(request: Request) -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers=NO_STORE)
+
+    def timeline(request: Request) -> Any:
+        pack = validate_pack_id(request.path_params["pack"])
+        return overview.pack_timeline(engine, pack, request.query_params.get("after", ""))
+
+    def receipts(request: Request) -> Any:
+        return overview.receipts(engine, request.query_params.get("state", ""), request.query_params.get("pack", ""))
+
+    return Starlette(
+        routes=[
+            Route("/", page),
+            Route("/api/overview", _json(lambda request: overview.packs_overview(engine, clock))),
+            Route("/api/packs/{pack}/timeline", _json(timeline)),
+            Route("/api/receipts", _json(receipts)),
+            Route("/api/search", _json(lambda request: overview.search(engine, request.query_params.get("q", "")))),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
+    )

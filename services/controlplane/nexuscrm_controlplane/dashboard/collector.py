@@ -1,0 +1,81 @@
+"""Per-pack gauges for Prometheus, read from the database at scrape time.
+
+Registered by Controlplane when its metrics endpoint serves. Each scrape runs the bounded,
+indexed reads of ``overview.pack_queue`` for the newest ``overview.PACK_LIMIT`` packs; a
+database error drops the gauges of that scrape (logged) instead of failing the endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from nexuscrm_controlplane.dashboard import overview, queries
+from nexuscrm_runtime.clock import Clock, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class QueueCollector(Collector):
+    """Queue depth per pack and state, oldest unclaimed generation age, end-to-end lag and more."""
+
+    def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One family per gauge, one sample per pack (and state)."""
+        depth = GaugeMetricFamily(
+            "nexuscrm_queue_depth", "Nonterminal generations per pack and state.", labels=["pack", "state"]
+        )
+        oldest = GaugeMetricFamily(
+            "nexuscrm_oldest_unclaimed_generation_age_seconds",
+            "Seconds since the oldest pending generation became claimable (0 when none waits).",
+            labels=["pack"],
+        )
+        lag = GaugeMetricFamily(
+            "nexuscrm_end_to_end_lag_seconds",
+            "Age of the oldest admitted input no finished generation has executed yet (0 when none).",
+            labels=["pack"],
+        )
+        expired = GaugeMetricFamily(
+            "nexuscrm_leases_expired", "Processing generations whose lease expired, not reclaimed yet.", labels=["pack"]
+        )
+        failed = GaugeMetricFamily(
+            "nexuscrm_generations_failed",
+            f"Generations per pack that failed for good; counted up to {overview.COUNT_CAP}.",
+            labels=["pack"],
+        )
+        receipts = GaugeMetricFamily(
+            "nexuscrm_receipts",
+            f"Receipts per pack waiting (stored: fenced or not materialized) or missing coverage; "
+            f"counted up to {overview.COUNT_CAP}.",
+            labels=["pack", "state"],
+        )
+        try:
+            now = self._clock()
+            with self._engine.connect() as connection:
+                for row in queries.packs_list(connection, overview.PACK_LIMIT):
+                    pack = row.PackInstallId
+                    stats = overview.pack_queue(connection, pack, now)
+                    for state, count in stats.depth.items():
+                        depth.add_metric([pack, state], count)
+                    oldest.add_metric([pack], stats.oldest_unclaimed_age_seconds or 0.0)
+                    lag.add_metric([pack], stats.end_to_end_lag_seconds or 0.0)
+                    expired.add_metric([pack], stats.leases_expired)
+                    failed.add_metric([pack], stats.failed)
+                    receipts.add_metric([pack, "stored"], stats.receipts_waiting)
+                    receipts.add_metric([pack, "coverage_missing"], stats.receipts_coverage_missing)
+        except SQLAlchemyError as error:
+            log.warning("queue gauges skipped this scrape: %s", type(error).__name__)
+            return
+        yield from (depth, oldest, lag, expired, failed, receipts)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """Nothing: describing would query the database at registration."""
+        return iter(())

@@ -1,0 +1,298 @@
+"""What the operator dashboard shows, as JSON-ready dictionaries: read-only, bounded reads.
+
+``packs_overview`` is the page's main view (per pack: protocol state, fences and overrides,
+queue depth by state, oldest waiting work, lag, failures, receipts waiting or missing
+coverage, the drain status while the pack has no protocol row yet, the cutover audit
+report). ``pack_queue`` is the per-pack part the Prometheus collector shares.
+``pack_timeline`` lists each projection identity's newest generations; ``receipts`` lists
+receipts in one state; ``search`` explains a WorkId or a ReceiptKey with Connectors' own
+inspection (``nexuscrm_connectors.inspection``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors import inspection
+from nexuscrm_connectors.errors import WorkNotFound
+from nexuscrm_connectors.models import WorkItemRow
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_controlplane import drain, fences
+from nexuscrm_controlplane import queries as cp_queries
+from nexuscrm_controlplane.dashboard import queries
+from nexuscrm_runtime.clock import Clock
+from workqueue import ReceiptState, WorkStatus, decode_projection_key
+from workqueue.errors import InvalidArgument
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+
+PACK_LIMIT = 50  # packs on the page, newest first
+COUNT_CAP = 10_000  # counts of sets that grow with history stop here ("10000+")
+SAMPLE_LIMIT = 10  # failed generations listed per pack
+IDENTITY_PAGE = 20  # projection identities per timeline page
+GENERATIONS_PER_IDENTITY = 8  # newest generations drawn per identity
+RECEIPT_PAGE = 50  # receipts per listing
+SEARCH_MAX_LENGTH = 255  # a ReceiptKey's length; WorkIds are shorter
+QUEUE_STATES = tuple(s.value for s in (WorkStatus.PENDING, WorkStatus.BLOCKED, WorkStatus.RETRY, WorkStatus.PROCESSING))
+NONTERMINAL = sorted(NONTERMINAL_WORK_STATUSES)
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    """A naive UTC timestamp as ISO 8601 with ``Z`` (None stays None)."""
+    return None if value is None else value.isoformat() + "Z"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueStats:
+    """The queue of one pack as of ``now``: depth by state, ages in seconds, capped counts."""
+
+    depth: dict[str, int]
+    oldest_unclaimed_work_id: str | None
+    oldest_unclaimed_age_seconds: float | None
+    end_to_end_lag_seconds: float | None
+    oldest_open_ordinal: int | None
+    leases_expired: int
+    failed: int
+    receipts_waiting: int
+    receipts_coverage_missing: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+
+def pack_queue(connection: Connection, pack_install_id: str, now: dt.datetime) -> QueueStats:
+    """Queue depth per nonterminal state, oldest unclaimed generation, lag and capped counts of one pack.
+
+    End-to-end lag is the age of the oldest input that no finished generation has executed
+    yet (0 when every input is executed). Receipts waiting are stored and not confirmed:
+    behind a fence, or not materialized yet.
+    """
+    counts = queries.work_status_counts(connection, pack_install_id, QUEUE_STATES)
+    oldest = queries.work_oldest_claimable(connection, pack_install_id)
+    open_input = queries.work_oldest_open_input(connection, pack_install_id, NONTERMINAL)
+    return QueueStats(
+        depth={state: counts.get(state, 0) for state in QUEUE_STATES},
+        oldest_unclaimed_work_id=None if oldest is None else oldest.WorkId,
+        oldest_unclaimed_age_seconds=None if oldest is None else max(0.0, (now - oldest.ClaimableAt).total_seconds()),
+        end_to_end_lag_seconds=0.0 if open_input is None else max(0.0, (now - open_input.CreatedAt).total_seconds()),
+        oldest_open_ordinal=None if open_input is None else int(open_input.EnqueueOrdinal),
+        leases_expired=queries.work_leases_expired_count(connection, pack_install_id, now),
+        failed=queries.work_status_count_capped(connection, pack_install_id, WorkStatus.FAILED, COUNT_CAP),
+        receipts_waiting=queries.receipt_count_capped(connection, pack_install_id, ReceiptState.STORED, COUNT_CAP),
+        receipts_coverage_missing=queries.receipt_count_capped(
+            connection, pack_install_id, ReceiptState.COVERAGE_MISSING, COUNT_CAP
+        ),
+    )
+
+
+def _protocol_state(row: Any) -> dict[str, Any]:
+    if row.Origin is None:
+        return {"state": "none", "label": "no protocol row: old protocol or not activated"}
+    if row.Origin == "greenfield":
+        return {"state": "greenfield", "label": "greenfield (LegacyMaxOrdinal 0)", "since": iso(row.ProtocolCreatedAt)}
+    return {
+        "state": "cutover",
+        "label": f"cut over at LegacyMaxOrdinal {row.LegacyMaxOrdinal}",
+        "legacy_max_ordinal": int(row.LegacyMaxOrdinal),
+        "since": iso(row.ProtocolCreatedAt),
+    }
+
+
+def _fence(fence: fences.FenceRow, pack_install_id: str, now: dt.datetime) -> dict[str, Any]:
+    released = any(o.pack_install_id == pack_install_id for o in fence.active_overrides(now))
+    return {
+        "fence_id": fence.fence_id,
+        "scope": fence.scope,
+        "reason": fence.reason,
+        "expires_at": iso(fence.expires_at),
+        "active": fence.active(now),
+        "holds_pack": fence.active(now) and not released,
+        "overrides": [
+            {"pack_install_id": o.pack_install_id, "expires_at": iso(o.expires_at), "active": o.active(now)}
+            for o in fence.overrides
+        ],
+    }
+
+
+def _drain(status: drain.DrainStatus) -> dict[str, Any]:
+    return {
+        "drained": status.drained,
+        "summary": status.summary(),
+        "counts": {
+            "pending": status.pending,
+            "blocked": status.blocked,
+            "retry": status.retry,
+            "processing": status.processing,
+        },
+        "holds": [
+            {"reason": h.reason, "count": h.count, "sample_work_ids": list(h.sample_work_ids), "detail": h.detail}
+            for h in status.holds
+        ],
+    }
+
+
+def packs_overview(engine: Engine, clock: Clock) -> dict[str, Any]:
+    """Everything the page's pack cards show, for the newest ``PACK_LIMIT`` packs."""
+    now = clock()
+    with engine.connect() as connection:
+        packs = queries.packs_list(connection, PACK_LIMIT)
+        namespace_fences = {
+            namespace: fences.with_overrides(connection, cp_queries.fences_list(connection, namespace))
+            for namespace in sorted({row.Namespace for row in packs})
+        }
+        cards = []
+        for row in packs:
+            pack_fences = [
+                f for f in namespace_fences[row.Namespace] if f.scope in (fences.NAMESPACE_SCOPE, row.PackInstallId)
+            ]
+            cards.append(
+                {
+                    "pack_install_id": row.PackInstallId,
+                    "namespace": row.Namespace,
+                    "pack_name": row.PackName,
+                    "pack_version": row.PackVersion,
+                    "last_ordinal": int(row.LastOrdinal),
+                    "created_at": iso(row.CreatedAt),
+                    "protocol": _protocol_state(row),
+                    "fences": [_fence(f, row.PackInstallId, now) for f in pack_fences],
+                    "queue": pack_queue(connection, row.PackInstallId, now).to_dict(),
+                    "failures": [
+                        {
+                            "work_id": f.WorkId,
+                            "range": [f.InputStartOrdinal, f.LaneOrdinal],
+                            "attempt": f.Attempt,
+                            "last_error": (f.LastError or "")[:500],
+                            "finished_at": iso(f.FinishedAt),
+                        }
+                        for f in queries.work_failed_sample(connection, row.PackInstallId, SAMPLE_LIMIT)
+                    ],
+                    # Old-protocol work matters only until the protocol row is written (the
+                    # cutover checks that it drained), so only such packs pay for the drain reads.
+                    "drain": None
+                    if row.Origin is not None
+                    else _drain(drain.drain_status_read(connection, row.PackInstallId, clock)),
+                    "audit_report": json.loads(row.AuditReport) if row.AuditReport else None,
+                }
+            )
+    return {"now": iso(now), "count_cap": COUNT_CAP, "packs": cards}
+
+
+def _generation(row: Any) -> dict[str, Any]:
+    return {
+        "work_id": row.WorkId,
+        "start": row.InputStartOrdinal,
+        "end": int(row.LaneOrdinal),
+        "status": row.Status,
+        "attempt": int(row.Attempt),
+        "replay_of": row.ReplayOfWorkId,
+    }
+
+
+def pack_timeline(engine: Engine, pack_install_id: str, after: str = "") -> dict[str, Any]:
+    """A page of the pack's projection identities, each with its newest generations (oldest first).
+
+    ``next`` is the ``after`` of the following page ("" at the end).
+    """
+    with engine.connect() as connection:
+        keys = queries.work_identities_page(connection, pack_install_id, after, IDENTITY_PAGE)
+        identities = []
+        for key in keys:
+            identity = decode_projection_key(key)
+            rows = queries.identity_generations_newest(connection, pack_install_id, key, GENERATIONS_PER_IDENTITY)
+            identities.append(
+                {
+                    "projection_key": key,
+                    "label": f"{identity.source_lane} · {identity.work_type} · {identity.event_kind}",
+                    "generations": [_generation(row) for row in reversed(rows)],
+                }
+            )
+    following = keys[-1] if len(keys) == IDENTITY_PAGE else ""
+    return {"pack_install_id": pack_install_id, "identities": identities, "next": following}
+
+
+def receipts(engine: Engine, state: str, pack_install_id: str = "") -> list[dict[str, Any]]:
+    """The oldest ``RECEIPT_PAGE`` receipts in ``state`` (of one pack, or all), via Connectors' listing."""
+    listed, _ = inspection.list_receipts(engine, Settings(), state, pack_install_id, RECEIPT_PAGE)
+    return [
+        {
+            "pack_install_id": r.pack_install_id,
+            "receipt_key": r.receipt_key,
+            "state": r.state,
+            "lane": r.route.source_lane,
+            "work_type": r.route.work_type,
+            "received_at": iso(r.received_at),
+        }
+        for r in listed
+    ]
+
+
+_WAITING = {
+    WorkStatus.PENDING: "claimable; waits for a worker of its pack and work type",
+    WorkStatus.BLOCKED: "waits for its predecessor of the same identity to finish (invariant X)",
+    WorkStatus.PROCESSING: "leased to a worker",
+    WorkStatus.RETRY: "an attempt failed; waits for its next attempt time",
+    WorkStatus.COMPLETED: "executed: every member was loaded and the Flow completed",
+    WorkStatus.FAILED: "failed for good; an operator may replay it",
+}
+
+
+def _work(work: WorkItemRow, member_count: int | None) -> dict[str, Any]:
+    return {
+        "work_id": work.work_id,
+        "pack_install_id": work.pack_install_id,
+        "identity": decode_projection_key(work.projection_key).source_lane,
+        "range": [work.input_start_ordinal, work.lane_ordinal],
+        "members": member_count,
+        "status": work.status.value,
+        "status_detail": _WAITING[work.status],
+        "attempt": work.attempt,
+        "max_attempts": work.max_attempts,
+        "lease_owner": work.lease_owner,
+        "lease_expires_at": iso(work.lease_expires_at),
+        "claimable_at": iso(work.claimable_at),
+        "last_error": work.last_error,
+        "replay_of": work.replay_of_work_id,
+    }
+
+
+def search(engine: Engine, text: str) -> list[dict[str, Any]]:
+    """Explain ``text`` as a WorkId and as a ReceiptKey of every listed pack; every match found.
+
+    A WorkId match names its range, member count and what it waits for; a receipt match
+    names its ordinal, the generation covering it, or why there is none. Primary-key reads
+    only: one for the WorkId, two per pack for the receipt.
+    """
+    text = text.strip()
+    if not text or len(text) > SEARCH_MAX_LENGTH:
+        raise InvalidArgument(f"search for a WorkId or a ReceiptKey of 1 to {SEARCH_MAX_LENGTH} characters", field="q")
+    found: list[dict[str, Any]] = []
+    try:
+        described = inspection.get_work(engine, text)
+        found.append({"kind": "work", **_work(described.work, described.member_count)})
+    except WorkNotFound:
+        pass
+    with engine.connect() as connection:
+        pack_ids = [row.PackInstallId for row in queries.packs_list(connection, PACK_LIMIT)]
+    for pack_install_id in pack_ids:
+        try:
+            explained = inspection.explain_receipt(engine, pack_install_id, text)
+        except WorkNotFound:
+            continue
+        covered = explained.covered_by
+        found.append(
+            {
+                "kind": "receipt",
+                "pack_install_id": pack_install_id,
+                "receipt_key": text,
+                "receipt_state": explained.receipt_state,
+                "enqueue_ordinal": explained.enqueue_ordinal,
+                "explanation": explained.explanation,
+                "covered_by": None if covered is None else _work(covered, None),
+            }
+        )
+    return found

@@ -1,0 +1,180 @@
+"""The read-only statements of the operator dashboard and the per-pack metrics collector.
+
+Every statement is bounded: it reads one pack's nonterminal WorkItems (at most two per
+projection identity: a claimed generation and its unclaimed successor, because admission
+extends an unclaimed one), one index end, a primary key, or at most ``limit`` rows of an
+index range. Counts of sets that grow with history (failed work, receipts) stop at ``cap``.
+None of them scans Event: Event is read by primary key only. Each says which index serves it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
+from workqueue import WorkStatus
+
+DbRow = Row[*tuple[Any, ...]]
+
+
+def packs_list(connection: Connection, limit: int) -> list[DbRow]:
+    """The newest ``limit`` pack incarnations with their protocol row's columns (NULL: none yet).
+
+    PackInstall has one row per incarnation (a small table); the protocol join is by primary key.
+    """
+    return list(
+        connection.execute(
+            sa.select(
+                PackInstall,
+                ConnectorProjectionProtocol.c.LegacyMaxOrdinal,
+                ConnectorProjectionProtocol.c.Origin,
+                ConnectorProjectionProtocol.c.AuditReport,
+                ConnectorProjectionProtocol.c.CreatedAt.label("ProtocolCreatedAt"),
+            )
+            .outerjoin(
+                ConnectorProjectionProtocol,
+                ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId,
+            )
+            .order_by(PackInstall.c.CreatedAt.desc(), PackInstall.c.PackInstallId)
+            .limit(limit)
+        )
+    )
+
+
+def work_status_counts(connection: Connection, pack_install_id: str, statuses: Sequence[str]) -> dict[str, int]:
+    """WorkItems of a pack per status in ``statuses`` (nonterminal ones: ix_workitem_claim range)."""
+    rows = connection.execute(
+        sa.select(WorkItem.c.Status, sa.func.count().label("Count"))
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(list(statuses)))
+        .group_by(WorkItem.c.Status)
+    )
+    return {row.Status: int(row.Count) for row in rows}
+
+
+def work_status_count_capped(connection: Connection, pack_install_id: str, status: str, cap: int) -> int:
+    """WorkItems of a pack in ``status``, counted up to ``cap`` (ix_workitem_claim range, LIMIT)."""
+    limited = (
+        sa.select(WorkItem.c.WorkId)
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == status)
+        .limit(cap)
+        .subquery()
+    )
+    return int(connection.execute(sa.select(sa.func.count()).select_from(limited)).scalar_one())
+
+
+def work_oldest_claimable(connection: Connection, pack_install_id: str) -> DbRow | None:
+    """The pending generation of a pack that became claimable first (ix_workitem_claim, one index end)."""
+    return connection.execute(
+        sa.select(WorkItem.c.WorkId, WorkItem.c.ClaimableAt, WorkItem.c.ProjectionKey)
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == WorkStatus.PENDING)
+        .order_by(WorkItem.c.ClaimableAt, WorkItem.c.WorkId)
+        .limit(1)
+    ).first()
+
+
+def work_leases_expired_count(connection: Connection, pack_install_id: str, now: dt.datetime) -> int:
+    """Processing generations whose lease has expired and no worker has reclaimed yet.
+
+    A processing row's ClaimableAt is its lease expiry (ix_workitem_claim range).
+    """
+    return int(
+        connection.execute(
+            sa.select(sa.func.count())
+            .select_from(WorkItem)
+            .where(
+                WorkItem.c.PackInstallId == pack_install_id,
+                WorkItem.c.Status == WorkStatus.PROCESSING,
+                WorkItem.c.ClaimableAt <= now,
+            )
+        ).scalar_one()
+    )
+
+
+def work_oldest_open_input(connection: Connection, pack_install_id: str, statuses: Sequence[str]) -> DbRow | None:
+    """The oldest input not yet executed: the Event at the lowest InputStartOrdinal of nonterminal generations.
+
+    Reads the pack's nonterminal generations (ix_workitem_claim range), then one Event by
+    primary key. Returns EnqueueOrdinal and CreatedAt, or None when nothing is open.
+    """
+    lowest = (
+        sa.select(sa.func.min(WorkItem.c.InputStartOrdinal))
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(list(statuses)))
+        .scalar_subquery()
+    )
+    return connection.execute(
+        sa.select(Event.c.EnqueueOrdinal, Event.c.CreatedAt).where(
+            Event.c.PackInstallId == pack_install_id, Event.c.EnqueueOrdinal == lowest
+        )
+    ).first()
+
+
+def work_failed_sample(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
+    """Up to ``limit`` failed generations of a pack (ix_workitem_claim range, LIMIT)."""
+    return list(
+        connection.execute(
+            sa.select(
+                WorkItem.c.WorkId,
+                WorkItem.c.InputStartOrdinal,
+                WorkItem.c.LaneOrdinal,
+                WorkItem.c.Attempt,
+                WorkItem.c.LastError,
+                WorkItem.c.FinishedAt,
+            )
+            .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == WorkStatus.FAILED)
+            .limit(limit)
+        )
+    )
+
+
+def receipt_count_capped(connection: Connection, pack_install_id: str, state: str, cap: int) -> int:
+    """Receipts of a pack in ``state``, counted up to ``cap`` (ix_ingressreceipt_state range, LIMIT)."""
+    limited = (
+        sa.select(IngressReceipt.c.ReceiptKey)
+        .where(IngressReceipt.c.State == state, IngressReceipt.c.PackInstallId == pack_install_id)
+        .limit(cap)
+        .subquery()
+    )
+    return int(connection.execute(sa.select(sa.func.count()).select_from(limited)).scalar_one())
+
+
+def work_identities_page(connection: Connection, pack_install_id: str, after: str, limit: int) -> list[str]:
+    """The next ``limit`` projection keys with generations after ``after``, in key order.
+
+    A keyset walk of ix_workitem_projection_order: the index is read in key order and the
+    walk stops after ``limit`` distinct keys.
+    """
+    return list(
+        connection.execute(
+            sa.select(WorkItem.c.ProjectionKey)
+            .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.ProjectionKey > after)
+            .group_by(WorkItem.c.ProjectionKey)
+            .order_by(WorkItem.c.ProjectionKey)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def identity_generations_newest(
+    connection: Connection, pack_install_id: str, projection_key: str, limit: int
+) -> list[DbRow]:
+    """The newest ``limit`` generations of one identity, newest first (ix_workitem_projection_order, backwards)."""
+    return list(
+        connection.execute(
+            sa.select(
+                WorkItem.c.WorkId,
+                WorkItem.c.InputStartOrdinal,
+                WorkItem.c.LaneOrdinal,
+                WorkItem.c.Status,
+                WorkItem.c.Attempt,
+                WorkItem.c.ReplayOfWorkId,
+            )
+            .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.ProjectionKey == projection_key)
+            .order_by(WorkItem.c.LaneOrdinal.desc())
+            .limit(limit)
+        )
+    )

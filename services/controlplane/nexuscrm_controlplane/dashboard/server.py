@@ -1,0 +1,49 @@
+"""Running the dashboard on its own port, in a thread of the Controlplane process.
+
+Uvicorn serves the app on a socket bound here (so port 0 works and the bound port is known
+before serving); it does not install signal handlers off the main thread, so SIGTERM stays
+with the gRPC server's graceful shutdown, which stops the dashboard through ``stop``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+
+from nexuscrm_runtime.config import check_address
+
+STARTUP_TIMEOUT = 10.0  # seconds for uvicorn to start serving the bound socket
+STARTUP_POLL = 0.01  # seconds
+
+
+class DashboardServer:
+    """Serves ``app`` on ``address`` (host:port, 0 = any free port) until ``stop``."""
+
+    def __init__(self, app: Starlette, address: str) -> None:
+        host, _, port = check_address("NEXUSCRM_DASHBOARD_ADDRESS", address).rpartition(":")
+        self._socket = socket.create_server((host.strip("[]"), int(port)))
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="dashboard", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start serving; return once uvicorn accepts connections (RuntimeError if it did not start)."""
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the dashboard did not start; see the log")
+            time.sleep(STARTUP_POLL)
+
+    def stop(self) -> None:
+        """Stop serving and wait for the server thread."""
+        self._server.should_exit = True
+        self._thread.join()
+        self._socket.close()

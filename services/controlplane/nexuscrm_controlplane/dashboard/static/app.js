@@ -1,0 +1,237 @@
+// The operator dashboard: reads the JSON endpoints and redraws in place; it never writes.
+"use strict";
+
+const REFRESH_MS = Number(new URLSearchParams(location.search).get("refresh")) || 2000;
+const RECEIPTS_SHOWN = 8; // rows per receipt table
+const RECEIPTS_LISTED = 50; // what /api/receipts returns at most (overview.RECEIPT_PAGE)
+const STATES = ["pending", "blocked", "processing", "retry", "completed", "failed"];
+const view = { pack: null, after: "", refreshes: 0 };
+const $ = (id) => document.getElementById(id);
+
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+async function getJSON(url) {
+  const response = await fetch(url, { cache: "no-store" });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 1) return "<1 s";
+  if (seconds < 120) return `${Math.round(seconds)} s`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+  if (seconds < 172800) return `${Math.round(seconds / 3600)} h`;
+  return `${Math.round(seconds / 86400)} d`;
+}
+
+function when(iso) {
+  return iso ? `${iso.slice(0, 10)} ${iso.slice(11, 19)}` : "–";
+}
+
+function capped(count, cap) {
+  return count >= cap ? `${cap}+` : String(count);
+}
+
+function stat(metric, label, value, level, explainId) {
+  const link = explainId ? ` data-explain="${esc(explainId)}" title="explain ${esc(explainId)}"` : "";
+  return `<div class="stat ${level || ""}" data-metric="${metric}"${link}><div class="value">${esc(value)}</div><div class="label">${esc(label)}</div></div>`;
+}
+
+function fencesTable(pack) {
+  if (!pack.fences.length) return `<p class="muted" data-fences="none">No admission fence.</p>`;
+  const rows = pack.fences.map((f) => {
+    const overrides = f.overrides.map((o) => `<span title="${esc(o.pack_install_id)}">${esc(o.pack_install_id.slice(0, 11))}…</span>${o.active ? "" : " (expired)"}`).join("<br>") || "–";
+    const holds = f.holds_pack ? `<span class="badge bad">holds admission</span>` : f.active ? `<span class="badge ok">overridden</span>` : `<span class="badge">expired</span>`;
+    return `<tr data-fence="${esc(f.fence_id)}"><td class="mono">${esc(f.fence_id.slice(0, 8))}</td><td>${esc(f.scope === "*" ? "namespace *" : "this pack")}</td>
+      <td>${holds}</td><td>${esc(f.expires_at ? when(f.expires_at) : "never")}</td><td class="mono">${overrides}</td><td>${esc(f.reason)}</td></tr>`;
+  });
+  return `<table><tr><th>fence</th><th>scope</th><th>state</th><th>expires</th><th>overrides</th><th>reason</th></tr>${rows.join("")}</table>`;
+}
+
+function drainBlock(pack) {
+  const d = pack.drain;
+  if (!d) return `<p class="muted" data-drain="not-applicable">Not applicable: the protocol row is written, old-protocol work was drained before it.</p>`;
+  const badge = d.drained ? `<span class="badge ok">drained</span>` : `<span class="badge warn">not drained</span>`;
+  const holds = d.holds.map((h) => `<li>${esc(h.reason)}: ${h.count} (${esc(h.sample_work_ids.join(", "))}) <span class="muted">${esc(h.detail)}</span></li>`).join("");
+  const counts = Object.entries(d.counts).map(([k, v]) => `${k} ${v}`).join(", ");
+  return `<p data-drain="${d.drained}">${badge} <span class="muted">old-protocol work: ${esc(counts)}</span></p>${holds ? `<ul>${holds}</ul>` : ""}`;
+}
+
+function auditBlock(pack) {
+  const report = pack.audit_report;
+  if (!report) return `<p class="muted">No cutover audit report${pack.protocol.state === "greenfield" ? " (greenfield pack)" : ""}.</p>`;
+  const verdict = report.passed ? `<span class="badge ok">passed</span>` : `<span class="badge bad">refused</span>`;
+  return `<p>${verdict} ${report.events_audited} Events, ${report.work_items_audited} WorkItems, ${report.identities_audited} identities audited; cutoff ${report.legacy_max_ordinal}</p>
+    <details data-details="${esc(pack.pack_install_id)}"><summary>report</summary><pre>${esc(JSON.stringify(report, null, 2))}</pre></details>`;
+}
+
+function failuresBlock(pack) {
+  if (!pack.failures.length) return "";
+  const rows = pack.failures.map((f) => `<tr><td class="mono"><a href="#" data-explain="${esc(f.work_id)}">${esc(f.work_id)}</a></td><td>${f.range[0]}–${f.range[1]}</td><td>${f.attempt}</td><td>${esc(f.last_error)}</td></tr>`);
+  return `<h3>Failed generations</h3><table><tr><th>WorkId</th><th>range</th><th>attempts</th><th>last error</th></tr>${rows.join("")}</table>`;
+}
+
+function packCard(pack, cap) {
+  const q = pack.queue;
+  const stats = [
+    ...["pending", "blocked", "processing", "retry"].map((s) => stat(s, s, q.depth[s])),
+    stat("oldest_waiting", "oldest waiting", age(q.oldest_unclaimed_age_seconds), q.oldest_unclaimed_age_seconds > 60 ? "attention" : "", q.oldest_unclaimed_work_id),
+    stat("lag", "end-to-end lag", age(q.end_to_end_lag_seconds), q.end_to_end_lag_seconds > 60 ? "attention" : ""),
+    stat("failed", "failed", capped(q.failed, cap), q.failed ? "alert" : ""),
+    stat("leases_expired", "leases expired", q.leases_expired, q.leases_expired ? "attention" : ""),
+    stat("receipts_waiting", "receipts waiting", capped(q.receipts_waiting, cap), q.receipts_waiting ? "attention" : ""),
+    stat("coverage_missing", "coverage missing", capped(q.receipts_coverage_missing, cap), q.receipts_coverage_missing ? "alert" : ""),
+  ];
+  const selected = pack.pack_install_id === view.pack ? " selected" : "";
+  return `<article class="pack${selected}" data-pack="${esc(pack.pack_install_id)}">
+    <div class="pack-head" title="show this pack's generations">
+      <h2>${esc(pack.pack_name)} ${esc(pack.pack_version)}</h2>
+      <span class="badge ${esc(pack.protocol.state)}" data-protocol="${esc(pack.protocol.state)}">${esc(pack.protocol.label)}</span>
+      <code>${esc(pack.pack_install_id)}</code><span class="muted">namespace ${esc(pack.namespace)} · last ordinal ${pack.last_ordinal}</span>
+    </div>
+    <div class="stats">${stats.join("")}</div>
+    <div class="row">
+      <div><h3>Admission fences and overrides</h3>${fencesTable(pack)}</div>
+      <div><h3>Drain</h3>${drainBlock(pack)}<h3>Last cutover audit</h3>${auditBlock(pack)}</div>
+    </div>
+    ${failuresBlock(pack)}
+  </article>`;
+}
+
+// Replace a section's HTML only when it changed, keeping the reports an operator opened.
+function update(element, html) {
+  if (element.dataset.html === html) return;
+  const open = new Set([...element.querySelectorAll("details[open]")].map((d) => d.dataset.details));
+  element.innerHTML = html;
+  element.dataset.html = html;
+  element.querySelectorAll("details").forEach((d) => { d.open = open.has(d.dataset.details); });
+}
+
+function renderPacks(data) {
+  if (!data.packs.length) {
+    update($("packs"), `<div class="panel muted">No pack is installed yet.</div>`);
+    return;
+  }
+  if (!view.pack || !data.packs.some((p) => p.pack_install_id === view.pack)) view.pack = data.packs[0].pack_install_id;
+  update($("packs"), data.packs.map((p) => packCard(p, data.count_cap)).join(""));
+}
+
+async function renderTimeline() {
+  if (!view.pack) return;
+  const data = await getJSON(`/api/packs/${encodeURIComponent(view.pack)}/timeline?after=${encodeURIComponent(view.after)}`);
+  $("timeline-pack").textContent = view.pack;
+  const gens = data.identities.flatMap((i) => i.generations);
+  if (!gens.length) {
+    update($("timeline"), `<p class="muted">No generations yet.</p>`);
+  } else {
+    const low = Math.min(...gens.map((g) => g.start ?? g.end));
+    const high = Math.max(...gens.map((g) => g.end));
+    const span = Math.max(1, high - low + 1);
+    update($("timeline"), data.identities.map((identity) => {
+      const bars = identity.generations.map((g) => {
+        const start = g.start ?? g.end;
+        const left = ((start - low) / span) * 100;
+        const width = Math.max(0.4, ((g.end - start + 1) / span) * 100);
+        const title = `${g.work_id}\n[${g.start ?? "legacy"}, ${g.end}] ${g.status}, attempt ${g.attempt}${g.replay_of ? `, replay of ${g.replay_of}` : ""}`;
+        return `<span class="gen s-${esc(g.status)}" style="left:${left}%;width:${width}%" title="${esc(title)}" data-explain="${esc(g.work_id)}" data-status="${esc(g.status)}"></span>`;
+      }).join("");
+      return `<div class="identity"><div class="name mono" title="${esc(identity.projection_key)}">${esc(identity.label)}</div><div class="track">${bars}</div></div>`;
+    }).join("") + `<p class="hint">ordinals ${low} – ${high}</p>`);
+  }
+  $("timeline-next").hidden = !data.next;
+  $("timeline-next").dataset.after = data.next;
+}
+
+function receiptRows(rows) {
+  if (!rows.length) return `<tr><td class="muted">none</td></tr>`;
+  const more = rows.length > RECEIPTS_SHOWN ? `<tr><td class="muted" colspan="4">oldest ${RECEIPTS_SHOWN} of ${rows.length}${rows.length >= RECEIPTS_LISTED ? "+" : ""}; search a key to explain it</td></tr>` : "";
+  return `<tr><th>ReceiptKey</th><th>pack</th><th>lane</th><th>received</th></tr>` + rows.slice(0, RECEIPTS_SHOWN).map((r) =>
+    `<tr data-receipt="${esc(r.receipt_key)}"><td class="mono"><a href="#" data-explain="${esc(r.receipt_key)}">${esc(r.receipt_key)}</a></td>
+      <td class="mono">${esc(r.pack_install_id)}</td><td>${esc(r.lane)}</td><td>${esc(when(r.received_at))}</td></tr>`).join("") + more;
+}
+
+async function renderReceipts() {
+  const [missing, waiting] = await Promise.all([
+    getJSON("/api/receipts?state=coverage_missing"),
+    getJSON("/api/receipts?state=stored"),
+  ]);
+  update($("receipts-missing"), receiptRows(missing));
+  update($("receipts-waiting"), receiptRows(waiting));
+}
+
+function workDetails(w) {
+  const range = `[${w.range[0] ?? "legacy"}, ${w.range[1]}]`;
+  return `<dt>WorkId</dt><dd class="mono">${esc(w.work_id)}</dd><dt>pack</dt><dd class="mono">${esc(w.pack_install_id)}</dd>
+    <dt>source lane</dt><dd>${esc(w.identity)}</dd><dt>range</dt><dd data-range>${esc(range)}${w.members !== null ? ` · ${w.members} members` : ""}</dd>
+    <dt>status</dt><dd><span class="badge">${esc(w.status)}</span> ${esc(w.status_detail)}</dd>
+    <dt>attempt</dt><dd>${w.attempt} of ${w.max_attempts}${w.last_error ? ` · last error: ${esc(w.last_error)}` : ""}</dd>
+    ${w.replay_of ? `<dt>replay of</dt><dd class="mono">${esc(w.replay_of)}</dd>` : ""}`;
+}
+
+function renderResult(r) {
+  if (r.kind === "work") return `<div class="result" data-kind="work"><strong>Generation</strong><dl>${workDetails(r)}</dl></div>`;
+  const covered = r.covered_by ? workDetails(r.covered_by) : "";
+  return `<div class="result" data-kind="receipt"><strong>Receipt <code>${esc(r.receipt_key)}</code></strong>
+    <dl><dt>state</dt><dd>${esc(r.receipt_state)}</dd><dt>ordinal</dt><dd>${esc(r.enqueue_ordinal ?? "none (not admitted)")}</dd>
+    <dt>why</dt><dd data-explanation>${esc(r.explanation)}</dd>${covered}</dl></div>`;
+}
+
+async function explain(text) {
+  $("search-input").value = text;
+  const box = $("search-results");
+  box.hidden = false;
+  try {
+    const found = await getJSON(`/api/search?q=${encodeURIComponent(text)}`);
+    box.innerHTML = found.length ? found.map(renderResult).join("")
+      : `<div class="result none" data-kind="none">No WorkId or ReceiptKey <code>${esc(text)}</code> in the listed packs.</div>`;
+  } catch (error) {
+    box.innerHTML = `<div class="result none" data-kind="error">${esc(error.message)}</div>`;
+  }
+}
+
+async function refresh() {
+  try {
+    renderPacks(await getJSON("/api/overview"));
+    await Promise.all([renderTimeline(), renderReceipts()]);
+    view.refreshes += 1;
+    $("refreshed").textContent = `refreshed ${new Date().toLocaleTimeString()}`;
+    $("refreshed").dataset.count = String(view.refreshes);
+  } catch (error) {
+    $("refreshed").textContent = `refresh failed: ${error.message}`;
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("legend").innerHTML = STATES.map((s) => `<span style="--c: var(--${s})">${s}</span>`).join("");
+  $("search").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = $("search-input").value.trim();
+    if (text) explain(text);
+  });
+  document.body.addEventListener("click", (event) => {
+    const target = event.target.closest("[data-explain]");
+    if (target) {
+      event.preventDefault();
+      explain(target.dataset.explain);
+      return;
+    }
+    const head = event.target.closest(".pack-head");
+    if (head) {
+      view.pack = head.parentElement.dataset.pack;
+      view.after = "";
+      document.querySelectorAll(".pack").forEach((p) => p.classList.toggle("selected", p.dataset.pack === view.pack));
+      renderTimeline();
+    }
+  });
+  $("timeline-next").addEventListener("click", () => {
+    view.after = $("timeline-next").dataset.after;
+    renderTimeline();
+  });
+  refresh();
+});

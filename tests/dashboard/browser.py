@@ -1,0 +1,79 @@
+"""Headless Chromium from Debian's packages, driven by Selenium through /usr/bin/chromedriver.
+
+Nothing is downloaded: the driver path and the browser binary are given explicitly, so
+selenium-manager is never consulted. Without Chromium the browser tests skip, unless
+NEXUSCRM_BROWSER_REQUIRED=1 (CI sets it) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+REQUIRED = os.environ.get("NEXUSCRM_BROWSER_REQUIRED") == "1"
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1700",
+)
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+def chromium(user_data_dir: Path) -> webdriver.Chrome:
+    """A fresh headless Chromium with browser console logging on."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={user_data_dir}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+
+
+def browser_session() -> Iterator[webdriver.Chrome]:
+    """Body of the ``browser`` fixture: skip (or fail when required) without Chromium."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        message = f"{CHROMIUM} and {CHROMEDRIVER} are needed (Debian packages chromium, chromium-driver)"
+        if REQUIRED:
+            pytest.fail(f"NEXUSCRM_BROWSER_REQUIRED=1: {message}")
+        pytest.skip(message)
+    with tempfile.TemporaryDirectory(prefix="nexuscrm-chromium-") as profile:
+        driver = chromium(Path(profile))
+        try:
+            yield driver
+        finally:
+            driver.quit()
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def console_errors(driver: webdriver.Chrome) -> list[str]:
+    """Browser console entries of level SEVERE since the last call."""
+    entries: list[dict[str, str]] = driver.get_log("browser")  # type: ignore[no-untyped-call]  # untyped upstream
+    return [entry["message"] for entry in entries if entry["level"] == "SEVERE"]
