@@ -285,11 +285,14 @@ def test_enqueue_and_claim_race_threads(engine: sa.Engine) -> None:
     def worker(n: int) -> None:
         try:
             while True:
+                # Read "done" before claiming: an empty claim counts only if every batch had
+                # committed before it looked for candidates.
+                finished = done.is_set()
                 claims = connectors.claim(f"w{n}", pack_install_ids=[pack], max_items=2)
                 for c in claims:
                     executed.update(load_all(connectors, c.work.work_id, c.lease_token))
                     connectors.complete(c.work.work_id, c.lease_token)
-                if not claims and done.is_set():
+                if not claims and finished:
                     return
         except BaseException as error:
             errors.append(error)

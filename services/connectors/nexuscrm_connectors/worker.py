@@ -10,6 +10,7 @@ for in-flight work; it does not drain the durable queue.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime as dt
 import logging
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from nexuscrm_connectors.models import Claim, InputPage, InputRow, WorkItemRow
+from nexuscrm_runtime.logs import log_context
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +112,18 @@ class Worker:
         return bool(claims)
 
     def _execute(self, claim: Claim) -> None:
+        with log_context(pack=claim.work.pack_install_id, work_id=claim.work.work_id):
+            self._execute_attempt(claim)
+
+    def _execute_attempt(self, claim: Claim) -> None:
         work_id, token = claim.work.work_id, claim.lease_token
         self.stats.current_work_id = work_id
         self.stats.executions += 1
         beating = threading.Event()
-        heart = threading.Thread(target=self._heartbeat, args=(work_id, token, beating), daemon=True)
+        # The heartbeat thread logs with this attempt's context (pack, WorkId) too.
+        heart = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._heartbeat, work_id, token, beating), daemon=True
+        )
         heart.start()
         try:
             inputs = _Members(self._source.load_inputs(work_id, token, self._page_size))
