@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from selenium import webdriver
@@ -60,17 +58,6 @@ def browser_session() -> Iterator[webdriver.Chrome]:
             yield driver
         finally:
             driver.quit()
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def console_errors(driver: webdriver.Chrome) -> list[str]:

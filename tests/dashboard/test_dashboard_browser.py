@@ -40,7 +40,8 @@ from nexuscrm_integration.run import install_demo_pack
 from nexuscrm_integration.simulator import Simulator, WorkloadConfig
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
-from tests.dashboard.browser import ARTIFACTS, browser_session, console_errors, wait_for
+from tests.dashboard.browser import ARTIFACTS, browser_session, console_errors
+from tests.support.waiting import wait_until
 from workqueue import decode_projection_key
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database, pytest.mark.browser]
@@ -173,7 +174,7 @@ def explain(driver: webdriver.Chrome, text: str) -> str:
     box = driver.find_element(By.ID, "search-input")
     box.clear()
     box.send_keys(text, Keys.ENTER)
-    found = wait_for(
+    found = wait_until(
         lambda: [r for r in present(driver, "#search-results .result") if text in r], f"an explanation of {text}"
     )
     return str(found[0])
@@ -205,11 +206,11 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
     assert expected["retry"] == expected["failed"] == expected["coverage_missing"] == 1
 
     browser.get(f"http://127.0.0.1:{controlplane.side_port('dashboard')}/")
-    wait_for(lambda: present(browser, f'[data-pack="{pack}"]'), "the pack card")
+    wait_until(lambda: present(browser, f'[data-pack="{pack}"]'), "the pack card")
     assert page_numbers(browser, pack) == expected
     assert present(browser, f'[data-pack="{pack}"] [data-protocol="greenfield"]')
-    wait_for(lambda: present(browser, f'#receipts-missing [data-receipt="{missing_key}"]'), "the coverage gap")
-    wait_for(
+    wait_until(lambda: present(browser, f'#receipts-missing [data-receipt="{missing_key}"]'), "the coverage gap")
+    wait_until(
         lambda: (
             {"pending", "retry", "failed"}
             <= set(
@@ -255,7 +256,7 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
         check=True,
     )
     fence_id = json.loads(armed.stdout)["fence_id"]
-    [fence_row] = wait_for(lambda: present(browser, f'[data-fence="{fence_id}"]'), "the armed fence")
+    [fence_row] = wait_until(lambda: present(browser, f'[data-fence="{fence_id}"]'), "the armed fence")
     assert browser.execute_script("return window.sameDocument") is True  # refreshed in place, not reloaded
     assert "holds admission" in fence_row
     assert console_errors(browser) == []

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import sqlalchemy as sa
 
 from nexuscrm_connectors.models import Claim, IngestResult, Outcome
@@ -11,6 +9,7 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.clock import utcnow
 from tests.support.factories import delivery, install_pack
 from tests.support.history import History, check_history
+from tests.support.waiting import wait_until
 
 LEASE = 1  # seconds
 
@@ -25,8 +24,8 @@ def test_a_clean_history_has_no_violation_and_forged_anomalies_are_each_found(en
     (stale,) = first.result
     key = (stale.work.work_id, stale.lease_token)
     history.call("w1", "load", key, lambda: [i.enqueue_ordinal for p in connectors.load_inputs(*key) for i in p.inputs])
-    while utcnow() <= stale.work.lease_expires_at:  # w1 stalls past its lease; w2 takes over and completes
-        time.sleep(0.05)
+    # w1 stalls past its lease; w2 takes over and completes.
+    wait_until(lambda: utcnow() > stale.work.lease_expires_at, "w1's lease to expire")
     second = history.call("w2", "claim", "w2", lambda: connectors.claim("w2", lease_seconds=LEASE))
     (fresh,) = second.result
     key2 = (fresh.work.work_id, fresh.lease_token)

@@ -47,8 +47,8 @@ IDENTITY_CACHE_SIZE = 65_536  # distinct (pack, route) pairs whose projection ke
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _Delivery:
-    """A validated delivery: the first of its receipt key in the batch."""
+class Delivery:
+    """A validated delivery with its projection key and payload digest (shared with the legacy runtime)."""
 
     item: IngestItem
     projection_key: str
@@ -70,7 +70,7 @@ def ingest(
         )
     results: dict[int, IngestResult] = {}
     first_of_key: dict[str, int] = {}
-    deliveries: list[_Delivery] = []
+    deliveries: list[Delivery] = []
     for index, item in enumerate(items):
         try:
             delivery = _validate(settings, pack_install_id, item)
@@ -91,14 +91,14 @@ def ingest(
     return [results[index] for index in range(len(items))]
 
 
-def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> _Delivery:
+def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> Delivery:
     validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
     projection_key = _projection_key(pack_install_id, item.route)
     if len(item.payload) > settings.max_payload_bytes:
         raise LimitExceeded(
             f"payload is {len(item.payload)} bytes; the limit is {settings.max_payload_bytes}", field="payload"
         )
-    return _Delivery(item=item, projection_key=projection_key, payload_hash=payload_hash(item.payload))
+    return Delivery(item=item, projection_key=projection_key, payload_hash=payload_hash(item.payload))
 
 
 @functools.lru_cache(maxsize=IDENTITY_CACHE_SIZE)
@@ -132,7 +132,7 @@ def _same_key_again(first: IngestItem, again: IngestItem, admitted: dict[str, In
 
 
 def admit(
-    engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, deliveries: Sequence[_Delivery]
+    engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, deliveries: Sequence[Delivery]
 ) -> dict[str, IngestResult]:
     """Run the admission transaction, then confirm acknowledged receipts; results by key."""
     now = clock()
@@ -146,7 +146,7 @@ def admit(
 
 
 def _admission(
-    connection: Connection, settings: Settings, pack_install_id: str, deliveries: Sequence[_Delivery], now: dt.datetime
+    connection: Connection, settings: Settings, pack_install_id: str, deliveries: Sequence[Delivery], now: dt.datetime
 ) -> dict[str, IngestResult]:
     pack = packs.pack_lock(connection, pack_install_id)
     fenced = packs.fence_active(connection, pack, now)
@@ -160,12 +160,12 @@ def _admission(
     results: dict[str, IngestResult] = {}
     keys = [d.item.receipt_key for d in deliveries]
     stored = queries.receipts_get(connection, pack_install_id, keys)
-    accepted: list[_Delivery] = []
+    accepted: list[Delivery] = []
     new_receipts: list[dict[str, Any]] = []
     for delivery in deliveries:
         receipt = stored.get(delivery.item.receipt_key)
         if receipt is None:
-            new_receipts.append(_receipt_row(pack_install_id, delivery, now))
+            new_receipts.append(receipt_row(pack_install_id, delivery, now))
         elif receipt.PayloadHash != delivery.payload_hash or receipt.ProjectionKey != delivery.projection_key:
             results[delivery.item.receipt_key] = IngestResult(
                 receipt_key=delivery.item.receipt_key,
@@ -180,7 +180,7 @@ def _admission(
         results.update({d.item.receipt_key: _fenced(d) for d in accepted})
         return results
     events = queries.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
-    fresh: list[_Delivery] = []
+    fresh: list[Delivery] = []
     for delivery in accepted:
         event = events.get(delivery.item.receipt_key)
         if event is not None:
@@ -196,7 +196,7 @@ def _admission(
     return results
 
 
-def _fenced(delivery: _Delivery) -> IngestResult:
+def _fenced(delivery: Delivery) -> IngestResult:
     return IngestResult(
         receipt_key=delivery.item.receipt_key,
         outcome=Outcome.FENCED,
@@ -204,7 +204,8 @@ def _fenced(delivery: _Delivery) -> IngestResult:
     )
 
 
-def _receipt_row(pack_install_id: str, delivery: _Delivery, now: dt.datetime) -> dict[str, Any]:
+def receipt_row(pack_install_id: str, delivery: Delivery, now: dt.datetime) -> dict[str, Any]:
+    """The IngressReceipt row of a newly stored delivery."""
     return {
         "PackInstallId": pack_install_id,
         "ReceiptKey": delivery.item.receipt_key,
@@ -217,8 +218,29 @@ def _receipt_row(pack_install_id: str, delivery: _Delivery, now: dt.datetime) ->
     }
 
 
+def event_rows(
+    pack_install_id: str, ordinals: Iterable[int], deliveries: Sequence[Delivery], now: dt.datetime
+) -> list[dict[str, Any]]:
+    """The Event rows of fresh deliveries, one ordinal each, in arrival order."""
+    return [
+        {
+            "PackInstallId": pack_install_id,
+            "EnqueueOrdinal": ordinal,
+            "ProjectionKey": delivery.projection_key,
+            "ReceiptKey": delivery.item.receipt_key,
+            "PayloadHash": delivery.payload_hash,
+            "Payload": delivery.item.payload,
+            "SourceTime": delivery.item.source_time,
+            "Status": EventStatus.PENDING,
+            "IsReplay": False,
+            "CreatedAt": now,
+        }
+        for ordinal, delivery in zip(ordinals, deliveries, strict=True)
+    ]
+
+
 def _admit_fresh(
-    connection: Connection, settings: Settings, pack: packs.LockedPack, fresh: Sequence[_Delivery], now: dt.datetime
+    connection: Connection, settings: Settings, pack: packs.LockedPack, fresh: Sequence[Delivery], now: dt.datetime
 ) -> dict[str, IngestResult]:
     """Allocate ordinals in arrival order, insert Events, and cover every new input once.
 
@@ -226,25 +248,8 @@ def _admit_fresh(
     (invariant M): its newest one extended, or a successor.
     """
     ordinals = packs.ordinals_allocate(connection, pack, len(fresh))
-    queries.events_insert(
-        connection,
-        [
-            {
-                "PackInstallId": pack.pack_install_id,
-                "EnqueueOrdinal": ordinal,
-                "ProjectionKey": delivery.projection_key,
-                "ReceiptKey": delivery.item.receipt_key,
-                "PayloadHash": delivery.payload_hash,
-                "Payload": delivery.item.payload,
-                "SourceTime": delivery.item.source_time,
-                "Status": EventStatus.PENDING,
-                "IsReplay": False,
-                "CreatedAt": now,
-            }
-            for ordinal, delivery in zip(ordinals, fresh, strict=True)
-        ],
-    )
-    by_identity: dict[str, list[tuple[int, _Delivery]]] = {}
+    queries.events_insert(connection, event_rows(pack.pack_install_id, ordinals, fresh, now))
+    by_identity: dict[str, list[tuple[int, Delivery]]] = {}
     for ordinal, delivery in zip(ordinals, fresh, strict=True):
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
     newest = queries.work_items_newest(connection, pack.pack_install_id, by_identity)
@@ -350,7 +355,7 @@ def materialize(engine: Engine, settings: Settings, clock: Clock, limit: int = 5
         with engine.connect() as connection:
             stored = queries.receipts_stored_list(connection, pack_install_id, limit)
         deliveries = [
-            _Delivery(
+            Delivery(
                 item=IngestItem(
                     receipt_key=row.ReceiptKey,
                     route=Route.of(decode_projection_key(row.ProjectionKey)),

@@ -168,16 +168,7 @@ def _claim_one(
                 return None
             _finish(connection, row, EventStatus.FAILED, now)
             return RETIRED
-    token = str(uuid.uuid4())
-    expires = now + lease
-    values = {
-        "Status": WorkStatus.PROCESSING,
-        "Attempt": attempt,
-        "LeaseOwner": worker_id,
-        "LeaseToken": token,
-        "LeaseExpiresAt": expires,
-        "ClaimableAt": expires,
-    }
+    token, values = lease_values(worker_id, attempt, now, lease)
     if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
         return None
     if packs.protocol_get(connection, row.PackInstallId) is None:
@@ -192,6 +183,21 @@ def _claim_one(
     ):
         raise MembershipMissing(f"work {row.WorkId}: its selected Event (ordinal {claimed.LaneOrdinal}) is missing")
     return Claim(work=WorkItemRow.from_row(claimed), lease_token=token)
+
+
+def lease_values(worker_id: str, attempt: int, now: dt.datetime, lease: dt.timedelta) -> tuple[str, dict[str, Any]]:
+    """A fresh lease token and the WorkItem values that grant it to ``worker_id`` until ``now + lease``."""
+    token = str(uuid.uuid4())
+    expires = now + lease
+    values = {
+        "Status": WorkStatus.PROCESSING,
+        "Attempt": attempt,
+        "LeaseOwner": worker_id,
+        "LeaseToken": token,
+        "LeaseExpiresAt": expires,
+        "ClaimableAt": expires,  # a lease that is not renewed makes the work claimable again
+    }
+    return token, values
 
 
 def _finish(connection: Connection, row: DbRow, event_status: EventStatus, now: dt.datetime) -> None:

@@ -22,10 +22,8 @@ fences: a fenced delivery is stored as a durable receipt for the native material
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import functools
-import hashlib
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +32,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors.admission import Delivery, event_rows, payload_hash, receipt_row
 from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
+from nexuscrm_connectors.leases import lease_values
 from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputRow, Outcome, WorkItemRow
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_runtime.clock import Clock, utcnow
@@ -152,13 +152,6 @@ def _refuse_if_cut_over(connection: Connection, pack_install_id: str, action: st
         )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Delivery:
-    item: IngestItem
-    projection_key: str
-    payload_hash: str
-
-
 class LegacyRuntime:
     """The old-protocol writer and worker over one database (see the module docstring)."""
 
@@ -196,15 +189,15 @@ class LegacyRuntime:
         )
 
     @staticmethod
-    def _validate(pack_install_id: str, item: IngestItem) -> _Delivery:
+    def _validate(pack_install_id: str, item: IngestItem) -> Delivery:
         validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
-        return _Delivery(
+        return Delivery(
             item=item,
             projection_key=item.route.identity(pack_install_id).key,
-            payload_hash=hashlib.sha256(item.payload).hexdigest(),
+            payload_hash=payload_hash(item.payload),
         )
 
-    def _admit(self, connection: Connection, pack_install_id: str, deliveries: list[_Delivery]) -> list[IngestResult]:
+    def _admit(self, connection: Connection, pack_install_id: str, deliveries: list[Delivery]) -> list[IngestResult]:
         now = self.clock()
         pack = packs.pack_lock(connection, pack_install_id)
         _refuse_if_cut_over(connection, pack.pack_install_id, "admit")
@@ -216,7 +209,7 @@ class LegacyRuntime:
         stored = queries.receipts_get(connection, pack.pack_install_id, keys)
         events = queries.events_by_receipt(connection, pack.pack_install_id, keys)
         results: dict[str, IngestResult] = {}
-        fresh: list[_Delivery] = []
+        fresh: list[Delivery] = []
         new_receipts: list[dict[str, Any]] = []
         for delivery in deliveries:
             key = delivery.item.receipt_key
@@ -229,31 +222,14 @@ class LegacyRuntime:
                 )
             else:
                 if receipt is None:
-                    new_receipts.append(self._receipt_row(pack.pack_install_id, delivery, now))
+                    new_receipts.append(receipt_row(pack.pack_install_id, delivery, now))
                 if fenced:
                     results[key] = IngestResult(receipt_key=key, outcome=Outcome.FENCED, message="stored; fenced")
                 else:
                     fresh.append(delivery)
         queries.receipts_insert(connection, new_receipts)
         ordinals = packs.ordinals_allocate(connection, pack, len(fresh)) if fresh else range(0)
-        queries.events_insert(
-            connection,
-            [
-                {
-                    "PackInstallId": pack.pack_install_id,
-                    "EnqueueOrdinal": ordinal,
-                    "ProjectionKey": delivery.projection_key,
-                    "ReceiptKey": delivery.item.receipt_key,
-                    "PayloadHash": delivery.payload_hash,
-                    "Payload": delivery.item.payload,
-                    "SourceTime": delivery.item.source_time,
-                    "Status": EventStatus.PENDING,
-                    "IsReplay": False,
-                    "CreatedAt": now,
-                }
-                for ordinal, delivery in zip(ordinals, fresh, strict=True)
-            ],
-        )
+        queries.events_insert(connection, event_rows(pack.pack_install_id, ordinals, fresh, now))
         for ordinal, delivery in zip(ordinals, fresh, strict=True):
             work_id = (
                 self._direct_task(connection, pack.pack_install_id, delivery, ordinal, now) if work_item_only else None
@@ -269,21 +245,8 @@ class LegacyRuntime:
         return [results[key] for key in keys]
 
     @staticmethod
-    def _receipt_row(pack_install_id: str, delivery: _Delivery, now: dt.datetime) -> dict[str, Any]:
-        return {
-            "PackInstallId": pack_install_id,
-            "ReceiptKey": delivery.item.receipt_key,
-            "ProjectionKey": delivery.projection_key,
-            "PayloadHash": delivery.payload_hash,
-            "Payload": delivery.item.payload,
-            "SourceTime": delivery.item.source_time,
-            "State": ReceiptState.STORED,
-            "ReceivedAt": now,
-        }
-
-    @staticmethod
     def _direct_task(
-        connection: Connection, pack_install_id: str, delivery: _Delivery, ordinal: int, now: dt.datetime
+        connection: Connection, pack_install_id: str, delivery: Delivery, ordinal: int, now: dt.datetime
     ) -> str | None:
         """Give the Event its direct task, or coalesce it (None) into the identity's unclaimed one."""
         if legacy_work_unclaimed(connection, pack_install_id, delivery.projection_key) is not None:
@@ -353,16 +316,7 @@ class LegacyRuntime:
             if queries.work_item_update_if(connection, row.WorkId, expect, values) == 1:
                 self._settle(connection, row, EventStatus.FAILED, now)
             return None
-        token = str(uuid.uuid4())
-        expires = now + dt.timedelta(seconds=lease_seconds)
-        values = {
-            "Status": WorkStatus.PROCESSING,
-            "Attempt": attempt,
-            "LeaseOwner": worker_id,
-            "LeaseToken": token,
-            "LeaseExpiresAt": expires,
-            "ClaimableAt": expires,
-        }
+        token, values = lease_values(worker_id, attempt, now, dt.timedelta(seconds=lease_seconds))
         if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
             return None
         queries.event_set_status(
