@@ -135,7 +135,10 @@ def test_stale_snapshot_is_refused_by_the_conditional_update(engine: sa.Engine, 
             == 0
         )
         assert (
-            queries.work_item_extend(connection, snapshot.WorkId, snapshot.LaneOrdinal, snapshot.LaneOrdinal + 5) == 0
+            queries.work_items_extend(
+                connection, pack, {snapshot.WorkId: snapshot.LaneOrdinal + 5}, snapshot.LaneOrdinal + 1
+            )
+            == 0
         )
     row = connectors.get_work(snapshot.WorkId).work
     assert (row.lease_owner, row.lane_ordinal, row.status) == ("w", 2, WorkStatus.PROCESSING)

@@ -255,21 +255,6 @@ def work_items_extend(
     ).rowcount
 
 
-def work_item_extend(connection: Connection, work_id: str, lane_ordinal: int, new_lane_ordinal: int) -> int:
-    """Raise the upper bound of an unclaimed attempt-zero generation (invariant B)."""
-    return connection.execute(
-        sa.update(WorkItem)
-        .where(
-            WorkItem.c.WorkId == work_id,
-            WorkItem.c.Status.in_(UNCLAIMED_STATUSES),
-            WorkItem.c.Attempt == 0,
-            WorkItem.c.LaneOrdinal == lane_ordinal,
-            WorkItem.c.LaneOrdinal < new_lane_ordinal,
-        )
-        .values(LaneOrdinal=new_lane_ordinal)
-    ).rowcount
-
-
 def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -> DbRow | None:
     """One WorkItem by primary key, optionally locked."""
     statement = sa.select(WorkItem).where(WorkItem.c.WorkId == work_id)
