@@ -8,13 +8,10 @@ as the database holds it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors import metrics
 from nexuscrm_connectors.models import Outcome
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import fences
@@ -48,14 +45,7 @@ def counters() -> dict[str, float]:
     return {name: REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in COUNTERS}
 
 
-@pytest.fixture
-def counting() -> Iterator[None]:
-    metrics.count_generations(True)
-    yield
-    metrics.count_generations(False)
-
-
-def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine, counting: None) -> None:
+def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine) -> None:
     clock = FakeClock()
     pack = install_pack(engine)
     connectors = Connectors(engine, clock=clock)

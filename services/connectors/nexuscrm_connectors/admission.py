@@ -127,7 +127,9 @@ def _same_key_again(first: IngestItem, again: IngestItem, admitted: dict[str, In
             message="receipt_key appears twice in this batch with a different payload or route",
         )
     if result.outcome is Outcome.ADMITTED:
-        return dataclasses.replace(result, outcome=Outcome.DUPLICATE_COVERED, message="duplicate within the batch")
+        return dataclasses.replace(
+            result, outcome=Outcome.DUPLICATE_COVERED, message="duplicate within the batch", starts_generation=False
+        )
     return result
 
 
@@ -256,6 +258,7 @@ def _admit_fresh(
     new_generations: list[dict[str, Any]] = []
     extended: dict[str, int] = {}  # WorkId -> new LaneOrdinal
     work_ids: dict[str, str] = {}
+    starts: set[int] = set()  # first ordinals of the generations this batch creates
     for projection_key, members in by_identity.items():
         low, high = members[0][0], members[-1][0]  # arrival order = ordinal order
         current = newest.get(projection_key)
@@ -265,6 +268,7 @@ def _admit_fresh(
             continue
         work_id = str(uuid.uuid4())
         work_ids[projection_key] = work_id
+        starts.add(low)
         blocked = current is not None and WorkStatus(current.Status) not in TERMINAL_WORK_STATUSES
         new_generations.append(
             generation_row(
@@ -287,6 +291,7 @@ def _admit_fresh(
             outcome=Outcome.ADMITTED,
             enqueue_ordinal=ordinal,
             work_id=work_ids[delivery.projection_key],
+            starts_generation=ordinal in starts,
         )
         for ordinal, delivery in zip(ordinals, fresh, strict=True)
     }

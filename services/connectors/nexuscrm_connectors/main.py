@@ -11,7 +11,6 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors import metrics
 from nexuscrm_connectors.materializer import Materializer
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import ConnectorsServicer
@@ -28,7 +27,6 @@ def main() -> None:
     materializers: list[Materializer] = []
 
     def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
-        metrics.count_generations(bool(config.metrics_address))
         connectors = Connectors(engine, Settings.from_env())
         materializer = Materializer(connectors)
         materializer.start()

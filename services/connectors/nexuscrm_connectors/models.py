@@ -62,13 +62,18 @@ ACKNOWLEDGED_OUTCOMES = frozenset({Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, O
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class IngestResult:
-    """The outcome of one delivery; ``work_id`` names the covering generation, if any."""
+    """The outcome of one delivery; ``work_id`` names the covering generation, if any.
+
+    ``starts_generation`` is True for an admitted input that opened a new generation (its
+    InputStartOrdinal); other admitted inputs joined or extended an existing one.
+    """
 
     receipt_key: str
     outcome: Outcome
     enqueue_ordinal: int | None = None
     work_id: str | None = None
     message: str = ""
+    starts_generation: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

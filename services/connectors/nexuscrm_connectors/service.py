@@ -29,10 +29,7 @@ class Connectors:
     def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
         results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
-        lowest = metrics.record_ingest(results)
-        if lowest and metrics.counting_generations():
-            with self.engine.connect() as connection:
-                metrics.record_generations(lowest, metrics.generation_starts(connection, list(lowest)))
+        metrics.record_ingest(results)
         return results
 
     def materialize(self, limit: int = 500) -> int:
