@@ -37,7 +37,8 @@ def domain_status(error: DomainError) -> status_pb2.Status:
 def _abort(context: grpc.ServicerContext, error: Exception) -> None:
     if isinstance(error, DomainError):
         context.abort_with_status(rpc_status.to_status(domain_status(error)))
-    if isinstance(error, NotImplementedError):  # generated base servicers raise it
+    # The generated base servicer answers an RPC its service does not override this way.
+    if isinstance(error, NotImplementedError):
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "method not implemented")
     log.exception("unhandled error in RPC handler")
     context.abort(grpc.StatusCode.INTERNAL, "internal error; see the service log")
