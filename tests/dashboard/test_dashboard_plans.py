@@ -18,12 +18,6 @@ from tests.support.factories import START
 
 pytestmark = pytest.mark.database
 
-# Reads that go through another owner's builder with a known plan gap, reported to that owner.
-KNOWN_GAPS = {
-    "receipts": "Connectors queries.receipts_in_state (ListReceipts, nexuscrm receipts missing): "
-    "MySQL sorts the pack's receipts of one state (filesort on ix_ingressreceipt_state)",
-}
-
 
 def touches_growing_table(captured: Captured) -> bool:
     """False for reads of small control tables only (PackInstall, fences, protocol rows), whose sorts are cheap."""
@@ -51,8 +45,6 @@ def test_dashboard_reads_use_index_ranges(engine: sa.Engine) -> None:
     explain = problems_sqlite if is_sqlite(engine) else problems_mysql
     failures = []
     for name, read in reads.items():
-        if name in KNOWN_GAPS and not is_sqlite(engine):
-            continue
         with capture(engine) as captured:
             read()
         assert captured, f"{name} ran no statement"

@@ -382,22 +382,43 @@ def receipts_in_state(
 ) -> list[DbRow]:
     """Receipts in ``state`` (of one pack, or all), in (pack, ReceivedAt, key) order after ``after``.
 
-    A range scan of ix_ingressreceipt_state (whose InnoDB entries end with the primary key,
-    so the order needs no sort); keyset pagination by the last row's (pack, time, key).
+    A range of ix_ingressreceipt_state read in index order up to ``limit`` rows: InnoDB's
+    entries end with the primary key, so the order needs no sort (SQLite's end with the rowid:
+    it sorts the receipts of one batch, which share ReceivedAt). Keyset pagination by the
+    last row's (pack, time, key). MariaDB needs three nudges: the index is forced (for one
+    pack whose receipts are mostly in ``state`` it prefers the primary key and a sort of all
+    of them), the constant pack column stays out of the order (it sorts when it is there),
+    and the keyset is spelled out (it does not seek on a row-value comparison).
     """
-    statement = sa.select(
-        IngressReceipt.c.PackInstallId,
-        IngressReceipt.c.ReceiptKey,
-        IngressReceipt.c.ProjectionKey,
-        IngressReceipt.c.State,
-        IngressReceipt.c.ReceivedAt,
-    ).where(IngressReceipt.c.State == state)
+    statement = (
+        sa.select(
+            IngressReceipt.c.PackInstallId,
+            IngressReceipt.c.ReceiptKey,
+            IngressReceipt.c.ProjectionKey,
+            IngressReceipt.c.State,
+            IngressReceipt.c.ReceivedAt,
+        )
+        .with_hint(IngressReceipt, "FORCE INDEX (ix_ingressreceipt_state)", dialect_name="mysql")
+        .where(IngressReceipt.c.State == state)
+    )
+    order = (IngressReceipt.c.PackInstallId, IngressReceipt.c.ReceivedAt, IngressReceipt.c.ReceiptKey)
+    constant = 0  # leading order columns fixed by the filter
     if pack_install_id:
         statement = statement.where(IngressReceipt.c.PackInstallId == pack_install_id)
+        constant = 1
     if after is not None:
-        statement = statement.where(
-            sa.tuple_(IngressReceipt.c.PackInstallId, IngressReceipt.c.ReceivedAt, IngressReceipt.c.ReceiptKey)
-            > sa.tuple_(*after)
+        statement = statement.where(_after(order[constant:], after[constant:]))
+    return list(connection.execute(statement.order_by(*order[constant:]).limit(limit)))
+
+
+def _after(columns: Sequence[sa.ColumnElement[Any]], values: Sequence[Any]) -> sa.ColumnElement[bool]:
+    """``(columns) > (values)`` in row order, as an OR of index seeks (c1 > v1, c1 = v1 AND c2 > v2, ...)."""
+    return sa.or_(
+        *(
+            sa.and_(
+                *(column == value for column, value in zip(columns[:i], values[:i], strict=True)),
+                columns[i] > values[i],
+            )
+            for i in range(len(columns))
         )
-    order = (IngressReceipt.c.PackInstallId, IngressReceipt.c.ReceivedAt, IngressReceipt.c.ReceiptKey)
-    return list(connection.execute(statement.order_by(*order).limit(limit)))
+    )

@@ -9,6 +9,7 @@ reads, and deliberately no update or delete: a written cutoff is immutable.
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -161,12 +162,18 @@ def legacy_work_counts(connection: Connection, pack_install_id: str) -> dict[str
 
 
 def legacy_work_sample(connection: Connection, pack_install_id: str, statuses: Sequence[str], limit: int) -> list[str]:
-    """Up to ``limit`` WorkIds of old-protocol work of a pack in ``statuses`` (ix_workitem_claim)."""
+    """Up to ``limit`` WorkIds of old-protocol work of a pack in ``statuses``, by status and ClaimableAt.
+
+    The order is ix_workitem_claim's own, so the read stops after ``limit`` rows. WorkId breaks
+    ties: free on InnoDB and TiDB, whose index entries end with the primary key; on SQLite,
+    whose entries end with the rowid, the rows that tie on ClaimableAt are sorted (every
+    blocked row, ClaimableAt being NULL: bounded by the undrained work, not by history).
+    """
     return list(
         connection.execute(
             sa.select(WorkItem.c.WorkId)
             .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(statuses), LEGACY_WORK)
-            .order_by(WorkItem.c.WorkId)
+            .order_by(WorkItem.c.Status, WorkItem.c.ClaimableAt, WorkItem.c.WorkId)
             .limit(limit)
         ).scalars()
     )
@@ -234,13 +241,14 @@ def _dependency_waits(pack_install_id: str) -> sa.Select[Any]:
 def legacy_dependency_waits(connection: Connection, pack_install_id: str, limit: int) -> tuple[int, list[str]]:
     """Count and sample the blocked old-protocol work that waits on an external dependency.
 
-    ix_workitem_claim finds the blocked rows; ix_workitem_projection_order probes each one's
-    predecessors.
+    The sample is the ``limit`` smallest WorkIds. One read: ix_workitem_claim finds the
+    blocked rows, ix_workitem_projection_order probes each one's predecessors, and every match
+    is returned. A blocked row is a live predecessor of the later ones of its identity, so only
+    the rows at an identity's lowest blocked LaneOrdinal can match: the result is bounded by
+    identities, and counting and sampling it here spares a second evaluation and a sort.
     """
-    statement = _dependency_waits(pack_install_id)
-    count = connection.execute(sa.select(sa.func.count()).select_from(statement.subquery())).scalar_one()
-    sample = connection.execute(statement.order_by(WorkItem.c.WorkId).limit(limit)).scalars()
-    return int(count), list(sample)
+    work_ids = connection.execute(_dependency_waits(pack_install_id)).scalars().all()
+    return len(work_ids), heapq.nsmallest(limit, work_ids)
 
 
 # --- Audit of retained responsibility ------------------------------------------------------
@@ -273,12 +281,17 @@ def _orphaned_work(pack_install_id: str) -> sa.Select[Any]:
 def legacy_work_orphaned(connection: Connection, pack_install_id: str, limit: int) -> tuple[int, list[str]]:
     """Count and sample old-protocol WorkItems whose selected Event is gone (or of another identity).
 
-    Walks the pack's old-protocol WorkItems once with a primary-key probe of Event each.
+    The count walks the pack's old-protocol WorkItems with a primary-key probe of Event each.
+    Only when there are orphans does a second walk take the first ``limit`` of them in
+    ix_workitem_projection_order's order (identity, LaneOrdinal; WorkId breaks ties), so it
+    stops early and sorts nothing but ties of one LaneOrdinal.
     """
     statement = _orphaned_work(pack_install_id)
-    count = connection.execute(sa.select(sa.func.count()).select_from(statement.subquery())).scalar_one()
-    sample = connection.execute(statement.order_by(WorkItem.c.WorkId).limit(limit)).scalars()
-    return int(count), list(sample)
+    count = int(connection.execute(sa.select(sa.func.count()).select_from(statement.subquery())).scalar_one())
+    if not count:
+        return 0, []
+    order = (WorkItem.c.ProjectionKey, WorkItem.c.LaneOrdinal, WorkItem.c.WorkId)
+    return count, list(connection.execute(statement.order_by(*order).limit(limit)).scalars())
 
 
 def event_identity_count(connection: Connection, pack_install_id: str) -> int:
