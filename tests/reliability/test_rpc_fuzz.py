@@ -17,19 +17,19 @@ import sqlalchemy as sa
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 
-from nexuscrm.connectors.v1 import connectors_pb2, connectors_pb2_grpc
-from nexuscrm.controlplane.v1 import controlplane_pb2, controlplane_pb2_grpc
-from nexuscrm.integration.v1 import integration_pb2, integration_pb2_grpc
-from nexuscrm.schemacatalog.v1 import schema_catalog_pb2, schema_catalog_pb2_grpc
+from nexuscrm.connectors.v1 import connectors_pb2
+from nexuscrm.controlplane.v1 import controlplane_pb2
+from nexuscrm.integration.v1 import integration_pb2
+from nexuscrm.schemacatalog.v1 import schema_catalog_pb2
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_connectors.servicer import ConnectorsServicer
+from nexuscrm_connectors.servicer import registration as connectors_registration
 from nexuscrm_controlplane.fences import arm_fence
-from nexuscrm_controlplane.servicer import ControlplaneServicer
+from nexuscrm_controlplane.servicer import registration as controlplane_registration
 from nexuscrm_integration.host import HostStatus
-from nexuscrm_integration.servicer import IntegrationServicer
+from nexuscrm_integration.servicer import registration as integration_registration
 from nexuscrm_runtime.server import Registration, create_server
 from nexuscrm_schema_catalog import tables
-from nexuscrm_schema_catalog.servicer import SchemaCatalogServicer
+from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack
 from tests.support.proto_strategies import message_strategy
@@ -50,38 +50,10 @@ DELIBERATE = {
 }
 # (messages module, registration builder) of every service under test.
 SERVICES: list[tuple[Any, Callable[[sa.Engine], Registration]]] = [
-    (
-        schema_catalog_pb2,
-        lambda engine: Registration(
-            servicer=SchemaCatalogServicer(engine),
-            add=schema_catalog_pb2_grpc.add_SchemaCatalogServiceServicer_to_server,
-            service_name="nexuscrm.schemacatalog.v1.SchemaCatalogService",
-        ),
-    ),
-    (
-        connectors_pb2,
-        lambda engine: Registration(
-            servicer=ConnectorsServicer(Connectors(engine)),
-            add=connectors_pb2_grpc.add_ConnectorsServiceServicer_to_server,
-            service_name="nexuscrm.connectors.v1.ConnectorsService",
-        ),
-    ),
-    (
-        controlplane_pb2,
-        lambda engine: Registration(
-            servicer=ControlplaneServicer(engine),
-            add=controlplane_pb2_grpc.add_ControlplaneServiceServicer_to_server,
-            service_name="nexuscrm.controlplane.v1.ControlplaneService",
-        ),
-    ),
-    (
-        integration_pb2,
-        lambda engine: Registration(
-            servicer=IntegrationServicer(HostStatus(["pk-fuzz"])),
-            add=integration_pb2_grpc.add_IntegrationServiceServicer_to_server,
-            service_name="nexuscrm.integration.v1.IntegrationService",
-        ),
-    ),
+    (schema_catalog_pb2, schema_catalog_registration),
+    (connectors_pb2, lambda engine: connectors_registration(Connectors(engine))),
+    (controlplane_pb2, controlplane_registration),
+    (integration_pb2, lambda engine: integration_registration(HostStatus(["pk-fuzz"]))),
 ]
 METHODS = {
     method.full_name: method

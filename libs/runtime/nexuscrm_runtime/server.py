@@ -8,20 +8,23 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import Engine
 
+from nexuscrm_runtime.authorization import AuthorizationInterceptor, Rule
 from nexuscrm_runtime.config import ServiceConfig, dsn_backend
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.metrics import RpcObservingInterceptor, metrics_server
+from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.status import DomainErrorInterceptor
 from nexuscrm_runtime.telemetry import Tracing, configure_tracing
 
@@ -33,12 +36,20 @@ class Registration:
     """One servicer and how to add it to a server.
 
     ``add(servicer, server)`` comes from the *_pb2_grpc module; ``service_name`` is the full
-    proto name reported by health and reflection.
+    proto name reported by health and reflection; ``rules`` authorize each RPC by its method
+    name (``authorization``), applied when the server runs with ``Security``.
     """
 
     servicer: Any
     add: Callable[[Any, grpc.Server], None]
     service_name: str
+    rules: Mapping[str, Rule]
+
+    def unruled_methods(self) -> list[str]:
+        """The service's methods that have no rule (a server with ``Security`` refuses to start)."""
+        service = descriptor_pool.Default().FindServiceByName(self.service_name)
+        methods = (f"/{self.service_name}/{method.name}" for method in service.methods)
+        return [method for method in methods if method not in self.rules]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -69,18 +80,24 @@ def create_server(
     interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = (),
     max_workers: int = 16,
     serving: bool = True,
+    security: Security | None = None,
 ) -> RunningServer:
     """Build, bind and start a server with health checking and reflection.
 
     ``address`` may use port 0 (tests): the bound port is returned. ``interceptors`` run
     outermost (tracing); then every RPC is timed and given its log context
     (``RpcObservingInterceptor``) and its domain errors are mapped to status codes
-    (``DomainErrorInterceptor``).
+    (``DomainErrorInterceptor``). With ``security`` the port speaks mutual TLS only and each
+    RPC passes its registration's rule before its handler runs.
     """
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        interceptors=[*interceptors, RpcObservingInterceptor(), DomainErrorInterceptor()],
-    )
+    chain: list[grpc.ServerInterceptor[Any, Any]] = [*interceptors, RpcObservingInterceptor(), DomainErrorInterceptor()]
+    if security is not None:
+        unruled = [method for registration in registrations for method in registration.unruled_methods()]
+        if unruled:
+            raise ValueError(f"RPCs without an authorization rule: {', '.join(unruled)}")
+        rules = {method: rule for registration in registrations for method, rule in registration.rules.items()}
+        chain.append(AuthorizationInterceptor(security.policy, rules))  # innermost: refusals map like any error
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=chain)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for registration in registrations:
@@ -90,7 +107,10 @@ def create_server(
         (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    port = server.add_insecure_port(address)
+    if security is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, security.tls.server_credentials())
     if port == 0:
         raise OSError(f"could not bind {address}")
     server.start()
@@ -159,28 +179,35 @@ def run_service(
     *,
     env_name: str,
     default_port: int,
-    build: Callable[[ServiceConfig, Engine], Sequence[Registration]],
+    build: Callable[[ServiceConfig, Engine, Security | None], Sequence[Registration]],
     on_stop: Callable[[], None] | None = None,
 ) -> None:
     """Run one service: the body of every service's ``main``.
 
-    Reads the configuration of ``env_name``, sets up logs, tracing and metrics, opens the
-    database, serves what ``build`` registers until SIGTERM, then disposes the engine.
+    Reads the configuration of ``env_name`` and its ``Security``, sets up logs, tracing and
+    metrics, opens the database, serves what ``build`` registers until SIGTERM, then
+    disposes the engine.
     """
     configure_logging()
     config = ServiceConfig.from_env(env_name, default_port)
+    security = Security.from_env()
     with observability(env_name, config) as tracing:
         engine = create_engine(config.dsn)
         tracing.instrument_engine(engine)
-        registrations = build(config, engine)
+        registrations = build(config, engine, security)
         running = create_server(
-            registrations, config.address, interceptors=tracing.interceptors, max_workers=config.max_workers
+            registrations,
+            config.address,
+            interceptors=tracing.interceptors,
+            max_workers=config.max_workers,
+            security=security,
         )
         log.info(
-            "serving %s on port %d (%s database)",
+            "serving %s on port %d (%s database, %s)",
             ", ".join(running.service_names),
             running.port,
             dsn_backend(config.dsn),
+            "mutual TLS and authorization" if security else "plaintext, no authorization",
         )
         if config.port_file:
             write_port_file(Path(config.port_file), running.port)

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors.materializer import Materializer
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_connectors.servicer import ConnectorsServicer
+from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.config import ServiceConfig
+from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, run_service
 
-SERVICE_NAME = "nexuscrm.connectors.v1.ConnectorsService"
 DEFAULT_PORT = 50053
 
 
@@ -26,18 +25,12 @@ def main() -> None:
     """Serve ConnectorsService and run the materializer until SIGTERM."""
     materializers: list[Materializer] = []
 
-    def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
+    def build(config: ServiceConfig, engine: Engine, security: Security | None) -> list[Registration]:
         connectors = Connectors(engine, Settings.from_env())
         materializer = Materializer(connectors)
         materializer.start()
         materializers.append(materializer)
-        return [
-            Registration(
-                servicer=ConnectorsServicer(connectors),
-                add=pb_grpc.add_ConnectorsServiceServicer_to_server,
-                service_name=SERVICE_NAME,
-            )
-        ]
+        return [registration(connectors)]
 
     def stop() -> None:
         for materializer in materializers:

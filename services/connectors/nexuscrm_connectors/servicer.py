@@ -11,10 +11,13 @@ import grpc
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors import convert
+from nexuscrm_connectors import authorization, convert
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.service import Connectors
+from nexuscrm_runtime.server import Registration
 from nexuscrm_runtime.timestamps import to_timestamp
+
+SERVICE_NAME = "nexuscrm.connectors.v1.ConnectorsService"
 
 
 class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
@@ -98,3 +101,13 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             ],
             next_page_token=token,
         )
+
+
+def registration(connectors: Connectors) -> Registration:
+    """ConnectorsService over ``connectors``, with its authorization rules."""
+    return Registration(
+        servicer=ConnectorsServicer(connectors),
+        add=pb_grpc.add_ConnectorsServiceServicer_to_server,
+        service_name=SERVICE_NAME,
+        rules=authorization.rules(connectors.engine),
+    )

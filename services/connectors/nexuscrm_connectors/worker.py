@@ -135,7 +135,8 @@ class Worker:
             heart.join()
             self.stats.failed_attempts += 1
             message = f"{type(error).__name__}: {error}"
-            log.warning("work %s failed: %s", work_id, message)
+            # A Flow's message may quote its inputs: it goes to LastError (GetWork), never to the log.
+            log.warning("work %s failed with %s; GetWork shows its message", work_id, type(error).__name__)
             self._settle(lambda: self._source.fail(work_id, token, message))
         else:
             beating.set()

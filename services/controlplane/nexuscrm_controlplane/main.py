@@ -4,7 +4,9 @@ Environment: NEXUSCRM_DSN, NEXUSCRM_CONTROLPLANE_ADDRESS (default 127.0.0.1:5005
 NEXUSCRM_DASHBOARD_ADDRESS (host:port of the operator dashboard; empty, the default: no
 dashboard), NEXUSCRM_CONTROLPLANE_METRICS_ADDRESS (the Prometheus endpoint, which then also
 serves the per-pack queue gauges of ``dashboard.collector``), NEXUSCRM_OTEL and
-NEXUSCRM_LOG_FORMAT (docs/observability.md).
+NEXUSCRM_LOG_FORMAT (docs/observability.md), NEXUSCRM_TLS_CA / _CERT / _KEY and
+NEXUSCRM_AUTHZ_POLICY (docs/security.md: with them, the dashboard is HTTPS and asks for a
+token of a principal of every namespace).
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 from sqlalchemy.engine import Engine
 
-from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
+from nexuscrm_controlplane.dashboard.access import token_middleware
 from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
 from nexuscrm_controlplane.dashboard.server import DashboardServer
-from nexuscrm_controlplane.servicer import ControlplaneServicer
+from nexuscrm_controlplane.servicer import registration
 from nexuscrm_runtime.config import ServiceConfig, check_address, env_str
+from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, publish_side_port, run_service
 
-SERVICE_NAME = "nexuscrm.controlplane.v1.ControlplaneService"
 DEFAULT_PORT = 50052
 
 
@@ -31,21 +33,19 @@ def main() -> None:
         check_address("NEXUSCRM_DASHBOARD_ADDRESS", dashboard_address)
     dashboards: list[DashboardServer] = []
 
-    def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
+    def build(config: ServiceConfig, engine: Engine, security: Security | None) -> list[Registration]:
         if config.metrics_address:
             REGISTRY.register(QueueCollector(engine))
         if dashboard_address:
-            dashboard = DashboardServer(create_app(engine), dashboard_address)
+            if security is None:
+                dashboard = DashboardServer(create_app(engine), dashboard_address)
+            else:
+                app = create_app(engine, middleware=[token_middleware(security.policy)])
+                dashboard = DashboardServer(app, dashboard_address, security.tls)
             dashboard.start()
             dashboards.append(dashboard)
             publish_side_port(config, "dashboard", dashboard.port)
-        return [
-            Registration(
-                servicer=ControlplaneServicer(engine),
-                add=pb_grpc.add_ControlplaneServiceServicer_to_server,
-                service_name=SERVICE_NAME,
-            )
-        ]
+        return [registration(engine)]
 
     def stop() -> None:
         for dashboard in dashboards:

@@ -12,12 +12,14 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm.controlplane.v1 import controlplane_pb2 as pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
-from nexuscrm_controlplane import cutover, drain, fences, lifecycle
+from nexuscrm_controlplane import authorization, cutover, drain, fences, lifecycle
 from nexuscrm_controlplane.audit import CutoverReport
 from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.server import Registration
 from nexuscrm_runtime.timestamps import to_timestamp
 from workqueue.errors import InvalidArgument
 
+SERVICE_NAME = "nexuscrm.controlplane.v1.ControlplaneService"
 MAX_TIMEOUT_SECONDS = 24 * 3600  # a cutover RPC may not hold its locks longer than a day
 
 
@@ -178,3 +180,13 @@ class ControlplaneServicer(pb_grpc.ControlplaneServiceServicer):
             already_written=result.outcome is cutover.Outcome.ALREADY_WRITTEN,
             report=_report(result.report),
         )
+
+
+def registration(engine: Engine, clock: Clock = utcnow) -> Registration:
+    """ControlplaneService over ``engine``, with its authorization rules."""
+    return Registration(
+        servicer=ControlplaneServicer(engine, clock),
+        add=pb_grpc.add_ControlplaneServiceServicer_to_server,
+        service_name=SERVICE_NAME,
+        rules=authorization.rules(engine),
+    )

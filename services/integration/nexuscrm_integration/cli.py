@@ -3,7 +3,9 @@
 Subcommands: ``packs install|activate|protocol``, ``fences arm|disarm|list|override``,
 ``drain status|wait``, ``cutover audit|run``, ``work show``, ``receipts missing``, ``why``,
 ``activation`` and ``workers``. Tables by default, ``--json`` for scripts. Services are found
-through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``; ``nexuscrm-run --serve`` prints them).
+through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``; ``nexuscrm-run --serve`` prints them). With
+NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks mutual TLS as the principal of that
+certificate (docs/security.md).
 
 Exit codes:
   0  done; the check passed
@@ -37,6 +39,7 @@ from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
 from nexuscrm_integration.targets import Targets
+from nexuscrm_runtime.tls import open_channel
 from workqueue import ReceiptState
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CHECK_FAILED = 0, 1, 2, 3, 4
@@ -84,7 +87,7 @@ class Clients:
         self._channels: list[grpc.Channel] = []
 
     def _channel(self, address: str) -> grpc.Channel:
-        channel = grpc.insecure_channel(address)
+        channel = open_channel(address)
         self._channels.append(channel)
         return channel
 

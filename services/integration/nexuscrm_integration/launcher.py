@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nexuscrm_runtime.server import side_port_file
+from nexuscrm_runtime.tls import TlsFiles, open_channel
 
 STARTUP_TIMEOUT = 60.0  # seconds for a service to report SERVING
 STOP_TIMEOUT = 20.0  # seconds between SIGTERM and SIGKILL
@@ -69,17 +70,22 @@ class LaunchError(RuntimeError):
 
 @dataclasses.dataclass(kw_only=True)
 class ServiceProcess:
-    """A running service process and where it listens."""
+    """A running service process, where it listens and the certificates it was started with."""
 
     spec: ServiceSpec
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    tls: TlsFiles | None = None
 
     @property
     def address(self) -> str:
         """host:port for clients."""
         return f"127.0.0.1:{self.port}"
+
+    def channel(self) -> grpc.Channel:
+        """A channel to the service, with the service's own certificate when it runs mutual TLS."""
+        return open_channel(self.address, self.tls)
 
     def side_port(self, name: str) -> int | None:
         """The port of a side server (``metrics``, ``dashboard``) the service published, or None."""
@@ -87,9 +93,9 @@ class ServiceProcess:
         return int(path.read_text()) if path.exists() else None
 
 
-def health_status(address: str, service_name: str = "", timeout: float = 2.0) -> str:
+def health_status(address: str, service_name: str = "", timeout: float = 2.0, tls: TlsFiles | None = None) -> str:
     """The health status name a service reports ("SERVING", "NOT_SERVING", ...)."""
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         response = stub.Check(health_pb2.HealthCheckRequest(service=service_name), timeout=timeout)
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
@@ -114,7 +120,7 @@ def _wait_serving(service: ServiceProcess) -> None:
                 f"{service.spec.name} exited with {service.process.returncode} before serving; see {service.log_path}"
             )
         try:
-            if health_status(service.address, service.spec.service_name) == "SERVING":
+            if health_status(service.address, service.spec.service_name, tls=service.tls) == "SERVING":
                 return
         except grpc.RpcError:
             pass
@@ -149,7 +155,7 @@ def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -
             start_new_session=True,
         )
     port = _wait_for_port(spec, process, port_file, log_path)
-    return ServiceProcess(spec=spec, process=process, port=port, log_path=log_path)
+    return ServiceProcess(spec=spec, process=process, port=port, log_path=log_path, tls=TlsFiles.from_env(child_env))
 
 
 def start_services(specs: Sequence[ServiceSpec], *, env: Mapping[str, str], workdir: Path) -> list[ServiceProcess]:

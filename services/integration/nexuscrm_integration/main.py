@@ -9,7 +9,9 @@ Environment: NEXUSCRM_DSN (the Flows' read-model database), NEXUSCRM_INTEGRATION
 (default 127.0.0.1:50054), NEXUSCRM_SCHEMA_CATALOG_TARGET / NEXUSCRM_CONTROLPLANE_TARGET /
 NEXUSCRM_CONNECTORS_TARGET (see ``targets``), the host configuration of ``config``, and
 the observability settings every service reads (NEXUSCRM_INTEGRATION_METRICS_ADDRESS,
-NEXUSCRM_OTEL, NEXUSCRM_LOG_FORMAT; see docs/observability.md).
+NEXUSCRM_OTEL, NEXUSCRM_LOG_FORMAT; see docs/observability.md), and the security settings
+(NEXUSCRM_TLS_CA / _CERT / _KEY, NEXUSCRM_AUTHZ_POLICY; docs/security.md): the host's
+certificate then serves IntegrationService and authenticates it to the other services.
 
 Exit codes: 0 stopped cleanly; 2 configuration error; 3 the activation gate refused (the log
 names what is missing); 4 in-flight work did not finish within the drain timeout.
@@ -23,24 +25,22 @@ import sys
 import threading
 from pathlib import Path
 
-import grpc
-
-from nexuscrm.integration.v1 import integration_pb2_grpc as pb_grpc
 from nexuscrm_connectors.client import ConnectorsClient
 from nexuscrm_integration.activation import remote_gate, wait_for_activation
 from nexuscrm_integration.config import HostConfig
 from nexuscrm_integration.errors import ActivationRefused, IntegrationError
 from nexuscrm_integration.host import HostStatus, WorkerHost
-from nexuscrm_integration.servicer import IntegrationServicer
+from nexuscrm_integration.servicer import registration
 from nexuscrm_integration.targets import Targets
 from nexuscrm_runtime.config import ConfigError, ServiceConfig
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.logs import configure_logging
-from nexuscrm_runtime.server import Registration, create_server, observability, write_port_file
+from nexuscrm_runtime.security import Security
+from nexuscrm_runtime.server import create_server, observability, write_port_file
 from nexuscrm_runtime.telemetry import Tracing
+from nexuscrm_runtime.tls import open_channel
 
 log = logging.getLogger("nexuscrm_integration")
-SERVICE_NAME = "nexuscrm.integration.v1.IntegrationService"
 DEFAULT_PORT = 50054
 EXIT_CONFIG = 2
 EXIT_REFUSED = 3
@@ -53,32 +53,31 @@ def main() -> None:
     try:
         config = ServiceConfig.from_env("INTEGRATION", DEFAULT_PORT)
         host_config = HostConfig.from_env()
+        security = Security.from_env()
     except (ConfigError, IntegrationError) as error:
         log.error("configuration error: %s", error)
         sys.exit(EXIT_CONFIG)
     try:
         with observability("INTEGRATION", config) as tracing:
-            code = serve(config, host_config, Targets.from_env(), tracing)
+            code = serve(config, host_config, Targets.from_env(), tracing, security)
     except ConfigError as error:  # NEXUSCRM_OTEL or the metrics address
         log.error("configuration error: %s", error)
         sys.exit(EXIT_CONFIG)
     sys.exit(code)
 
 
-def serve(config: ServiceConfig, host_config: HostConfig, targets: Targets, tracing: Tracing) -> int:
+def serve(
+    config: ServiceConfig, host_config: HostConfig, targets: Targets, tracing: Tracing, security: Security | None
+) -> int:
     """Serve, gate, host the pools until signalled; return the exit code."""
     status = HostStatus(host_config.pack_install_ids)
-    registration = Registration(
-        servicer=IntegrationServicer(status),
-        add=pb_grpc.add_IntegrationServiceServicer_to_server,
-        service_name=SERVICE_NAME,
-    )
     running = create_server(
-        [registration],
+        [registration(status)],
         config.address,
         interceptors=tracing.interceptors,
         max_workers=config.max_workers,
         serving=False,
+        security=security,
     )
     log.info("listening on port %d; checking activation of %s", running.port, list(host_config.pack_install_ids))
     if config.port_file:
@@ -92,9 +91,9 @@ def serve(config: ServiceConfig, host_config: HostConfig, targets: Targets, trac
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)
     with (
-        grpc.insecure_channel(targets.schema_catalog) as catalog,
-        grpc.insecure_channel(targets.controlplane) as controlplane,
-        grpc.insecure_channel(targets.connectors) as connectors,
+        open_channel(targets.schema_catalog) as catalog,
+        open_channel(targets.controlplane) as controlplane,
+        open_channel(targets.connectors) as connectors,
     ):
         try:
             grant = wait_for_activation(

@@ -126,7 +126,7 @@ def start_system(
     services = start_services((SCHEMA_CATALOG, CONTROLPLANE, CONNECTORS), env=env, workdir=workdir)
     try:
         controlplane = next(s for s in services if s.spec is CONTROLPLANE)
-        with grpc.insecure_channel(controlplane.address) as channel:
+        with controlplane.channel() as channel:
             pack_install_id = install_demo_pack(channel, namespace)
         services.append(start_host(services, pack_install_id, workdir, env=env, workers=workers, flow=flow))
     except BaseException:
@@ -143,9 +143,9 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
 
 
-def executions(integration: str) -> int:
+def executions(integration: ServiceProcess) -> int:
     """Flow executions so far, summed over the host's workers (ListWorkers)."""
-    with grpc.insecure_channel(integration) as channel:
+    with integration.channel() as channel:
         listed = in_grpc.IntegrationServiceStub(channel).ListWorkers(in_pb.ListWorkersRequest(), timeout=RPC_TIMEOUT)
     return sum(worker.executions for worker in listed.workers)
 
@@ -169,10 +169,10 @@ def run_demo(
     console: Console | None = None,
 ) -> Summary:
     """Drive the simulator, show progress, wait until projected (or ``timeout``/``stop``), summarize."""
-    address = {s.spec.name: s.address for s in services}
+    by_name = {s.spec.name: s for s in services}
     started = time.monotonic()
     deadline = started + timeout
-    with grpc.insecure_channel(address[CONNECTORS.name]) as channel:
+    with by_name[CONNECTORS.name].channel() as channel:
         simulator = Simulator(ConnectorsClient(channel), pack_install_id, workload, stop)
         thread = threading.Thread(target=simulator.run, name="simulator", daemon=True)
         thread.start()
@@ -212,7 +212,7 @@ def run_demo(
         pack_install_id=pack_install_id,
         stats=stats,
         generations=generations,
-        executions=executions(address[INTEGRATION.name]),
+        executions=executions(by_name[INTEGRATION.name]),
         lag_p50=percentile(lags, 0.50),
         lag_p99=percentile(lags, 0.99),
         seconds=seconds,

@@ -7,6 +7,10 @@ import grpc
 from nexuscrm.integration.v1 import integration_pb2 as pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as pb_grpc
 from nexuscrm_integration.host import HostStatus
+from nexuscrm_runtime.authorization import require_all_namespaces
+from nexuscrm_runtime.server import Registration
+
+SERVICE_NAME = "nexuscrm.integration.v1.IntegrationService"
 
 
 class IntegrationServicer(pb_grpc.IntegrationServiceServicer):
@@ -38,3 +42,13 @@ class IntegrationServicer(pb_grpc.IntegrationServiceServicer):
                 for w in self._status.workers()
             ]
         )
+
+
+def registration(status: HostStatus) -> Registration:
+    """IntegrationService over the host's ``status``; host-wide, so only callers of every namespace."""
+    return Registration(
+        servicer=IntegrationServicer(status),
+        add=pb_grpc.add_IntegrationServiceServicer_to_server,
+        service_name=SERVICE_NAME,
+        rules={f"/{SERVICE_NAME}/{name}": require_all_namespaces for name in ("GetActivation", "ListWorkers")},
+    )

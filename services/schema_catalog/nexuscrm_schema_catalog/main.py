@@ -10,29 +10,22 @@ import logging
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as pb_grpc
 from nexuscrm_runtime.config import ServiceConfig, env_int
+from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, run_service
 from nexuscrm_schema_catalog import migrations
-from nexuscrm_schema_catalog.servicer import SchemaCatalogServicer
+from nexuscrm_schema_catalog.servicer import registration
 
 log = logging.getLogger("nexuscrm_schema_catalog")
-SERVICE_NAME = "nexuscrm.schemacatalog.v1.SchemaCatalogService"
 DEFAULT_PORT = 50051
 
 
-def build(config: ServiceConfig, engine: Engine) -> list[Registration]:
+def build(config: ServiceConfig, engine: Engine, security: Security | None) -> list[Registration]:
     """Apply the schema if configured to, and register the servicer."""
     if env_int("NEXUSCRM_APPLY_SCHEMA_ON_START", 1):
         start, end, applied = migrations.apply_schema(engine)
         log.info("schema at version %d (was %d; applied %s)", end, start, ", ".join(applied) or "nothing")
-    return [
-        Registration(
-            servicer=SchemaCatalogServicer(engine),
-            add=pb_grpc.add_SchemaCatalogServiceServicer_to_server,
-            service_name=SERVICE_NAME,
-        )
-    ]
+    return [registration(engine)]
 
 
 def main() -> None:

@@ -7,7 +7,11 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as pb
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as pb_grpc
+from nexuscrm_runtime.authorization import allow_any_principal, require_all_namespaces
+from nexuscrm_runtime.server import Registration
 from nexuscrm_schema_catalog import catalog, migrations
+
+SERVICE_NAME = "nexuscrm.schemacatalog.v1.SchemaCatalogService"
 
 
 class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
@@ -41,3 +45,18 @@ class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
         feature = request.feature or catalog.NATIVE_PROJECTION
         missing = catalog.verify_schema(self._engine, feature)
         return pb.VerifySchemaResponse(feature=feature, complete=not missing, missing=missing)
+
+
+def registration(engine: Engine) -> Registration:
+    """SchemaCatalogService over ``engine``: anyone the policy knows may read, only ``*`` may migrate."""
+    method = f"/{SERVICE_NAME}/"
+    return Registration(
+        servicer=SchemaCatalogServicer(engine),
+        add=pb_grpc.add_SchemaCatalogServiceServicer_to_server,
+        service_name=SERVICE_NAME,
+        rules={
+            method + "ApplySchema": require_all_namespaces,
+            method + "DescribeSchema": allow_any_principal,
+            method + "VerifySchema": allow_any_principal,
+        },
+    )

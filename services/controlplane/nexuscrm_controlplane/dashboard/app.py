@@ -17,12 +17,13 @@ its message; nothing else of the error reaches the page.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
@@ -47,8 +48,8 @@ def _json(read: Callable[[Request], Any]) -> Callable[[Request], JSONResponse]:
     return endpoint
 
 
-def create_app(engine: Engine, clock: Clock = utcnow) -> Starlette:
-    """The dashboard over ``engine``; it only ever reads."""
+def create_app(engine: Engine, clock: Clock = utcnow, middleware: Sequence[Middleware] = ()) -> Starlette:
+    """The dashboard over ``engine``; it only ever reads. ``middleware``: its access control, if any."""
 
     def page(request: Request) -> FileResponse:
         return FileResponse(STATIC / "index.html", headers=NO_STORE)
@@ -68,5 +69,6 @@ def create_app(engine: Engine, clock: Clock = utcnow) -> Starlette:
             Route("/api/receipts", _json(receipts)),
             Route("/api/search", _json(lambda request: overview.search(engine, request.query_params.get("q", "")))),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
-        ]
+        ],
+        middleware=middleware,
     )

@@ -15,19 +15,28 @@ import uvicorn
 from starlette.applications import Starlette
 
 from nexuscrm_runtime.config import check_address
+from nexuscrm_runtime.tls import TlsFiles
 
 STARTUP_TIMEOUT = 10.0  # seconds for uvicorn to start serving the bound socket
 STARTUP_POLL = 0.01  # seconds
 
 
 class DashboardServer:
-    """Serves ``app`` on ``address`` (host:port, 0 = any free port) until ``stop``."""
+    """Serves ``app`` on ``address`` (host:port, 0 = any free port) until ``stop``; HTTPS with ``tls``."""
 
-    def __init__(self, app: Starlette, address: str) -> None:
+    def __init__(self, app: Starlette, address: str, tls: TlsFiles | None = None) -> None:
         host, _, port = check_address("NEXUSCRM_DASHBOARD_ADDRESS", address).rpartition(":")
         self._socket = socket.create_server((host.strip("[]"), int(port)))
         self.port: int = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            ssl_certfile=tls.cert_path if tls else None,
+            ssl_keyfile=tls.key_path if tls else None,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name="dashboard", daemon=True

@@ -1,0 +1,214 @@
+"""Who may call what: callers are principals with namespaces, and every RPC has a rule.
+
+The policy is a JSON file named by ``NEXUSCRM_AUTHZ_POLICY`` (docs/security.md)::
+
+    {"principals": [
+      {"name": "acme-connector", "certificate_identities": ["acme-connector.nexuscrm.internal"],
+       "namespaces": ["acme"]},
+      {"name": "operator", "certificate_identities": ["ops.nexuscrm.internal"],
+       "token_sha256": ["<hex sha256 of the dashboard token>"], "namespaces": ["*"]}
+    ]}
+
+A gRPC caller is the principal whose ``certificate_identities`` holds an identity of the
+client certificate the mutual TLS handshake verified (``tls``); nothing in a request names
+the caller. ``token_sha256`` lets the dashboard's HTTP callers authenticate with a bearer
+token; only its digest is stored. Namespace ``*`` grants every namespace and the operations
+that span namespaces (schema changes, lists over all packs).
+
+Each service gives the interceptor one ``Rule`` per RPC. A rule resolves the namespace of
+what the request touches from the database (a pack, a WorkId, a fence; these never move
+between namespaces, so checking before the handler runs is not a race) and refuses with
+PERMISSION_DENIED, or NOT_FOUND where the caller names a row of another namespace (the same
+answer as for a row that does not exist, so ids of other tenants cannot be probed). An RPC
+without a rule is refused: a new RPC cannot ship unguarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from nexuscrm_runtime.config import ConfigError
+from nexuscrm_runtime.metrics import wrap_rpc_handler
+from workqueue.errors import DomainError, ErrorKind, InvalidArgument
+
+ALL_NAMESPACES = "*"
+POLICY_VARIABLE = "NEXUSCRM_AUTHZ_POLICY"
+# Health checks and reflection need a verified certificate (mutual TLS) but no principal.
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/")
+
+
+class PermissionDenied(DomainError):
+    """The caller is known but may not do this."""
+
+    kind = ErrorKind.PERMISSION_DENIED
+
+
+class NotVisible(DomainError):
+    """The named row does not exist or belongs to a namespace the caller may not see."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """A caller and the namespaces it may act in (``*``: all of them)."""
+
+    name: str
+    namespaces: frozenset[str]
+
+    @property
+    def spans_namespaces(self) -> bool:
+        """True when it may act in every namespace."""
+        return ALL_NAMESPACES in self.namespaces
+
+    def may_act_in(self, namespace: str) -> bool:
+        """True when it may act in ``namespace``."""
+        return self.spans_namespaces or namespace in self.namespaces
+
+
+def token_digest(token: str) -> str:
+    """The hex sha256 a policy stores for a bearer token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _strings(entry: Mapping[str, Any], key: str, where: str) -> list[str]:
+    values = entry.get(key, [])
+    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+        raise ConfigError(f"{where}: {key} must be a list of non-empty strings")
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Principals by certificate identity and by token digest."""
+
+    by_identity: Mapping[str, Principal]
+    by_token_digest: Mapping[str, Principal]
+
+    @classmethod
+    def parse(cls, document: object, source: str) -> Policy:
+        """Build from the decoded JSON; ``ConfigError`` names ``source`` and the entry at fault."""
+        principals = document.get("principals") if isinstance(document, dict) else None
+        if not isinstance(principals, list) or not principals:
+            raise ConfigError(f"{source}: expected an object with a non-empty 'principals' list")
+        by_identity: dict[str, Principal] = {}
+        by_token: dict[str, Principal] = {}
+        names: set[str] = set()
+        for index, entry in enumerate(principals):
+            where = f"{source}: principals[{index}]"
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or not name or name in names:
+                raise ConfigError(f"{where}: name must be a unique non-empty string")
+            names.add(name)
+            namespaces = _strings(entry, "namespaces", where)
+            if not namespaces:
+                raise ConfigError(f"{where}: namespaces must not be empty")
+            principal = Principal(name, frozenset(namespaces))
+            for table, key in ((by_identity, "certificate_identities"), (by_token, "token_sha256")):
+                for value in _strings(entry, key, where):
+                    if value in table:
+                        raise ConfigError(f"{where}: {key} {value!r} already belongs to {table[value].name}")
+                    table[value] = principal
+        return cls(by_identity, by_token)
+
+    @classmethod
+    def load(cls, path: str) -> Policy:
+        """Read and parse the policy file at ``path``."""
+        try:
+            document = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as error:
+            raise ConfigError(f"{POLICY_VARIABLE} names a file that cannot be read ({error.strerror})") from None
+        except ValueError as error:
+            raise ConfigError(f"{POLICY_VARIABLE}: the policy is not valid JSON ({error})") from None
+        return cls.parse(document, POLICY_VARIABLE)
+
+    @classmethod
+    def from_env(cls) -> Policy | None:
+        """The policy ``NEXUSCRM_AUTHZ_POLICY`` names, None when unset."""
+        path = os.environ.get(POLICY_VARIABLE, "")
+        return cls.load(path) if path else None
+
+    def for_identities(self, identities: Iterable[str]) -> Principal | None:
+        """The principal of the first certificate identity the policy knows."""
+        return next((self.by_identity[i] for i in identities if i in self.by_identity), None)
+
+    def for_token(self, token: str) -> Principal | None:
+        """The principal a bearer token authenticates."""
+        return self.by_token_digest.get(token_digest(token))
+
+
+def certificate_identities(context: grpc.ServicerContext) -> list[str]:
+    """The verified client certificate's identities (SANs, else CN); empty without mutual TLS."""
+    return [identity.decode() for identity in context.peer_identities() or ()]
+
+
+# What a rule gets: the caller and the deserialized request; it returns normally or raises.
+Rule = Callable[[Principal, Any], None]
+
+
+def allow_any_principal(_principal: Principal, _request: object) -> None:
+    """Rule of reads that reveal nothing of any namespace (the schema's version and shape)."""
+
+
+def require_all_namespaces(principal: Principal, _request: object) -> None:
+    """Rule of operations over every namespace (schema, host status, unscoped lists)."""
+    if not principal.spans_namespaces:
+        raise PermissionDenied(f"{principal.name} may not do this: it needs access to every namespace ('*')")
+
+
+def require_namespace(principal: Principal, namespace: str, field: str) -> None:
+    """Refuse unless ``principal`` may act in ``namespace``, which the request's ``field`` names."""
+    if not principal.may_act_in(namespace):
+        raise PermissionDenied(f"{principal.name} may not act in namespace {namespace!r}", field=field)
+
+
+def require_visible(principal: Principal, namespace: str | None, field: str, value: str) -> None:
+    """Refuse unless the row ``field`` = ``value`` exists (``namespace`` not None) and is the caller's."""
+    if not value:
+        raise InvalidArgument(f"{field} is required", field=field)
+    if namespace is None or not principal.may_act_in(namespace):
+        raise NotVisible(f"{field} {value!r} not found", field=field)
+
+
+class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]  # generic only in stubs
+    """Authenticates every call by its certificate and applies the method's rule before the handler.
+
+    ``rules`` maps full method names (``/package.Service/Method``) to their ``Rule``.
+    """
+
+    def __init__(self, policy: Policy, rules: Mapping[str, Rule]) -> None:
+        self._policy = policy
+        self._rules = rules
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(OPEN_SERVICES):
+            return handler
+        rule = self._rules.get(method)
+
+        @contextlib.contextmanager
+        def authorized(request: Any, context: grpc.ServicerContext) -> Iterator[None]:
+            identities = certificate_identities(context)
+            principal = self._policy.for_identities(identities)
+            if principal is None:  # verified by the CA, but not admitted by the policy
+                raise PermissionDenied(f"no principal of the authorization policy has the identities {identities}")
+            if rule is None:
+                raise PermissionDenied(f"{method} has no authorization rule")
+            rule(principal, request)
+            yield
+
+        return wrap_rpc_handler(handler, authorized)

@@ -1,0 +1,255 @@
+"""Every RPC of every service, called across namespaces over mutual TLS, on every backend.
+
+The caller is the principal of its client certificate; requests name acme's packs, WorkIds,
+fences and namespace. A globex caller is refused (PERMISSION_DENIED or NOT_FOUND) and no row
+changes; the acme caller (or, for host- and schema-wide RPCs, the operator) gets through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from google.protobuf.message import Message
+
+from nexuscrm.connectors.v1 import connectors_pb2 as cn
+from nexuscrm.controlplane.v1 import controlplane_pb2 as cp
+from nexuscrm.integration.v1 import integration_pb2 as ig
+from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as sc
+from nexuscrm_connectors import convert
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.servicer import registration as connectors_registration
+from nexuscrm_controlplane.fences import add_override, arm_fence
+from nexuscrm_controlplane.servicer import registration as controlplane_registration
+from nexuscrm_integration.host import HostStatus
+from nexuscrm_integration.servicer import registration as integration_registration
+from nexuscrm_runtime.server import RunningServer, create_server
+from nexuscrm_runtime.tls import open_channel
+from nexuscrm_schema_catalog import tables
+from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
+from tests.support.checksums import database_checksums
+from tests.support.factories import delivery, install_pack
+from tests.support.invariants import assert_invariants
+from tests.support.pki import Pki
+
+pytestmark = pytest.mark.database
+
+REFUSED = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND}
+TABLES = [t.name for t in tables.metadata.sorted_tables]
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """acme's rows the requests name."""
+
+    pack: str
+    inactive_pack: str
+    work_id: str
+    lease_token: str
+    done_work_id: str
+    fence_id: str
+
+
+def _world(engine: sa.Engine) -> World:
+    connectors = Connectors(engine)
+    pack = install_pack(engine, namespace="acme")
+    connectors.ingest(pack, [delivery("done-1", lane="done")])
+    done = connectors.claim("w-done", pack_install_ids=[pack])[0]
+    connectors.complete(done.work.work_id, done.lease_token)
+    connectors.ingest(pack, [delivery("r-1"), delivery("r-2")])
+    held = connectors.claim("w-held", pack_install_ids=[pack])[0]
+    fence = arm_fence(engine, "acme", reason="security test")
+    add_override(engine, fence.fence_id, pack)
+    install_pack(engine, namespace="globex")
+    return World(
+        pack=pack,
+        inactive_pack=install_pack(engine, namespace="acme", legacy_max_ordinal=None),
+        work_id=held.work.work_id,
+        lease_token=held.lease_token,
+        done_work_id=done.work.work_id,
+        fence_id=fence.fence_id,
+    )
+
+
+Build = Callable[[World], Message]
+CONNECTORS = "nexuscrm.connectors.v1.ConnectorsService"
+CONTROLPLANE = "nexuscrm.controlplane.v1.ControlplaneService"
+CATALOG = "nexuscrm.schemacatalog.v1.SchemaCatalogService"
+INTEGRATION = "nexuscrm.integration.v1.IntegrationService"
+
+# Requests that name acme's rows or namespace: globex is refused, acme gets through.
+NAMESPACED: dict[str, Build] = {
+    f"{CONNECTORS}/Ingest": lambda w: cn.IngestRequest(
+        pack_install_id=w.pack, items=[convert.item_to_proto(delivery("r-3"))]
+    ),
+    f"{CONNECTORS}/Replay": lambda w: cn.ReplayRequest(work_id=w.done_work_id),
+    f"{CONNECTORS}/Claim": lambda w: cn.ClaimRequest(worker_id="w", pack_install_ids=[w.pack]),
+    f"{CONNECTORS}/LoadInputs": lambda w: cn.LoadInputsRequest(work_id=w.work_id, lease_token=w.lease_token),
+    f"{CONNECTORS}/Heartbeat": lambda w: cn.HeartbeatRequest(work_id=w.work_id, lease_token=w.lease_token),
+    f"{CONNECTORS}/Complete": lambda w: cn.CompleteRequest(work_id=w.work_id, lease_token=w.lease_token),
+    f"{CONNECTORS}/Fail": lambda w: cn.FailRequest(work_id=w.work_id, lease_token=w.lease_token, error="x"),
+    f"{CONNECTORS}/GetWork": lambda w: cn.GetWorkRequest(work_id=w.work_id),
+    f"{CONNECTORS}/ExplainReceipt": lambda w: cn.ExplainReceiptRequest(pack_install_id=w.pack, receipt_key="r-1"),
+    f"{CONNECTORS}/ListReceipts": lambda w: cn.ListReceiptsRequest(state="stored", pack_install_id=w.pack),
+    f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
+    f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
+    f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),
+    f"{CONTROLPLANE}/ArmFence": lambda w: cp.ArmFenceRequest(namespace="acme", scope=w.pack),
+    f"{CONTROLPLANE}/DisarmFence": lambda w: cp.DisarmFenceRequest(fence_id=w.fence_id),
+    f"{CONTROLPLANE}/ListFences": lambda w: cp.ListFencesRequest(namespace="acme"),
+    f"{CONTROLPLANE}/AddFenceOverride": lambda w: cp.AddFenceOverrideRequest(
+        fence_id=w.fence_id, pack_install_id=w.inactive_pack
+    ),
+    f"{CONTROLPLANE}/RemoveFenceOverride": lambda w: cp.RemoveFenceOverrideRequest(
+        fence_id=w.fence_id, pack_install_id=w.pack
+    ),
+    f"{CONTROLPLANE}/GetDrainStatus": lambda w: cp.GetDrainStatusRequest(pack_install_id=w.pack),
+    f"{CONTROLPLANE}/AuditCutover": lambda w: cp.AuditCutoverRequest(pack_install_id=w.pack),
+    f"{CONTROLPLANE}/Cutover": lambda w: cp.CutoverRequest(pack_install_id=w.pack),
+}
+# Requests over every namespace: a one-namespace caller is refused, the operator gets through.
+SPANNING: dict[str, Build] = {
+    f"{CATALOG}/ApplySchema": lambda w: sc.ApplySchemaRequest(),
+    f"{INTEGRATION}/GetActivation": lambda w: ig.GetActivationRequest(),
+    f"{INTEGRATION}/ListWorkers": lambda w: ig.ListWorkersRequest(),
+    f"{CONNECTORS}/Claim (every pack)": lambda w: cn.ClaimRequest(worker_id="w"),
+    f"{CONNECTORS}/ListReceipts (every pack)": lambda w: cn.ListReceiptsRequest(state="stored"),
+}
+# Reads of the schema's shape: any principal of the policy.
+OPEN: dict[str, Build] = {
+    f"{CATALOG}/DescribeSchema": lambda w: sc.DescribeSchemaRequest(),
+    f"{CATALOG}/VerifySchema": lambda w: sc.VerifySchemaRequest(feature="native_projection"),
+}
+ALL = {**NAMESPACED, **SPANNING, **OPEN}
+
+
+@pytest.fixture
+def secure_server(engine: sa.Engine, pki: Pki) -> Iterator[tuple[RunningServer, World]]:
+    world = _world(engine)
+    registrations = [
+        schema_catalog_registration(engine),
+        connectors_registration(Connectors(engine)),
+        controlplane_registration(engine),
+        integration_registration(HostStatus([world.pack])),
+    ]
+    running = create_server(registrations, "127.0.0.1:0", security=pki.security())
+    yield running, world
+    running.stop(0)
+
+
+def _call(running: RunningServer, pki: Pki, caller: str, name: str, request: Message) -> None:
+    """Call method ``name`` (a key of ``ALL``) as ``caller``; raises ``grpc.RpcError`` on refusal."""
+    path = "/" + name.split(" ")[0]
+    with open_channel(f"127.0.0.1:{running.port}", pki.tls(caller)) as channel:
+        method = channel.unary_stream if path.endswith("/LoadInputs") else channel.unary_unary
+        call = method(path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        response = call(request, timeout=30)
+        if path.endswith("/LoadInputs"):
+            list(response)
+
+
+def _checksums(engine: sa.Engine) -> object:
+    with engine.connect() as connection:
+        return database_checksums(connection, TABLES)
+
+
+def _refused(server: tuple[RunningServer, World], engine: sa.Engine, pki: Pki, caller: str, name: str) -> grpc.RpcError:
+    """The refusal of ``caller``'s call of ``name`` (from ``ALL``), after checking it changed no row."""
+    running, world = server
+    before = _checksums(engine)
+    with pytest.raises(grpc.RpcError) as refused:
+        _call(running, pki, caller, name, ALL[name](world))
+    assert _checksums(engine) == before
+    return refused.value
+
+
+def test_the_tables_cover_every_rpc_of_every_service() -> None:
+    names = {name.split(" ")[0] for name in ALL}
+    described = {
+        f"{service.full_name}/{method.name}"
+        for module in (cn, cp, ig, sc)
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+    assert names == described
+
+
+@pytest.mark.parametrize("name", sorted(NAMESPACED))
+def test_a_caller_of_another_namespace_is_refused_and_changes_nothing(
+    secure_server: tuple[RunningServer, World], engine: sa.Engine, pki: Pki, name: str
+) -> None:
+    refused = _refused(secure_server, engine, pki, "globex", name)
+    assert refused.code() in REFUSED, refused.details()
+    assert "globex" in refused.details() or "not found" in refused.details()
+    assert_invariants(engine)
+
+
+@pytest.mark.parametrize("name", sorted(NAMESPACED))
+def test_the_owner_of_the_namespace_gets_through(
+    secure_server: tuple[RunningServer, World], engine: sa.Engine, pki: Pki, name: str
+) -> None:
+    running, world = secure_server
+    try:
+        _call(running, pki, "acme", name, NAMESPACED[name](world))
+    except grpc.RpcError as error:  # a domain refusal is fine; an authorization one is not
+        assert error.code() not in REFUSED, error.details()
+    assert_invariants(engine)
+
+
+@pytest.mark.parametrize("name", sorted(SPANNING))
+def test_operations_over_every_namespace_need_the_star(
+    secure_server: tuple[RunningServer, World], engine: sa.Engine, pki: Pki, name: str
+) -> None:
+    refused = _refused(secure_server, engine, pki, "acme", name)
+    assert refused.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "'*'" in refused.details()
+    running, world = secure_server
+    _call(running, pki, "operator", name, SPANNING[name](world))
+    assert_invariants(engine)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_a_certificate_the_policy_does_not_know_is_refused(
+    secure_server: tuple[RunningServer, World], engine: sa.Engine, pki: Pki, name: str
+) -> None:
+    refused = _refused(secure_server, engine, pki, "stranger", name)
+    assert refused.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "stranger.nexuscrm.test" in refused.details()
+
+
+def test_schema_reads_are_open_to_every_known_principal(secure_server: tuple[RunningServer, World], pki: Pki) -> None:
+    running, world = secure_server
+    for name, build in OPEN.items():
+        _call(running, pki, "globex", name, build(world))
+
+
+@pytest.mark.parametrize(
+    "channel_of",
+    [
+        pytest.param(lambda address, pki: grpc.insecure_channel(address), id="plaintext"),
+        pytest.param(
+            lambda address, pki: grpc.secure_channel(address, grpc.ssl_channel_credentials(pki.tls("acme").ca)),
+            id="no client certificate",
+        ),
+        pytest.param(lambda address, pki: open_channel(address, pki.tls("impostor")), id="certificate of another CA"),
+    ],
+)
+def test_a_client_without_a_valid_certificate_is_refused(
+    secure_server: tuple[RunningServer, World],
+    engine: sa.Engine,
+    pki: Pki,
+    channel_of: Callable[[str, Pki], grpc.Channel],
+) -> None:
+    running, world = secure_server
+    before = _checksums(engine)
+    with channel_of(f"127.0.0.1:{running.port}", pki) as channel:
+        ingest = channel.unary_unary(
+            f"/{CONNECTORS}/Ingest", request_serializer=lambda m: m.SerializeToString(), response_deserializer=bytes
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            ingest(NAMESPACED[f"{CONNECTORS}/Ingest"](world), timeout=5)
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE  # the handshake fails: no RPC ran
+    assert _checksums(engine) == before
