@@ -25,6 +25,7 @@ sys.path.insert(0, str(CATALOG_DIR))
 
 from nexuscrm_runtime.database import create_engine, normalize_dsn  # noqa: E402
 from nexuscrm_schema_catalog import migrations  # noqa: E402
+from tests.support.pki import Pki, make_pki  # noqa: E402
 
 BACKENDS = ("sqlite", "mysql")
 REQUIRED = os.environ.get("NEXUSCRM_TIDB_REQUIRED") == "1"
@@ -107,3 +108,9 @@ def engine(dsn: str) -> Iterator[sa.Engine]:
     engine = create_engine(dsn)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """An offline CA, certificates and the authorization policy (``tests.support.pki``)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -1,7 +1,9 @@
 """Every RPC of every service, fuzzed with requests built from its descriptor.
 
 Only deliberate status codes come back (never INTERNAL or UNKNOWN: no unhandled exception),
-and a refused call changes no row. NEXUSCRM_FUZZ_CASES_PER_SERVICE sets the cases per
+and a refused call changes no row. Each RPC is fuzzed in plaintext and, with mutual TLS and
+the authorization policy, as the one-namespace principal ``acme`` (its rules see the same
+random requests before the handlers do). NEXUSCRM_FUZZ_CASES_PER_SERVICE sets the cases per
 service, shared among its RPCs (default 100 in `make test`; `make reliability` runs 10 000).
 """
 
@@ -28,10 +30,12 @@ from nexuscrm_controlplane.servicer import registration as controlplane_registra
 from nexuscrm_integration.host import HostStatus
 from nexuscrm_integration.servicer import registration as integration_registration
 from nexuscrm_runtime.server import Registration, create_server
+from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema_catalog import tables
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack
+from tests.support.pki import Pki
 from tests.support.proto_strategies import message_strategy
 
 pytestmark = pytest.mark.database
@@ -63,8 +67,8 @@ METHODS = {
 }
 
 
-@pytest.fixture
-def server(engine: sa.Engine) -> Iterator[tuple[grpc.Channel, list[str]]]:
+@pytest.fixture(params=["plaintext", "mutual-tls"])
+def server(request: pytest.FixtureRequest, engine: sa.Engine) -> Iterator[tuple[grpc.Channel, list[str]]]:
     pack = install_pack(engine)
     connectors = Connectors(engine)
     results = connectors.ingest(pack, [delivery("r-1"), delivery("r-2", lane="b")])
@@ -72,8 +76,11 @@ def server(engine: sa.Engine) -> Iterator[tuple[grpc.Channel, list[str]]]:
     fence = arm_fence(engine, "acme", reason="fuzz")
     known = [pack, "acme", fence.fence_id, "r-1", "r-2", str(results[0].work_id), claim.lease_token]
     known += ["native_projection", "project", "w", "coverage_missing", "stored"]
-    running = create_server([build(engine) for _, build in SERVICES], "127.0.0.1:0")
-    channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
+    pki: Pki | None = request.getfixturevalue("pki") if request.param == "mutual-tls" else None
+    running = create_server(
+        [build(engine) for _, build in SERVICES], "127.0.0.1:0", security=pki.security() if pki else None
+    )
+    channel = open_channel(f"127.0.0.1:{running.port}", pki.tls("acme") if pki else None)
     yield channel, known
     channel.close()
     running.stop(0)
