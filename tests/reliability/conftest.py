@@ -1,11 +1,12 @@
-"""Shared harness of the database-fault and history tests: Connectors behind a TCP proxy.
+"""Shared harness of the database-fault, restart and history tests: a Connectors process under test.
 
-The schema catalog talks to the database directly; the Connectors process talks to it
-through ``tests.support.tcp_proxy`` (so the test can reset, refuse or blackhole its
-connections) with short socket timeouts, so a blackholed call ends in seconds instead of
-the production default. An admin engine, connected directly, kills the service's
-connections by id. ``NEXUSCRM_RELIABILITY_FULL=1`` (``make reliability``) scales the
-scenarios up.
+The schema catalog talks to the database directly; the Connectors process talks to it with
+short socket timeouts, so a call cut off by a fault ends in seconds instead of the
+production default: through ``tests.support.tcp_proxy`` (so the test can reset, refuse or
+blackhole its connections), or straight to a private MariaDB server that the test restarts
+(``tests.support.private_mariadb``; the shared server must never be restarted). An admin
+engine, connected directly, checks the database and kills the service's connections by id.
+``NEXUSCRM_RELIABILITY_FULL=1`` (``make reliability``) scales the scenarios up.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from nexuscrm_integration.launcher import (
     target_env,
 )
 from nexuscrm_runtime.database import create_engine, normalize_dsn
+from tests.conftest import REQUIRED
+from tests.support.private_mariadb import PrivateMariaDB, PrivateServerError
 from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 
 FULL = os.environ.get("NEXUSCRM_RELIABILITY_FULL") == "1"
@@ -48,12 +51,11 @@ def record_figures(test: str, figures: Mapping[str, object]) -> None:
             sink.write(line + "\n")
 
 
-class ProxiedConnectors:
-    """A schema catalog and a Connectors process whose database connections cross a proxy."""
+class ConnectorsCluster:
+    """A schema catalog and a Connectors process on one database, and an admin engine on it."""
 
-    def __init__(self, dsn: str, proxy: TcpProxy, services: list[ServiceProcess]) -> None:
+    def __init__(self, dsn: str, services: list[ServiceProcess]) -> None:
         self.dsn = dsn
-        self.proxy = proxy
         self.services = services
         self.admin = create_engine(dsn)
 
@@ -67,6 +69,20 @@ class ProxiedConnectors:
         """A client on a fresh channel, with a deadline on every call."""
         with grpc.insecure_channel(self.connectors.address) as channel:
             yield ConnectorsClient(channel, timeout=CALL_TIMEOUT)
+
+    def close(self) -> dict[str, int]:
+        """Stop the services and dispose the admin engine; each service's exit code."""
+        codes = stop_services(self.services)
+        self.admin.dispose()
+        return codes
+
+
+class ProxiedConnectors(ConnectorsCluster):
+    """A cluster whose Connectors process reaches the database through a proxy."""
+
+    def __init__(self, dsn: str, proxy: TcpProxy, services: list[ServiceProcess]) -> None:
+        super().__init__(dsn, services)
+        self.proxy = proxy
 
     def service_connection_ids(self, *, busy: bool = False) -> list[int]:
         """Server-side ids of the Connectors process's database connections (``busy``: running a statement)."""
@@ -84,18 +100,27 @@ class ProxiedConnectors:
                 return False
         return True
 
-    def close(self) -> dict[str, int]:
-        """Stop the services and dispose the admin engine; each service's exit code."""
-        codes = stop_services(self.services)
-        self.admin.dispose()
-        return codes
 
-
-def proxied_dsn(dsn: str, port: int) -> str:
-    """``dsn`` pointed at the proxy on ``port``, with the test's short socket timeouts."""
+def service_dsn(dsn: str, port: int) -> str:
+    """``dsn`` pointed at loopback ``port`` (a proxy's, or the server's own), with the test's short socket timeouts."""
     timeouts = {name: str(SERVICE_IO_TIMEOUT) for name in ("connect_timeout", "read_timeout", "write_timeout")}
     url = normalize_dsn(dsn).set(host="127.0.0.1", port=port).update_query_dict(timeouts)
     return url.render_as_string(hide_password=False)
+
+
+def start_pair(dsn: str, connectors_dsn: str, env: Mapping[str, str], workdir: Path) -> list[ServiceProcess]:
+    """Start the schema catalog on ``dsn``, then Connectors on ``connectors_dsn`` with extra ``env``."""
+    (catalog,) = start_services([SCHEMA_CATALOG], env={"NEXUSCRM_DSN": dsn}, workdir=workdir)
+    try:
+        (connectors,) = start_services(
+            [CONNECTORS],
+            env={"NEXUSCRM_DSN": connectors_dsn, **target_env([catalog]), **env},
+            workdir=workdir,
+        )
+    except BaseException:
+        stop_services([catalog])
+        raise
+    return [catalog, connectors]
 
 
 StartProxied = Callable[[Mapping[str, str]], ProxiedConnectors]
@@ -109,17 +134,8 @@ def start_proxied(empty_dsn: str, tmp_path: Path) -> Iterator[StartProxied]:
     with tcp_proxy(url.host or "127.0.0.1", url.port or 3306) as proxy:
 
         def start(env: Mapping[str, str]) -> ProxiedConnectors:
-            (catalog,) = start_services([SCHEMA_CATALOG], env={"NEXUSCRM_DSN": empty_dsn}, workdir=tmp_path)
-            try:
-                (connectors,) = start_services(
-                    [CONNECTORS],
-                    env={"NEXUSCRM_DSN": proxied_dsn(empty_dsn, proxy.port), **target_env([catalog]), **env},
-                    workdir=tmp_path,
-                )
-            except BaseException:
-                stop_services([catalog])
-                raise
-            cluster = ProxiedConnectors(empty_dsn, proxy, [catalog, connectors])
+            services = start_pair(empty_dsn, service_dsn(empty_dsn, proxy.port), env, tmp_path)
+            cluster = ProxiedConnectors(empty_dsn, proxy, services)
             started.append(cluster)
             return cluster
 
@@ -130,3 +146,23 @@ def start_proxied(empty_dsn: str, tmp_path: Path) -> Iterator[StartProxied]:
             proxy.refuse(False)
             for cluster in started:
                 cluster.close()
+
+
+@pytest.fixture
+def private_server(tmp_path: Path) -> Iterator[PrivateMariaDB]:
+    """A running MariaDB server of the test's own, killed at teardown.
+
+    If it cannot start, the test fails under ``NEXUSCRM_TIDB_REQUIRED=1`` and is skipped otherwise.
+    """
+    server = PrivateMariaDB(tmp_path / "mariadb")
+    try:
+        try:
+            server.install()
+            server.start()
+        except PrivateServerError as error:
+            if REQUIRED:
+                pytest.fail(f"NEXUSCRM_TIDB_REQUIRED=1: no private MariaDB server: {error}")
+            pytest.skip(f"no private MariaDB server: {error}")
+        yield server
+    finally:
+        server.close()

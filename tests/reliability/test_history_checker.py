@@ -35,13 +35,16 @@ def test_a_clean_history_has_no_violation_and_forged_anomalies_are_each_found(en
     history.call("w2", "complete", key2, lambda: connectors.complete(*key2))
     assert check_history(history, engine, lease_seconds=LEASE) == []
 
-    # Forged outcomes: the stale worker's completion "accepted", and a lost acknowledged receipt.
+    # Forged outcomes: the stale worker's completion "accepted", a lost acknowledged receipt, and
+    # an acknowledged completion of a WorkItem the database lost (a crash without durable commits).
     history.call("w1", "complete", key, lambda: stale.work)
+    history.call("w3", "complete", ("lost-work", "lost-token"), lambda: stale.work)
     ghost = IngestResult(receipt_key="never-admitted", outcome=Outcome.ADMITTED)
     history.call("c", "ingest", (("never-admitted", b"x"),), lambda: [ghost])
     found = "\n".join(check_history(history, engine, lease_seconds=LEASE))
     assert "lost: receipt never-admitted" in found
     assert "false success: completion of" in found
+    assert "false success: completion of lost-work" in found
     assert "expired lease: completion of" in found
     assert "superseded lease" in found
 

@@ -26,7 +26,7 @@ import enum
 import itertools
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -224,8 +224,8 @@ def _execution_checks(history: History, events: Sequence[Any], work: Sequence[An
     rows = {w.WorkId: w for w in work}
     completions = _completions(history, work)
     for (work_id, token), op in completions.items():
-        row = rows[work_id]
-        if row.Status != WorkStatus.COMPLETED or row.LeaseToken != token:
+        row = rows.get(work_id)  # None: the database lost the WorkItem (say, a server crash)
+        if row is None or row.Status != WorkStatus.COMPLETED or row.LeaseToken != token:
             problems.append(f"false success: completion of {work_id} (op {op.index}) was acknowledged but not kept")
             continue
         loaded = loads.get((work_id, token))
@@ -336,7 +336,22 @@ def _cutover_checks(history: History, engine: sa.Engine) -> list[str]:
     return problems
 
 
-def unexpected_statuses(history: History, allowed: Iterable[str]) -> Counter[str]:
-    """Status names of cut-off or refused calls outside ``allowed``, with their counts."""
-    allowed = set(allowed)
-    return Counter(op.status for op in history.ops() if not op.ok and op.status not in allowed)
+def unexpected_statuses(history: History, allowed: Mapping[str, Iterable[str]], default: Iterable[str]) -> Counter[str]:
+    """``f:status`` of cut-off or refused calls outside ``allowed[f]`` (else ``default``), with their counts."""
+    return Counter(
+        f"{op.f}:{op.status}" for op in history.ops() if not op.ok and op.status not in set(allowed.get(op.f, default))
+    )
+
+
+def resolved_unknowns(history: History) -> Counter[str]:
+    """How the retries resolved receipts an ingest left unknown: the outcome of their acknowledgement.
+
+    ``admitted``: the cut-off call had not committed; ``duplicate_covered``: it had.
+    """
+    unknown = {key for op in history.ops("ingest") if op.outcome is OpOutcome.UNKNOWN for key, _ in op.value}
+    first: dict[str, str] = {}
+    for op in history.ops("ingest"):
+        for result in op.result if op.ok else ():
+            if result.receipt_key in unknown and result.outcome in ACKNOWLEDGED_OUTCOMES:
+                first.setdefault(result.receipt_key, result.outcome.value)
+    return Counter(first.values())
