@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
@@ -71,9 +72,18 @@ def test_expired_lease_transfers_ownership_and_refuses_the_old_holder(
     assert_invariants(engine)
 
 
+def expired_lease_counts() -> tuple[float, float]:
+    """Expired leases counted so far: reclaimed for a new attempt, and failed on the last attempt."""
+    return (
+        REGISTRY.get_sample_value("nexuscrm_leases_reclaimed_total") or 0.0,
+        REGISTRY.get_sample_value("nexuscrm_failures_total", {"reason": "lease_expired"}) or 0.0,
+    )
+
+
 def test_lease_expiry_on_the_last_attempt_fails_the_generation(engine: sa.Engine, clock: FakeClock) -> None:
     connectors = Connectors(engine, clock=clock)
     pack = install_pack(engine)
+    reclaimed, expired_failed = expired_lease_counts()
     connectors.ingest(pack, [delivery()])
     successor_input = None
     for attempt in range(connectors.settings.max_attempts):
@@ -85,6 +95,9 @@ def test_lease_expiry_on_the_last_attempt_fails_the_generation(engine: sa.Engine
     assert connectors.claim("w", pack_install_ids=[pack], lease_seconds=5)[0].work.work_id == successor_input.work_id
     failed = connectors.get_work(claim[0].work.work_id).work
     assert failed.status is WorkStatus.FAILED and "lease expired" in (failed.last_error or "")
+    # Every claim after the first took over an expired lease; the last expiry failed the generation.
+    max_attempts = connectors.settings.max_attempts
+    assert expired_lease_counts() == (reclaimed + max_attempts - 1, expired_failed + 1)
     assert_invariants(engine)
 
 

@@ -10,6 +10,7 @@ the same transaction, so per identity at most one generation runs, in LaneOrdina
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import logging
@@ -51,6 +52,15 @@ def check_lease_seconds(settings: Settings, lease_seconds: int) -> int:
     return lease_seconds
 
 
+@dataclasses.dataclass(kw_only=True)
+class ClaimBatch:
+    """What one claim did: the leases it granted, and the expired leases it took over."""
+
+    claims: list[Claim] = dataclasses.field(default_factory=list)
+    reclaimed: int = 0  # claims of generations whose lease had expired (a new attempt)
+    expired_failed: int = 0  # generations whose expired lease was the last attempt: failed for good
+
+
 def claim(
     engine: Engine,
     settings: Settings,
@@ -61,7 +71,7 @@ def claim(
     work_types: Sequence[str] = (),
     max_items: int = 1,
     lease_seconds: int = 0,
-) -> list[Claim]:
+) -> ClaimBatch:
     """Lease up to ``max_items`` claimable native generations to ``worker_id``.
 
     Claimable: pending; retry whose time has come; processing whose lease expired (a failed
@@ -79,7 +89,7 @@ def claim(
     now = clock()
     with engine.connect() as connection:
         served = _native_packs(connection, pack_install_ids)
-    claims: list[Claim] = []
+    batch = ClaimBatch()
     # A pass that fails exhausted work unblocks successors that the candidate read could not
     # see; read again then, a bounded number of times.
     for _ in range(CLAIM_PASSES):
@@ -87,8 +97,8 @@ def claim(
             candidates = queries.work_items_claimable(connection, served, work_types, now, max_items)
         retired = False
         for candidate in candidates:
-            if len(claims) == max_items:
-                return claims
+            if len(batch.claims) == max_items:
+                return batch
             try:
                 claimed = run_transaction(
                     engine,
@@ -99,11 +109,15 @@ def claim(
                 log.error("not claiming %s: %s", candidate.WorkId, error)
                 continue
             if isinstance(claimed, Claim):
-                claims.append(claimed)
-            retired = retired or claimed is RETIRED
+                batch.claims.append(claimed)
+                # The compare-and-set expected the candidate's status: a processing one had expired.
+                batch.reclaimed += candidate.Status == WorkStatus.PROCESSING
+            elif claimed is RETIRED:
+                batch.expired_failed += 1
+                retired = True
         if not retired:
             break
-    return claims
+    return batch
 
 
 def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client import Counter, Histogram
 
+from nexuscrm_connectors.leases import ClaimBatch
 from nexuscrm_connectors.models import IngestResult, InputPage, Outcome, WorkItemRow
 from workqueue import WorkStatus
 
@@ -37,10 +38,17 @@ COVERAGE_MISSING = Counter(
 RECEIPTS_FENCED = Counter("nexuscrm_receipts_fenced_total", "Deliveries stored durably behind an admission fence.")
 DELIVERIES_REJECTED = Counter("nexuscrm_deliveries_rejected_total", "Deliveries rejected with nothing written.")
 CLAIMS = Counter("nexuscrm_claims_total", "Generations leased to a worker.")
+LEASES_RECLAIMED = Counter(
+    "nexuscrm_leases_reclaimed_total", "Expired leases a claim took over for a new attempt of their generation."
+)
 RETRIES = Counter(
     "nexuscrm_retries_total", "Failed attempts scheduled for a retry, by the attempt that failed.", ["attempt"]
 )
-FAILURES = Counter("nexuscrm_failures_total", "Generations that failed for good, by reason.", ["reason"])
+FAILURES = Counter(
+    "nexuscrm_failures_total",
+    "Generations that failed for good, by reason (attempts_exhausted, not_retryable, lease_expired).",
+    ["reason"],
+)
 COMPLETIONS = Counter("nexuscrm_completions_total", "Generations completed.")
 
 _DUPLICATE_KINDS = {Outcome.DUPLICATE_LEGACY: "legacy", Outcome.DUPLICATE_COVERED: "covered"}
@@ -67,6 +75,13 @@ def record_ingest(results: Sequence[IngestResult]) -> None:
             DELIVERIES_REJECTED.inc()
     GENERATIONS_CREATED.labels("admission").inc(len(started))
     GENERATIONS_EXTENDED.inc(len(admitted_into - started))
+
+
+def record_claim(batch: ClaimBatch) -> None:
+    """Count the leases a claim granted, the expired ones among them, and expiries that ended a generation."""
+    CLAIMS.inc(len(batch.claims))
+    LEASES_RECLAIMED.inc(batch.reclaimed)
+    FAILURES.labels("lease_expired").inc(batch.expired_failed)
 
 
 def record_finish(work: WorkItemRow, *, retryable: bool = True) -> None:

@@ -52,7 +52,7 @@ class Connectors:
         lease_seconds: int = 0,
     ) -> list[Claim]:
         """See ``leases.claim``."""
-        claims = leases.claim(
+        batch = leases.claim(
             self.engine,
             self.settings,
             self.clock,
@@ -62,8 +62,8 @@ class Connectors:
             max_items=max_items,
             lease_seconds=lease_seconds,
         )
-        metrics.CLAIMS.inc(len(claims))
-        return claims
+        metrics.record_claim(batch)
+        return batch.claims
 
     def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """See ``payloads.load_inputs``."""
