@@ -4,9 +4,11 @@
 fail its neighbours), then runs one transaction per batch that locks the PackInstall row
 (serializing admission and replay of the pack), checks fences, reads the protocol row once,
 stores new receipts, splits duplicates from new inputs, allocates ordinals in arrival order,
-inserts Events and extends or succeeds each identity's newest generation. Confirmation of
-the receipts is a separate transaction after the commit: a crash in between leaves receipt,
-Event and WorkItem intact and the retried delivery takes the duplicate path.
+inserts Events and extends or succeeds each identity's newest generation (found by index
+seeks, or remembered from this process's own last admission of the pack while no other
+writer has moved its ordinal counter: ``NewestGenerations``). Confirmation of the receipts
+is a separate transaction after the commit: a crash in between leaves receipt, Event and
+WorkItem intact and the retried delivery takes the duplicate path.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import datetime as dt
 import functools
 import hashlib
 import logging
+import threading
 import uuid
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
@@ -44,6 +48,7 @@ from workqueue.statuses import TERMINAL_WORK_STATUSES
 log = logging.getLogger(__name__)
 
 IDENTITY_CACHE_SIZE = 65_536  # distinct (pack, route) pairs whose projection key is remembered
+NEWEST_CACHE_SIZE = 65_536  # identities whose newest generation one engine's admissions remember
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,23 +138,87 @@ def _same_key_again(first: IngestItem, again: IngestItem, admitted: dict[str, In
     return result
 
 
+class NewestGenerations:
+    """The newest generation of the identities this process admitted to, per pack (never its status).
+
+    Only admission and replay create generations, and both allocate ordinals under the pack
+    lock. So while a pack's LastOrdinal, read under that lock, is still the one this process's
+    last admission left, every identity recorded then still has the same newest generation,
+    and admission locks it by primary key instead of seeking it (the seeks were the largest
+    statement of a batch). Any other writer moves LastOrdinal, and the next admission seeks
+    every identity again. Only committed admissions are recorded.
+    """
+
+    def __init__(self, limit: int = NEWEST_CACHE_SIZE) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._packs: dict[str, tuple[int, dict[str, str]]] = {}  # pack -> (LastOrdinal, identity -> WorkId)
+
+    def known(self, pack_install_id: str, last_ordinal: int, projection_keys: Iterable[str]) -> dict[str, str]:
+        """The recorded newest WorkIds of ``projection_keys``, if the pack's LastOrdinal is still ``last_ordinal``."""
+        with self._lock:
+            recorded_at, work_ids = self._packs.get(pack_install_id, (-1, {}))
+            if recorded_at != last_ordinal:
+                return {}
+            return {key: work_ids[key] for key in projection_keys if key in work_ids}
+
+    def record(self, pack_install_id: str, before: int, after: int, work_ids: Mapping[str, str]) -> None:
+        """Record a committed admission that moved LastOrdinal from ``before`` to ``after``.
+
+        ``work_ids`` holds the newest generation of each identity of the batch. What was
+        recorded at ``before`` stays true for the other identities; an older record is
+        replaced, a newer one (a later admission recorded first) is kept.
+        """
+        with self._lock:
+            recorded_at, known = self._packs.get(pack_install_id, (-1, {}))
+            if recorded_at == before:
+                merged = {**known, **work_ids}
+            elif recorded_at < after:
+                merged = dict(work_ids)
+            else:
+                return
+            self._packs[pack_install_id] = (after, merged)
+            if sum(len(ids) for _, ids in self._packs.values()) > self._limit:
+                self._packs = {pack_install_id: (after, dict(work_ids))}  # forgetting only costs seeks
+
+
+_NEWEST: weakref.WeakKeyDictionary[Engine, NewestGenerations] = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Admitted:
+    """What one admission transaction decided, and the newest generations it left (for ``NewestGenerations``)."""
+
+    results: dict[str, IngestResult]
+    ordinals: range = range(0)  # allocated to fresh inputs
+    newest: dict[str, str] = dataclasses.field(default_factory=dict)  # identity -> WorkId
+
+
 def admit(
     engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, deliveries: Sequence[Delivery]
 ) -> dict[str, IngestResult]:
     """Run the admission transaction, then confirm acknowledged receipts; results by key."""
     now = clock()
-    results = run_transaction(
+    newest = _NEWEST.setdefault(engine, NewestGenerations())
+    admitted = run_transaction(
         engine,
-        lambda connection: _admission(connection, settings, pack_install_id, deliveries, now),
+        lambda connection: _admission(connection, settings, newest, pack_install_id, deliveries, now),
         name="admission",
     )
-    _confirm(engine, pack_install_id, results.values(), clock)
-    return results
+    if admitted.ordinals:
+        newest.record(pack_install_id, admitted.ordinals[0] - 1, admitted.ordinals[-1], admitted.newest)
+    _confirm(engine, pack_install_id, admitted.results.values(), clock)
+    return admitted.results
 
 
 def _admission(
-    connection: Connection, settings: Settings, pack_install_id: str, deliveries: Sequence[Delivery], now: dt.datetime
-) -> dict[str, IngestResult]:
+    connection: Connection,
+    settings: Settings,
+    newest: NewestGenerations,
+    pack_install_id: str,
+    deliveries: Sequence[Delivery],
+    now: dt.datetime,
+) -> _Admitted:
     pack = packs.pack_lock(connection, pack_install_id)
     fenced = packs.fence_active(connection, pack, now)
     protocol = packs.protocol_get(connection, pack_install_id)
@@ -180,7 +249,7 @@ def _admission(
 
     if protocol is None:  # fenced, and not yet cut over: store only
         results.update({d.item.receipt_key: _fenced(d) for d in accepted})
-        return results
+        return _Admitted(results)
     events = queries.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
     fresh: list[Delivery] = []
     for delivery in accepted:
@@ -193,9 +262,10 @@ def _admission(
             results[delivery.item.receipt_key] = _fenced(delivery)
         else:
             fresh.append(delivery)
-    if fresh:
-        results.update(_admit_fresh(connection, settings, pack, fresh, now))
-    return results
+    if not fresh:
+        return _Admitted(results)
+    admitted = _admit_fresh(connection, settings, newest, pack, fresh, now)
+    return dataclasses.replace(admitted, results={**results, **admitted.results})
 
 
 def _fenced(delivery: Delivery) -> IngestResult:
@@ -242,8 +312,13 @@ def event_rows(
 
 
 def _admit_fresh(
-    connection: Connection, settings: Settings, pack: packs.LockedPack, fresh: Sequence[Delivery], now: dt.datetime
-) -> dict[str, IngestResult]:
+    connection: Connection,
+    settings: Settings,
+    newest_known: NewestGenerations,
+    pack: packs.LockedPack,
+    fresh: Sequence[Delivery],
+    now: dt.datetime,
+) -> _Admitted:
     """Allocate ordinals in arrival order, insert Events, and cover every new input once.
 
     Every identity of the batch gets exactly one generation covering its new inputs
@@ -254,7 +329,8 @@ def _admit_fresh(
     by_identity: dict[str, list[tuple[int, Delivery]]] = {}
     for ordinal, delivery in zip(ordinals, fresh, strict=True):
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
-    newest = queries.work_items_newest(connection, pack.pack_install_id, by_identity)
+    known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
+    newest = queries.work_items_newest(connection, pack.pack_install_id, by_identity, known)
     new_generations: list[dict[str, Any]] = []
     extended: dict[str, int] = {}  # WorkId -> new LaneOrdinal
     work_ids: dict[str, str] = {}
@@ -285,7 +361,7 @@ def _admit_fresh(
     if queries.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0]) != len(extended):
         raise RuntimeError("a generation of this batch changed under its row lock")
     queries.work_items_insert(connection, new_generations)
-    return {
+    results = {
         delivery.item.receipt_key: IngestResult(
             receipt_key=delivery.item.receipt_key,
             outcome=Outcome.ADMITTED,
@@ -295,6 +371,7 @@ def _admit_fresh(
         )
         for ordinal, delivery in zip(ordinals, fresh, strict=True)
     }
+    return _Admitted(results, ordinals, work_ids)
 
 
 def _extendable(row: Any) -> bool:

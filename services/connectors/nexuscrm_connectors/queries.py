@@ -201,32 +201,69 @@ def _newest_statement(count: int, derived: bool) -> sa.CompoundSelect[*tuple[Any
     return sa.union_all(*branches)
 
 
-def work_items_newest(connection: Connection, pack_install_id: str, projection_keys: Iterable[str]) -> dict[str, DbRow]:
-    """The newest generation of each identity, locked.
+# Locks the newest generations by primary key and reads what admission decides on.
+_NEWEST_LOCK = (
+    sa.select(WorkItem.c.WorkId, WorkItem.c.ProjectionKey, WorkItem.c.Status, WorkItem.c.Attempt)
+    .where(WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
+    .with_for_update()
+)
 
-    Per identity one seek to the top of its ix_workitem_projection_order range (ORDER BY
-    LaneOrdinal DESC LIMIT 1), ``NEWEST_CHUNK`` identities per UNION ALL statement: the cost
-    follows the batch's identities, never their retained history (a GROUP BY max reads every
-    retained generation on engines without a loose index scan, such as TiDB and SQLite). Then
-    those rows FOR UPDATE by primary key.
+
+def work_items_newest(
+    connection: Connection,
+    pack_install_id: str,
+    projection_keys: Iterable[str],
+    known: Mapping[str, str] | None = None,
+) -> dict[str, DbRow]:
+    """The newest generation of each identity, locked: its WorkId, ProjectionKey, Status and Attempt.
+
+    ``known`` maps identities to the WorkId of their newest generation when the caller knows
+    it; each other identity gets one seek to the top of its ix_workitem_projection_order range
+    (ORDER BY LaneOrdinal DESC LIMIT 1), ``NEWEST_CHUNK`` identities per UNION ALL statement:
+    the cost follows the batch's identities, never their retained history (a GROUP BY max reads
+    every retained generation on engines without a loose index scan, such as TiDB and SQLite).
+    Then all those rows FOR UPDATE by primary key.
     """
-    keys = sorted(set(projection_keys))
+    known = known or {}
+    keys = sorted(set(projection_keys) - known.keys())
     derived = connection.dialect.name == "sqlite"
-    work_ids: list[str] = []
+    work_ids = list(known.values())
     for start in range(0, len(keys), NEWEST_CHUNK):
         chunk = keys[start : start + NEWEST_CHUNK]
         parameters = {"pack_install_id": pack_install_id, **{f"key_{n}": key for n, key in enumerate(chunk)}}
         work_ids += connection.execute(_newest_statement(len(chunk), derived), parameters).scalars()
     if not work_ids:
         return {}
-    rows = connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId.in_(work_ids)).with_for_update())
-    return {row.ProjectionKey: row for row in rows}
+    return {row.ProjectionKey: row for row in connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})}
 
 
 def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
     """Insert new generations (one multi-row INSERT)."""
     if rows:
         connection.execute(sa.insert(WorkItem), list(rows))
+
+
+@functools.lru_cache(maxsize=16)
+def _extend_statement(size: int) -> sa.Update:
+    """The extension UPDATE of ``size`` generations; built once per size.
+
+    Parameters: ``pack_install_id``, ``first_ordinal``, and ``work_<n>`` / ``bound_<n>`` for
+    n < ``size``. Building the CASE of a batch's 400 generations cost more CPU than running it.
+    """
+    pairs: list[tuple[sa.BindParameter[Any], sa.BindParameter[Any]]] = [
+        (sa.bindparam(f"work_{n}"), sa.bindparam(f"bound_{n}")) for n in range(size)
+    ]
+    return (
+        sa.update(WorkItem)
+        .where(
+            WorkItem.c.WorkId.in_([work_id for work_id, _ in pairs]),
+            WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
+            WorkItem.c.Status.in_(UNCLAIMED_STATUSES),
+            WorkItem.c.Attempt == 0,
+            WorkItem.c.LaneOrdinal < sa.bindparam("first_ordinal"),
+        )
+        .values(LaneOrdinal=sa.case(*pairs, value=WorkItem.c.WorkId))
+    )
 
 
 def work_items_extend(
@@ -239,20 +276,20 @@ def work_items_extend(
     if it is still pending or blocked at attempt zero with a bound below the batch. Primary-key
     lookups; the statement's only per-generation part is one CASE. Returns how many changed;
     the caller expects all.
+
+    The pairs are padded to a power of two by repeating the last one (a repeated WorkId
+    changes nothing twice), so a few cached statements serve every batch size.
     """
     if not new_bounds:
         return 0
-    return connection.execute(
-        sa.update(WorkItem)
-        .where(
-            WorkItem.c.WorkId.in_(list(new_bounds)),
-            WorkItem.c.PackInstallId == pack_install_id,
-            WorkItem.c.Status.in_(UNCLAIMED_STATUSES),
-            WorkItem.c.Attempt == 0,
-            WorkItem.c.LaneOrdinal < first_ordinal,
-        )
-        .values(LaneOrdinal=sa.case(dict(new_bounds), value=WorkItem.c.WorkId))
-    ).rowcount
+    pairs = list(new_bounds.items())
+    size = 1 << (len(pairs) - 1).bit_length()
+    pairs += pairs[-1:] * (size - len(pairs))
+    parameters: dict[str, Any] = {"pack_install_id": pack_install_id, "first_ordinal": first_ordinal}
+    for n, (work_id, bound) in enumerate(pairs):
+        parameters[f"work_{n}"] = work_id
+        parameters[f"bound_{n}"] = bound
+    return connection.execute(_extend_statement(size), parameters).rowcount
 
 
 def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -> DbRow | None:
