@@ -2,6 +2,8 @@
 
 Floor: plain batched INSERTs of the same Event rows (same batch size, same engine settings,
 one transaction per batch, rows built before the clock starts) into the same schema.
+Design floor: the writes admission cannot drop (decision 003), the same way: the batch's
+receipts and Events in one transaction, then the receipt confirmation in a second.
 In-process: ``Connectors.ingest`` (receipts, pack lock, fences, protocol row, ordinals,
 Events, generations, confirmation). gRPC: the same through a Connectors service process and
 ``ConnectorsClient.ingest``. Each path gets its own pack in one scratch database.
@@ -21,12 +23,14 @@ import sqlalchemy as sa
 from bench import seed
 from bench.environment import Backend, Report, scratch_database, verdict
 from nexuscrm_connectors import queries
+from nexuscrm_connectors.admission import Delivery, payload_hash, receipt_row
 from nexuscrm_connectors.client import ConnectorsClient
 from nexuscrm_connectors.models import IngestItem, IngestResult, Outcome
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_integration.launcher import CONNECTORS, SCHEMA_CATALOG, start_services, stop_services
 from nexuscrm_runtime.database import create_engine
-from tests.support.factories import install_pack
+from tests.support.factories import START, install_pack
+from workqueue import ReceiptState
 
 BATCH = 500  # deliveries per batch
 IDENTITIES = 400  # projection identities the batches spread over
@@ -78,6 +82,27 @@ def _floor(engine: sa.Engine, pack: str, batches: int) -> float:
     return batches * BATCH / (time.perf_counter() - started)
 
 
+def _design_floor(engine: sa.Engine, pack: str, batches: int) -> float:
+    """Inputs per second of the receipt + Event double write and the separate confirmation, by plain statements."""
+    work = []
+    for n in range(batches):
+        items = seed.batch(f"design-{n}", BATCH, IDENTITIES)
+        deliveries = [
+            Delivery(item=item, projection_key=item.route.identity(pack).key, payload_hash=payload_hash(item.payload))
+            for item in items
+        ]
+        receipts = [receipt_row(pack, delivery, START) for delivery in deliveries]
+        work.append((receipts, seed.event_rows(pack, 1 + n * BATCH, items), [item.receipt_key for item in items]))
+    started = time.perf_counter()
+    for receipts, events, keys in work:
+        with engine.begin() as connection:
+            queries.receipts_insert(connection, receipts)
+            queries.events_insert(connection, events)
+        with engine.begin() as connection:
+            queries.receipts_set_state(connection, pack, keys, ReceiptState.CONFIRMED, START)
+    return batches * BATCH / (time.perf_counter() - started)
+
+
 def run(backend: Backend, report: Report, *, quick: bool) -> None:
     """Measure floor, in-process and gRPC admission in one database, side by side."""
     batches = 10 if quick else 40
@@ -85,6 +110,7 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         engine = create_engine(dsn)
         try:
             floor = _floor(engine, install_pack(engine), batches)
+            design = _design_floor(engine, install_pack(engine), batches)
             in_process = _throughput(Connectors(engine).ingest, install_pack(engine), batches, "inproc")
             with connectors_process(dsn) as client:
                 remote = _throughput(client.ingest, install_pack(engine), batches, "grpc")
@@ -93,6 +119,12 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
     section = "1 admission"
     shape = f"batch {BATCH}, {IDENTITIES} identities, {batches} batches"
     report.add(section, backend.name, f"floor: plain Event INSERTs ({shape})", f"{floor:,.0f} inputs/s")
+    report.add(
+        section,
+        backend.name,
+        "design floor (receipts + Events, then confirmation) / floor",
+        f"{design / floor:.2f} ({design:,.0f} inputs/s)",
+    )
     report.add(
         section,
         backend.name,
@@ -107,3 +139,4 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         f"{remote / floor:.2f} ({remote:,.0f} inputs/s)",
         f">= {GRPC_TARGET} {verdict(remote / floor >= GRPC_TARGET)}",
     )
+    report.add(section, backend.name, "in-process Ingest / design floor", f"{in_process / design:.2f}")
