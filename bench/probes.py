@@ -50,14 +50,8 @@ def run_audit(backend: Backend, report: Report, *, quick: bool) -> None:
         finally:
             engine.dispose()
         result = _probe("audit", dsn, pack)
-    peak = result["maxrss_kib"] / 1024
-    report.add(
-        "6 audit",
-        backend.name,
-        f"cutover audit over {events:.0e} legacy Events",
-        f"{result['seconds']:.1f} s, peak RSS {peak:.0f} MB ({result['events']:.0f} Events audited)",
-        f"< {AUDIT_TARGET_MB} MB {verdict(peak < AUDIT_TARGET_MB)}",
-    )
+    what = f"cutover audit over {events:.0e} legacy Events"
+    _add_peak(report, "6 audit", backend, what, result, f"{result['events']:.0f} Events audited", AUDIT_TARGET_MB)
 
 
 def run_load_inputs(backend: Backend, report: Report, *, quick: bool) -> None:
@@ -71,13 +65,21 @@ def run_load_inputs(backend: Backend, report: Report, *, quick: bool) -> None:
         finally:
             engine.dispose()
         result = _probe("load", dsn, pack)
+    what = f"LoadInputs of one {LOAD_INPUTS:,}-input generation ({seed.PAYLOAD_BYTES} B payloads)"
+    _add_peak(report, "7 LoadInputs", backend, what, result, f"{result['inputs']:.0f} inputs", LOAD_TARGET_MB)
+
+
+def _add_peak(
+    report: Report, section: str, backend: Backend, what: str, result: dict[str, float], counted: str, target_mb: int
+) -> None:
+    """One row of a probe's seconds and peak RSS against ``target_mb``; ``counted`` says what it processed."""
     peak = result["maxrss_kib"] / 1024
     report.add(
-        "7 LoadInputs",
+        section,
         backend.name,
-        f"LoadInputs of one {LOAD_INPUTS:,}-input generation ({seed.PAYLOAD_BYTES} B payloads)",
-        f"{result['seconds']:.1f} s, peak RSS {peak:.0f} MB ({result['inputs']:.0f} inputs)",
-        f"< {LOAD_TARGET_MB} MB {verdict(peak < LOAD_TARGET_MB)}",
+        what,
+        f"{result['seconds']:.1f} s, peak RSS {peak:.0f} MB ({counted})",
+        f"< {target_mb} MB {verdict(peak < target_mb)}",
     )
 
 
