@@ -3,18 +3,22 @@
 Floor: plain batched INSERTs of the same Event rows (same batch size, same engine settings,
 one transaction per batch, rows built before the clock starts) into the same schema.
 Design floor: the writes admission cannot drop (decision 003), the same way: the batch's
-receipts and Events in one transaction, then the receipt confirmation in a second.
+confirmed receipts (digest, no payload) and its Events, in one transaction.
 In-process: ``Connectors.ingest`` (receipts, pack lock, fences, protocol row, ordinals,
 Events, generations, confirmation). gRPC: the same through a Connectors service process and
-``ConnectorsClient.ingest``. Each path gets its own pack in one scratch database.
+``ConnectorsClient.ingest``. Concurrent clients: 1, 4 and 16 threads sending batches of 50
+to one pack through one Connectors process, with group admission and with a group size of
+one call (every call its own transaction). Each path gets its own pack in one scratch
+database.
 """
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -37,17 +41,19 @@ IDENTITIES = 400  # projection identities the batches spread over
 WARMUP = 2  # untimed batches per path
 IN_PROCESS_TARGET = 0.5  # x floor
 GRPC_TARGET = 0.35  # x floor
+CONCURRENT_CLIENTS = (1, 4, 16)  # ingest clients sending at once (group admission)
+CONCURRENT_BATCH = 50  # deliveries per call of a concurrent client
 
 Ingest = Callable[[str, Sequence[IngestItem]], list[IngestResult]]
 
 
 @contextlib.contextmanager
-def connectors_process(dsn: str) -> Iterator[ConnectorsClient]:
-    """A Connectors service process on ``dsn`` (schema catalog first) and a client of it."""
+def connectors_process(dsn: str, env: Mapping[str, str] | None = None) -> Iterator[ConnectorsClient]:
+    """A Connectors service process on ``dsn`` (schema catalog first, ``env`` added) and a client of it."""
     with tempfile.TemporaryDirectory(prefix="nxbench-svc-") as workdir:
         services = start_services(
             [SCHEMA_CATALOG, CONNECTORS],
-            env={"NEXUSCRM_DSN": dsn, "NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS": "0"},
+            env={"NEXUSCRM_DSN": dsn, "NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS": "0", **(env or {})},
             workdir=Path(workdir),
         )
         try:
@@ -70,6 +76,37 @@ def _throughput(ingest: Ingest, pack: str, batches: int, prefix: str) -> float:
     return batches * BATCH / (time.perf_counter() - started)
 
 
+def _concurrent(ingest: Ingest, pack: str, clients: int, inputs: int, prefix: str) -> float:
+    """Inputs per second admitted by ``clients`` threads sending batches of ``CONCURRENT_BATCH`` at once."""
+    calls = inputs // CONCURRENT_BATCH // clients
+    work = [
+        [seed.batch(f"{prefix}-{client}-{n}", CONCURRENT_BATCH, IDENTITIES) for n in range(calls)]
+        for client in range(clients)
+    ]
+    start = threading.Barrier(clients + 1)
+    failures: list[BaseException] = []
+
+    def client(batches: list[list[IngestItem]]) -> None:
+        start.wait()
+        try:
+            for items in batches:
+                if any(r.outcome is not Outcome.ADMITTED for r in ingest(pack, items)):
+                    raise RuntimeError(f"{prefix}: not every delivery was admitted")
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=client, args=(batches,)) for batches in work]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return clients * calls * CONCURRENT_BATCH / (time.perf_counter() - started)
+
+
 def _floor(engine: sa.Engine, pack: str, batches: int) -> float:
     """Inputs per second of plain batched Event INSERTs."""
     rows = [seed.event_rows(pack, 1 + n * BATCH, seed.batch(f"floor-{n}", BATCH, IDENTITIES)) for n in range(batches)]
@@ -83,7 +120,7 @@ def _floor(engine: sa.Engine, pack: str, batches: int) -> float:
 
 
 def _design_floor(engine: sa.Engine, pack: str, batches: int) -> float:
-    """Inputs per second of the receipt + Event double write and the separate confirmation, by plain statements."""
+    """Inputs per second of each batch's confirmed receipts and Events in one transaction, by plain statements."""
     work = []
     for n in range(batches):
         items = seed.batch(f"design-{n}", BATCH, IDENTITIES)
@@ -91,21 +128,20 @@ def _design_floor(engine: sa.Engine, pack: str, batches: int) -> float:
             Delivery(item=item, projection_key=item.route.identity(pack).key, payload_hash=payload_hash(item.payload))
             for item in items
         ]
-        receipts = [receipt_row(pack, delivery, START) for delivery in deliveries]
-        work.append((receipts, seed.event_rows(pack, 1 + n * BATCH, items), [item.receipt_key for item in items]))
+        receipts = [receipt_row(pack, delivery, START, state=ReceiptState.CONFIRMED) for delivery in deliveries]
+        work.append((receipts, seed.event_rows(pack, 1 + n * BATCH, items)))
     started = time.perf_counter()
-    for receipts, events, keys in work:
+    for receipts, events in work:
         with engine.begin() as connection:
             queries.receipts_insert(connection, receipts)
             queries.events_insert(connection, events)
-        with engine.begin() as connection:
-            queries.receipts_set_state(connection, pack, keys, ReceiptState.CONFIRMED, START)
     return batches * BATCH / (time.perf_counter() - started)
 
 
 def run(backend: Backend, report: Report, *, quick: bool) -> None:
     """Measure floor, in-process and gRPC admission in one database, side by side."""
     batches = 10 if quick else 40
+    concurrent_inputs = 3_200 if quick else 16_000
     with scratch_database(backend) as dsn:
         engine = create_engine(dsn)
         try:
@@ -114,6 +150,16 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
             in_process = _throughput(Connectors(engine).ingest, install_pack(engine), batches, "inproc")
             with connectors_process(dsn) as client:
                 remote = _throughput(client.ingest, install_pack(engine), batches, "grpc")
+                grouped = {
+                    n: _concurrent(client.ingest, install_pack(engine), n, concurrent_inputs, f"group-{n}")
+                    for n in CONCURRENT_CLIENTS
+                }
+            # The same with every call in a transaction of its own: a group holds one call.
+            with connectors_process(dsn, {"NEXUSCRM_ADMISSION_GROUP_ITEMS": "1"}) as client:
+                alone = {
+                    n: _concurrent(client.ingest, install_pack(engine), n, concurrent_inputs, f"alone-{n}")
+                    for n in CONCURRENT_CLIENTS
+                }
         finally:
             engine.dispose()
     section = "1 admission"
@@ -122,7 +168,7 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
     report.add(
         section,
         backend.name,
-        "design floor (receipts + Events, then confirmation) / floor",
+        "design floor (confirmed receipts + Events) / floor",
         f"{design / floor:.2f} ({design:,.0f} inputs/s)",
     )
     report.add(
@@ -140,3 +186,10 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         f">= {GRPC_TARGET} {verdict(remote / floor >= GRPC_TARGET)}",
     )
     report.add(section, backend.name, "in-process Ingest / design floor", f"{in_process / design:.2f}")
+    for n in CONCURRENT_CLIENTS:
+        report.add(
+            section,
+            backend.name,
+            f"gRPC, {n} concurrent clients (batches of {CONCURRENT_BATCH}): grouped / one transaction per call",
+            f"{grouped[n] / alone[n]:.2f} ({grouped[n]:,.0f} / {alone[n]:,.0f} inputs/s)",
+        )

@@ -239,26 +239,49 @@ def test_replay_starts_with_its_event_and_absorbs_later_inputs(engine: sa.Engine
     assert_invariants(engine)
 
 
-def test_crash_after_admission_commit_before_confirmation(
+def test_crash_after_admission_commit(
     engine: sa.Engine, connectors: Connectors, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Receipts are written confirmed in the admission transaction: a crash after its commit leaves all facts."""
     pack = install_pack(engine)
 
     def crash(*_args: object) -> None:
-        raise ConnectionError("process died before confirming receipts")
+        raise ConnectionError("process died right after the admission commit")
 
-    monkeypatch.setattr(admission, "_confirm", crash)
+    monkeypatch.setattr(admission.NewestGenerations, "record", crash)
     with pytest.raises(ConnectionError):
         connectors.ingest(pack, [delivery("r-crash")])
     monkeypatch.undo()
     with engine.connect() as connection:
-        state = connection.execute(sa.select(IngressReceipt.c.State)).scalar_one()
-    assert state == ReceiptState.STORED  # durable, unconfirmed, and its Event committed
+        state, payload = connection.execute(sa.select(IngressReceipt.c.State, IngressReceipt.c.Payload)).one()
+    assert state == ReceiptState.CONFIRMED and payload == b""  # the payload is stored once, in the Event
     assert count(engine, Event) == 1 and count(engine, WorkItem) == 1
 
     retried = connectors.ingest(pack, [delivery("r-crash")])[0]
     assert retried.outcome is Outcome.DUPLICATE_COVERED
-    assert connectors.explain_receipt(pack, "r-crash").receipt_state == ReceiptState.CONFIRMED
+    assert count(engine, Event) == 1 and count(engine, WorkItem) == 1
+    assert_invariants(engine)
+
+
+@pytest.mark.parametrize("recovery", ["retried delivery", "materializer"])
+def test_receipt_left_stored_beside_its_event_is_confirmed(
+    engine: sa.Engine, connectors: Connectors, recovery: str
+) -> None:
+    """An older release confirmed receipts after the commit: a crash in between left them stored beside their Events."""
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery("r-old")])
+    with engine.begin() as connection:
+        connection.execute(
+            sa.update(IngressReceipt).values(State=ReceiptState.STORED, ConfirmedAt=None, Payload=b"copy")
+        )
+    if recovery == "materializer":
+        assert connectors.materialize() == 1
+    else:
+        assert connectors.ingest(pack, [delivery("r-old")])[0].outcome is Outcome.DUPLICATE_COVERED
+    explained = connectors.explain_receipt(pack, "r-old")
+    assert explained.receipt_state == ReceiptState.CONFIRMED
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(IngressReceipt.c.Payload)).scalar_one() == b""
     assert count(engine, Event) == 1 and count(engine, WorkItem) == 1
     assert_invariants(engine)
 

@@ -33,8 +33,9 @@ class EventStatus(enum.StrEnum):
 class ReceiptState(enum.StrEnum):
     """State of an ingress receipt."""
 
-    # Durable, not confirmed: fenced (no Event yet), or the process stopped between the
-    # admission commit and confirmation (an Event exists).
+    # Durable, not admitted, payload kept: fenced (no Event yet). A receipt of an older
+    # release may also be stored beside its Event (it stopped between the admission commit
+    # and its separate confirmation); the duplicate path confirms it.
     STORED = "stored"
     CONFIRMED = "confirmed"
     COVERAGE_MISSING = "coverage_missing"  # a duplicate whose input has no generation

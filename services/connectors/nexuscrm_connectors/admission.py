@@ -3,12 +3,14 @@
 ``ingest`` validates each delivery on its own (a rejected item changes nothing and does not
 fail its neighbours), then runs one transaction per batch that locks the PackInstall row
 (serializing admission and replay of the pack), checks fences, reads the protocol row once,
-stores new receipts, splits duplicates from new inputs, allocates ordinals in arrival order,
-inserts Events and extends or succeeds each identity's newest generation (found by index
-seeks, or remembered from this process's own last admission of the pack while no other
-writer has moved its ordinal counter: ``NewestGenerations``). Confirmation of the receipts
-is a separate transaction after the commit: a crash in between leaves receipt, Event and
-WorkItem intact and the retried delivery takes the duplicate path.
+splits duplicates (verified in one statement, whatever their number) from new inputs,
+allocates ordinals in arrival order, inserts Events, extends or succeeds each identity's
+newest generation (found by one statement of index seeks, or remembered from this process's
+own last admission of the pack while no other writer has moved its ordinal counter:
+``NewestGenerations``), and writes every receipt with its verdict: an admitted input's
+receipt is born confirmed, without a copy of the payload (the Event holds it). The number of
+statements is constant per batch. A crash after the commit leaves receipt, Event and WorkItem
+intact, and the retried delivery takes the duplicate path.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import packs, queries
-from nexuscrm_connectors.duplicates import verify_duplicate
+from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
+from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
 from nexuscrm_connectors.models import (
     ACKNOWLEDGED_OUTCOMES,
     IngestItem,
@@ -67,6 +70,8 @@ def ingest(
 
     Raises ``UnknownPack``, ``LimitExceeded`` (too many items) and ``ProtocolMissing`` (an
     unfenced pack without a protocol row) for the whole batch, before writing anything.
+    Concurrent calls of one pack share admission transactions (``grouping``); a receipt key
+    repeated in the batch (or in a concurrent one) is admitted once.
     """
     validate_text("pack_install_id", pack_install_id, FIELD_MAX_LENGTHS["pack_install_id"])
     if len(items) > settings.max_batch_items:
@@ -74,25 +79,25 @@ def ingest(
             f"items has {len(items)} deliveries; the limit is {settings.max_batch_items}", field="items"
         )
     results: dict[int, IngestResult] = {}
-    first_of_key: dict[str, int] = {}
-    deliveries: list[Delivery] = []
+    validated: dict[int, Delivery] = {}
+    first: dict[str, Delivery] = {}  # the first valid delivery of each receipt key
     for index, item in enumerate(items):
         try:
-            delivery = _validate(settings, pack_install_id, item)
+            validated[index] = _validate(settings, pack_install_id, item)
         except DomainError as error:
             results[index] = IngestResult(receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=str(error))
             continue
-        if item.receipt_key in first_of_key:
-            continue  # resolved after admission, from the first delivery of the key
-        first_of_key[item.receipt_key] = index
-        deliveries.append(delivery)
+        first.setdefault(item.receipt_key, validated[index])
 
-    admitted = admit(engine, settings, clock, pack_install_id, deliveries)
-    for index, item in enumerate(items):
-        if index in results:
-            continue
-        first = first_of_key[item.receipt_key]
-        results[index] = admitted[item.receipt_key] if first == index else _same_key_again(items[first], item, admitted)
+    admitted = _GROUPS.setdefault(engine, AdmissionGroups()).admit(
+        pack_install_id,
+        list(first.values()),
+        lambda batch: admit(engine, settings, clock, pack_install_id, batch),
+        group_items=settings.admission_group_items,
+    )
+    for index, delivery in validated.items():
+        key = delivery.item.receipt_key
+        results[index] = admitted[key] if first[key] is delivery else same_key_again(first[key], delivery, admitted)
     return [results[index] for index in range(len(items))]
 
 
@@ -120,22 +125,6 @@ def _projection_key(pack_install_id: str, route: Route) -> str:
 def payload_hash(payload: bytes) -> str:
     """The stored digest of a payload (sha256, hex)."""
     return hashlib.sha256(payload).hexdigest()
-
-
-def _same_key_again(first: IngestItem, again: IngestItem, admitted: dict[str, IngestResult]) -> IngestResult:
-    """A later delivery of a receipt key already seen in this batch."""
-    result = admitted[first.receipt_key]
-    if again.payload != first.payload or again.route != first.route:
-        return IngestResult(
-            receipt_key=again.receipt_key,
-            outcome=Outcome.REJECTED,
-            message="receipt_key appears twice in this batch with a different payload or route",
-        )
-    if result.outcome is Outcome.ADMITTED:
-        return dataclasses.replace(
-            result, outcome=Outcome.DUPLICATE_COVERED, message="duplicate within the batch", starts_generation=False
-        )
-    return result
 
 
 class NewestGenerations:
@@ -183,6 +172,7 @@ class NewestGenerations:
 
 
 _NEWEST: weakref.WeakKeyDictionary[Engine, NewestGenerations] = weakref.WeakKeyDictionary()
+_GROUPS: weakref.WeakKeyDictionary[Engine, AdmissionGroups] = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +187,7 @@ class _Admitted:
 def admit(
     engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, deliveries: Sequence[Delivery]
 ) -> dict[str, IngestResult]:
-    """Run the admission transaction, then confirm acknowledged receipts; results by key."""
+    """Run the admission transaction (receipts written with their verdicts); results by key."""
     now = clock()
     newest = _NEWEST.setdefault(engine, NewestGenerations())
     admitted = run_transaction(
@@ -207,7 +197,6 @@ def admit(
     )
     if admitted.ordinals:
         newest.record(pack_install_id, admitted.ordinals[0] - 1, admitted.ordinals[-1], admitted.newest)
-    _confirm(engine, pack_install_id, admitted.results.values(), clock)
     return admitted.results
 
 
@@ -229,43 +218,87 @@ def _admission(
             field="pack_install_id",
         )
     results: dict[str, IngestResult] = {}
-    keys = [d.item.receipt_key for d in deliveries]
-    stored = queries.receipts_get(connection, pack_install_id, keys)
+    stored = queries.receipts_get(connection, pack_install_id, [d.item.receipt_key for d in deliveries])
     accepted: list[Delivery] = []
-    new_receipts: list[dict[str, Any]] = []
     for delivery in deliveries:
         receipt = stored.get(delivery.item.receipt_key)
-        if receipt is None:
-            new_receipts.append(receipt_row(pack_install_id, delivery, now))
-        elif receipt.PayloadHash != delivery.payload_hash or receipt.ProjectionKey != delivery.projection_key:
+        if receipt is not None and (
+            receipt.PayloadHash != delivery.payload_hash or receipt.ProjectionKey != delivery.projection_key
+        ):
             results[delivery.item.receipt_key] = IngestResult(
                 receipt_key=delivery.item.receipt_key,
                 outcome=Outcome.REJECTED,
                 message="receipt_key is already stored with a different payload or route; receipts are immutable",
             )
-            continue
-        accepted.append(delivery)
-    queries.receipts_insert(connection, new_receipts)
-
-    if protocol is None:  # fenced, and not yet cut over: store only
-        results.update({d.item.receipt_key: _fenced(d) for d in accepted})
-        return _Admitted(results)
-    events = queries.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
+        else:
+            accepted.append(delivery)
+    if protocol is not None:  # else fenced, and not yet cut over: store only
+        events = queries.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
+        results.update(verify_duplicates(connection, protocol, events))
     fresh: list[Delivery] = []
     for delivery in accepted:
-        event = events.get(delivery.item.receipt_key)
-        if event is not None:
-            results[delivery.item.receipt_key] = verify_duplicate(
-                connection, protocol, delivery.item.receipt_key, event
-            )
-        elif fenced:
+        if delivery.item.receipt_key in results:
+            continue  # a duplicate, verified
+        if fenced:
             results[delivery.item.receipt_key] = _fenced(delivery)
         else:
             fresh.append(delivery)
-    if not fresh:
-        return _Admitted(results)
-    admitted = _admit_fresh(connection, settings, newest, pack, fresh, now)
-    return dataclasses.replace(admitted, results={**results, **admitted.results})
+    admitted = _admit_fresh(connection, settings, newest, pack, fresh, now) if fresh else _Admitted({})
+    results.update(admitted.results)
+    _record_receipts(connection, pack_install_id, accepted, stored, results, admitted.ordinals, now)
+    return dataclasses.replace(admitted, results=results)
+
+
+def _record_receipts(
+    connection: Connection,
+    pack_install_id: str,
+    accepted: Sequence[Delivery],
+    stored: Mapping[str, Any],
+    results: Mapping[str, IngestResult],
+    admitted: range,
+    now: dt.datetime,
+) -> None:
+    """Write each accepted delivery's receipt with its verdict, in the admission transaction.
+
+    New receipts are inserted already confirmed (or coverage_missing) when their input has an
+    Event, and stored with their payload only when admission must wait (fenced). The receipts
+    of the inputs admitted now (ordinals ``admitted``) are copied from their Events by the
+    database (``receipts_insert_admitted``): sending them again would double the values a
+    batch escapes and transfers. Receipts stored earlier (a fence, or a crash before an older
+    release confirmed them) move to their verdict. A crash before the commit loses nothing
+    acknowledged; after it, a retried delivery finds the Event and takes the duplicate path.
+    """
+    new_rows: list[dict[str, Any]] = []
+    verdicts: dict[ReceiptState, list[str]] = {ReceiptState.CONFIRMED: [], ReceiptState.COVERAGE_MISSING: []}
+    for delivery in accepted:
+        key = delivery.item.receipt_key
+        outcome = results[key].outcome
+        state = _receipt_state(outcome)
+        if key not in stored:
+            if outcome is not Outcome.ADMITTED:
+                new_rows.append(receipt_row(pack_install_id, delivery, now, state=state))
+        elif state in verdicts and stored[key].State in _MOVES_TO[state]:
+            verdicts[state].append(key)
+    queries.receipts_insert(connection, new_rows)
+    if admitted:
+        queries.receipts_insert_admitted(connection, pack_install_id, admitted, now)
+    for state, keys in verdicts.items():
+        queries.receipts_set_state(connection, pack_install_id, keys, state, now)
+
+
+# The stored states a receipt leaves for each verdict (``queries.receipts_set_state``).
+_MOVES_TO = {
+    ReceiptState.CONFIRMED: {ReceiptState.STORED},
+    ReceiptState.COVERAGE_MISSING: {ReceiptState.STORED, ReceiptState.CONFIRMED},
+}
+
+
+def _receipt_state(outcome: Outcome) -> ReceiptState:
+    if outcome in ACKNOWLEDGED_OUTCOMES:
+        return ReceiptState.CONFIRMED
+    if outcome is Outcome.COVERAGE_MISSING:
+        return ReceiptState.COVERAGE_MISSING
+    return ReceiptState.STORED  # fenced: admitted later, by the materializer
 
 
 def _fenced(delivery: Delivery) -> IngestResult:
@@ -276,17 +309,22 @@ def _fenced(delivery: Delivery) -> IngestResult:
     )
 
 
-def receipt_row(pack_install_id: str, delivery: Delivery, now: dt.datetime) -> dict[str, Any]:
-    """The IngressReceipt row of a newly stored delivery."""
+def receipt_row(pack_install_id: str, delivery: Delivery, now: dt.datetime, *, state: ReceiptState) -> dict[str, Any]:
+    """The IngressReceipt row of a newly received delivery, written in ``state``.
+
+    Only a stored receipt (not admitted yet) keeps the payload: an admitted input's payload
+    is stored once, in its Event.
+    """
     return {
         "PackInstallId": pack_install_id,
         "ReceiptKey": delivery.item.receipt_key,
         "ProjectionKey": delivery.projection_key,
         "PayloadHash": delivery.payload_hash,
-        "Payload": delivery.item.payload,
+        "Payload": delivery.item.payload if state is ReceiptState.STORED else queries.ADMITTED_RECEIPT_PAYLOAD,
         "SourceTime": delivery.item.source_time,
-        "State": ReceiptState.STORED,
+        "State": state,
         "ReceivedAt": now,
+        "ConfirmedAt": now if state is ReceiptState.CONFIRMED else None,
     }
 
 
@@ -330,7 +368,7 @@ def _admit_fresh(
     for ordinal, delivery in zip(ordinals, fresh, strict=True):
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
     known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
-    newest = queries.work_items_newest(connection, pack.pack_install_id, by_identity, known)
+    newest = queries.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
     new_generations: list[dict[str, Any]] = []
     extended: dict[str, int] = {}  # WorkId -> new LaneOrdinal
     work_ids: dict[str, str] = {}
@@ -406,22 +444,6 @@ def generation_row(
         "ClaimableAt": None if blocked else now,
         "CreatedAt": now,
     }
-
-
-def _confirm(engine: Engine, pack_install_id: str, results: Iterable[IngestResult], clock: Clock) -> None:
-    """Record after the commit which receipts were acknowledged and which lack coverage."""
-    results = list(results)
-    acknowledged = [r.receipt_key for r in results if r.outcome in ACKNOWLEDGED_OUTCOMES]
-    missing = [r.receipt_key for r in results if r.outcome is Outcome.COVERAGE_MISSING]
-    if not acknowledged and not missing:
-        return
-    now = clock()
-
-    def confirm(connection: Connection) -> None:
-        queries.receipts_set_state(connection, pack_install_id, acknowledged, ReceiptState.CONFIRMED, now)
-        queries.receipts_set_state(connection, pack_install_id, missing, ReceiptState.COVERAGE_MISSING, now)
-
-    run_transaction(engine, confirm, name="receipt confirmation")
 
 
 def materialize(engine: Engine, settings: Settings, clock: Clock, limit: int = 500) -> int:

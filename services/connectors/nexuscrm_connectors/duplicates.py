@@ -10,6 +10,8 @@ replays a source or acknowledges silently.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors import queries
@@ -18,8 +20,27 @@ from nexuscrm_connectors.packs import Protocol
 from nexuscrm_connectors.queries import DbRow
 
 
-def verify_duplicate(connection: Connection, protocol: Protocol, receipt_key: str, event: DbRow) -> IngestResult:
-    """Classify a delivery whose receipt key already has ``event`` (EnqueueOrdinal, ProjectionKey)."""
+def verify_duplicates(
+    connection: Connection, protocol: Protocol, events: Mapping[str, DbRow]
+) -> dict[str, IngestResult]:
+    """Classify deliveries whose receipt keys already have Events; results by receipt key.
+
+    ``events`` maps receipt keys to rows of ``queries.events_by_receipt`` (EnqueueOrdinal,
+    ProjectionKey, CoveringWorkId). One primary-key read of the candidate generations, however
+    many duplicates there are.
+    """
+    candidates = queries.work_items_get(
+        connection,
+        {
+            event.CoveringWorkId
+            for event in events.values()
+            if event.EnqueueOrdinal > protocol.legacy_max_ordinal and event.CoveringWorkId is not None
+        },
+    )
+    return {key: _verdict(protocol, key, event, candidates.get(event.CoveringWorkId)) for key, event in events.items()}
+
+
+def _verdict(protocol: Protocol, receipt_key: str, event: DbRow, candidate: DbRow | None) -> IngestResult:
     ordinal = int(event.EnqueueOrdinal)
     if ordinal <= protocol.legacy_max_ordinal:
         return IngestResult(
@@ -29,15 +50,16 @@ def verify_duplicate(connection: Connection, protocol: Protocol, receipt_key: st
             message=f"duplicate of an input admitted under the old protocol (ordinal {ordinal} <= "
             f"LegacyMaxOrdinal {protocol.legacy_max_ordinal})",
         )
-    covering = queries.work_item_covering(connection, protocol.pack_install_id, event.ProjectionKey, ordinal)
-    if covering is not None:
+    # The candidate is the identity's first generation ending at or above the ordinal; it holds
+    # the input only if it also starts at or below it (old-protocol work has no start).
+    if candidate is not None and candidate.InputStartOrdinal is not None and candidate.InputStartOrdinal <= ordinal:
         return IngestResult(
             receipt_key=receipt_key,
             outcome=Outcome.DUPLICATE_COVERED,
             enqueue_ordinal=ordinal,
-            work_id=covering.WorkId,
-            message=f"duplicate covered by generation {covering.WorkId} "
-            f"[{covering.InputStartOrdinal}, {covering.LaneOrdinal}] ({covering.Status})",
+            work_id=candidate.WorkId,
+            message=f"duplicate covered by generation {candidate.WorkId} "
+            f"[{candidate.InputStartOrdinal}, {candidate.LaneOrdinal}] ({candidate.Status})",
         )
     return IngestResult(
         receipt_key=receipt_key,

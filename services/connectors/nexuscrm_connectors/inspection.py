@@ -11,7 +11,7 @@ import json
 from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import packs, queries
-from nexuscrm_connectors.duplicates import verify_duplicate
+from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.models import Outcome, Route, WorkItemRow
 from nexuscrm_connectors.settings import Settings
@@ -78,7 +78,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
                 covered_by=None,
                 explanation="admitted by the old protocol; the pack has not been cut over, so coverage is inferred",
             )
-        verdict = verify_duplicate(connection, protocol, receipt_key, event)
+        verdict = verify_duplicates(connection, protocol, {receipt_key: event})[receipt_key]
         covering = queries.work_item_get(connection, verdict.work_id) if verdict.work_id else None
         explanation = verdict.message
         if verdict.outcome is Outcome.DUPLICATE_COVERED:

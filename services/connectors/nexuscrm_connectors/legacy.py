@@ -222,7 +222,7 @@ class LegacyRuntime:
                 )
             else:
                 if receipt is None:
-                    new_receipts.append(receipt_row(pack.pack_install_id, delivery, now))
+                    new_receipts.append(receipt_row(pack.pack_install_id, delivery, now, state=ReceiptState.STORED))
                 if fenced:
                     results[key] = IngestResult(receipt_key=key, outcome=Outcome.FENCED, message="stored; fenced")
                 else:

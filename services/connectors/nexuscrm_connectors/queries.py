@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,9 +19,11 @@ from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
 
 UNCLAIMED_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED)
-NEWEST_CHUNK = 100  # identities per newest-generation statement (SQLite allows 500 compound terms)
 
 DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
+# The Payload of a receipt whose input has an Event: the payload is stored once, in the Event
+# (the column is NOT NULL; the receipt's State says which receipts still carry theirs).
+ADMITTED_RECEIPT_PAYLOAD = b""
 
 
 def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
@@ -43,6 +45,65 @@ def receipts_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> N
         connection.execute(sa.insert(IngressReceipt), list(rows))
 
 
+# Receipts of Events admitted in this transaction, copied from the Events (see
+# ``receipts_insert_admitted``); a key that already has a receipt (stored earlier) is skipped.
+_RECEIPTS_FROM_EVENTS = sa.insert(IngressReceipt).from_select(
+    [
+        "PackInstallId",
+        "ReceiptKey",
+        "ProjectionKey",
+        "PayloadHash",
+        "Payload",
+        "SourceTime",
+        "State",
+        "ReceivedAt",
+        "ConfirmedAt",
+    ],
+    sa.select(
+        Event.c.PackInstallId,
+        Event.c.ReceiptKey,
+        Event.c.ProjectionKey,
+        Event.c.PayloadHash,
+        sa.bindparam("payload", type_=IngressReceipt.c.Payload.type),
+        Event.c.SourceTime,
+        sa.bindparam("state", type_=IngressReceipt.c.State.type),
+        sa.bindparam("received_at", type_=IngressReceipt.c.ReceivedAt.type),
+        sa.bindparam("confirmed_at", type_=IngressReceipt.c.ConfirmedAt.type),
+    ).where(
+        Event.c.PackInstallId == sa.bindparam("pack_install_id"),
+        Event.c.EnqueueOrdinal.between(sa.bindparam("first_ordinal"), sa.bindparam("last_ordinal")),
+        ~sa.select(IngressReceipt.c.ReceiptKey)
+        .where(
+            IngressReceipt.c.PackInstallId == Event.c.PackInstallId, IngressReceipt.c.ReceiptKey == Event.c.ReceiptKey
+        )
+        .exists(),
+    ),
+)
+
+
+def receipts_insert_admitted(connection: Connection, pack_install_id: str, ordinals: range, now: dt.datetime) -> int:
+    """Insert the confirmed receipts of the deliveries admitted as ``ordinals``, copied from their Events.
+
+    Every Event in the range came from a delivery of this transaction, and its receipt row is
+    all in the Event (key, identity, digest, source time) but for the times and the state: the
+    database copies it (a primary-key range of Event, one primary-key probe of IngressReceipt
+    per row) instead of the client sending every value again. Keys that already have a
+    receipt (stored while fenced) are left to ``receipts_set_state``. Returns how many.
+    """
+    return connection.execute(
+        _RECEIPTS_FROM_EVENTS,
+        {
+            "pack_install_id": pack_install_id,
+            "first_ordinal": ordinals[0],
+            "last_ordinal": ordinals[-1],
+            "payload": ADMITTED_RECEIPT_PAYLOAD,
+            "state": ReceiptState.CONFIRMED,
+            "received_at": now,
+            "confirmed_at": now,
+        },
+    ).rowcount
+
+
 def receipts_set_state(
     connection: Connection,
     pack_install_id: str,
@@ -54,11 +115,13 @@ def receipts_set_state(
 
     CONFIRMED applies to stored receipts only. COVERAGE_MISSING applies whatever the state:
     a confirmed input whose generation has since gone missing must become visible to
-    operators, and nothing ever moves a receipt out of COVERAGE_MISSING.
+    operators, and nothing ever moves a receipt out of COVERAGE_MISSING. Both verdicts are
+    about an input that has an Event, so the receipt's payload copy is dropped.
     """
     if not keys:
         return 0
-    values: dict[str, Any] = {"State": state}
+    # An acknowledged input's payload lives in its Event: the receipt keeps only its digest.
+    values: dict[str, Any] = {"State": state, "Payload": ADMITTED_RECEIPT_PAYLOAD}
     if state is ReceiptState.CONFIRMED:
         values["ConfirmedAt"] = now
     expected = ReceiptState.STORED if state is ReceiptState.CONFIRMED else None
@@ -103,11 +166,30 @@ def receipt_get(connection: Connection, pack_install_id: str, receipt_key: str) 
 
 
 def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
-    """Events already admitted for ``keys`` (uq_event_receipt)."""
-    rows = connection.execute(
-        sa.select(Event.c.ReceiptKey, Event.c.EnqueueOrdinal, Event.c.ProjectionKey).where(
-            Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys)
+    """Events already admitted for ``keys`` (uq_event_receipt), each with the generation that may cover it.
+
+    ``CoveringWorkId`` is the first generation of the Event's identity whose LaneOrdinal is at
+    or above its ordinal (one correlated seek of ix_workitem_projection_order per Event):
+    generations of one identity never overlap, so that is the only one whose range can hold
+    the input. The caller checks its lower bound (``work_items_get``). One statement for the
+    whole batch, whatever its number of duplicates.
+    """
+    covering = (
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == Event.c.PackInstallId,
+            WorkItem.c.ProjectionKey == Event.c.ProjectionKey,
+            WorkItem.c.LaneOrdinal >= Event.c.EnqueueOrdinal,
         )
+        .order_by(WorkItem.c.LaneOrdinal)
+        .limit(1)
+        .correlate(Event)
+        .scalar_subquery()
+    )
+    rows = connection.execute(
+        sa.select(
+            Event.c.ReceiptKey, Event.c.EnqueueOrdinal, Event.c.ProjectionKey, covering.label("CoveringWorkId")
+        ).where(Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys))
     )
     return {row.ReceiptKey: row for row in rows}
 
@@ -176,30 +258,25 @@ def event_range_count(connection: Connection, pack_install_id: str, projection_k
     )
 
 
-@functools.lru_cache(maxsize=2 * NEWEST_CHUNK)
-def _newest_statement(count: int, derived: bool) -> sa.CompoundSelect[*tuple[Any, ...]]:
-    """UNION ALL of ``count`` top-of-range seeks, one per identity; built once per shape.
-
-    Parameters: ``pack_install_id`` and ``key_0`` .. ``key_<count - 1>``. SQLite takes no
-    ORDER BY/LIMIT in a compound member, so there (``derived``) each seek is a subquery; the
-    MySQL protocol takes parenthesized members, which MariaDB runs far faster than derived
-    tables. Building the statement once matters: constructing 400 seeks per batch cost more
-    CPU than running them.
-    """
-    branches: list[sa.Select[Any]] = []
-    for index in range(count):
-        seek = (
-            sa.select(WorkItem.c.WorkId)
-            .where(
-                WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
-                WorkItem.c.ProjectionKey == sa.bindparam(f"key_{index}"),
-            )
-            .order_by(WorkItem.c.LaneOrdinal.desc())
-            .limit(1)
-        )
-        branches.append(seek.subquery().select() if derived else seek)
-    return sa.union_all(*branches)
-
+# The newest generation of each identity that has an Event in an ordinal range of a pack
+# (the Events of the batch being admitted, inserted before any generation of the batch): one
+# correlated seek to the top of the identity's ix_workitem_projection_order range per Event.
+_NEWEST_SEEK = (
+    sa.select(
+        sa.select(WorkItem.c.WorkId)
+        .where(WorkItem.c.PackInstallId == Event.c.PackInstallId, WorkItem.c.ProjectionKey == Event.c.ProjectionKey)
+        .order_by(WorkItem.c.LaneOrdinal.desc())
+        .limit(1)
+        .correlate(Event)
+        .scalar_subquery()
+    )
+    .where(
+        Event.c.PackInstallId == sa.bindparam("pack_install_id"),
+        Event.c.EnqueueOrdinal.between(sa.bindparam("first_ordinal"), sa.bindparam("last_ordinal")),
+        Event.c.ProjectionKey.in_(sa.bindparam("keys", expanding=True)),
+    )
+    .distinct()
+)
 
 # Locks the newest generations by primary key and reads what admission decides on.
 _NEWEST_LOCK = (
@@ -212,26 +289,31 @@ _NEWEST_LOCK = (
 def work_items_newest(
     connection: Connection,
     pack_install_id: str,
+    ordinals: range,
     projection_keys: Iterable[str],
     known: Mapping[str, str] | None = None,
 ) -> dict[str, DbRow]:
     """The newest generation of each identity, locked: its WorkId, ProjectionKey, Status and Attempt.
 
-    ``known`` maps identities to the WorkId of their newest generation when the caller knows
-    it; each other identity gets one seek to the top of its ix_workitem_projection_order range
-    (ORDER BY LaneOrdinal DESC LIMIT 1), ``NEWEST_CHUNK`` identities per UNION ALL statement:
-    the cost follows the batch's identities, never their retained history (a GROUP BY max reads
-    every retained generation on engines without a loose index scan, such as TiDB and SQLite).
-    Then all those rows FOR UPDATE by primary key.
+    ``ordinals`` are the Events just inserted for ``projection_keys`` (a batch or a replay),
+    before any generation of theirs. ``known`` maps identities to the WorkId of their newest
+    generation when the caller knows it; the others are found by one statement of correlated
+    seeks, one per Event of the range (``_NEWEST_SEEK``): the cost follows the batch, never
+    the identities' retained history (a GROUP BY max reads every retained generation on
+    engines without a loose index scan, such as TiDB and SQLite). Then all those rows FOR
+    UPDATE by primary key: at most two statements, whatever the batch's size.
     """
     known = known or {}
-    keys = sorted(set(projection_keys) - known.keys())
-    derived = connection.dialect.name == "sqlite"
+    unknown = sorted(set(projection_keys) - known.keys())
     work_ids = list(known.values())
-    for start in range(0, len(keys), NEWEST_CHUNK):
-        chunk = keys[start : start + NEWEST_CHUNK]
-        parameters = {"pack_install_id": pack_install_id, **{f"key_{n}": key for n, key in enumerate(chunk)}}
-        work_ids += connection.execute(_newest_statement(len(chunk), derived), parameters).scalars()
+    if unknown:
+        parameters = {
+            "pack_install_id": pack_install_id,
+            "first_ordinal": ordinals[0],
+            "last_ordinal": ordinals[-1],
+            "keys": unknown,
+        }
+        work_ids += (work_id for work_id in connection.execute(_NEWEST_SEEK, parameters).scalars() if work_id)
     if not work_ids:
         return {}
     return {row.ProjectionKey: row for row in connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})}
@@ -300,25 +382,11 @@ def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -
     return connection.execute(statement).first()
 
 
-def work_item_covering(connection: Connection, pack_install_id: str, projection_key: str, ordinal: int) -> DbRow | None:
-    """The generation of an identity whose range contains ``ordinal``, in any status.
-
-    Generations of one identity never overlap, so the only candidate is the first with
-    LaneOrdinal >= ordinal (ix_workitem_projection_order, one row).
-    """
-    row = connection.execute(
-        sa.select(WorkItem)
-        .where(
-            WorkItem.c.PackInstallId == pack_install_id,
-            WorkItem.c.ProjectionKey == projection_key,
-            WorkItem.c.LaneOrdinal >= ordinal,
-        )
-        .order_by(WorkItem.c.LaneOrdinal)
-        .limit(1)
-    ).first()
-    if row is None or row.InputStartOrdinal is None or row.InputStartOrdinal > ordinal:
-        return None
-    return row
+def work_items_get(connection: Connection, work_ids: Collection[str]) -> dict[str, DbRow]:
+    """WorkItems by primary key (one statement), keyed by WorkId."""
+    if not work_ids:
+        return {}
+    return {row.WorkId: row for row in connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId.in_(work_ids)))}
 
 
 def work_item_successor(

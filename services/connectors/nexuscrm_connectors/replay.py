@@ -74,9 +74,9 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tu
                 }
             ],
         )
-        newest = queries.work_items_newest(connection, pack.pack_install_id, [target.ProjectionKey])[
-            target.ProjectionKey
-        ]
+        newest = queries.work_items_newest(
+            connection, pack.pack_install_id, range(ordinal, ordinal + 1), [target.ProjectionKey]
+        )[target.ProjectionKey]
         new_id = str(uuid.uuid4())
         queries.work_items_insert(
             connection,

@@ -12,6 +12,8 @@ class Settings:
     """Connectors limits and retry policy; each field names its environment variable.
 
     ``max_batch_items``: deliveries per Ingest call (NEXUSCRM_MAX_BATCH_ITEMS).
+    ``admission_group_items``: deliveries of concurrent Ingest calls of one pack admitted in
+    one transaction; a single call always goes whole (NEXUSCRM_ADMISSION_GROUP_ITEMS).
     ``max_payload_bytes``: bytes per delivery payload (NEXUSCRM_MAX_PAYLOAD_BYTES).
     ``max_attempts``: attempts of a generation before it fails for good (NEXUSCRM_MAX_ATTEMPTS).
     ``retry_base_seconds`` / ``retry_max_seconds``: exponential backoff after a failed attempt
@@ -26,6 +28,7 @@ class Settings:
     """
 
     max_batch_items: int = 1000
+    admission_group_items: int = 2000
     max_payload_bytes: int = 1024 * 1024
     max_attempts: int = 5
     retry_base_seconds: int = 1

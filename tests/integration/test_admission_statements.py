@@ -1,0 +1,99 @@
+"""Admission runs a constant number of statements and one commit per Ingest call (docs/performance.md).
+
+The count is independent of the batch's size, of its number of identities and of its number
+of duplicates: every per-delivery and per-identity step is one statement for the whole batch.
+Counted on the engine (``before_cursor_execute`` and ``commit``), never timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from nexuscrm_connectors.models import IngestItem, Outcome
+from nexuscrm_connectors.service import Connectors
+from tests.support.factories import delivery, install_pack
+from tests.support.invariants import assert_invariants
+
+pytestmark = pytest.mark.database
+
+# The most statements one Ingest call may run: pack lock, fence, protocol row, receipts,
+# Events with their covering generations, covering generations, ordinals, Events, newest seek,
+# newest lock, extension, new generations, new receipts, two receipt verdict updates.
+ADMISSION_STATEMENT_BOUND = 15
+SIZES = (4, 400)  # deliveries per batch: two per identity
+
+
+@dataclasses.dataclass
+class Counted:
+    statements: list[str] = dataclasses.field(default_factory=list)
+    commits: int = 0
+
+
+@contextlib.contextmanager
+def counting(engine: sa.Engine) -> Iterator[Counted]:
+    counted = Counted()
+
+    def on_statement(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE opens what MySQL opens implicitly
+            counted.statements.append(statement.split()[0])
+
+    def on_commit(_conn: Any) -> None:
+        counted.commits += 1
+
+    event.listen(engine, "before_cursor_execute", on_statement)
+    event.listen(engine, "commit", on_commit)
+    try:
+        yield counted
+    finally:
+        event.remove(engine, "before_cursor_execute", on_statement)
+        event.remove(engine, "commit", on_commit)
+
+
+def _batch(prefix: str, size: int, lanes: str) -> list[IngestItem]:
+    return [delivery(f"{prefix}-{n}", lane=f"{lanes}-{n // 2}") for n in range(size)]
+
+
+def _shapes(connectors: Connectors, pack: str, size: int) -> dict[str, tuple[Counted, list[Outcome]]]:
+    """Ingest one batch of each shape on lanes of its own; what each call ran and answered."""
+    lanes = f"lane-{size}"
+    first = _batch(f"first-{size}", size, lanes)
+    again = _batch(f"again-{size}", size, lanes)
+    shapes = {
+        "fresh inputs on new identities": first,
+        "fresh inputs extending known generations": again,
+        "half duplicates": first[: size // 2] + _batch(f"half-{size}", size // 2, lanes),
+        "only duplicates": again,
+    }
+    seen = {}
+    for shape, items in shapes.items():
+        with counting(connectors.engine) as counted:
+            results = connectors.ingest(pack, items)
+        seen[shape] = (counted, [r.outcome for r in results])
+    return seen
+
+
+def test_ingest_statements_do_not_grow_with_batch_size_or_duplicates(engine: sa.Engine) -> None:
+    connectors = Connectors(engine)
+    pack = install_pack(engine)
+    small, large = (_shapes(connectors, pack, size) for size in SIZES)
+    for shape, (counted, _) in large.items():
+        few = small[shape][0]
+        assert counted.statements == few.statements, f"{shape}: {len(few.statements)} -> {len(counted.statements)}"
+        assert len(counted.statements) <= ADMISSION_STATEMENT_BOUND, (shape, counted.statements)
+        assert counted.commits == 1, f"{shape}: one transaction per Ingest call"
+    expected = {
+        "fresh inputs on new identities": {Outcome.ADMITTED},
+        "fresh inputs extending known generations": {Outcome.ADMITTED},
+        "half duplicates": {Outcome.ADMITTED, Outcome.DUPLICATE_COVERED},
+        "only duplicates": {Outcome.DUPLICATE_COVERED},
+    }
+    assert {shape: set(outcomes) for shape, (_, outcomes) in large.items()} == expected
+    # D: duplicates wrote no Event or WorkItem; M, O, B, X, P on the final database.
+    assert_invariants(engine)

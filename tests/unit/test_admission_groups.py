@@ -1,0 +1,123 @@
+"""Group admission without a database: merging, results per caller, and who receives a failure."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from nexuscrm_connectors.admission import Delivery
+from nexuscrm_connectors.errors import UnknownPack
+from nexuscrm_connectors.grouping import AdmissionGroups
+from nexuscrm_connectors.models import IngestResult, Outcome
+from tests.support.factories import delivery
+from tests.support.waiting import wait_until
+
+PACK = "pack-1"
+
+
+def _delivery(key: str, payload: bytes | None = None) -> Delivery:
+    item = delivery(key, payload=payload)
+    return Delivery(item=item, projection_key="key", payload_hash="hash")
+
+
+class Recorder:
+    """A fake admission: admits everything, refuses a batch holding ``poison``; blocks its first call until released."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self, batch: Sequence[Delivery]) -> dict[str, IngestResult]:
+        keys = [d.item.receipt_key for d in batch]
+        self.batches.append(keys)
+        if not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(30)
+        if "poison" in keys:
+            raise ValueError("the database refused a row")
+        if "unknown-pack" in keys:
+            raise UnknownPack("no such pack")
+        return {
+            key: IngestResult(receipt_key=key, outcome=Outcome.ADMITTED, enqueue_ordinal=n)
+            for n, key in enumerate(keys)
+        }
+
+
+Answer = dict[str, IngestResult] | Exception | None
+
+
+def _concurrently(groups: AdmissionGroups, run: Recorder, calls: list[list[Delivery]]) -> list[Answer]:
+    """The first call leads and blocks in ``run``; the others queue behind it; then all proceed."""
+    answers: list[Answer] = [None] * len(calls)
+
+    def call(n: int) -> None:
+        try:
+            answers[n] = groups.admit(PACK, calls[n], run, group_items=100)
+        except Exception as error:
+            answers[n] = error
+
+    run.release.clear()
+    threads = [threading.Thread(target=call, args=(0,))]
+    threads[0].start()
+    run.entered.wait(30)
+    for n in range(1, len(calls)):
+        threads.append(threading.Thread(target=call, args=(n,)))
+        threads[-1].start()
+    wait_until(lambda: len(groups._waiting.get(PACK, [])) == len(calls) - 1, "the other calls to queue")
+    run.release.set()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
+def _results(answer: Answer) -> dict[str, IngestResult]:
+    assert isinstance(answer, dict), answer
+    return answer
+
+
+def test_waiting_calls_share_one_transaction_and_get_their_own_results() -> None:
+    groups, run = AdmissionGroups(), Recorder()
+    calls = [[_delivery("a")], [_delivery("b"), _delivery("c")], [_delivery("d")], [_delivery("b")]]
+    answers = _concurrently(groups, run, calls)
+    assert run.batches[0] == ["a"]
+    assert sorted(run.batches[1]) == ["b", "c", "d"]  # one transaction for the three that waited
+    assert len(run.batches) == 2
+    assert set(_results(answers[1])) == {"b", "c"} and set(_results(answers[2])) == {"d"}
+    repeats = sorted(_results(answer)["b"].outcome for answer in (answers[1], answers[3]))
+    assert repeats == sorted([Outcome.ADMITTED, Outcome.DUPLICATE_COVERED])
+
+
+def test_a_key_repeated_by_a_concurrent_call_with_another_payload_is_rejected() -> None:
+    groups, run = AdmissionGroups(), Recorder()
+    answers = _concurrently(groups, run, [[_delivery("a")], [_delivery("k", b"one")], [_delivery("k", b"two")]])
+    outcomes = sorted(_results(answer)["k"].outcome for answer in answers[1:])
+    assert outcomes == sorted([Outcome.ADMITTED, Outcome.REJECTED])
+
+
+def test_a_refused_delivery_fails_only_its_own_call() -> None:
+    groups, run = AdmissionGroups(), Recorder()
+    answers = _concurrently(groups, run, [[_delivery("a")], [_delivery("b")], [_delivery("poison")], [_delivery("c")]])
+    assert isinstance(answers[2], ValueError)
+    assert _results(answers[1])["b"].outcome is Outcome.ADMITTED
+    assert _results(answers[3])["c"].outcome is Outcome.ADMITTED
+
+
+def test_a_domain_error_reaches_every_member_of_the_group() -> None:
+    groups, run = AdmissionGroups(), Recorder()
+    answers = _concurrently(groups, run, [[_delivery("a")], [_delivery("b")], [_delivery("unknown-pack")]])
+    assert answers[0] == {"a": IngestResult(receipt_key="a", outcome=Outcome.ADMITTED, enqueue_ordinal=0)}
+    assert isinstance(answers[1], UnknownPack) and answers[1] is answers[2]
+
+
+def test_a_group_never_exceeds_its_size_but_always_takes_its_leader() -> None:
+    groups, run = AdmissionGroups(), Recorder()
+    calls = [[_delivery("a")], [_delivery(f"b{n}") for n in range(60)], [_delivery(f"c{n}") for n in range(60)]]
+    _concurrently(groups, run, calls)
+    assert [len(batch) for batch in run.batches] == [1, 60, 60]
+    assert groups._waiting == {} and not groups._leading
+    with pytest.raises(ValueError):
+        groups.admit(PACK, [_delivery("poison")], run, group_items=1)
