@@ -2,14 +2,15 @@
 
 Floor: plain batched INSERTs of the same Event rows (same batch size, same engine settings,
 one transaction per batch, rows built before the clock starts) into the same schema.
-Design floor: the writes admission cannot drop (decision 003), the same way: the batch's
+Design floor: the writes admission cannot drop (decision 085), the same way: the batch's
 confirmed receipts (digest, no payload) and its Events, in one transaction.
 In-process: ``Connectors.ingest`` (receipts, pack lock, fences, protocol row, ordinals,
-Events, generations, confirmation). gRPC: the same through a Connectors service process and
-``ConnectorsClient.ingest``. Concurrent clients: 1, 4 and 16 threads sending batches of 50
-to one pack through one Connectors process, with group admission and with a group size of
-one call (every call its own transaction). Each path gets its own pack in one scratch
-database.
+Events, generations). gRPC: the same through a Connectors service process and
+``ConnectorsClient.ingest``. Half duplicates: in-process batches whose first half re-sends
+the previous batch's new deliveries, in deliveries per second. Concurrent clients: 1, 4 and
+16 threads sending batches of 50 to one pack through one Connectors process, with group
+admission and with a group size of one call (every call its own transaction). Each path
+gets its own pack in one scratch database.
 """
 
 from __future__ import annotations
@@ -73,6 +74,21 @@ def _throughput(ingest: Ingest, pack: str, batches: int, prefix: str) -> float:
         results = ingest(pack, timed_batch)
         if any(r.outcome is not Outcome.ADMITTED for r in results):
             raise RuntimeError(f"{prefix}: not every delivery was admitted")
+    return batches * BATCH / (time.perf_counter() - started)
+
+
+def _half_duplicates(ingest: Ingest, pack: str, batches: int, prefix: str) -> float:
+    """Deliveries per second of batches whose first half re-sends the previous batch's fresh half."""
+    fresh = [seed.batch(f"{prefix}-{n}", BATCH // 2, IDENTITIES, offset=n) for n in range(WARMUP + batches + 1)]
+    items = [fresh[n - 1] + fresh[n] for n in range(1, len(fresh))]
+    ingest(pack, fresh[0])
+    for warm in items[:WARMUP]:
+        ingest(pack, warm)
+    started = time.perf_counter()
+    for timed_batch in items[WARMUP:]:
+        outcomes = [r.outcome for r in ingest(pack, timed_batch)]
+        if outcomes != [Outcome.DUPLICATE_COVERED] * (BATCH // 2) + [Outcome.ADMITTED] * (BATCH // 2):
+            raise RuntimeError(f"{prefix}: duplicates were not covered, or fresh inputs not admitted")
     return batches * BATCH / (time.perf_counter() - started)
 
 
@@ -148,6 +164,7 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
             floor = _floor(engine, install_pack(engine), batches)
             design = _design_floor(engine, install_pack(engine), batches)
             in_process = _throughput(Connectors(engine).ingest, install_pack(engine), batches, "inproc")
+            duplicates = _half_duplicates(Connectors(engine).ingest, install_pack(engine), batches, "half")
             with connectors_process(dsn) as client:
                 remote = _throughput(client.ingest, install_pack(engine), batches, "grpc")
                 grouped = {
@@ -186,6 +203,13 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         f">= {GRPC_TARGET} {verdict(remote / floor >= GRPC_TARGET)}",
     )
     report.add(section, backend.name, "in-process Ingest / design floor", f"{in_process / design:.2f}")
+    report.add(
+        section,
+        backend.name,
+        "in-process, half duplicates / fresh, per delivery",
+        f"{duplicates / in_process:.2f} ({duplicates:,.0f} deliveries/s)",
+        f">= 1 {verdict(duplicates >= in_process)}",
+    )
     for n in CONCURRENT_CLIENTS:
         report.add(
             section,
