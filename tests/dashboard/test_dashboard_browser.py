@@ -104,22 +104,20 @@ def scripted_workload(connectors: ConnectorsClient, pack: str) -> dict[str, str]
 
 
 def open_coverage_gap(engine: sa.Engine, connectors: ConnectorsClient, pack: str, work_id: str) -> str:
-    """Delete a completed generation (what a broken retention job would do); redeliver its selected input."""
+    """Delete a completed generation (what a broken retention job would do); redeliver its selected input.
+
+    The payload comes from the Event: an admitted receipt keeps only its digest.
+    """
     with engine.begin() as connection:
         work = connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId == work_id)).one()
-        receipt_key = connection.execute(
-            sa.select(Event.c.ReceiptKey).where(
+        receipt_key, payload = connection.execute(
+            sa.select(Event.c.ReceiptKey, Event.c.Payload).where(
                 Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == work.LaneOrdinal
-            )
-        ).scalar_one()
-        receipt = connection.execute(
-            sa.select(IngressReceipt).where(
-                IngressReceipt.c.PackInstallId == pack, IngressReceipt.c.ReceiptKey == receipt_key
             )
         ).one()
         connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == work_id))
     again = IngestItem(
-        receipt_key=receipt_key, route=Route.of(decode_projection_key(receipt.ProjectionKey)), payload=receipt.Payload
+        receipt_key=receipt_key, route=Route.of(decode_projection_key(work.ProjectionKey)), payload=payload
     )
     [result] = connectors.ingest(pack, [again])
     assert result.outcome is Outcome.COVERAGE_MISSING
