@@ -80,7 +80,7 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
                     outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
                 return sum(result.outcome is IngestOutcome.ADMITTED for result in results)
 
-            sent, started = deliver(ingest, inputs, rate)
+            sent = deliver(ingest, inputs, rate)
         engine = create_engine(dsn)
         try:
             complete = wait_until(lambda: _settled(engine, pack, sent.admitted))
@@ -106,13 +106,14 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
     problems += sum_problems(sent, projected)
     if len(applied) != sent.distinct:
         problems.append(f"{len(applied)} inputs folded, {sent.distinct} distinct delivered")
-    last = max((float(row.AppliedAt) for row in applied), default=started)
+    last = max((float(row.AppliedAt) for row in applied), default=sent.started)
     return Outcome(
         side=f"ours ({backend.name})",
         inputs=sent.distinct,
         deliveries=sent.deliveries,
         duplicates=sent.duplicates,
-        seconds=last - started,
+        seconds=last - sent.started,
+        ingest_seconds=sent.ingested - sent.started,
         executions=executions,
         problems=tuple(problems),
         lags=tuple(float(row.AppliedAt) - float(row.SentAt) for row in applied),

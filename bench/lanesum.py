@@ -37,6 +37,8 @@ class Sent:
     deliveries: int = 0
     duplicates: int = 0
     admitted: int = 0  # as the side under test answered
+    started: float = 0.0  # epoch seconds: the first batch was made
+    ingested: float = 0.0  # epoch seconds: the last batch was answered
 
     def add(self, batch: Iterable[Delivery]) -> None:
         """Count a batch; a receipt key seen before is a duplicate delivery."""
@@ -57,24 +59,24 @@ class Sent:
         return len(self.keys)
 
 
-def deliver(ingest: Ingest, inputs: int, rate: float) -> tuple[Sent, float]:
-    """Send the walking workload of ``inputs`` fresh deliveries; return what was sent and when it started.
+def deliver(ingest: Ingest, inputs: int, rate: float) -> Sent:
+    """Send the walking workload of ``inputs`` fresh deliveries; return what was sent, and when.
 
     ``rate`` 0 sends each batch as soon as the previous one is answered; otherwise the same
     batches go out paced to ``rate`` deliveries per second (only the gaps between batches
-    change, so the lag runs do the same work per batch as the maximum-rate runs). The start is
+    change, so the lag runs do the same work per batch as the maximum-rate runs). Times are
     epoch seconds, the clock the projection's times are compared with.
     """
-    sent = Sent()
     config = WorkloadConfig(lanes=LANES, inputs=inputs, rate=0)
-    started = time.time()
+    sent = Sent(started=time.time())
     for batch in workload(config):
         sent.add(batch)
         sent.admitted += ingest([d.item for d in batch])
         if rate:
             # Due times from the start: a late batch is followed at once, so the mean rate holds.
-            time.sleep(max(0.0, started + sent.deliveries / rate - time.time()))
-    return sent, started
+            time.sleep(max(0.0, sent.started + sent.deliveries / rate - time.time()))
+    sent.ingested = time.time()
+    return sent
 
 
 def wait_until(settled: Callable[[], bool], timeout: float = SETTLE_TIMEOUT) -> bool:
@@ -110,7 +112,8 @@ class Outcome:
     """One run of one side: throughput, executions, correctness and lag.
 
     ``seconds`` runs from the first delivery sent to the last input projected (the newest
-    projection time the side recorded). ``executions``: Flow executions (ours) or jobs run (the
+    projection time the side recorded); ``ingest_seconds`` to the last batch answered.
+    ``executions``: Flow executions (ours) or jobs run (the
     peer). ``problems`` is empty when the projection is exact and every delivery was admitted
     once; ``lags`` holds every input's delivery-sent to projected time, seconds.
     """
@@ -120,6 +123,7 @@ class Outcome:
     deliveries: int
     duplicates: int
     seconds: float
+    ingest_seconds: float
     executions: int
     problems: tuple[str, ...]
     lags: tuple[float, ...]

@@ -34,7 +34,8 @@ SECTION = "peer"
 
 def _describe(outcome: Outcome) -> str:
     return (
-        f"{outcome.rate:,.0f} inputs/s ({outcome.inputs} inputs in {outcome.seconds:.1f} s), "
+        f"{outcome.rate:,.0f} inputs/s ({outcome.inputs} inputs in {outcome.seconds:.1f} s, "
+        f"ingest done at {outcome.ingest_seconds:.1f} s), "
         f"{outcome.executions_per_input:.3f} executions/input; {outcome.correctness()}"
     )
 
