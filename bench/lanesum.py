@@ -1,8 +1,8 @@
 """The workload both sides of the "peer" section run, and what its result must be.
 
 Deliveries are the Integration simulator's walking workload (``simulator.workload``: 400 lanes,
-bursts on single lanes, about 5 % duplicate deliveries), sent in its batches as fast as they
-are admitted, or paced to a rate with the simulator's own ticks. Both sides fold, per lane,
+bursts on single lanes, about 5 % duplicate deliveries), sent in its batches of 200 as fast as
+they are admitted, or the same batches paced to a rate (the lag runs). Both sides fold, per lane,
 the sum of the inputs' values (``laneflow.input_value``: the receipt number) and their count.
 The expected sums come from the distinct deliveries actually sent, so a lost, doubled or
 misrouted input shows up as a wrong lane.
@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from bench.laneflow import input_value
 from nexuscrm_connectors.models import IngestItem
+from nexuscrm_integration.run import percentile
 from nexuscrm_integration.simulator import Delivery, WorkloadConfig, workload
 
 LANES = 400  # source lanes of the simulator's walking workload
 WORKERS = 4  # Flow workers (ours) and concurrent jobs (the peer)
 SETTLE_TIMEOUT = 300.0  # seconds to wait for the last input to be projected
-POLL_SECONDS = 0.05  # between checks for the end of a run (the clock itself comes from the projection's times)
+POLL_SECONDS = 0.05  # seconds between checks for the end of a run (the clock comes from the projection's times)
 
 # One batch to the side under test; returns the number of deliveries it admitted as new inputs.
 Ingest = Callable[[Sequence[IngestItem]], int]
@@ -97,14 +98,6 @@ def sum_problems(sent: Sent, projected: Mapping[str, tuple[int, int]]) -> list[s
         if want != got:
             problems.append(f"lane {lane}: projected (sum, count) {got}, delivered {want}")
     return problems
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile (0 when empty)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -108,10 +108,9 @@ def server_settings(server_dsn: str) -> str:
     """The PostgreSQL version and durability settings, for the report."""
     with psycopg.connect(server_dsn, autocommit=True) as connection:
         rows = connection.execute(
-            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s) ORDER BY name",
-            (["server_version", *SETTINGS],),
+            "SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name", (["server_version", *SETTINGS],)
         ).fetchall()
-    return ", ".join(f"{name}={setting}{unit or ''}" for name, setting, unit in rows)
+    return ", ".join(f"{name}={value}" for name, value in rows)
 
 
 @contextlib.contextmanager
