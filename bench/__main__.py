@@ -1,4 +1,4 @@
-"""Run the benchmark suite: ``python -m bench [--quick] [--sections 1,2,...] [--backends mysql,sqlite]``.
+"""Run the benchmark suite: ``python -m bench [--quick] [--sections 1,2,...,peer] [--backends mysql,sqlite]``.
 
 Writes the run (machine, database settings, every figure and ratio) as Markdown to
 ``var/bench/<timestamp>.md`` and prints it. The MySQL-protocol server is
@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import admission, history, probes, workers
+from bench import admission, history, probes, versus, workers
 from bench.environment import DEFAULT_MYSQL_DSN, Backend, Report, database_settings, machine
 
 Section = Callable[[Backend, Report], None]
 
 
 def sections(quick: bool) -> dict[str, Section]:
-    """Every section by number, bound to the mode."""
+    """Every section by number (and "peer", ours end to end against procrastinate), bound to the mode."""
     return {
         "1": lambda backend, report: admission.run(backend, report, quick=quick),
         "2": lambda backend, report: history.run(backend, report, quick=quick),
@@ -31,6 +31,7 @@ def sections(quick: bool) -> dict[str, Section]:
         "5": lambda backend, report: workers.run_claims(backend, report, quick=quick),
         "6": lambda backend, report: probes.run_audit(backend, report, quick=quick),
         "7": lambda backend, report: probes.run_load_inputs(backend, report, quick=quick),
+        "peer": lambda backend, report: versus.run(backend, report, quick=quick),
     }
 
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the chosen sections on the chosen backends, write the report."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (history up to 10^5): under 5 minutes")
-    parser.add_argument("--sections", default="1,2,4,5,6,7", help="comma-separated section numbers")
+    parser.add_argument("--sections", default="1,2,4,5,6,7,peer", help="comma-separated section numbers (and peer)")
     parser.add_argument("--backends", help="mysql and/or sqlite (default: both; --quick: mysql)")
     parser.add_argument("--output", type=Path, default=Path("var/bench"), help="folder for the Markdown report")
     args = parser.parse_args(argv)

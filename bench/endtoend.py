@@ -1,0 +1,137 @@
+"""Our side of the "peer" section: the lane-sum projection end to end through the real services.
+
+``nexuscrm_integration.run.start_system`` starts the schema catalog, Controlplane and
+Connectors as processes, installs and activates a pack through Controlplane, then starts the
+Integration host with 4 workers running ``bench.laneflow:lane_sum_flow`` (a ``module:function``
+Flow reference, resolved by the host like any other). The bench process is only a gRPC client:
+it ingests the walking workload with ``ConnectorsClient`` and reads the database afterwards to
+check the result (the per-lane sums, every delivery admitted once, the invariant checker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from bench.environment import Backend, scratch_database
+from bench.laneflow import FLOW_REFERENCE, BenchLaneApplied, BenchLaneSum
+from bench.lanesum import WORKERS, Outcome, deliver, lanes_of, sum_problems, wait_until
+from nexuscrm_connectors.client import ConnectorsClient
+from nexuscrm_connectors.invariants import check_invariants
+from nexuscrm_connectors.models import IngestItem
+from nexuscrm_connectors.models import Outcome as IngestOutcome
+from nexuscrm_integration import run as system
+from nexuscrm_integration.launcher import CONNECTORS, INTEGRATION, ServiceProcess, stop_services
+from nexuscrm_runtime.database import create_engine
+from nexuscrm_schema_catalog.tables import Event, WorkItem
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+
+NAMESPACE = "bench-peer"
+
+
+@contextlib.contextmanager
+def running_system(dsn: str, workdir: Path) -> Iterator[tuple[list[ServiceProcess], str]]:
+    """The four services on ``dsn``, the host serving the lane-sum Flow with 4 workers; and the pack id."""
+    root = Path(__file__).resolve().parent.parent
+    # The host imports the Flow by module path: make this checkout importable from any directory.
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    services, pack = system.start_system(
+        dsn, workdir, namespace=NAMESPACE, workers=WORKERS, flow=FLOW_REFERENCE, extra_env={"PYTHONPATH": path}
+    )
+    try:
+        yield services, pack
+    finally:
+        stop_services(services)
+
+
+def _settled(engine: sa.Engine, pack: str, admitted: int) -> bool:
+    with engine.connect() as connection:
+        applied = connection.execute(
+            sa.select(sa.func.count()).select_from(BenchLaneApplied).where(BenchLaneApplied.c.PackInstallId == pack)
+        ).scalar_one()
+        open_work = connection.execute(
+            sa.select(sa.func.count())
+            .select_from(WorkItem)
+            .where(WorkItem.c.PackInstallId == pack, WorkItem.c.Status.in_(NONTERMINAL_WORK_STATUSES))
+        ).scalar_one()
+    return int(applied) >= admitted and int(open_work) == 0
+
+
+def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
+    """One run of ours on a scratch database of ``backend``: deliver over gRPC, wait until projected, check."""
+    with (
+        scratch_database(backend) as dsn,
+        tempfile.TemporaryDirectory(prefix="nxbench-peer-") as workdir,
+        running_system(dsn, Path(workdir)) as (services, pack),
+    ):
+        by_name = {service.spec.name: service for service in services}
+        outcomes: dict[IngestOutcome, int] = {}
+        with by_name[CONNECTORS.name].channel() as channel:
+            client = ConnectorsClient(channel)
+
+            def ingest(items: Sequence[IngestItem]) -> int:
+                results = client.ingest(pack, items)
+                for result in results:
+                    outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
+                return sum(result.outcome is IngestOutcome.ADMITTED for result in results)
+
+            sent = deliver(ingest, inputs, rate)
+        engine = create_engine(dsn)
+        try:
+            complete = wait_until(lambda: _settled(engine, pack, sent.admitted))
+            executions = system.executions(by_name[INTEGRATION.name])
+            problems = [] if complete else ["not every input was projected in time"]
+            problems += _admission_problems(engine, sent.distinct, sent.duplicates, outcomes)
+            problems += [f"invariant {problem}" for problem in check_invariants(engine)]
+            with engine.connect() as connection:
+                projected = lanes_of(
+                    connection.execute(
+                        sa.select(BenchLaneSum.c.SourceLane, BenchLaneSum.c.Total, BenchLaneSum.c.Inputs).where(
+                            BenchLaneSum.c.PackInstallId == pack
+                        )
+                    ).tuples()
+                )
+                applied = connection.execute(
+                    sa.select(BenchLaneApplied.c.SentAt, BenchLaneApplied.c.AppliedAt).where(
+                        BenchLaneApplied.c.PackInstallId == pack
+                    )
+                ).all()
+        finally:
+            engine.dispose()
+    problems += sum_problems(sent, projected)
+    if len(applied) != sent.distinct:
+        problems.append(f"{len(applied)} inputs folded, {sent.distinct} distinct delivered")
+    last = max((float(row.AppliedAt) for row in applied), default=sent.started)
+    return Outcome(
+        side=f"ours ({backend.name})",
+        inputs=sent.distinct,
+        deliveries=sent.deliveries,
+        duplicates=sent.duplicates,
+        seconds=last - sent.started,
+        ingest_seconds=sent.ingested - sent.started,
+        executions=executions,
+        problems=tuple(problems),
+        lags=tuple(float(row.AppliedAt) - float(row.SentAt) for row in applied),
+    )
+
+
+def _admission_problems(
+    engine: sa.Engine, distinct: int, duplicates: int, outcomes: dict[IngestOutcome, int]
+) -> list[str]:
+    """Every fresh delivery admitted once, every duplicate acknowledged without new work."""
+    problems = []
+    if outcomes.get(IngestOutcome.ADMITTED, 0) != distinct:
+        problems.append(f"{outcomes.get(IngestOutcome.ADMITTED, 0)} deliveries admitted, {distinct} distinct delivered")
+    acknowledged = outcomes.get(IngestOutcome.DUPLICATE_COVERED, 0) + outcomes.get(IngestOutcome.DUPLICATE_LEGACY, 0)
+    if acknowledged != duplicates:
+        problems.append(f"{acknowledged} duplicates acknowledged, {duplicates} sent")
+    with engine.connect() as connection:
+        events = int(connection.execute(sa.select(sa.func.count()).select_from(Event)).scalar_one())
+    if events != distinct:
+        problems.append(f"{events} Events stored, {distinct} distinct delivered")
+    return problems

@@ -1,0 +1,158 @@
+"""The workload both sides of the "peer" section run, and what its result must be.
+
+Deliveries are the Integration simulator's walking workload (``simulator.workload``: 400 lanes,
+bursts on single lanes, about 5 % duplicate deliveries), sent in its batches of 200 as fast as
+they are admitted, or the same batches paced to a rate (the lag runs). Both sides fold, per lane,
+the sum of the inputs' values (``laneflow.input_value``: the receipt number) and their count.
+The expected sums come from the distinct deliveries actually sent, so a lost, doubled or
+misrouted input shows up as a wrong lane.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from bench.laneflow import input_value
+from nexuscrm_connectors.models import IngestItem
+from nexuscrm_integration.run import percentile
+from nexuscrm_integration.simulator import Delivery, WorkloadConfig, workload
+
+LANES = 400  # source lanes of the simulator's walking workload
+WORKERS = 4  # Flow workers (ours) and concurrent jobs (the peer)
+SETTLE_TIMEOUT = 300.0  # seconds to wait for the last input to be projected
+POLL_SECONDS = 0.05  # seconds between checks for the end of a run (the clock comes from the projection's times)
+
+# One batch to the side under test; returns the number of deliveries it admitted as new inputs.
+Ingest = Callable[[Sequence[IngestItem]], int]
+
+
+@dataclasses.dataclass(kw_only=True)
+class Sent:
+    """What was delivered: every distinct input's lane and value, and the delivery counts."""
+
+    lane_sums: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # lane -> (sum, count)
+    keys: set[str] = dataclasses.field(default_factory=set)
+    deliveries: int = 0
+    duplicates: int = 0
+    admitted: int = 0  # as the side under test answered
+    started: float = 0.0  # epoch seconds: the first batch was made
+    ingested: float = 0.0  # epoch seconds: the last batch was answered
+
+    def add(self, batch: Iterable[Delivery]) -> None:
+        """Count a batch; a receipt key seen before is a duplicate delivery."""
+        for delivery in batch:
+            self.deliveries += 1
+            key = delivery.item.receipt_key
+            if key in self.keys:
+                self.duplicates += 1
+                continue
+            self.keys.add(key)
+            lane = delivery.item.route.source_lane
+            total, count = self.lane_sums.get(lane, (0, 0))
+            self.lane_sums[lane] = (total + input_value(key), count + 1)
+
+    @property
+    def distinct(self) -> int:
+        """Distinct inputs delivered."""
+        return len(self.keys)
+
+
+def deliver(ingest: Ingest, inputs: int, rate: float) -> Sent:
+    """Send the walking workload of ``inputs`` fresh deliveries; return what was sent, and when.
+
+    ``rate`` 0 sends each batch as soon as the previous one is answered; otherwise the same
+    batches go out paced to ``rate`` deliveries per second (only the gaps between batches
+    change, so the lag runs do the same work per batch as the maximum-rate runs). Times are
+    epoch seconds, the clock the projection's times are compared with.
+    """
+    config = WorkloadConfig(lanes=LANES, inputs=inputs, rate=0)
+    sent = Sent(started=time.time())
+    for batch in workload(config):
+        sent.add(batch)
+        sent.admitted += ingest([d.item for d in batch])
+        if rate:
+            # Due times from the start: a late batch is followed at once, so the mean rate holds.
+            time.sleep(max(0.0, sent.started + sent.deliveries / rate - time.time()))
+    sent.ingested = time.time()
+    return sent
+
+
+def wait_until(settled: Callable[[], bool], timeout: float = SETTLE_TIMEOUT) -> bool:
+    """Poll ``settled`` until it is true or ``timeout`` seconds passed; return its last answer."""
+    deadline = time.monotonic() + timeout
+    while not settled():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    return True
+
+
+def sum_problems(sent: Sent, projected: Mapping[str, tuple[int, int]]) -> list[str]:
+    """Every lane whose projected (sum, count) differs from the distinct deliveries' (empty: exact)."""
+    problems = []
+    for lane in sorted(set(sent.lane_sums) | set(projected)):
+        want, got = sent.lane_sums.get(lane), projected.get(lane)
+        if want != got:
+            problems.append(f"lane {lane}: projected (sum, count) {got}, delivered {want}")
+    return problems
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """One run of one side: throughput, executions, correctness and lag.
+
+    ``seconds`` runs from the first delivery sent to the last input projected (the newest
+    projection time the side recorded); ``ingest_seconds`` to the last batch answered.
+    ``executions``: Flow executions (ours) or jobs run (the
+    peer). ``problems`` is empty when the projection is exact and every delivery was admitted
+    once; ``lags`` holds every input's delivery-sent to projected time, seconds.
+    """
+
+    side: str
+    inputs: int
+    deliveries: int
+    duplicates: int
+    seconds: float
+    ingest_seconds: float
+    executions: int
+    problems: tuple[str, ...]
+    lags: tuple[float, ...]
+
+    @property
+    def rate(self) -> float:
+        """Inputs projected per second."""
+        return self.inputs / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def executions_per_input(self) -> float:
+        """Flow executions (jobs) per input."""
+        return self.executions / self.inputs if self.inputs else 0.0
+
+    def correctness(self) -> str:
+        """``exact`` or the first problems found."""
+        if not self.problems:
+            return (
+                f"exact ({self.inputs} inputs from {self.deliveries} deliveries, "
+                f"{self.duplicates} duplicates ignored, each admitted once)"
+            )
+        return f"{len(self.problems)} PROBLEMS: " + "; ".join(self.problems[:3])
+
+    def lag(self) -> str:
+        """``p50 x ms, p99 y ms``."""
+        return (
+            f"p50 {percentile(self.lags, 0.50) * 1000:,.0f} ms, p99 {percentile(self.lags, 0.99) * 1000:,.0f} ms "
+            f"(n={len(self.lags)})"
+        )
+
+
+def median(values: Iterable[float]) -> float:
+    """Median of ``values``."""
+    return statistics.median(list(values))
+
+
+def lanes_of(rows: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, int]]:
+    """(lane, sum, count) rows as a mapping."""
+    return {lane: (int(total), int(count)) for lane, total, count in rows}
