@@ -192,7 +192,9 @@ def run_service(
     config = ServiceConfig.from_env(env_name, default_port)
     security = Security.from_env()
     with observability(env_name, config) as tracing:
-        engine = create_engine(config.dsn)
+        # One pooled connection per RPC thread: a smaller pool closes its overflow connections
+        # on every check-in, and each RPC past it would connect (and authenticate) anew.
+        engine = create_engine(config.dsn, pool_size=config.max_workers)
         tracing.instrument_engine(engine)
         registrations = build(config, engine, security)
         running = create_server(
