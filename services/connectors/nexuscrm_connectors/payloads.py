@@ -35,17 +35,17 @@ def load_inputs(
         raise InvalidArgument(
             f"page_size must be between 1 and {settings.max_page_size}, got {page_size}", field="page_size"
         )
+    # The first page shares the lease check and the count's connection: most generations
+    # fit in one page, and each checkout costs the pool's liveness ping.
     with engine.connect() as connection:
         row = current_lease(connection, work_id, lease_token, clock())
         start, end = row.InputStartOrdinal, row.LaneOrdinal
         if start is None:
             raise MembershipMissing(f"work {work_id} has no InputStartOrdinal: its membership was never recorded")
         count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
-    after, streamed = start - 1, 0
+        rows = queries.event_range_page(connection, row.PackInstallId, row.ProjectionKey, start - 1, end, size)
+    streamed = 0
     while True:
-        with engine.connect() as connection:
-            current_lease(connection, work_id, lease_token, clock())
-            rows = queries.event_range_page(connection, row.PackInstallId, row.ProjectionKey, after, end, size)
         if streamed == 0 and (not rows or rows[0].EnqueueOrdinal != start):
             raise MembershipMissing(f"work {work_id}: its first input (ordinal {start}) is missing")
         streamed += len(rows)
@@ -70,4 +70,8 @@ def load_inputs(
         )
         if last:
             return
-        after = rows[-1].EnqueueOrdinal
+        with engine.connect() as connection:
+            current_lease(connection, work_id, lease_token, clock())
+            rows = queries.event_range_page(
+                connection, row.PackInstallId, row.ProjectionKey, rows[-1].EnqueueOrdinal, end, size
+            )
