@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import datetime as dt
 import itertools
 import threading
 import time
@@ -37,7 +38,7 @@ from tests.support.invariants import check_invariants
 from workqueue import WorkStatus
 
 WORKER_COUNTS = (1, 4, 16)
-POLL_SECONDS = 0.1  # seconds between claims of an idle worker
+POLL_INTERVAL = dt.timedelta(milliseconds=100)  # between empty claims of an idle worker
 CLAIM_GENERATIONS = 2000  # pending generations the claim benchmark drains
 
 
@@ -95,7 +96,7 @@ def _walk(dsn: str, workers: int, inputs: int, *, coalescing: bool) -> dict[str,
         connectors = Connectors(engine)
         recorder = _Recorder()
         pool = [
-            Worker(connectors, recorder, worker_id=f"w{n}", pack_install_ids=[pack], poll_interval=POLL_SECONDS)
+            Worker(connectors, recorder, worker_id=f"w{n}", pack_install_ids=[pack], poll_interval=POLL_INTERVAL)
             for n in range(workers)
         ]
         config = WorkloadConfig(lanes=400, inputs=inputs, rate=0)

@@ -1,4 +1,4 @@
-"""Claims on every backend: a constant statement count, disjoint slices, refusals, waiting for work."""
+"""Claims on every backend: a constant statement count, disjoint slices, refusals, waiting for work, batches."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from nexuscrm_connectors.models import Claim
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
+from nexuscrm_connectors.worker import Generation, Worker
 from nexuscrm_schema_catalog.tables import Event, WorkItem
 from tests.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
@@ -173,3 +174,36 @@ def test_a_waiting_claim_is_woken_by_a_completion_that_unblocks_a_successor(
     assert [c.work.work_id for c in claims] == [successor.work_id]
     _finish(patient, claims)
     assert_invariants(engine)
+
+
+def test_a_worker_runs_a_batch_in_turn_and_keeps_the_waiting_leases(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    admitted = connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(3)])
+    ran: list[str] = []
+
+    def flow(generation: Generation) -> None:
+        list(generation.inputs)
+        if not ran:  # while the first runs, the two others wait their turn: their leases are renewed
+            clock.advance(0.5)  # less than the lease: the leases are still held
+            renewed = clock() + dt.timedelta(seconds=1)
+            wait_until(lambda: _lease_expiries(engine, pack).count(renewed) == 3, "every lease of the batch renewed")
+        ran.append(generation.work.work_id)
+
+    worker = Worker(connectors, flow, worker_id="w", pack_install_ids=[pack], lease_seconds=1, batch_size=3)
+    assert worker.run_once()
+    assert sorted(ran) == sorted(str(r.work_id) for r in admitted)
+    assert worker.stats.completed == 3 and not worker.run_once()
+    assert_invariants(engine)
+
+
+def _lease_expiries(engine: sa.Engine, pack: str) -> list[dt.datetime]:
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                sa.select(WorkItem.c.LeaseExpiresAt).where(
+                    WorkItem.c.PackInstallId == pack, WorkItem.c.Status == WorkStatus.PROCESSING
+                )
+            ).scalars()
+        )
