@@ -2,10 +2,11 @@
 
 The Claim calls of one Connectors process run in parallel RPC handler threads. Left alone,
 they all read the same oldest candidates and all but one lose each compare-and-set. So each
-running claim holds a slot, the lowest number no other running claim holds, and takes its
-generations from position ``slot * max_items`` of the oldest claimable ones: concurrent
-claims of this process take disjoint slices, and a lone claim still takes the oldest. Claims
-of other processes are not coordinated; the conditional UPDATE settles those races.
+claim transaction holds a slot while it runs, the lowest number no other running one holds,
+and takes its generations from position ``slot * max_items`` of the oldest claimable ones:
+claims of this process that run at the same time take disjoint slices, and a lone claim
+still takes the oldest. Claims of other processes are not coordinated; the conditional
+UPDATE settles those races.
 
 A claim that found nothing may wait for work. ``notify`` (the facade calls it after this
 process admitted work or finished a generation, which may unblock its successor) wakes every
@@ -33,7 +34,7 @@ class Claimers:
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[int]:
-        """Hold the lowest free slot number for the duration of one claim."""
+        """Hold the lowest free slot number for the duration of one claim transaction."""
         with self._changed:
             slot = next(n for n in itertools.count() if n not in self._slots)
             self._slots.add(slot)
@@ -42,16 +43,6 @@ class Claimers:
         finally:
             with self._changed:
                 self._slots.discard(slot)
-
-    @contextlib.contextmanager
-    def waiter(self, wanted: bool) -> Iterator[bool]:
-        """Hold a place among the waiting claims, if ``wanted`` and one is free; yield whether held."""
-        held = wanted and self._waiters.acquire(blocking=False)
-        try:
-            yield held
-        finally:
-            if held:
-                self._waiters.release()
 
     def version(self) -> int:
         """The signal's current version: read it before looking for work, pass it to ``wait``."""
@@ -64,10 +55,17 @@ class Claimers:
             self._version += 1
             self._changed.notify_all()
 
-    def wait(self, seen: int, timeout: float) -> None:
+    def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a ``notify`` after the version ``seen`` was read.
 
         A notify between reading ``seen`` and this call is not lost: it returns at once.
+        Returns False at once, without waiting, when ``max_waiters`` claims are waiting already.
         """
-        with self._changed:
-            self._changed.wait_for(lambda: self._version != seen, timeout)
+        if not self._waiters.acquire(blocking=False):
+            return False
+        try:
+            with self._changed:
+                self._changed.wait_for(lambda: self._version != seen, timeout)
+        finally:
+            self._waiters.release()
+        return True

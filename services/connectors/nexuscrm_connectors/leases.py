@@ -139,14 +139,13 @@ def claim(
     deadline = time.monotonic() + wait.total_seconds()
     poll = settings.claim_poll_ms / 1000
     batch = ClaimBatch()
-    with claimers.slot() as slot, claimers.waiter(wait > dt.timedelta(0)) as may_wait:
-        while True:
-            seen = claimers.version()
+    while True:
+        seen = claimers.version()
+        with claimers.slot() as slot:
             batch.add(_claim_attempt(engine, request, clock(), slot))
-            remaining = deadline - time.monotonic()
-            if batch.claims or not may_wait or remaining <= 0:
-                return batch
-            claimers.wait(seen, min(poll, remaining))
+        remaining = deadline - time.monotonic()
+        if batch.claims or remaining <= 0 or not claimers.wait(seen, min(poll, remaining)):
+            return batch
 
 
 def _claim_attempt(engine: Engine, request: _Request, now: dt.datetime, slot: int) -> ClaimBatch:
