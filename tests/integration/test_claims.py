@@ -61,16 +61,21 @@ def test_a_claim_runs_the_same_few_statements_whatever_max_items(
     assert_invariants(engine)
 
 
-def test_claims_running_at_once_in_one_process_take_disjoint_slices(engine: sa.Engine, connectors: Connectors) -> None:
+def test_claims_of_one_process_never_choose_rows_another_has_reserved(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
     pack = install_pack(engine)
     connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(6)])
     oldest = _oldest_first(engine, pack)
-    with connectors.claimers.slot(), connectors.claimers.slot():  # two claims of this process are running
-        third = connectors.claim("w3", pack_install_ids=[pack], max_items=2)
+    with connectors.claimers.reserving() as take:  # another claim of this process is leasing the two oldest
+        assert take(oldest, 2) == oldest[:2]
+        concurrent = connectors.claim("w2", pack_install_ids=[pack], max_items=2)
+        with connectors.claimers.reserving() as late:  # began after that claim ended: it would read them leased
+            assert late(oldest, 6) == oldest[2:]
     alone = connectors.claim("w1", pack_install_ids=[pack], max_items=2)
-    assert [c.work.work_id for c in third] == oldest[4:6]
-    assert [c.work.work_id for c in alone] == oldest[0:2]  # a lone claim takes the oldest
-    _finish(connectors, third + alone)
+    assert [c.work.work_id for c in concurrent] == oldest[2:4]
+    assert [c.work.work_id for c in alone] == oldest[0:2]  # the reservation ended unused: a lone claim takes the oldest
+    _finish(connectors, concurrent + alone)
     assert_invariants(engine)
 
 

@@ -20,7 +20,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -64,12 +64,14 @@ class ClaimBatch:
     claims: list[Claim] = dataclasses.field(default_factory=list)
     reclaimed: int = 0  # claims of generations whose lease had expired (a new attempt)
     expired_failed: int = 0  # generations whose expired lease was the last attempt: failed for good
+    lost: int = 0  # chosen generations that another claim leased first
 
     def add(self, other: ClaimBatch) -> None:
         """Count ``other`` (a later transaction of the same claim) into this batch."""
         self.claims += other.claims
         self.reclaimed += other.reclaimed
         self.expired_failed += other.expired_failed
+        self.lost += other.lost
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,51 +143,80 @@ def claim(
     batch = ClaimBatch()
     while True:
         seen = claimers.version()
-        with claimers.slot() as slot:
-            batch.add(_claim_attempt(engine, request, clock(), slot))
+        attempt = _claim_attempt(engine, claimers, request, clock())
+        batch.add(attempt)
         remaining = deadline - time.monotonic()
-        if batch.claims or remaining <= 0 or not claimers.wait(seen, min(poll, remaining)):
+        if batch.claims or remaining <= 0:
+            return batch
+        # Work that other claims took first: look again at once; none at all: wait for some.
+        if not attempt.lost and not claimers.wait(seen, min(poll, remaining)):
             return batch
 
 
-def _claim_attempt(engine: Engine, request: _Request, now: dt.datetime, slot: int) -> ClaimBatch:
-    """One claim transaction; run again without the generations it had to refuse (a bounded number of times)."""
+def _claim_attempt(engine: Engine, claimers: Claimers, request: _Request, now: dt.datetime) -> ClaimBatch:
+    """One claim transaction; run again (a bounded number of times) when it had to refuse some.
+
+    It also runs again when other claims had leased every generation it chose first.
+    """
+    total = ClaimBatch()
     refused: dict[str, str] = {}
     for _ in range(CLAIM_PASSES):
         try:
-            return run_transaction(
-                engine,
-                functools.partial(_claim_transaction, request=request, now=now, slot=slot, refused=frozenset(refused)),
-                name="claim",
-            )
+            with claimers.reserving() as take:  # held until the transaction has ended
+                batch = run_transaction(
+                    engine,
+                    functools.partial(
+                        _claim_transaction,
+                        request=request,
+                        now=now,
+                        claimers=claimers,
+                        take=take,
+                        refused=frozenset(refused),
+                    ),
+                    name="claim",
+                )
         except _Refused as error:
             for work_id, reason in error.work_ids.items():
                 log.error("not claiming %s: %s", work_id, reason)
             refused |= error.work_ids
-    return ClaimBatch()
+            continue
+        total.add(batch)
+        if batch.claims or not batch.lost:
+            break
+    return total
 
 
 def _claim_transaction(
-    connection: Connection, *, request: _Request, now: dt.datetime, slot: int, refused: frozenset[str]
+    connection: Connection,
+    *,
+    request: _Request,
+    now: dt.datetime,
+    claimers: Claimers,
+    take: Callable[[Sequence[str], int], list[str]],
+    refused: frozenset[str],
 ) -> ClaimBatch:
-    """Read candidates, retire exhausted ones, lease this slot's slice, move their selected Events.
+    """Read candidates, retire exhausted ones, lease the oldest that no other claim holds, move their selected Events.
 
     Raises ``_Refused`` (rolling everything back) when a leased generation's selected Event is
     missing; the caller runs the transaction again without it.
     """
     batch = ClaimBatch()
     served = _native_packs(connection, request.pack_install_ids)
-    window = (slot + 1) * request.max_items + len(refused)
-    candidates = _live_candidates(connection, request, served, now, window, batch)
-    chosen = _slice([c for c in candidates if c.WorkId not in refused], slot, request.max_items)
+    window = request.max_items + claimers.held() + len(refused)
+    candidates = {c.WorkId: c for c in _live_candidates(connection, request, served, now, window, batch)}
+    open_ids = [work_id for work_id in candidates if work_id not in refused]
+    chosen = [candidates[work_id] for work_id in take(open_ids, request.max_items)]
     if not chosen:
+        batch.lost = len(open_ids)  # claims that started after the read took them: read again
         return batch
     token = str(uuid.uuid4())  # one fresh token per claim: fencing checks it together with the WorkId
     grant = lease_grant(request.worker_id, token, now + request.lease)
     work_ids = [candidate.WorkId for candidate in chosen]
     if queries.work_items_claim(connection, work_ids, now, grant) == 0:
-        return batch  # other claims were first
+        batch.lost = len(chosen)
+        return batch
     leased = {row.WorkId: row for row in queries.work_items_leased(connection, work_ids, token)}
+    batch.lost = len(chosen) - len(leased)
     missing = {
         work_id: f"its selected Event (ordinal {row.LaneOrdinal}) is missing"
         for work_id, row in leased.items()
@@ -236,14 +267,6 @@ def _live_candidates(
 
 def _last_attempt_expired(candidate: DbRow) -> bool:
     return bool(candidate.Status == WorkStatus.PROCESSING and candidate.Attempt + 1 >= candidate.MaxAttempts)
-
-
-def _slice(candidates: Sequence[DbRow], slot: int, size: int) -> list[DbRow]:
-    """``size`` candidates from position ``slot * size``, wrapping: concurrent slots take disjoint slices."""
-    if not candidates:
-        return []
-    start = slot * size % len(candidates)
-    return [*candidates[start:], *candidates[:start]][:size]
 
 
 def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
