@@ -1,4 +1,4 @@
-"""Claims on every backend: a constant statement count, disjoint slices, refusals, waiting for work, batches."""
+"""Claims on every backend: a constant statement count, reserved rows, refusals, waiting for work, batches."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ the served packs (with their protocol rows), a window of the oldest candidates, 
 conditional multi-row UPDATE that leases the chosen ones (never SKIP LOCKED: TiDB silently
 takes no lock with it; the UPDATE re-checks claimability on each row and the lease token
 marks the rows it won), a re-read of those rows with their selected Events, and one UPDATE
-that moves those Events to processing. The claim's row lock is what freezes a generation's
-bounds against a concurrent admission, which only extends unclaimed attempt-zero rows.
+that moves those Events to processing. Claims of one process reserve the rows they lease
+(``claimers``), so they do not race each other. The claim's row lock is what freezes a
+generation's bounds against a concurrent admission, which only extends unclaimed
+attempt-zero rows.
 Every later call presents the lease token of the claim: a stale token changes nothing. A
 generation that becomes terminal unblocks its successor in the same transaction, so per
 identity at most one generation runs, in LaneOrdinal order.

@@ -357,9 +357,8 @@ def work_items_claimable(
 
     One ordered, limited range scan of ix_workitem_claim per (pack, status), combined with
     UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
-    by ClaimableAt with a stable sort, so a smaller ``limit`` reads a prefix of what a larger
-    one reads (concurrent claims that take different slices of the window agree on its order).
-    Each row carries what a claim decides on: its state, attempts, range and identity.
+    by ClaimableAt with a stable sort (ties keep each branch's index order). Each row carries
+    what a claim decides on: its state, attempts, range and identity.
     """
     selects = []
     for pack_install_id in pack_install_ids:
