@@ -1,4 +1,4 @@
-"""Sections 4 and 5: the walking workload end to end, and claim throughput, with 1, 4 and 16 workers.
+"""Sections 4 and 5: the walking workload end to end, and claims per second and statements per claim.
 
 Workers are threads running the in-process ``Worker`` with a no-op Flow (it reads every input
 and records its ordinals). The workload is the Integration simulator's walking workload
@@ -14,7 +14,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import datetime as dt
 import itertools
+import os
 import threading
 import time
 import uuid
@@ -37,8 +39,9 @@ from tests.support.invariants import check_invariants
 from workqueue import WorkStatus
 
 WORKER_COUNTS = (1, 4, 16)
-POLL_SECONDS = 0.1  # seconds between claims of an idle worker
+POLL_INTERVAL = dt.timedelta(milliseconds=100)  # between empty claims of an idle worker
 CLAIM_GENERATIONS = 2000  # pending generations the claim benchmark drains
+CLAIM_BATCH = 8  # max_items of the batched claim runs
 
 
 @dataclasses.dataclass
@@ -95,7 +98,7 @@ def _walk(dsn: str, workers: int, inputs: int, *, coalescing: bool) -> dict[str,
         connectors = Connectors(engine)
         recorder = _Recorder()
         pool = [
-            Worker(connectors, recorder, worker_id=f"w{n}", pack_install_ids=[pack], poll_interval=POLL_SECONDS)
+            Worker(connectors, recorder, worker_id=f"w{n}", pack_install_ids=[pack], poll_interval=POLL_INTERVAL)
             for n in range(workers)
         ]
         config = WorkloadConfig(lanes=400, inputs=inputs, rate=0)
@@ -154,47 +157,95 @@ def run_workload(backend: Backend, report: Report, *, quick: bool) -> None:
         )
 
 
-def _claim_all(connectors: Connectors, pack: str, worker_id: str, claimed: list[str]) -> None:
-    while claims := connectors.claim(worker_id, pack_install_ids=[pack]):
-        claimed.extend(c.work.work_id for c in claims)
+@dataclasses.dataclass
+class _Claimer:
+    """One claiming thread's tally."""
+
+    claimed: list[str] = dataclasses.field(default_factory=list)
+    calls: int = 0  # Claim calls, the last (empty) one included
+
+
+def _claim_all(connectors: Connectors, pack: str, worker_id: str, max_items: int, tally: _Claimer) -> None:
+    while True:
+        claims = connectors.claim(worker_id, pack_install_ids=[pack], max_items=max_items)
+        tally.calls += 1
+        if not claims:
+            return
+        tally.claimed.extend(c.work.work_id for c in claims)
+
+
+def _claimer_counts() -> tuple[int, ...]:
+    """1 / 4 / 16 claimers, and as many as the machine has cores."""
+    return tuple(sorted({*WORKER_COUNTS, os.cpu_count() or 1}))
+
+
+def _claims_run(backend: Backend, claimers: int, max_items: int, generations: int) -> dict[str, float]:
+    """Claim ``generations`` pending generations with ``claimers`` threads; count claims, calls and statements."""
+    with scratch_database(backend) as dsn:
+        engine = create_engine(dsn, pool_size=claimers + 2)
+        try:
+            pack = install_pack(engine)
+            connectors = Connectors(engine)
+            items = seed.batch(f"c-{uuid.uuid4().hex[:6]}", generations, generations)
+            for start in range(0, generations, 500):
+                connectors.ingest(pack, items[start : start + 500])
+            tallies = [_Claimer() for _ in range(claimers)]
+            threads = [
+                threading.Thread(target=_claim_all, args=(connectors, pack, f"w{n}", max_items, tallies[n]))
+                for n in range(claimers)
+            ]
+            statements = itertools.count()
+
+            def count(*_statement: object) -> None:
+                next(statements)
+
+            sa.event.listen(engine, "before_cursor_execute", count)
+            started = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.perf_counter() - started
+            sa.event.remove(engine, "before_cursor_execute", count)
+        finally:
+            engine.dispose()
+    every = list(itertools.chain.from_iterable(t.claimed for t in tallies))
+    executed = next(statements)
+    return {
+        "claims/s": len(set(every)) / elapsed,
+        "claimed": len(set(every)),
+        "double claims": len(every) - len(set(every)),
+        "statements per call": executed / sum(t.calls for t in tallies),
+        "statements per claim": executed / max(1, len(every)),
+    }
 
 
 def run_claims(backend: Backend, report: Report, *, quick: bool) -> None:
-    """Claims per second with 1, 4 and 16 concurrent claimers, and the double claims found."""
+    """Claims per second with 1, 4, 16 (and core-count) concurrent claimers, statements per claim, double claims.
+
+    Claimers run ``max_items`` 1 (a claim per call) and ``CLAIM_BATCH`` (a worker's batch).
+    """
     generations = CLAIM_GENERATIONS // (8 if quick else 1)
     section = "5 claims"
-    rates = {}
-    for workers in WORKER_COUNTS:
-        with scratch_database(backend) as dsn:
-            engine = create_engine(dsn, pool_size=workers + 2)
-            try:
-                pack = install_pack(engine)
-                connectors = Connectors(engine)
-                items = seed.batch(f"c-{uuid.uuid4().hex[:6]}", generations, generations)
-                for start in range(0, generations, 500):
-                    connectors.ingest(pack, items[start : start + 500])
-                claimed: list[list[str]] = [[] for _ in range(workers)]
-                threads = [
-                    threading.Thread(target=_claim_all, args=(connectors, pack, f"w{n}", claimed[n]))
-                    for n in range(workers)
-                ]
-                started = time.perf_counter()
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join()
-                elapsed = time.perf_counter() - started
-            finally:
-                engine.dispose()
-        every = list(itertools.chain.from_iterable(claimed))
-        doubles = len(every) - len(set(every))
-        rates[workers] = len(set(every)) / elapsed
-        report.add(
-            section,
-            backend.name,
-            f"{workers} claimers over {generations} pending generations",
-            f"{rates[workers]:,.0f} claims/s, claimed {len(set(every))}, double claims {doubles}",
-            "0 double claims " + ("met" if doubles == 0 and len(set(every)) == generations else "MISSED"),
-        )
-    for workers in WORKER_COUNTS[1:]:
-        report.add(section, backend.name, f"claims/s {workers} / 1 claimers", f"{rates[workers] / rates[1]:.2f}")
+    for max_items in (1, CLAIM_BATCH):
+        rates = {}
+        for claimers in _claimer_counts():
+            figures = _claims_run(backend, claimers, max_items, generations)
+            rates[claimers] = figures["claims/s"]
+            complete = figures["double claims"] == 0 and figures["claimed"] == generations
+            report.add(
+                section,
+                backend.name,
+                f"{claimers} claimers, max_items {max_items}, over {generations} pending generations",
+                f"{figures['claims/s']:,.0f} claims/s, {figures['statements per call']:.1f} statements per Claim "
+                f"call, {figures['statements per claim']:.2f} per claimed generation; claimed "
+                f"{figures['claimed']:.0f}, double claims {figures['double claims']:.0f}",
+                "0 double claims " + ("met" if complete else "MISSED"),
+            )
+        for claimers in _claimer_counts()[1:]:
+            report.add(
+                section,
+                backend.name,
+                f"claims/s {claimers} / 1 claimers, max_items {max_items}",
+                f"{rates[claimers] / rates[1]:.2f}",
+            )

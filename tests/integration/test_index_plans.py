@@ -23,6 +23,7 @@ from sqlalchemy import event
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.admission import generation_row
+from nexuscrm_connectors.leases import lease_grant
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_runtime.database import is_sqlite
@@ -225,6 +226,13 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "work_items_get": lambda c: queries.work_items_get(c, [seeded.claimed_work_id]),
         "work_item_successor": lambda c: queries.work_item_successor(c, pack, key, seeded.start),
         "work_items_claimable": lambda c: queries.work_items_claimable(c, [pack, legacy], ["project"], now, 10),
+        "work_items_claim": lambda c: queries.work_items_claim(
+            c, [seeded.claimed_work_id, "no-such-work"], now, lease_grant("plan", "token", now)
+        ),
+        "work_items_leased": lambda c: queries.work_items_leased(c, [seeded.claimed_work_id], "token"),
+        "selected_events_set_status": lambda c: queries.selected_events_set_status(
+            c, [(pack, seeded.end, key), (pack, seeded.start, key)], EventStatus.PROCESSING
+        ),
         "event_range_count": lambda c: queries.event_range_count(c, pack, key, seeded.start, seeded.end),
         "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500),
         "receipt_packs_stored": lambda c: queries.receipt_packs_stored(c),

@@ -15,7 +15,7 @@ from nexuscrm_connectors.models import InputRow
 from nexuscrm_connectors.worker import WorkSource
 from nexuscrm_integration import demo, queries
 from nexuscrm_integration.activation import ActivationGrant, check_activation, wait_for_activation
-from nexuscrm_integration.config import HostConfig
+from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, HostConfig, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused, FlowNotFound, HostConfigError, NotGranted
 from nexuscrm_integration.flows import FlowContext, resolve_flow
 from nexuscrm_integration.host import WorkerHost, standalone_worker
@@ -89,7 +89,7 @@ def test_host_config_from_file_and_environment(tmp_path: Path) -> None:
     path = tmp_path / "host.toml"
     path.write_text(
         'activation_wait_seconds = 5\n[[pool]]\npack_install_id = "pk-a"\nwork_type = "t"\n'
-        'flow = "demo-contacts"\nsize = 3\n'
+        'flow = "demo-contacts"\nsize = 3\nbatch_size = 4\nclaim_wait_seconds = 2.5\npoll_interval_seconds = 0\n'
     )
     pools = json.dumps([{"pack_install_id": "pk-b", "work_type": "t", "flow": "m:f"}])
     config = HostConfig.from_env(
@@ -101,6 +101,11 @@ def test_host_config_from_file_and_environment(tmp_path: Path) -> None:
         }
     )
     assert config.pack_install_ids == ("pk-a", "pk-b") and config.pools[0].size == 3
+    claiming = [(p.batch_size, p.claim_wait_seconds, p.poll_interval_seconds) for p in config.pools]
+    assert claiming == [(4, 2.5, 0), (1, DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL)]
+    for field, value in (("batch_size", 0), ("claim_wait_seconds", -1), ("poll_interval_seconds", "fast")):
+        with pytest.raises(HostConfigError, match=field):
+            PoolConfig.from_mapping({"pack_install_id": "p", "work_type": "t", "flow": "f", field: value}, "test")
     assert (config.activation_wait_seconds, config.drain_timeout_seconds, config.host_id) == (5.0, 7.0, "h1")
     assert HostConfig.from_env({"NEXUSCRM_ACTIVATION_WAIT_SECONDS": "forever"}).activation_wait_seconds == math.inf
     with pytest.raises(HostConfigError, match="unknown pool fields"):

@@ -118,6 +118,9 @@ def test_rpc_errors_name_the_field_and_change_nothing(services: tuple[str, Servi
         assert [v.field for v in bad_request.field_violations] == ["max_items"]
         code, details = code_of(stub.Claim, pb.ClaimRequest(worker_id="w", lease_seconds=100000))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "lease_seconds" in details
+        for wait_ms in (-1, 2**31 - 1):
+            code, details = code_of(stub.Claim, pb.ClaimRequest(worker_id="w", wait_ms=wait_ms))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "wait_ms" in details
         assert code_of(stub.GetWork, pb.GetWorkRequest(work_id="nope"))[0] == grpc.StatusCode.NOT_FOUND
         assert code_of(stub.Replay, pb.ReplayRequest(work_id="nope"))[0] == grpc.StatusCode.NOT_FOUND
         assert (

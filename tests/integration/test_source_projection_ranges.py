@@ -23,16 +23,6 @@ from workqueue import ReceiptState, WorkStatus
 pytestmark = pytest.mark.database
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def connectors(engine: sa.Engine, clock: FakeClock) -> Connectors:
-    return Connectors(engine, clock=clock)
-
-
 def count(engine: sa.Engine, table: sa.Table) -> int:
     with engine.connect() as connection:
         return int(connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())

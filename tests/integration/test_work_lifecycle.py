@@ -22,16 +22,6 @@ from workqueue.errors import InvalidArgument
 pytestmark = pytest.mark.database
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def connectors(engine: sa.Engine, clock: FakeClock) -> Connectors:
-    return Connectors(engine, clock=clock)
-
-
 def test_duplicates_never_change_stored_rows(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
     connectors.ingest(pack, [delivery("a"), delivery("b", lane="other")])

@@ -42,8 +42,9 @@ class ConnectorsClient:
         work_types: Sequence[str] = (),
         max_items: int = 1,
         lease_seconds: int = 0,
+        wait: dt.timedelta = dt.timedelta(0),
     ) -> list[Claim]:
-        """Claim up to ``max_items`` generations."""
+        """Claim up to ``max_items`` generations, waiting up to ``wait`` for work when there is none."""
         response = self._stub.Claim(
             pb.ClaimRequest(
                 worker_id=worker_id,
@@ -51,8 +52,9 @@ class ConnectorsClient:
                 work_types=list(work_types),
                 max_items=max_items,
                 lease_seconds=lease_seconds,
+                wait_ms=wait // dt.timedelta(milliseconds=1),
             ),
-            timeout=self._timeout,
+            timeout=self._timeout + wait.total_seconds(),  # the server's wait is not its processing time
         )
         return [convert.claim_from_proto(c) for c in response.claims]
 

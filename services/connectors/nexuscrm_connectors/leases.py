@@ -1,11 +1,17 @@
 """Claims, leases and the end of an attempt: claim, heartbeat, complete, fail.
 
-A claim is a candidate read followed by a compare-and-set UPDATE per candidate that checks
-its row count (never SKIP LOCKED: TiDB silently takes no lock with it). The claim's row lock
-is what freezes a generation's bounds against a concurrent admission, which only extends
-unclaimed attempt-zero rows. Every later call presents the lease token of the claim: a
-stale token changes nothing. A generation that becomes terminal unblocks its successor in
-the same transaction, so per identity at most one generation runs, in LaneOrdinal order.
+A claim is one transaction with a constant number of statements, whatever ``max_items``:
+the served packs (with their protocol rows), a window of the oldest candidates, one
+conditional multi-row UPDATE that leases the chosen ones (never SKIP LOCKED: TiDB silently
+takes no lock with it; the UPDATE re-checks claimability on each row and the lease token
+marks the rows it won), a re-read of those rows with their selected Events, and one UPDATE
+that moves those Events to processing. Claims of one process reserve the rows they lease
+(``claimers``), so they do not race each other. The claim's row lock is what freezes a
+generation's bounds against a concurrent admission, which only extends unclaimed
+attempt-zero rows.
+Every later call presents the lease token of the claim: a stale token changes nothing. A
+generation that becomes terminal unblocks its successor in the same transaction, so per
+identity at most one generation runs, in LaneOrdinal order.
 """
 
 from __future__ import annotations
@@ -14,14 +20,16 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import queries
+from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
 from nexuscrm_connectors.models import Claim, WorkItemRow
 from nexuscrm_connectors.queries import DbRow
@@ -36,8 +44,7 @@ from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
 log = logging.getLogger(__name__)
 
 WORKER_ID_MAX_LENGTH = 128
-CLAIM_PASSES = 3
-RETIRED = "retired"  # _claim_one's answer when the candidate failed for good instead
+CLAIM_PASSES = 3  # candidate reads per claim transaction, and transactions per claim attempt
 
 
 def check_lease_seconds(settings: Settings, lease_seconds: int) -> int:
@@ -59,69 +66,233 @@ class ClaimBatch:
     claims: list[Claim] = dataclasses.field(default_factory=list)
     reclaimed: int = 0  # claims of generations whose lease had expired (a new attempt)
     expired_failed: int = 0  # generations whose expired lease was the last attempt: failed for good
+    lost: int = 0  # chosen generations that another claim leased first
+
+    def add(self, other: ClaimBatch) -> None:
+        """Count ``other`` (a later transaction of the same claim) into this batch."""
+        self.claims += other.claims
+        self.reclaimed += other.reclaimed
+        self.expired_failed += other.expired_failed
+        self.lost += other.lost
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Request:
+    """A validated claim request."""
+
+    worker_id: str
+    pack_install_ids: tuple[str, ...]
+    work_types: tuple[str, ...]
+    max_items: int
+    lease: dt.timedelta
+
+
+class _Refused(Exception):
+    """Claimed generations whose selected Event is missing: the transaction rolls back without them."""
+
+    def __init__(self, work_ids: dict[str, str]) -> None:
+        super().__init__(f"{len(work_ids)} generations refused")
+        self.work_ids = work_ids  # WorkId -> why
 
 
 def claim(
     engine: Engine,
     settings: Settings,
     clock: Clock,
+    claimers: Claimers,
     *,
     worker_id: str,
     pack_install_ids: Sequence[str] = (),
     work_types: Sequence[str] = (),
     max_items: int = 1,
     lease_seconds: int = 0,
+    wait: dt.timedelta = dt.timedelta(0),
 ) -> ClaimBatch:
     """Lease up to ``max_items`` claimable native generations to ``worker_id``.
 
     Claimable: pending; retry whose time has come; processing whose lease expired (a failed
     attempt: it fails for good when attempts run out). Only packs with a protocol row are
-    served; naming a pack without one raises ``ProtocolMissing``.
+    served; naming a pack without one raises ``ProtocolMissing``. A generation whose selected
+    Event is missing is refused (logged, left unclaimed); the others are claimed.
+
+    When nothing is claimable, the claim waits up to ``wait`` (at most
+    ``settings.max_claim_wait_ms``) and returns as soon as it claimed something: woken by
+    ``claimers.notify`` for work of this process, else polling every
+    ``settings.claim_poll_ms``. It returns at once when ``settings.max_claim_waiters`` other
+    claims are waiting already.
     """
     validate_text("worker_id", worker_id, WORKER_ID_MAX_LENGTH)
     if not 1 <= max_items <= settings.max_claim_items:
         raise InvalidArgument(
             f"max_items must be between 1 and {settings.max_claim_items}, got {max_items}", field="max_items"
         )
+    if not dt.timedelta(0) <= wait <= dt.timedelta(milliseconds=settings.max_claim_wait_ms):
+        raise InvalidArgument(
+            f"wait_ms must be between 0 and {settings.max_claim_wait_ms}, got {wait // dt.timedelta(milliseconds=1)}",
+            field="wait_ms",
+        )
     for work_type in work_types:
         validate_text("work_types", work_type, FIELD_MAX_LENGTHS["work_type"])
-    lease = dt.timedelta(seconds=check_lease_seconds(settings, lease_seconds))
-    now = clock()
-    with engine.connect() as connection:
-        served = _native_packs(connection, pack_install_ids)
+    request = _Request(
+        worker_id=worker_id,
+        pack_install_ids=tuple(pack_install_ids),
+        work_types=tuple(work_types),
+        max_items=max_items,
+        lease=dt.timedelta(seconds=check_lease_seconds(settings, lease_seconds)),
+    )
+    deadline = time.monotonic() + wait.total_seconds()
+    poll = settings.claim_poll_ms / 1000
     batch = ClaimBatch()
-    # A pass that fails exhausted work unblocks successors that the candidate read could not
-    # see; read again then, a bounded number of times.
+    while True:
+        seen = claimers.version()
+        attempt = _claim_attempt(engine, claimers, request, clock())
+        batch.add(attempt)
+        remaining = deadline - time.monotonic()
+        if batch.claims or remaining <= 0:
+            return batch
+        # Work that other claims took first: look again at once; none at all: wait for some.
+        if not attempt.lost and not claimers.wait(seen, min(poll, remaining)):
+            return batch
+
+
+def _claim_attempt(engine: Engine, claimers: Claimers, request: _Request, now: dt.datetime) -> ClaimBatch:
+    """One claim transaction; run again (a bounded number of times) when it had to refuse some.
+
+    It also runs again when other claims had leased every generation it chose first.
+    """
+    total = ClaimBatch()
+    refused: dict[str, str] = {}
     for _ in range(CLAIM_PASSES):
-        with engine.connect() as connection:
-            candidates = queries.work_items_claimable(connection, served, work_types, now, max_items)
-        retired = False
-        for candidate in candidates:
-            if len(batch.claims) == max_items:
-                return batch
-            try:
-                claimed = run_transaction(
+        try:
+            with claimers.reserving() as take:  # held until the transaction has ended
+                batch = run_transaction(
                     engine,
-                    functools.partial(_claim_one, candidate=candidate, worker_id=worker_id, now=now, lease=lease),
+                    functools.partial(
+                        _claim_transaction,
+                        request=request,
+                        now=now,
+                        claimers=claimers,
+                        take=take,
+                        refused=frozenset(refused),
+                    ),
                     name="claim",
                 )
-            except MembershipMissing as error:
-                log.error("not claiming %s: %s", candidate.WorkId, error)
-                continue
-            if isinstance(claimed, Claim):
-                batch.claims.append(claimed)
-                # The compare-and-set expected the candidate's status: a processing one had expired.
-                batch.reclaimed += candidate.Status == WorkStatus.PROCESSING
-            elif claimed is RETIRED:
-                batch.expired_failed += 1
-                retired = True
-        if not retired:
+        except _Refused as error:
+            for work_id, reason in error.work_ids.items():
+                log.error("not claiming %s: %s", work_id, reason)
+            refused |= error.work_ids
+            continue
+        total.add(batch)
+        if batch.claims or not batch.lost:
             break
+    return total
+
+
+def _claim_transaction(
+    connection: Connection,
+    *,
+    request: _Request,
+    now: dt.datetime,
+    claimers: Claimers,
+    take: Callable[[Sequence[str], int], list[str]],
+    refused: frozenset[str],
+) -> ClaimBatch:
+    """Read candidates, retire exhausted ones, lease the oldest that no other claim holds, move their selected Events.
+
+    Raises ``_Refused`` (rolling everything back) when a leased generation's selected Event is
+    missing; the caller runs the transaction again without it.
+    """
+    batch = ClaimBatch()
+    served = _native_packs(connection, request.pack_install_ids)
+    window = request.max_items + claimers.held() + len(refused)
+    candidates = {c.WorkId: c for c in _live_candidates(connection, request, served, now, window, batch)}
+    open_ids = [work_id for work_id in candidates if work_id not in refused]
+    chosen = [candidates[work_id] for work_id in take(open_ids, request.max_items)]
+    if not chosen:
+        batch.lost = len(open_ids)  # claims that started after the read took them: read again
+        return batch
+    token = str(uuid.uuid4())  # one fresh token per claim: fencing checks it together with the WorkId
+    grant = lease_grant(request.worker_id, token, now + request.lease)
+    work_ids = [candidate.WorkId for candidate in chosen]
+    if queries.work_items_claim(connection, work_ids, now, grant) == 0:
+        batch.lost = len(chosen)
+        return batch
+    leased = {row.WorkId: row for row in queries.work_items_leased(connection, work_ids, token)}
+    batch.lost = len(chosen) - len(leased)
+    missing = {
+        work_id: f"its selected Event (ordinal {row.LaneOrdinal}) is missing"
+        for work_id, row in leased.items()
+        if row.SelectedOrdinal is None
+    }
+    if missing:
+        raise _Refused(missing)
+    selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in leased.values()]
+    if queries.selected_events_set_status(connection, selected, EventStatus.PROCESSING) != len(selected):
+        raise MembershipMissing(f"a selected Event of {sorted(leased)} disappeared during the claim")
+    for candidate in chosen:
+        if candidate.WorkId in leased:
+            batch.claims.append(Claim(work=WorkItemRow.from_row(leased[candidate.WorkId]), lease_token=token))
+            # The UPDATE re-checked claimability: a candidate read as processing had expired.
+            batch.reclaimed += candidate.Status == WorkStatus.PROCESSING
     return batch
 
 
+def _live_candidates(
+    connection: Connection,
+    request: _Request,
+    served: Sequence[str],
+    now: dt.datetime,
+    window: int,
+    batch: ClaimBatch,
+) -> list[DbRow]:
+    """The window's candidates that may be claimed, after failing those whose expired lease was the last attempt.
+
+    Failing exhausted work unblocks successors that the candidate read could not see: read
+    again then, a bounded number of times. Old-protocol work (no InputStartOrdinal) is refused.
+    """
+    for _ in range(CLAIM_PASSES):
+        candidates = queries.work_items_claimable(connection, served, request.work_types, now, window)
+        exhausted = {c.WorkId for c in candidates if _last_attempt_expired(c)}
+        for candidate in candidates:
+            if candidate.WorkId in exhausted:
+                batch.expired_failed += _retire(connection, candidate, now)
+        if not exhausted:
+            break
+    live = []
+    for candidate in candidates:
+        if candidate.InputStartOrdinal is None:
+            log.error("not claiming %s: it has no InputStartOrdinal: it is not native range work", candidate.WorkId)
+        elif candidate.WorkId not in exhausted:
+            live.append(candidate)
+    return live
+
+
+def _last_attempt_expired(candidate: DbRow) -> bool:
+    return bool(candidate.Status == WorkStatus.PROCESSING and candidate.Attempt + 1 >= candidate.MaxAttempts)
+
+
+def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
+    """Fail a generation whose expired lease was its last attempt; False if another claim was first."""
+    expect = {"Status": candidate.Status, "LeaseToken": candidate.LeaseToken, "ClaimableAt": candidate.ClaimableAt}
+    values = {
+        "Status": WorkStatus.FAILED,
+        "Attempt": candidate.Attempt + 1,
+        "ClaimableAt": None,
+        "FinishedAt": now,
+        "LastError": "lease expired on the last attempt",
+    }
+    if queries.work_item_update_if(connection, candidate.WorkId, expect, values) != 1:
+        return False
+    _finish(connection, candidate, EventStatus.FAILED, now)
+    return True
+
+
 def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]:
-    """The requested packs (default: all) that have a protocol row; refuse named ones without."""
+    """The requested packs (default: all) that have a protocol row; refuse named ones without.
+
+    This is claim's protocol check: candidates are read from these packs only, and a
+    protocol row is never deleted.
+    """
     statement = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.PackInstallId.label("Native"))
     statement = statement.outerjoin(
         ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
@@ -143,75 +314,21 @@ def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]
     return sorted(row.PackInstallId for row in rows if row.Native is not None)
 
 
-def _claim_one(
-    connection: Connection,
-    *,
-    candidate: DbRow,
-    worker_id: str,
-    now: dt.datetime,
-    lease: dt.timedelta,
-) -> Claim | str | None:
-    """Compare-and-set one candidate.
-
-    Returns the claim, ``RETIRED`` when the candidate's expired lease was its last attempt
-    (it is now failed and its successor unblocked), or None when another worker was first.
-    """
-    if candidate.InputStartOrdinal is None:
-        raise MembershipMissing(f"work {candidate.WorkId} has no InputStartOrdinal: it is not native range work")
-    expect = {"Status": candidate.Status, "LeaseToken": candidate.LeaseToken, "ClaimableAt": candidate.ClaimableAt}
-    row = queries.work_item_get(connection, candidate.WorkId)
-    if row is None:
-        return None
-    attempt = row.Attempt
-    if candidate.Status == WorkStatus.PROCESSING:
-        attempt += 1  # the expired lease counts as a failed attempt
-        if attempt >= row.MaxAttempts:
-            changed = queries.work_item_update_if(
-                connection,
-                row.WorkId,
-                expect,
-                {
-                    "Status": WorkStatus.FAILED,
-                    "Attempt": attempt,
-                    "ClaimableAt": None,
-                    "FinishedAt": now,
-                    "LastError": "lease expired on the last attempt",
-                },
-            )
-            if changed != 1:
-                return None
-            _finish(connection, row, EventStatus.FAILED, now)
-            return RETIRED
-    token, values = lease_values(worker_id, attempt, now, lease)
-    if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
-        return None
-    if packs.protocol_get(connection, row.PackInstallId) is None:
-        raise MembershipMissing(f"pack {row.PackInstallId} of work {row.WorkId} has no protocol row")
-    claimed = queries.work_item_get(connection, row.WorkId)
-    assert claimed is not None
-    if (
-        queries.event_set_status(
-            connection, row.PackInstallId, claimed.LaneOrdinal, EventStatus.PROCESSING, row.ProjectionKey
-        )
-        != 1
-    ):
-        raise MembershipMissing(f"work {row.WorkId}: its selected Event (ordinal {claimed.LaneOrdinal}) is missing")
-    return Claim(work=WorkItemRow.from_row(claimed), lease_token=token)
-
-
-def lease_values(worker_id: str, attempt: int, now: dt.datetime, lease: dt.timedelta) -> tuple[str, dict[str, Any]]:
-    """A fresh lease token and the WorkItem values that grant it to ``worker_id`` until ``now + lease``."""
-    token = str(uuid.uuid4())
-    expires = now + lease
-    values = {
+def lease_grant(worker_id: str, token: str, expires: dt.datetime) -> dict[str, Any]:
+    """The WorkItem values that lease a generation to ``worker_id`` with ``token`` until ``expires``."""
+    return {
         "Status": WorkStatus.PROCESSING,
-        "Attempt": attempt,
         "LeaseOwner": worker_id,
         "LeaseToken": token,
         "LeaseExpiresAt": expires,
         "ClaimableAt": expires,  # a lease that is not renewed makes the work claimable again
     }
-    return token, values
+
+
+def lease_values(worker_id: str, attempt: int, now: dt.datetime, lease: dt.timedelta) -> tuple[str, dict[str, Any]]:
+    """A fresh lease token and the WorkItem values that grant it to ``worker_id`` until ``now + lease``."""
+    token = str(uuid.uuid4())
+    return token, {"Attempt": attempt, **lease_grant(worker_id, token, now + lease)}
 
 
 def _finish(connection: Connection, row: DbRow, event_status: EventStatus, now: dt.datetime) -> None:

@@ -421,10 +421,12 @@ def work_items_claimable(
     now: dt.datetime,
     limit: int,
 ) -> list[DbRow]:
-    """Claim candidates: pending, due retry and lease-expired processing native work, oldest first.
+    """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
 
     One ordered, limited range scan of ix_workitem_claim per (pack, status), combined with
-    UNION ALL, so a large backlog is never sorted as a whole.
+    UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
+    by ClaimableAt with a stable sort (ties keep each branch's index order). Each row carries
+    what a claim decides on: its state, attempts, range and identity.
     """
     selects = []
     for pack_install_id in pack_install_ids:
@@ -432,10 +434,15 @@ def work_items_claimable(
             statement = (
                 sa.select(
                     WorkItem.c.WorkId,
+                    WorkItem.c.PackInstallId,
+                    WorkItem.c.ProjectionKey,
                     WorkItem.c.Status,
                     WorkItem.c.ClaimableAt,
                     WorkItem.c.LeaseToken,
+                    WorkItem.c.Attempt,
+                    WorkItem.c.MaxAttempts,
                     WorkItem.c.InputStartOrdinal,
+                    WorkItem.c.LaneOrdinal,
                 )
                 .where(
                     WorkItem.c.PackInstallId == pack_install_id,
@@ -451,7 +458,76 @@ def work_items_claimable(
     if not selects:
         return []
     rows = connection.execute(sa.union_all(*selects)).all()
-    return sorted(rows, key=lambda row: row.ClaimableAt)[: limit * 2]
+    return sorted(rows, key=lambda row: row.ClaimableAt)[:limit]
+
+
+def work_items_claim(
+    connection: Connection, work_ids: Sequence[str], now: dt.datetime, grant: Mapping[str, Any]
+) -> int:
+    """Lease every generation of ``work_ids`` that is still claimable at ``now``, in one UPDATE.
+
+    The compare-and-set is the claimability condition itself, evaluated on each row's current
+    version under its row lock: pending or retry, or processing with an expired lease and an
+    attempt left, and ClaimableAt <= ``now``. A row another claim took meanwhile carries a
+    future ClaimableAt and is skipped, so ``grant`` (``LeaseToken`` and the other lease
+    columns) marks exactly the rows this statement won: the caller reads them back by token.
+    An expired lease counts as a failed attempt (Attempt + 1). Primary-key lookups; returns
+    the row count.
+    """
+    if not work_ids:
+        return 0
+    expired = WorkItem.c.Status == WorkStatus.PROCESSING
+    claimable = sa.or_(
+        WorkItem.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY]),
+        sa.and_(expired, WorkItem.c.Attempt + 1 < WorkItem.c.MaxAttempts),
+    )
+    # Attempt first: MySQL evaluates SET assignments left to right, so the CASE must see the
+    # old Status (SQLite and TiDB read old values anyway).
+    attempt = WorkItem.c.Attempt + sa.case((expired, 1), else_=0)
+    assignments = [(WorkItem.c.Attempt, attempt), *((WorkItem.c[name], value) for name, value in grant.items())]
+    return connection.execute(
+        sa.update(WorkItem)
+        .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.ClaimableAt <= now, claimable)
+        .ordered_values(*assignments)
+    ).rowcount
+
+
+def work_items_leased(connection: Connection, work_ids: Sequence[str], lease_token: str) -> list[DbRow]:
+    """The generations of ``work_ids`` that hold ``lease_token``, each with its selected Event's ordinal.
+
+    ``SelectedOrdinal`` is None when the Event at the generation's LaneOrdinal (its selected
+    Event, of its identity) is missing. Primary-key lookups of WorkItem and Event.
+    """
+    selected = sa.and_(
+        Event.c.PackInstallId == WorkItem.c.PackInstallId,
+        Event.c.EnqueueOrdinal == WorkItem.c.LaneOrdinal,
+        Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+    )
+    return list(
+        connection.execute(
+            sa.select(WorkItem, Event.c.EnqueueOrdinal.label("SelectedOrdinal"))
+            .select_from(WorkItem.outerjoin(Event, selected))
+            .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.LeaseToken == lease_token)
+        )
+    )
+
+
+def selected_events_set_status(
+    connection: Connection, selected: Sequence[tuple[str, int, str]], status: EventStatus
+) -> int:
+    """Set the status of many generations' selected Events, in one UPDATE (primary-key lookups).
+
+    ``selected`` holds (PackInstallId, EnqueueOrdinal, ProjectionKey) triples; returns the row
+    count for the caller to compare with their number. Spelled as an OR of primary-key
+    equalities: SQLite scans the table for a row-value IN.
+    """
+    if not selected:
+        return 0
+    keys = [
+        sa.and_(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == ordinal, Event.c.ProjectionKey == key)
+        for pack, ordinal, key in selected
+    ]
+    return connection.execute(sa.update(Event).where(sa.or_(*keys)).values(Status=status)).rowcount
 
 
 def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, Any], values: dict[str, Any]) -> int:

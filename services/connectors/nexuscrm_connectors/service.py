@@ -1,8 +1,9 @@
 """The Connectors domain facade: every operation of ConnectorsService, without gRPC.
 
 The servicer and in-process workers call this class; it only binds the engine, settings
-and clock to the modules that own each operation, and counts what they return
-(``nexuscrm_connectors.metrics``).
+and clock to the modules that own each operation, counts what they return
+(``nexuscrm_connectors.metrics``), and wakes waiting claims when an operation may have made
+work claimable (``nexuscrm_connectors.claimers``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Iterator, Sequence
 from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import admission, inspection, leases, metrics, payloads, replay
-from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, WorkItemRow
+from nexuscrm_connectors.claimers import Claimers
+from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, Outcome, WorkItemRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock, utcnow
+from workqueue import WorkStatus
 
 
 class Connectors:
@@ -25,21 +28,28 @@ class Connectors:
         self.engine = engine
         self.settings = settings or Settings()
         self.clock = clock
+        self.claimers = Claimers(self.settings.max_claim_waiters)
 
     def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
         results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
         metrics.record_ingest(results)
+        if any(result.outcome is Outcome.ADMITTED for result in results):
+            self.claimers.notify()
         return results
 
     def materialize(self, limit: int = 500) -> int:
         """See ``admission.materialize``."""
-        return admission.materialize(self.engine, self.settings, self.clock, limit)
+        admitted = admission.materialize(self.engine, self.settings, self.clock, limit)
+        if admitted:
+            self.claimers.notify()
+        return admitted
 
     def replay(self, work_id: str) -> tuple[WorkItemRow, int]:
         """See ``replay.replay``."""
         work, ordinal = replay.replay(self.engine, self.settings, self.clock, work_id)
         metrics.GENERATIONS_CREATED.labels("replay").inc()
+        self.claimers.notify()
         return work, ordinal
 
     def claim(
@@ -50,17 +60,20 @@ class Connectors:
         work_types: Sequence[str] = (),
         max_items: int = 1,
         lease_seconds: int = 0,
+        wait: dt.timedelta = dt.timedelta(0),
     ) -> list[Claim]:
         """See ``leases.claim``."""
         batch = leases.claim(
             self.engine,
             self.settings,
             self.clock,
+            self.claimers,
             worker_id=worker_id,
             pack_install_ids=pack_install_ids,
             work_types=work_types,
             max_items=max_items,
             lease_seconds=lease_seconds,
+            wait=wait,
         )
         metrics.record_claim(batch)
         return batch.claims
@@ -79,12 +92,15 @@ class Connectors:
         """See ``leases.complete``."""
         work = leases.complete(self.engine, self.clock, work_id, lease_token)
         metrics.record_finish(work)
+        self.claimers.notify()  # its successor may have become claimable
         return work
 
     def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
         """See ``leases.fail``."""
         work = leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
         metrics.record_finish(work, retryable=retryable)
+        if work.status is WorkStatus.FAILED:
+            self.claimers.notify()  # its successor may have become claimable
         return work
 
     def get_work(self, work_id: str) -> inspection.WorkDescription:

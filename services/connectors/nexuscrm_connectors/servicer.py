@@ -5,6 +5,7 @@ Errors are mapped to status codes by the shared interceptor; nothing here aborts
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 
 import grpc
@@ -46,6 +47,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             work_types=list(request.work_types),
             max_items=request.max_items or 1,
             lease_seconds=request.lease_seconds,
+            wait=dt.timedelta(milliseconds=request.wait_ms),
         )
         return pb.ClaimResponse(claims=[convert.claim_to_proto(c) for c in claims])
 

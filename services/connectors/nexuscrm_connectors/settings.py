@@ -21,6 +21,11 @@ class Settings:
     ``default_lease_seconds`` / ``max_lease_seconds``: claim and heartbeat lease bounds
     (NEXUSCRM_DEFAULT_LEASE_SECONDS, NEXUSCRM_MAX_LEASE_SECONDS).
     ``max_claim_items``: generations per Claim call (NEXUSCRM_MAX_CLAIM_ITEMS).
+    ``max_claim_wait_ms``: the longest wait for work a Claim may ask for (NEXUSCRM_MAX_CLAIM_WAIT_MS).
+    ``claim_poll_ms``: how often a waiting Claim looks for work that another process made
+    claimable, or that became due (NEXUSCRM_CLAIM_POLL_MS); work of this process wakes it at once.
+    ``max_claim_waiters``: Claims waiting at once; more return at once (NEXUSCRM_MAX_CLAIM_WAITERS).
+    Keep it below the RPC handler threads (NEXUSCRM_MAX_WORKERS) so that Ingest always finds one.
     ``default_page_size`` / ``max_page_size``: members per LoadInputs page
     (NEXUSCRM_DEFAULT_PAGE_SIZE, NEXUSCRM_MAX_PAGE_SIZE).
     ``materialize_interval_seconds``: how often the service admits stored receipts; 0 = never
@@ -36,6 +41,9 @@ class Settings:
     default_lease_seconds: int = 30
     max_lease_seconds: int = 3600
     max_claim_items: int = 100
+    max_claim_wait_ms: int = 20_000
+    claim_poll_ms: int = 250
+    max_claim_waiters: int = 8
     default_page_size: int = 500
     max_page_size: int = 5000
     materialize_interval_seconds: int = 2

@@ -1,11 +1,19 @@
 """The worker library: claim, run a Flow over the complete ordered input set, finish.
 
 A ``Worker`` talks to any ``WorkSource``: the in-process ``Connectors`` facade or the gRPC
-``ConnectorsClient``. The adapter keeps the WorkId and lease token from the claim and passes
-them to every later call; a heartbeat thread extends the lease while the Flow runs. The Flow
-must consume every input (the complete set is the contract); if it does not, or raises, the
-attempt fails and is retried with backoff. ``run_until_drained`` stops new claims and waits
-for in-flight work; it does not drain the durable queue.
+``ConnectorsClient``. Each claim asks for up to ``batch_size`` generations and runs them one
+after the other; the adapter keeps each WorkId and lease token from the claim and passes them
+to every later call, and one heartbeat thread per claimed generation extends its lease from
+the claim until its attempt ends (so generations waiting their turn in the batch keep their
+leases). The Flow must consume every input (the complete set is the contract); if it does
+not, or raises, the attempt fails and is retried with backoff.
+
+An idle worker does not sleep while work is waiting: its claim asks the service to wait up to
+``claim_wait`` for work, and the service answers as soon as it claimed some. Only a claim
+that came back empty sooner than ``poll_interval`` (no wait asked, or the service's waiting
+places were taken) is followed by a pause for the rest of ``poll_interval``.
+``run_until_drained`` stops new claims and waits for in-flight work (a waiting claim, then
+the generations it returned); it does not drain the durable queue.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import dataclasses
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -35,6 +44,7 @@ class WorkSource(Protocol):
         work_types: Sequence[str] = (),
         max_items: int = 1,
         lease_seconds: int = 0,
+        wait: dt.timedelta = dt.timedelta(0),
     ) -> list[Claim]: ...
 
     def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]: ...
@@ -72,7 +82,11 @@ class WorkerStats:
 
 
 class Worker:
-    """Claims generations of some packs and work types and runs ``flow`` on each, one at a time."""
+    """Claims generations of some packs and work types, up to ``batch_size`` at once, and runs ``flow`` on each in turn.
+
+    ``claim_wait``: how long each claim asks the service to wait for work when there is none.
+    ``poll_interval``: the least time between two claims that both came back empty.
+    """
 
     def __init__(
         self,
@@ -84,7 +98,9 @@ class Worker:
         work_types: Sequence[str] = (),
         lease_seconds: int = 30,
         page_size: int = 0,
-        poll_interval: float = 0.2,  # seconds between claims when there is no work
+        batch_size: int = 1,
+        claim_wait: dt.timedelta = dt.timedelta(seconds=1),
+        poll_interval: dt.timedelta = dt.timedelta(milliseconds=200),
     ) -> None:
         self._source = source
         self._flow = flow
@@ -93,54 +109,69 @@ class Worker:
         self._work_types = tuple(work_types)
         self._lease_seconds = lease_seconds
         self._page_size = page_size
+        self._batch_size = batch_size
+        self._claim_wait = claim_wait
         self._poll_interval = poll_interval
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = WorkerStats()
 
     def run_once(self) -> bool:
-        """Claim and run at most one generation; True if one was claimed."""
+        """Claim up to ``batch_size`` generations without waiting for work and run them; True if any was claimed."""
+        return self._claim_and_run(dt.timedelta(0))
+
+    def _claim_and_run(self, wait: dt.timedelta) -> bool:
         claims = self._source.claim(
             self.worker_id,
             pack_install_ids=self._packs,
             work_types=self._work_types,
-            max_items=1,
+            max_items=self._batch_size,
             lease_seconds=self._lease_seconds,
+            wait=wait,
         )
-        for claim in claims:
-            self._execute(claim)
+        # Every lease is renewed from the claim on: the batch's later generations wait their turn.
+        heartbeats = [self._start_heartbeat(claim) for claim in claims]
+        for claim, stop_heartbeat in zip(claims, heartbeats, strict=True):
+            with log_context(pack=claim.work.pack_install_id, work_id=claim.work.work_id):
+                self._execute_attempt(claim, stop_heartbeat)
         return bool(claims)
 
-    def _execute(self, claim: Claim) -> None:
+    def _start_heartbeat(self, claim: Claim) -> Callable[[], None]:
+        """Renew ``claim``'s lease every third of it until the returned function is called."""
+        stop = threading.Event()
         with log_context(pack=claim.work.pack_install_id, work_id=claim.work.work_id):
-            self._execute_attempt(claim)
+            # The heartbeat thread logs with its attempt's context (pack, WorkId).
+            heart = threading.Thread(
+                target=contextvars.copy_context().run,
+                args=(self._heartbeat, claim.work.work_id, claim.lease_token, stop),
+                daemon=True,
+            )
+        heart.start()
 
-    def _execute_attempt(self, claim: Claim) -> None:
+        def stop_heartbeat() -> None:
+            stop.set()
+            heart.join()
+
+        return stop_heartbeat
+
+    def _execute_attempt(self, claim: Claim, stop_heartbeat: Callable[[], None]) -> None:
         work_id, token = claim.work.work_id, claim.lease_token
         self.stats.current_work_id = work_id
         self.stats.executions += 1
-        beating = threading.Event()
-        # The heartbeat thread logs with this attempt's context (pack, WorkId) too.
-        heart = threading.Thread(
-            target=contextvars.copy_context().run, args=(self._heartbeat, work_id, token, beating), daemon=True
-        )
-        heart.start()
         try:
             inputs = _Members(self._source.load_inputs(work_id, token, self._page_size))
             self._flow(Generation(work=claim.work, inputs=iter(inputs)))
             if not inputs.exhausted():
                 raise IncompleteConsumption(f"flow returned before reading every input of {work_id}")
         except Exception as error:
-            beating.set()
-            heart.join()
+            stop_heartbeat()
             self.stats.failed_attempts += 1
             message = f"{type(error).__name__}: {error}"
             # A Flow's message may quote its inputs: it goes to LastError (GetWork), never to the log.
             log.warning("work %s failed with %s; GetWork shows its message", work_id, type(error).__name__)
             self._settle(lambda: self._source.fail(work_id, token, message))
         else:
-            beating.set()
-            heart.join()
+            stop_heartbeat()
             if self._settle(lambda: self._source.complete(work_id, token)):
                 self.stats.completed += 1
         finally:
@@ -168,13 +199,15 @@ class Worker:
     def run(self) -> None:
         """Claim and run work until ``run_until_drained`` (or ``stop``) is called."""
         while not self._stopping.is_set():
+            started = time.monotonic()
             try:
-                claimed = self.run_once()
+                claimed = self._claim_and_run(self._claim_wait)
             except Exception as error:  # the service may be away: keep polling
                 log.warning("claim failed: %s", error)
                 claimed = False
             if not claimed:
-                self._stopping.wait(self._poll_interval)
+                # A claim that waited for work paced this loop already; one answered at once did not.
+                self._stopping.wait(max(0.0, self._poll_interval.total_seconds() - (time.monotonic() - started)))
 
     def start(self) -> None:
         """Run in a background thread."""
@@ -182,11 +215,11 @@ class Worker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop claiming new work; the in-flight generation, if any, runs to its end."""
+        """Stop claiming new work; the in-flight claim and the generations it returned run to their end."""
         self._stopping.set()
 
     def run_until_drained(self, timeout: float | None = None) -> bool:
-        """Stop claiming and wait for the in-flight generation; True if it finished in time."""
+        """Stop claiming and wait for the in-flight claim and its generations; True if they finished in time."""
         self.stop()
         if self._thread is None:
             return True

@@ -19,6 +19,9 @@ Example file::
     work_type = "project-contacts"
     flow = "demo-contacts"          # or "package.module:factory"
     size = 4
+    batch_size = 4                  # generations per claim, run in turn by each worker
+    claim_wait_seconds = 1.0        # each claim waits this long for work when there is none
+    poll_interval_seconds = 0.2     # least time between two claims that both came back empty
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from nexuscrm_integration.errors import HostConfigError
 
 DEFAULT_LEASE_SECONDS = 30  # seconds
 DEFAULT_DRAIN_TIMEOUT = 30.0  # seconds
+DEFAULT_CLAIM_WAIT = 1.0  # seconds
+DEFAULT_POLL_INTERVAL = 0.2  # seconds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,7 +51,12 @@ class PoolConfig:
     ``pack_install_id`` and ``work_type``: the generations it claims. ``flow``: a Flow reference
     (see ``flows.resolve_flow``). ``size``: workers (each runs one generation at a time).
     ``lease_seconds``: claim lease, renewed by heartbeats every third of it. ``page_size``:
-    members per LoadInputs page (0: the service default).
+    members per LoadInputs page (0: the service default). ``batch_size``: generations a worker
+    claims at once and runs in turn (more: fewer claims, but a worker may hold work another
+    idle worker could run). ``claim_wait_seconds``: how long a claim waits in Connectors for
+    work when there is none; it answers as soon as it claimed some (0: answer at once; at most
+    Connectors' NEXUSCRM_MAX_CLAIM_WAIT_MS; a drain waits for a waiting claim too).
+    ``poll_interval_seconds``: the least time between two claims that both came back empty.
     """
 
     pack_install_id: str
@@ -55,16 +65,23 @@ class PoolConfig:
     size: int = 1
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     page_size: int = 0
+    batch_size: int = 1
+    claim_wait_seconds: float = DEFAULT_CLAIM_WAIT
+    poll_interval_seconds: float = DEFAULT_POLL_INTERVAL
 
     def __post_init__(self) -> None:
         for name in ("pack_install_id", "work_type", "flow"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise HostConfigError(f"pool {name} must be a non-empty string, got {value!r}", field=name)
-        for name, minimum in (("size", 1), ("lease_seconds", 1), ("page_size", 0)):
+        for name, minimum in (("size", 1), ("lease_seconds", 1), ("page_size", 0), ("batch_size", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < minimum:
                 raise HostConfigError(f"pool {name} must be an integer >= {minimum}, got {value!r}", field=name)
+        for name in ("claim_wait_seconds", "poll_interval_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise HostConfigError(f"pool {name} must be a number of seconds >= 0, got {value!r}", field=name)
 
     @property
     def name(self) -> str:

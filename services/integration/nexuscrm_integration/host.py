@@ -10,6 +10,7 @@ library (claim, heartbeat, LoadInputs of the complete member set, complete/fail)
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors.worker import Flow, Worker, WorkSource
 from nexuscrm_integration.activation import ActivationGrant
-from nexuscrm_integration.config import PoolConfig
+from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused, NotGranted
 from nexuscrm_integration.flows import FlowContext, resolve_flow
 
@@ -49,6 +50,9 @@ def standalone_worker(
     work_type: str,
     lease_seconds: int = 30,
     page_size: int = 0,
+    batch_size: int = 1,
+    claim_wait: dt.timedelta = dt.timedelta(seconds=DEFAULT_CLAIM_WAIT),
+    poll_interval: dt.timedelta = dt.timedelta(seconds=DEFAULT_POLL_INTERVAL),
 ) -> Worker:
     """One worker of one pack and work type, for library consumers that host it themselves.
 
@@ -68,6 +72,9 @@ def standalone_worker(
         work_types=[work_type],
         lease_seconds=lease_seconds,
         page_size=page_size,
+        batch_size=batch_size,
+        claim_wait=claim_wait,
+        poll_interval=poll_interval,
     )
 
 
@@ -112,6 +119,9 @@ class WorkerHost:
                     work_type=pool.work_type,
                     lease_seconds=pool.lease_seconds,
                     page_size=pool.page_size,
+                    batch_size=pool.batch_size,
+                    claim_wait=dt.timedelta(seconds=pool.claim_wait_seconds),
+                    poll_interval=dt.timedelta(seconds=pool.poll_interval_seconds),
                 )
                 self._members.append(_Member(pool=pool, worker=worker))
 

@@ -1,0 +1,133 @@
+"""In-process coordination of concurrent Claim calls: no two take the same rows, waiting for work.
+
+The Claim calls of one Connectors process run in parallel RPC handler threads. Left alone,
+they all read the same oldest candidates: all but one lose each compare-and-set, and the
+losers first wait for the winner's row locks. So a claim reserves the rows it is about to
+lease: it takes the oldest candidates that no other claim of this process has reserved.
+Reserved rows stay reserved until the claim's transaction has ended, and then for as long as
+a claim that began before that end is still running (its candidate read may predate the
+commit and still show the rows claimable). Claims of this process therefore never race for a
+row, and a lone claim takes exactly the oldest. Claims of other processes are not
+coordinated: the conditional UPDATE settles those races.
+
+A claim that found nothing may wait for work. ``notify`` (the facade calls it after this
+process admitted work or finished a generation, which may unblock its successor) wakes every
+waiting claim at once; work made claimable elsewhere (by another process, a retry coming due,
+an expired lease) is found by polling. At most ``max_waiters`` claims wait at once, so that
+waiting claims never hold every RPC handler thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+
+class Claimers:
+    """The reserved rows and the work signal of one process's claims; thread-safe."""
+
+    def __init__(self, max_waiters: int) -> None:
+        self._changed = threading.Condition()
+        self._version = 0  # bumped by every notify: a waiter compares it with what it saw
+        self._reservations = _Reservations()  # guarded by self._changed
+        self._waiters = threading.BoundedSemaphore(max_waiters)
+
+    def held(self) -> int:
+        """How many rows are reserved now: a candidate read skips at most that many."""
+        with self._changed:
+            return self._reservations.size()
+
+    @contextlib.contextmanager
+    def reserving(self) -> Iterator[Callable[[Sequence[str], int], list[str]]]:
+        """Yield ``take(work_ids, count)`` for one claim; its reservation ends with the block.
+
+        Enter the block before reading candidates and leave it after the claim's transaction
+        ended. ``take`` gives up what an earlier call of the same block reserved (a retried
+        transaction chooses again), then reserves and returns the first ``count`` of
+        ``work_ids`` that are not reserved for this claim.
+        """
+        with self._changed:
+            ticket = self._reservations.begin()
+        mine: set[str] = set()
+
+        def take(work_ids: Sequence[str], count: int) -> list[str]:
+            with self._changed:
+                return self._reservations.take(ticket, mine, work_ids, count)
+
+        try:
+            yield take
+        finally:
+            with self._changed:
+                self._reservations.end(ticket, mine)
+
+    def version(self) -> int:
+        """The signal's current version: read it before looking for work, pass it to ``wait``."""
+        with self._changed:
+            return self._version
+
+    def notify(self) -> None:
+        """Wake every waiting claim: work may have become claimable."""
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a ``notify`` after the version ``seen`` was read.
+
+        A notify between reading ``seen`` and this call is not lost: it returns at once.
+        Returns False at once, without waiting, when ``max_waiters`` claims are waiting already.
+        """
+        if not self._waiters.acquire(blocking=False):
+            return False
+        try:
+            with self._changed:
+                self._changed.wait_for(lambda: self._version != seen, timeout)
+        finally:
+            self._waiters.release()
+        return True
+
+
+class _Reservations:
+    """Reserved rows by WorkId; not thread-safe (``Claimers`` guards it).
+
+    Each claim gets a ticket when it begins, before it reads. A row is reserved while a claim
+    holds it (mark None); when that claim ends, the row keeps as its mark the last ticket
+    issued then, and stays reserved for claims with a ticket up to that mark: they began
+    before the end, so their reads may show the row claimable. It is forgotten once every such
+    claim has ended.
+    """
+
+    def __init__(self) -> None:
+        self._last_ticket = 0
+        self._running: set[int] = set()
+        self._rows: dict[str, int | None] = {}
+
+    def begin(self) -> int:
+        self._last_ticket += 1
+        self._running.add(self._last_ticket)
+        return self._last_ticket
+
+    def size(self) -> int:
+        return len(self._rows)
+
+    def take(self, ticket: int, mine: set[str], work_ids: Sequence[str], count: int) -> list[str]:
+        for work_id in mine:
+            del self._rows[work_id]
+        mine.clear()
+        chosen = [work_id for work_id in work_ids if not self._reserved(work_id, ticket)][:count]
+        mine.update(chosen)
+        self._rows.update(dict.fromkeys(chosen))
+        return chosen
+
+    def _reserved(self, work_id: str, ticket: int) -> bool:
+        if work_id not in self._rows:
+            return False
+        mark = self._rows[work_id]
+        return mark is None or ticket <= mark
+
+    def end(self, ticket: int, mine: set[str]) -> None:
+        self._rows.update(dict.fromkeys(mine, self._last_ticket))
+        self._running.discard(ticket)
+        oldest = min(self._running, default=self._last_ticket + 1)
+        self._rows = {work_id: mark for work_id, mark in self._rows.items() if mark is None or mark >= oldest}

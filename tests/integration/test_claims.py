@@ -1,0 +1,214 @@
+"""Claims on every backend: a constant statement count, reserved rows, refusals, waiting for work, batches."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors.models import Claim
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_connectors.worker import Generation, Worker
+from nexuscrm_schema_catalog.tables import Event, WorkItem
+from tests.integration.test_index_plans import capture
+from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.invariants import assert_invariants, check_invariants
+from tests.support.waiting import wait_until
+from workqueue import EventStatus, WorkStatus
+from workqueue.errors import InvalidArgument
+
+pytestmark = pytest.mark.database
+
+# What one Claim runs, whatever max_items: served packs, candidates, the lease UPDATE, the
+# re-read of the leased rows with their selected Events, the selected Events' UPDATE.
+CLAIM_STATEMENTS = ["SELECT", "SELECT", "UPDATE", "SELECT", "UPDATE"]
+LANES = 40
+
+
+def _finish(connectors: Connectors, claims: list[Claim]) -> None:
+    for claim in claims:
+        list(connectors.load_inputs(claim.work.work_id, claim.lease_token))
+        connectors.complete(claim.work.work_id, claim.lease_token)
+
+
+def _oldest_first(engine: sa.Engine, pack: str) -> list[str]:
+    """Pending WorkIds in the order claims read them (ClaimableAt, then index order)."""
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                sa.select(WorkItem.c.WorkId)
+                .where(WorkItem.c.PackInstallId == pack, WorkItem.c.Status == WorkStatus.PENDING)
+                .order_by(WorkItem.c.ClaimableAt)
+            ).scalars()
+        )
+
+
+@pytest.mark.parametrize("max_items", [1, 8])
+def test_a_claim_runs_the_same_few_statements_whatever_max_items(
+    engine: sa.Engine, connectors: Connectors, max_items: int
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(LANES)])
+    with capture(engine) as captured:
+        claims = connectors.claim("w", pack_install_ids=[pack], max_items=max_items)
+    statements = [c.statement.split()[0].upper() for c in captured if c.statement != "BEGIN IMMEDIATE"]
+    assert len(claims) == max_items
+    assert statements == CLAIM_STATEMENTS
+    _finish(connectors, claims)
+    assert_invariants(engine)
+
+
+def test_claims_of_one_process_never_choose_rows_another_has_reserved(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(6)])
+    oldest = _oldest_first(engine, pack)
+    with connectors.claimers.reserving() as take:  # another claim of this process is leasing the two oldest
+        assert take(oldest, 2) == oldest[:2]
+        concurrent = connectors.claim("w2", pack_install_ids=[pack], max_items=2)
+        with connectors.claimers.reserving() as late:  # began after that claim ended: it would read them leased
+            assert late(oldest, 6) == oldest[2:]
+    alone = connectors.claim("w1", pack_install_ids=[pack], max_items=2)
+    assert [c.work.work_id for c in concurrent] == oldest[2:4]
+    assert [c.work.work_id for c in alone] == oldest[0:2]  # the reservation ended unused: a lone claim takes the oldest
+    _finish(connectors, concurrent + alone)
+    assert_invariants(engine)
+
+
+def test_a_missing_selected_event_refuses_only_its_generation(
+    engine: sa.Engine, connectors: Connectors, caplog: pytest.LogCaptureFixture
+) -> None:
+    pack = install_pack(engine)
+    results = connectors.ingest(pack, [delivery(lane="a"), delivery(lane="b"), delivery(lane="b"), delivery(lane="c")])
+    damaged = results[1].work_id
+    selected = results[2].enqueue_ordinal
+    with engine.begin() as connection:
+        connection.execute(sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == selected))
+    claims = connectors.claim("w", pack_install_ids=[pack], max_items=3)
+    assert sorted(c.work.work_id for c in claims) == sorted([results[0].work_id, results[3].work_id])
+    assert f"not claiming {damaged}: its selected Event (ordinal {selected}) is missing" in caplog.text
+    work = connectors.get_work(str(damaged)).work
+    assert (work.status, work.attempt, work.lease_token) == (WorkStatus.PENDING, 0, None)
+    _finish(connectors, claims)
+    lost = (pack, results[2].receipt_key)
+    assert sorted(check_invariants(engine)) == [  # the damage, and nothing else
+        f"D: receipt {lost} is confirmed but has no Event (an acknowledged input was lost)",
+        f"P: {damaged} has no selected Event at its LaneOrdinal {selected}",
+    ]
+
+
+def test_an_expired_lease_is_reclaimed_in_the_same_statement_as_pending_work(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    first = connectors.ingest(pack, [delivery(lane="a")])[0]
+    expired = connectors.claim("w1", pack_install_ids=[pack], lease_seconds=5)[0]
+    clock.advance(6)
+    second = connectors.ingest(pack, [delivery(lane="b")])[0]
+    claims = connectors.claim("w2", pack_install_ids=[pack], max_items=2)
+    assert {(c.work.work_id, c.work.attempt) for c in claims} == {(first.work_id, 1), (second.work_id, 0)}
+    assert len({c.lease_token for c in claims} | {expired.lease_token}) == 2  # one fresh token for the claim
+    with engine.connect() as connection:
+        statuses = dict(connection.execute(sa.select(Event.c.EnqueueOrdinal, Event.c.Status)).all())
+    assert statuses == {first.enqueue_ordinal: EventStatus.PROCESSING, second.enqueue_ordinal: EventStatus.PROCESSING}
+    _finish(connectors, claims)
+    assert_invariants(engine)
+
+
+def test_wait_is_bounded_by_the_setting(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    limit = dt.timedelta(milliseconds=connectors.settings.max_claim_wait_ms)
+    for wait in (dt.timedelta(milliseconds=-1), limit + dt.timedelta(milliseconds=1)):
+        with pytest.raises(InvalidArgument, match="wait_ms"):
+            connectors.claim("w", pack_install_ids=[pack], wait=wait)
+    # Nothing claimable: a short wait ends with an empty answer.
+    assert connectors.claim("w", pack_install_ids=[pack], wait=dt.timedelta(milliseconds=20)) == []
+    assert_invariants(engine)
+
+
+@pytest.fixture
+def patient(engine: sa.Engine, clock: FakeClock) -> Connectors:
+    """Connectors whose waiting claims never poll: only this process's work can wake them."""
+    hour = 3_600_000  # milliseconds
+    return Connectors(engine, Settings(max_claim_wait_ms=hour, claim_poll_ms=hour), clock=clock)
+
+
+class _WaitingClaim:
+    """A claim that waits for work in a thread of its own."""
+
+    def __init__(self, connectors: Connectors, pack: str, engine: sa.Engine) -> None:
+        self._answer: list[Claim] = []
+        self._done = threading.Event()
+        with capture(engine) as captured:
+            threading.Thread(target=self._run, args=(connectors, pack), daemon=True).start()
+            wait_until(lambda: any("WorkItem" in c.statement for c in captured), "the claim's first look for work")
+
+    def _run(self, connectors: Connectors, pack: str) -> None:
+        self._answer = connectors.claim("waiting", pack_install_ids=[pack], max_items=4, wait=dt.timedelta(hours=1))
+        self._done.set()
+
+    def answer(self) -> list[Claim]:
+        """What the claim returned; empty until it returned."""
+        return self._answer if self._done.is_set() else []
+
+
+def test_a_waiting_claim_returns_as_soon_as_this_process_admits_work(engine: sa.Engine, patient: Connectors) -> None:
+    pack = install_pack(engine)
+    waiting = _WaitingClaim(patient, pack, engine)  # it found nothing and waits
+    admitted = patient.ingest(pack, [delivery(lane="a"), delivery(lane="b")])
+    claims = wait_until(waiting.answer, "the waiting claim to return the admitted work")
+    assert sorted(c.work.work_id for c in claims) == sorted(str(r.work_id) for r in admitted)
+    _finish(patient, claims)
+    assert_invariants(engine)
+
+
+def test_a_waiting_claim_is_woken_by_a_completion_that_unblocks_a_successor(
+    engine: sa.Engine, patient: Connectors
+) -> None:
+    pack = install_pack(engine)
+    patient.ingest(pack, [delivery(lane="a")])
+    running = patient.claim("w", pack_install_ids=[pack])[0]
+    successor = patient.ingest(pack, [delivery(lane="a")])[0]  # blocked behind the running generation
+    waiting = _WaitingClaim(patient, pack, engine)
+    _finish(patient, [running])
+    claims = wait_until(waiting.answer, "the waiting claim to return the unblocked successor")
+    assert [c.work.work_id for c in claims] == [successor.work_id]
+    _finish(patient, claims)
+    assert_invariants(engine)
+
+
+def test_a_worker_runs_a_batch_in_turn_and_keeps_the_waiting_leases(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    admitted = connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(3)])
+    ran: list[str] = []
+
+    def flow(generation: Generation) -> None:
+        list(generation.inputs)
+        if not ran:  # while the first runs, the two others wait their turn: their leases are renewed
+            clock.advance(0.5)  # less than the lease: the leases are still held
+            renewed = clock() + dt.timedelta(seconds=1)
+            wait_until(lambda: _lease_expiries(engine, pack).count(renewed) == 3, "every lease of the batch renewed")
+        ran.append(generation.work.work_id)
+
+    worker = Worker(connectors, flow, worker_id="w", pack_install_ids=[pack], lease_seconds=1, batch_size=3)
+    assert worker.run_once()
+    assert sorted(ran) == sorted(str(r.work_id) for r in admitted)
+    assert worker.stats.completed == 3 and not worker.run_once()
+    assert_invariants(engine)
+
+
+def _lease_expiries(engine: sa.Engine, pack: str) -> list[dt.datetime]:
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                sa.select(WorkItem.c.LeaseExpiresAt).where(
+                    WorkItem.c.PackInstallId == pack, WorkItem.c.Status == WorkStatus.PROCESSING
+                )
+            ).scalars()
+        )
