@@ -21,6 +21,7 @@ import datetime as dt
 import functools
 import logging
 import time
+import types
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -400,7 +401,7 @@ def complete(engine: Engine, clock: Clock, work_id: str, lease_token: str) -> Wo
         if queries.work_item_update_if(connection, work_id, expect, values) != 1:
             raise _lost(work_id)
         _finish(connection, row, EventStatus.PROCESSED, now)
-        return _reread(connection, work_id)
+        return _written(row, values)
 
     return run_transaction(engine, finish, name="complete")
 
@@ -434,12 +435,11 @@ def fail(
             raise _lost(work_id)
         if values["Status"] == WorkStatus.FAILED:
             _finish(connection, row, EventStatus.FAILED, now)
-        return _reread(connection, work_id)
+        return _written(row, values)
 
     return run_transaction(engine, record, name="fail")
 
 
-def _reread(connection: Connection, work_id: str) -> WorkItemRow:
-    row = queries.work_item_get(connection, work_id)
-    assert row is not None  # updated in this transaction
-    return WorkItemRow.from_row(row)
+def _written(row: DbRow, values: dict[str, Any]) -> WorkItemRow:
+    """The WorkItem as a compare-and-set left it: the row it read, with the values it wrote (no re-read)."""
+    return WorkItemRow.from_row(types.SimpleNamespace(**{**row._asdict(), **values}))
