@@ -88,9 +88,15 @@ def install_demo_pack(controlplane: grpc.Channel, namespace: str) -> str:
     return pack_install_id
 
 
-def demo_pools(pack_install_id: str, workers: int, flow: str = demo.FLOW_NAME) -> str:
+def demo_pools(pack_install_id: str, workers: int, flow: str = demo.FLOW_NAME, batch_size: int = 1) -> str:
     """NEXUSCRM_INTEGRATION_POOLS for ``flow`` (default: the demo Flow) on ``pack_install_id``."""
-    pool = {"pack_install_id": pack_install_id, "work_type": demo.WORK_TYPE, "flow": flow, "size": workers}
+    pool = {
+        "pack_install_id": pack_install_id,
+        "work_type": demo.WORK_TYPE,
+        "flow": flow,
+        "size": workers,
+        "batch_size": batch_size,
+    }
     return json.dumps([pool])
 
 
@@ -102,9 +108,11 @@ def start_host(
     env: dict[str, str],
     workers: int,
     flow: str = demo.FLOW_NAME,
+    batch_size: int = 1,
 ) -> ServiceProcess:
     """Start the Integration host serving ``flow`` on the pack, wired to the ``core`` services."""
-    host_env = {**env, **target_env(core), "NEXUSCRM_INTEGRATION_POOLS": demo_pools(pack_install_id, workers, flow)}
+    pools = demo_pools(pack_install_id, workers, flow, batch_size)
+    host_env = {**env, **target_env(core), "NEXUSCRM_INTEGRATION_POOLS": pools}
     return start_services((INTEGRATION,), env=host_env, workdir=workdir)[0]
 
 
@@ -115,6 +123,7 @@ def start_system(
     namespace: str,
     workers: int,
     flow: str = demo.FLOW_NAME,
+    batch_size: int = 1,
     extra_env: dict[str, str] | None = None,
 ) -> tuple[list[ServiceProcess], str]:
     """Start the services, install and activate a demo pack, then start the host serving it.
@@ -128,7 +137,9 @@ def start_system(
         controlplane = next(s for s in services if s.spec is CONTROLPLANE)
         with controlplane.channel() as channel:
             pack_install_id = install_demo_pack(channel, namespace)
-        services.append(start_host(services, pack_install_id, workdir, env=env, workers=workers, flow=flow))
+        services.append(
+            start_host(services, pack_install_id, workdir, env=env, workers=workers, flow=flow, batch_size=batch_size)
+        )
     except BaseException:
         stop_services(services)
         raise
