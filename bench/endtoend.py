@@ -35,7 +35,7 @@ from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 NAMESPACE = "bench-peer"
 # Generations per claim of each worker (the pool's batch_size): how a team tunes the host for
 # many small generations, as the peer runs one worker process with concurrency 4. Measured
-# side by side on MariaDB: 4 gave 8-11 % more inputs/s than 1 (docs/performance.md).
+# side by side on MariaDB: 4 gave 9-11 % more inputs/s than 1 (docs/performance.md).
 CLAIM_BATCH = 4
 
 
