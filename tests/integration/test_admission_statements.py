@@ -24,9 +24,10 @@ from tests.support.invariants import assert_invariants
 pytestmark = pytest.mark.database
 
 # The most statements one Ingest call may run: pack lock, fence, protocol row, receipts,
-# Events with their covering generations, covering generations, ordinals, Events, newest seek,
-# newest lock, extension, new generations, new receipts, two receipt verdict updates.
-ADMISSION_STATEMENT_BOUND = 15
+# Events of the keys, covering seeks, covering generations, ordinals, Events, newest seek,
+# newest lock, extension, new generations, receipts of the new Events, new receipts of
+# duplicates, two receipt verdict updates.
+ADMISSION_STATEMENT_BOUND = 17
 SIZES = (4, 400)  # deliveries per batch: two per identity
 
 

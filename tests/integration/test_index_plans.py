@@ -213,6 +213,9 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         # Connectors: admission, duplicate verification, claim, payload reads, materializer.
         "receipts_get": lambda c: queries.receipts_get(c, pack, ["n-1-1", "n-2-2"]),
         "events_by_receipt": lambda c: queries.events_by_receipt(c, pack, ["n-1-1", "h-7"]),
+        "work_items_covering": lambda c: queries.work_items_covering(
+            c, pack, queries.events_by_receipt(c, pack, ["n-1-1", "h-7", "h-8"])
+        ),
         # Every Event of the range already has its receipt: the copy inserts nothing, and EXPLAIN reads its plan.
         "receipts_insert_admitted": lambda c: queries.receipts_insert_admitted(
             c, pack, range(seeded.start, seeded.end + 1), now

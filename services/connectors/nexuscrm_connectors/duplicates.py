@@ -25,19 +25,14 @@ def verify_duplicates(
 ) -> dict[str, IngestResult]:
     """Classify deliveries whose receipt keys already have Events; results by receipt key.
 
-    ``events`` maps receipt keys to rows of ``queries.events_by_receipt`` (EnqueueOrdinal,
-    ProjectionKey, CoveringWorkId). One primary-key read of the candidate generations, however
-    many duplicates there are.
+    ``events`` maps receipt keys to rows of ``queries.events_by_receipt``. Two statements
+    however many duplicates there are: the candidate covering generations
+    (``queries.work_items_covering``), then those generations by primary key.
     """
-    candidates = queries.work_items_get(
-        connection,
-        {
-            event.CoveringWorkId
-            for event in events.values()
-            if event.EnqueueOrdinal > protocol.legacy_max_ordinal and event.CoveringWorkId is not None
-        },
-    )
-    return {key: _verdict(protocol, key, event, candidates.get(event.CoveringWorkId)) for key, event in events.items()}
+    above = {key: event for key, event in events.items() if event.EnqueueOrdinal > protocol.legacy_max_ordinal}
+    covering = queries.work_items_covering(connection, protocol.pack_install_id, above)
+    candidates = queries.work_items_get(connection, set(covering.values()))
+    return {key: _verdict(protocol, key, event, candidates.get(covering.get(key, ""))) for key, event in events.items()}
 
 
 def _verdict(protocol: Protocol, receipt_key: str, event: DbRow, candidate: DbRow | None) -> IngestResult:

@@ -166,32 +166,82 @@ def receipt_get(connection: Connection, pack_install_id: str, receipt_key: str) 
 
 
 def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
-    """Events already admitted for ``keys`` (uq_event_receipt), each with the generation that may cover it.
-
-    ``CoveringWorkId`` is the first generation of the Event's identity whose LaneOrdinal is at
-    or above its ordinal (one correlated seek of ix_workitem_projection_order per Event):
-    generations of one identity never overlap, so that is the only one whose range can hold
-    the input. The caller checks its lower bound (``work_items_get``). One statement for the
-    whole batch, whatever its number of duplicates.
-    """
-    covering = (
-        sa.select(WorkItem.c.WorkId)
-        .where(
-            WorkItem.c.PackInstallId == Event.c.PackInstallId,
-            WorkItem.c.ProjectionKey == Event.c.ProjectionKey,
-            WorkItem.c.LaneOrdinal >= Event.c.EnqueueOrdinal,
-        )
-        .order_by(WorkItem.c.LaneOrdinal)
-        .limit(1)
-        .correlate(Event)
-        .scalar_subquery()
-    )
+    """Events already admitted for ``keys`` (uq_event_receipt): ReceiptKey, EnqueueOrdinal, ProjectionKey."""
     rows = connection.execute(
-        sa.select(
-            Event.c.ReceiptKey, Event.c.EnqueueOrdinal, Event.c.ProjectionKey, covering.label("CoveringWorkId")
-        ).where(Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys))
+        sa.select(Event.c.ReceiptKey, Event.c.EnqueueOrdinal, Event.c.ProjectionKey).where(
+            Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys)
+        )
     )
     return {row.ReceiptKey: row for row in rows}
+
+
+# Per Event of the given receipt keys, the first generation of its identity ending at or above
+# its ordinal: a correlated top-of-range seek of ix_workitem_projection_order (SQLite).
+_COVERING_CORRELATED = sa.select(
+    Event.c.ReceiptKey,
+    sa.select(WorkItem.c.WorkId)
+    .where(
+        WorkItem.c.PackInstallId == Event.c.PackInstallId,
+        WorkItem.c.ProjectionKey == Event.c.ProjectionKey,
+        WorkItem.c.LaneOrdinal >= Event.c.EnqueueOrdinal,
+    )
+    .order_by(WorkItem.c.LaneOrdinal)
+    .limit(1)
+    .correlate(Event)
+    .scalar_subquery()
+    .label("WorkId"),
+).where(
+    Event.c.PackInstallId == sa.bindparam("pack_install_id"),
+    Event.c.ReceiptKey.in_(sa.bindparam("keys", expanding=True)),
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _covering_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
+    """UNION ALL of ``size`` parameterized covering seeks (MySQL protocol); built once per size.
+
+    Parameters: ``pack_install_id`` and ``key_<n>`` / ``identity_<n>`` / ``ordinal_<n>``.
+    """
+    return sa.union_all(
+        *(
+            sa.select(sa.bindparam(f"key_{n}", type_=sa.String()).label("ReceiptKey"), WorkItem.c.WorkId)
+            .where(
+                WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
+                WorkItem.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
+                WorkItem.c.LaneOrdinal >= sa.bindparam(f"ordinal_{n}"),
+            )
+            .order_by(WorkItem.c.LaneOrdinal)
+            .limit(1)
+            for n in range(size)
+        )
+    )
+
+
+def work_items_covering(connection: Connection, pack_install_id: str, events: Mapping[str, DbRow]) -> dict[str, str]:
+    """The candidate covering generation of each admitted input: receipt key -> WorkId, one statement.
+
+    ``events`` maps receipt keys to their Events (``events_by_receipt``). The candidate is the
+    first generation of the Event's identity whose LaneOrdinal is at or above its ordinal:
+    generations of one identity never overlap, so it is the only one whose range can hold
+    the input, and the caller checks its lower bound. One index seek per input, whatever the
+    retained history. SQLite plans the correlated form's range per Event; MariaDB does not (it
+    reads the identity's generations from the first, so the cost grew with history), so
+    MySQL-protocol servers get one UNION ALL of seeks with the ordinals as parameters, padded
+    to a power of two by repeating the last input (a few cached statements serve every size).
+    """
+    if not events:
+        return {}
+    if connection.dialect.name == "sqlite":
+        rows = connection.execute(_COVERING_CORRELATED, {"pack_install_id": pack_install_id, "keys": list(events)})
+    else:
+        inputs = list(events.items())
+        size = 1 << (len(inputs) - 1).bit_length()
+        inputs += inputs[-1:] * (size - len(inputs))
+        parameters: dict[str, Any] = {"pack_install_id": pack_install_id}
+        for n, (key, event) in enumerate(inputs):
+            parameters |= {f"key_{n}": key, f"identity_{n}": event.ProjectionKey, f"ordinal_{n}": event.EnqueueOrdinal}
+        rows = connection.execute(_covering_seeks(size), parameters)
+    return {row.ReceiptKey: row.WorkId for row in rows if row.WorkId is not None}
 
 
 def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
