@@ -269,7 +269,7 @@ def _record_receipts(
     acknowledged; after it, a retried delivery finds the Event and takes the duplicate path.
     """
     new_rows: list[dict[str, Any]] = []
-    verdicts: dict[ReceiptState, list[str]] = {ReceiptState.CONFIRMED: [], ReceiptState.COVERAGE_MISSING: []}
+    verdicts: dict[ReceiptState, list[str]] = {state: [] for state in queries.RECEIPT_VERDICT_FROM}
     for delivery in accepted:
         key = delivery.item.receipt_key
         outcome = results[key].outcome
@@ -277,20 +277,13 @@ def _record_receipts(
         if key not in stored:
             if outcome is not Outcome.ADMITTED:
                 new_rows.append(receipt_row(pack_install_id, delivery, now, state=state))
-        elif state in verdicts and stored[key].State in _MOVES_TO[state]:
+        elif state in verdicts and stored[key].State in queries.RECEIPT_VERDICT_FROM[state]:
             verdicts[state].append(key)
     queries.receipts_insert(connection, new_rows)
     if admitted:
         queries.receipts_insert_admitted(connection, pack_install_id, admitted, now)
     for state, keys in verdicts.items():
         queries.receipts_set_state(connection, pack_install_id, keys, state, now)
-
-
-# The stored states a receipt leaves for each verdict (``queries.receipts_set_state``).
-_MOVES_TO = {
-    ReceiptState.CONFIRMED: {ReceiptState.STORED},
-    ReceiptState.COVERAGE_MISSING: {ReceiptState.STORED, ReceiptState.CONFIRMED},
-}
 
 
 def _receipt_state(outcome: Outcome) -> ReceiptState:

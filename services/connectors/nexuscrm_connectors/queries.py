@@ -104,6 +104,15 @@ def receipts_insert_admitted(connection: Connection, pack_install_id: str, ordin
     ).rowcount
 
 
+# The states a verdict moves a receipt from: a confirmation applies to stored receipts only;
+# coverage missing applies over a confirmation too (a confirmed input whose generation has
+# since gone missing must become visible to operators) and is never left.
+RECEIPT_VERDICT_FROM: dict[ReceiptState, tuple[ReceiptState, ...]] = {
+    ReceiptState.CONFIRMED: (ReceiptState.STORED,),
+    ReceiptState.COVERAGE_MISSING: (ReceiptState.STORED, ReceiptState.CONFIRMED),
+}
+
+
 def receipts_set_state(
     connection: Connection,
     pack_install_id: str,
@@ -111,12 +120,10 @@ def receipts_set_state(
     state: ReceiptState,
     now: dt.datetime,
 ) -> int:
-    """Record the verdict on receipts after the admission commit.
+    """Record a verdict (CONFIRMED or COVERAGE_MISSING) on receipts in ``RECEIPT_VERDICT_FROM[state]``.
 
-    CONFIRMED applies to stored receipts only. COVERAGE_MISSING applies whatever the state:
-    a confirmed input whose generation has since gone missing must become visible to
-    operators, and nothing ever moves a receipt out of COVERAGE_MISSING. Both verdicts are
-    about an input that has an Event, so the receipt's payload copy is dropped.
+    Both verdicts are about an input that has an Event, so the receipt's payload copy is
+    dropped. Returns how many receipts moved.
     """
     if not keys:
         return 0
@@ -124,11 +131,13 @@ def receipts_set_state(
     values: dict[str, Any] = {"State": state, "Payload": ADMITTED_RECEIPT_PAYLOAD}
     if state is ReceiptState.CONFIRMED:
         values["ConfirmedAt"] = now
-    expected = ReceiptState.STORED if state is ReceiptState.CONFIRMED else None
-    condition = IngressReceipt.c.State == expected if expected else IngressReceipt.c.State != state
     return connection.execute(
         sa.update(IngressReceipt)
-        .where(IngressReceipt.c.PackInstallId == pack_install_id, IngressReceipt.c.ReceiptKey.in_(keys), condition)
+        .where(
+            IngressReceipt.c.PackInstallId == pack_install_id,
+            IngressReceipt.c.ReceiptKey.in_(keys),
+            IngressReceipt.c.State.in_(RECEIPT_VERDICT_FROM[state]),
+        )
         .values(**values)
     ).rowcount
 
