@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := protos/python libs/workqueue libs/runtime services/schema_catalog services/controlplane services/connectors services/integration
+PACKAGES := protos/python libs/workqueue libs/runtime libs/schema libs/connectors_sdk services/schema_catalog services/controlplane services/connectors services/integration tools
 STAMP := $(VENV)/.setup-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
@@ -53,7 +53,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 typecheck: setup
-	$(BIN)/mypy libs services tests bench protos/generate.py
+	$(BIN)/mypy libs services tools tests bench protos/generate.py
 
 fmt: setup
 	$(BIN)/ruff format .

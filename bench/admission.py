@@ -29,13 +29,13 @@ from bench import seed
 from bench.environment import Backend, Report, scratch_database, verdict
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.admission import Delivery, payload_hash, receipt_row
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.models import IngestItem, IngestResult, Outcome
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_integration.launcher import CONNECTORS, SCHEMA_CATALOG, start_services, stop_services
 from nexuscrm_runtime.database import create_engine
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools.launcher import CONNECTORS, SCHEMA_CATALOG, start_services, stop_services
 from tests.support.factories import START, install_pack
 from workqueue import ReceiptState
+from workqueue.values import IngestItem, IngestResult, Outcome
 
 BATCH = 500  # deliveries per batch
 IDENTITIES = 400  # projection identities the batches spread over

@@ -1,6 +1,6 @@
 """Our side of the "peer" section: the lane-sum projection end to end through the real services.
 
-``nexuscrm_integration.run.start_system`` starts the schema catalog, Controlplane and
+``nexuscrm_tools.run.start_system`` starts the schema catalog, Controlplane and
 Connectors as processes, installs and activates a pack through Controlplane, then starts the
 Integration host with 4 workers (claiming up to 4 generations each) running
 ``bench.laneflow:lane_sum_flow`` (a ``module:function`` Flow reference, resolved by the host
@@ -22,15 +22,15 @@ import sqlalchemy as sa
 from bench.environment import Backend, scratch_database
 from bench.laneflow import FLOW_REFERENCE, BenchLaneApplied, BenchLaneSum
 from bench.lanesum import WORKERS, Outcome, deliver, lanes_of, sum_problems, wait_until
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.invariants import check_invariants
-from nexuscrm_connectors.models import IngestItem
-from nexuscrm_connectors.models import Outcome as IngestOutcome
-from nexuscrm_integration import run as system
-from nexuscrm_integration.launcher import CONNECTORS, INTEGRATION, ServiceProcess, stop_services
 from nexuscrm_runtime.database import create_engine
-from nexuscrm_schema_catalog.tables import Event, WorkItem
+from nexuscrm_schema.tables import Event, WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools import run as system
+from nexuscrm_tools.invariants import check_invariants
+from nexuscrm_tools.launcher import CONNECTORS, INTEGRATION, ServiceProcess, stop_services
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+from workqueue.values import IngestItem
+from workqueue.values import Outcome as IngestOutcome
 
 NAMESPACE = "bench-peer"
 # Generations per claim of each worker (the pool's batch_size): how a team tunes the host for

@@ -16,10 +16,10 @@ from rich.progress import Progress, TaskID
 
 from bench import seed
 from bench.environment import Backend, Report, Timings, scratch_database, timed, verdict
-from nexuscrm_connectors.models import Claim, IngestItem, Outcome
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import install_pack, route
+from workqueue.values import Claim, IngestItem, Outcome
 
 BATCH = 500  # deliveries per admission batch
 IDENTITIES = 400  # identities of the history and of the batches

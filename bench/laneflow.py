@@ -24,10 +24,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors.worker import Flow, Generation
-from nexuscrm_integration.flows import FlowContext
 from nexuscrm_runtime.database import run_transaction
-from nexuscrm_schema_catalog.tables import MYSQL_TABLE_OPTIONS, PACK_ID_LENGTH
+from nexuscrm_schema.tables import MYSQL_TABLE_OPTIONS, PACK_ID_LENGTH
+from nexuscrm_sdk.flows import FlowContext
+from nexuscrm_sdk.worker import Flow, Generation
 from workqueue.identity import FIELD_MAX_LENGTHS, decode_projection_key
 
 FLOW_REFERENCE = "bench.laneflow:lane_sum_flow"  # how the host's pool configuration names this Flow

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from bench.laneflow import input_value
-from nexuscrm_connectors.models import IngestItem
-from nexuscrm_integration.run import percentile
-from nexuscrm_integration.simulator import Delivery, WorkloadConfig, workload
+from nexuscrm_tools.run import percentile
+from nexuscrm_tools.simulator import Delivery, WorkloadConfig, workload
+from workqueue.values import IngestItem
 
 LANES = 400  # source lanes of the simulator's walking workload
 WORKERS = 4  # Flow workers (ours) and concurrent jobs (the peer)

@@ -41,7 +41,7 @@ from procrastinate.job_context import JobContext
 from psycopg import sql
 
 from bench.lanesum import WORKERS, Outcome, deliver, lanes_of, sum_problems, wait_until
-from nexuscrm_connectors.models import IngestItem
+from workqueue.values import IngestItem
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"  # NEXUSCRM_BENCH_PG_DSN overrides
 DSN_VARIABLE = "NEXUSCRM_BENCH_PEER_DSN"  # the scratch database the worker process connects to

@@ -18,10 +18,10 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.admission import generation_row, payload_hash
-from nexuscrm_connectors.models import IngestItem
-from nexuscrm_schema_catalog.tables import PackInstall
+from nexuscrm_schema.tables import PackInstall
 from tests.support.factories import START, route
 from workqueue import EventStatus, WorkStatus
+from workqueue.values import IngestItem
 
 PAYLOAD_BYTES = 200  # bytes per delivery payload
 CHUNK = 5000  # rows per bulk INSERT transaction

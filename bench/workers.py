@@ -28,15 +28,15 @@ import sqlalchemy as sa
 from bench import seed
 from bench.environment import Backend, Report, scratch_database
 from nexuscrm_connectors import admission
-from nexuscrm_connectors.models import IngestItem
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_connectors.worker import Generation, Worker
-from nexuscrm_integration.simulator import WorkloadConfig, workload
 from nexuscrm_runtime.database import create_engine
-from nexuscrm_schema_catalog.tables import Event, WorkItem
+from nexuscrm_schema.tables import Event, WorkItem
+from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_tools.simulator import WorkloadConfig, workload
 from tests.support.factories import install_pack
 from tests.support.invariants import check_invariants
 from workqueue import WorkStatus
+from workqueue.values import IngestItem
 
 WORKER_COUNTS = (1, 4, 16)
 POLL_INTERVAL = dt.timedelta(milliseconds=100)  # between empty claims of an idle worker

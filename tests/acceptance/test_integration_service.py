@@ -21,9 +21,14 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_integration import cli, demo, queries
-from nexuscrm_integration.launcher import (
+from nexuscrm_integration.main import EXIT_REFUSED
+from nexuscrm_runtime.database import create_engine
+from nexuscrm_schema.tables import WorkItem
+from nexuscrm_schema_catalog import migrations
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools import cli, demo
+from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.launcher import (
     CONNECTORS,
     CONTROLPLANE,
     INTEGRATION,
@@ -36,12 +41,8 @@ from nexuscrm_integration.launcher import (
     stop_services,
     target_env,
 )
-from nexuscrm_integration.main import EXIT_REFUSED
-from nexuscrm_integration.run import demo_pools, run_demo, settled, start_host, start_system
-from nexuscrm_integration.simulator import Simulator, WorkloadConfig, workload
-from nexuscrm_runtime.database import create_engine
-from nexuscrm_schema_catalog import migrations
-from nexuscrm_schema_catalog.tables import WorkItem
+from nexuscrm_tools.run import demo_pools, run_demo, settled, start_host, start_system
+from nexuscrm_tools.simulator import Simulator, WorkloadConfig, workload
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import DEADLINE, wait_until
 from workqueue import WorkStatus

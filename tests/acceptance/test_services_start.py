@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2, schema_catalog_pb2_grpc
-from nexuscrm_integration.launcher import ALL_SERVICES, health_status, start_services, stop_services
+from nexuscrm_tools.launcher import ALL_SERVICES, health_status, start_services, stop_services
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_connectors.models import IngestItem, Route
 from nexuscrm_controlplane import cutover, fences, lifecycle
 from nexuscrm_runtime.clock import utcnow
 from tests.support.checksums import Checksums, database_checksums
+from workqueue.values import IngestItem, Route
 
 NAMESPACE = "acme"
 HISTORY_TABLES = ("Event", "WorkItem")

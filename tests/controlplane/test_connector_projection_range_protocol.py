@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from nexuscrm_connectors.legacy import RETRY_SECONDS, LegacyRuntime
 from nexuscrm_controlplane import audit, cutover, fences
 from nexuscrm_controlplane.audit import Rule
-from nexuscrm_controlplane.cli import EXIT_OK
 from nexuscrm_controlplane.cutover import Outcome
+from nexuscrm_schema.tables import Event, PackInstall, WorkItem
 from nexuscrm_schema_catalog import migrations
-from nexuscrm_schema_catalog.tables import Event, PackInstall, WorkItem
+from nexuscrm_tools.runbook import EXIT_OK
 from tests.controlplane.history import (
     NAMESPACE,
     FakeClock,

@@ -9,8 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_controlplane import cli
-from nexuscrm_schema_catalog.tables import PackInstall
+from nexuscrm_schema.tables import PackInstall
+from nexuscrm_tools import runbook as cli
 from tests.controlplane.history import (
     FakeClock,
     arm,

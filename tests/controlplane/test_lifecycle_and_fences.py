@@ -8,10 +8,9 @@ import sqlalchemy as sa
 from nexuscrm_connectors import packs
 from nexuscrm_connectors.errors import LegacyRefused
 from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_connectors.models import Outcome
 from nexuscrm_controlplane import drain, fences, lifecycle
 from nexuscrm_controlplane.errors import PackHasHistory, UnknownFence, UnknownPack
-from nexuscrm_schema_catalog.tables import Event, IngressReceipt
+from nexuscrm_schema.tables import Event, IngressReceipt
 from tests.controlplane.history import (
     NAMESPACE,
     FakeClock,
@@ -24,6 +23,7 @@ from tests.controlplane.history import (
 )
 from workqueue import ReceiptState
 from workqueue.errors import InvalidArgument
+from workqueue.values import Outcome
 
 pytestmark = pytest.mark.database
 

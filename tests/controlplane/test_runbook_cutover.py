@@ -12,13 +12,13 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import LegacyRefused
 from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_connectors.models import Outcome
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane.cutover import Outcome as CutoverOutcome
+from nexuscrm_schema.tables import WorkItem
 from nexuscrm_schema_catalog import migrations
-from nexuscrm_schema_catalog.tables import WorkItem
 from tests.controlplane.history import FakeClock, arm, cut, install, items, run_old_workers
+from workqueue.values import Outcome
 
 pytestmark = pytest.mark.database
 

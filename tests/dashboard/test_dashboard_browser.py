@@ -25,9 +25,10 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.models import IngestItem, Outcome, Route
-from nexuscrm_integration.launcher import (
+from nexuscrm_runtime.database import create_engine
+from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools.launcher import (
     CONNECTORS,
     CONTROLPLANE,
     SCHEMA_CATALOG,
@@ -36,13 +37,12 @@ from nexuscrm_integration.launcher import (
     stop_services,
     target_env,
 )
-from nexuscrm_integration.run import install_demo_pack
-from nexuscrm_integration.simulator import Simulator, WorkloadConfig
-from nexuscrm_runtime.database import create_engine
-from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from nexuscrm_tools.run import install_demo_pack
+from nexuscrm_tools.simulator import Simulator, WorkloadConfig
 from tests.dashboard.browser import ARTIFACTS, browser_session, console_errors
 from tests.support.waiting import wait_until
 from workqueue import decode_projection_key
+from workqueue.values import IngestItem, Outcome, Route
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database, pytest.mark.browser]
 

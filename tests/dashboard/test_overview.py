@@ -12,15 +12,15 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.models import Outcome
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import fences
 from nexuscrm_controlplane.dashboard import overview
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
-from nexuscrm_schema_catalog.tables import WorkItem
+from nexuscrm_schema.tables import WorkItem
 from tests.support.factories import FakeClock, delivery, install_pack
 from workqueue import decode_projection_key
 from workqueue.errors import InvalidArgument
+from workqueue.values import Outcome
 
 pytestmark = pytest.mark.database
 

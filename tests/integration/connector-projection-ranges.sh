@@ -20,7 +20,7 @@ step "buf lint"
 step "ruff"
 "$BIN/ruff" check . && "$BIN/ruff" format --check . || exit 1
 step "mypy"
-"$BIN/mypy" libs services tests bench protos/generate.py || exit 1
+"$BIN/mypy" libs services tools tests bench protos/generate.py || exit 1
 
 step "pytest"
 "$BIN/pytest" "$@"

@@ -10,12 +10,12 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from nexuscrm_connectors import admission
-from nexuscrm_connectors.models import IngestResult, Outcome
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
+from workqueue.values import IngestResult, Outcome
 
 pytestmark = pytest.mark.database
 

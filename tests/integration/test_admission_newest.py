@@ -16,12 +16,12 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors import queries
-from nexuscrm_connectors.models import Claim, Outcome
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import WorkStatus
+from workqueue.values import Claim, Outcome
 
 pytestmark = pytest.mark.database
 

@@ -16,10 +16,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from nexuscrm_connectors.models import IngestItem, Outcome
 from nexuscrm_connectors.service import Connectors
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
+from workqueue.values import IngestItem, Outcome
 
 pytestmark = pytest.mark.database
 

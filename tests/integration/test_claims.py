@@ -8,17 +8,17 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.models import Claim
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_connectors.worker import Generation, Worker
-from nexuscrm_schema_catalog.tables import Event, WorkItem
+from nexuscrm_schema.tables import Event, WorkItem
+from nexuscrm_sdk.worker import Generation, Worker
 from tests.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants
 from tests.support.waiting import wait_until
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
+from workqueue.values import Claim
 
 pytestmark = pytest.mark.database
 

@@ -11,17 +11,19 @@ from typing import cast
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.models import InputRow
-from nexuscrm_connectors.worker import WorkSource
-from nexuscrm_integration import demo, queries
 from nexuscrm_integration.activation import ActivationGrant, check_activation, wait_for_activation
 from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, HostConfig, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused, FlowNotFound, HostConfigError, NotGranted
-from nexuscrm_integration.flows import FlowContext, resolve_flow
+from nexuscrm_integration.flows import resolve_flow
 from nexuscrm_integration.host import WorkerHost, standalone_worker
-from nexuscrm_integration.simulator import WorkloadConfig, workload
+from nexuscrm_sdk.flows import FlowContext
+from nexuscrm_sdk.worker import WorkSource
+from nexuscrm_tools import demo
+from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.simulator import WorkloadConfig, workload
 from tests.support.factories import install_pack
 from tests.support.invariants import assert_invariants
+from workqueue.values import InputRow
 
 
 class FakeSchema:
@@ -118,11 +120,11 @@ def test_host_config_from_file_and_environment(tmp_path: Path) -> None:
 
 def test_flows_resolve_by_entry_point_or_module_function() -> None:
     assert resolve_flow(demo.FLOW_NAME) is demo.contact_projection
-    assert resolve_flow("nexuscrm_integration.demo:contact_projection") is demo.contact_projection
+    assert resolve_flow("nexuscrm_tools.demo:contact_projection") is demo.contact_projection
     with pytest.raises(FlowNotFound):
         resolve_flow("no-such-flow")
     with pytest.raises(FlowNotFound):
-        resolve_flow("nexuscrm_integration.demo:no_such_factory")
+        resolve_flow("nexuscrm_tools.demo:no_such_factory")
 
 
 @pytest.mark.database

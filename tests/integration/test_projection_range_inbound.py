@@ -16,15 +16,15 @@ from grpc_status import rpc_status
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.models import Outcome
-from nexuscrm_connectors.worker import Generation, Worker
-from nexuscrm_integration.launcher import CONNECTORS, SCHEMA_CATALOG, ServiceProcess, start_services, stop_services
 from nexuscrm_runtime.database import create_engine
-from nexuscrm_schema_catalog.tables import WorkItem
+from nexuscrm_schema.tables import WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_tools.launcher import CONNECTORS, SCHEMA_CATALOG, ServiceProcess, start_services, stop_services
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import WorkStatus
+from workqueue.values import Outcome
 
 pytestmark = [pytest.mark.database, pytest.mark.acceptance]
 

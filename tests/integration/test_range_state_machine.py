@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused
-from nexuscrm_connectors.models import Claim, IngestItem, Outcome
 from nexuscrm_connectors.service import Connectors
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import bounds_violations, check_invariants, generation_bounds
 from workqueue.statuses import TERMINAL_WORK_STATUSES
+from workqueue.values import Claim, IngestItem, Outcome
 
 pytestmark = pytest.mark.database
 

@@ -8,7 +8,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from nexuscrm_schema_catalog import catalog, migrations, tables
+from nexuscrm_schema import tables, verification
+from nexuscrm_schema_catalog import migrations
 from tests.support.checksums import row_checksums
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, 678901)
@@ -82,14 +83,14 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
 
 
 def test_verify_schema_lists_what_v1_lacks_and_nothing_on_v2(empty_engine: sa.Engine) -> None:
-    assert set(catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION)) == set(tables.metadata.tables)
+    assert set(verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)) == set(tables.metadata.tables)
     migrations.apply_schema(empty_engine, 1)
-    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == [
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
         "WorkItem.InputStartOrdinal",
         "_System_ConnectorProjectionProtocol",
     ]
     migrations.apply_schema(empty_engine)
-    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == []
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == []
 
 
 def test_a_schema_without_replay_of_work_id_is_incomplete(empty_engine: sa.Engine) -> None:
@@ -98,7 +99,7 @@ def test_a_schema_without_replay_of_work_id_is_incomplete(empty_engine: sa.Engin
         index = next(i for i in tables.WorkItem.indexes if i.name == "ix_workitem_replay_of")
         connection.execute(sa.schema.DropIndex(index))
         connection.exec_driver_sql("ALTER TABLE WorkItem DROP COLUMN ReplayOfWorkId")
-    assert catalog.verify_schema(empty_engine, catalog.NATIVE_PROJECTION) == [
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
         "WorkItem.ReplayOfWorkId",
         "WorkItem(ix_workitem_replay_of)",
     ]
@@ -114,7 +115,7 @@ def test_migrating_from_empty_equals_the_metadata(empty_engine: sa.Engine) -> No
 
 def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
     assert migrations.apply_schema(empty_engine)[2] == ["v1_pre_upgrade_schema", "v2_projection_input_ranges"]
-    described = catalog.describe_schema(empty_engine)
+    described = verification.describe_schema(empty_engine)
     assert migrations.apply_schema(empty_engine) == (2, 2, [])
-    assert catalog.describe_schema(empty_engine) == described
+    assert verification.describe_schema(empty_engine) == described
     assert described.version == described.newest_version == 2

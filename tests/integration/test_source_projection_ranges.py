@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors import admission
-from nexuscrm_connectors.models import Outcome
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.factories import START, FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, bounds_violations, generation_bounds
 from workqueue import ReceiptState, WorkStatus
+from workqueue.values import Outcome
 
 pytestmark = pytest.mark.database
 

@@ -10,14 +10,14 @@ from prometheus_client import REGISTRY
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
-from nexuscrm_connectors.models import Outcome
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.checksums import database_checksums
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
+from workqueue.values import Outcome
 
 pytestmark = pytest.mark.database
 

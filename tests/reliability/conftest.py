@@ -21,8 +21,9 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_integration.launcher import (
+from nexuscrm_runtime.database import create_engine, normalize_dsn
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools.launcher import (
     CONNECTORS,
     SCHEMA_CATALOG,
     ServiceProcess,
@@ -30,7 +31,6 @@ from nexuscrm_integration.launcher import (
     stop_services,
     target_env,
 )
-from nexuscrm_runtime.database import create_engine, normalize_dsn
 from tests.conftest import REQUIRED
 from tests.support.private_mariadb import PrivateMariaDB, PrivateServerError
 from tests.support.tcp_proxy import TcpProxy, tcp_proxy

@@ -17,10 +17,11 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.models import ACKNOWLEDGED_OUTCOMES, IngestItem
-from nexuscrm_connectors.worker import Generation, Worker
-from nexuscrm_integration.launcher import (
+from nexuscrm_runtime.database import create_engine
+from nexuscrm_schema.tables import Event, WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_tools.launcher import (
     CONNECTORS,
     SCHEMA_CATALOG,
     ServiceProcess,
@@ -28,11 +29,10 @@ from nexuscrm_integration.launcher import (
     start_services,
     stop_services,
 )
-from nexuscrm_runtime.database import create_engine
-from nexuscrm_schema_catalog.tables import Event, WorkItem
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import WorkStatus
+from workqueue.values import ACKNOWLEDGED_OUTCOMES, IngestItem
 
 pytestmark = [pytest.mark.database, pytest.mark.acceptance]
 

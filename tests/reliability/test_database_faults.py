@@ -20,15 +20,15 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.models import Outcome
-from nexuscrm_schema_catalog.tables import Event, PackInstall, WorkItem
+from nexuscrm_schema.tables import Event, PackInstall, WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
 from tests.reliability.conftest import CALL_TIMEOUT, ProxiedConnectors, StartProxied, record_figures
 from tests.support.factories import delivery, install_pack
 from tests.support.history import RETRYABLE_CODES
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
 from workqueue import WorkStatus
+from workqueue.values import Outcome
 
 pytestmark = [
     pytest.mark.database,

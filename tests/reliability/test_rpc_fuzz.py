@@ -31,7 +31,7 @@ from nexuscrm_integration.host import HostStatus
 from nexuscrm_integration.servicer import registration as integration_registration
 from nexuscrm_runtime.server import Registration, create_server
 from nexuscrm_runtime.tls import open_channel
-from nexuscrm_schema_catalog import tables
+from nexuscrm_schema import tables
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.clock import utcnow
-from nexuscrm_schema_catalog.tables import WorkItem
+from nexuscrm_schema.tables import WorkItem
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until

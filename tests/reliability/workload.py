@@ -17,14 +17,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.models import ACKNOWLEDGED_OUTCOMES, IngestItem
 from nexuscrm_runtime.clock import utcnow
-from nexuscrm_schema_catalog.tables import WorkItem
+from nexuscrm_schema.tables import WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
 from tests.reliability.conftest import FULL, ConnectorsCluster
 from tests.support.factories import install_pack, route
 from tests.support.history import History, OpOutcome, acknowledged_receipts, check_history, unexpected_statuses
 from workqueue.statuses import TERMINAL_WORK_STATUSES
+from workqueue.values import ACKNOWLEDGED_OUTCOMES, IngestItem
 
 CLIENTS, RECEIPTS_PER_CLIENT, WORKERS = (4, 250, 3) if FULL else (3, 60, 2)
 LANES = 6

@@ -19,7 +19,6 @@ from nexuscrm.connectors.v1 import connectors_pb2 as cn
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp
 from nexuscrm.integration.v1 import integration_pb2 as ig
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as sc
-from nexuscrm_connectors import convert
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration as connectors_registration
 from nexuscrm_controlplane.fences import add_override, arm_fence
@@ -28,8 +27,9 @@ from nexuscrm_integration.host import HostStatus
 from nexuscrm_integration.servicer import registration as integration_registration
 from nexuscrm_runtime.server import RunningServer, create_server
 from nexuscrm_runtime.tls import open_channel
-from nexuscrm_schema_catalog import tables
+from nexuscrm_schema import tables
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
+from nexuscrm_sdk import convert
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

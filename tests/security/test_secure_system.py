@@ -20,18 +20,18 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_connectors.models import IngestItem, Outcome
-from nexuscrm_integration import demo
-from nexuscrm_integration.launcher import CONNECTORS, CONTROLPLANE, ServiceProcess, stop_services
-from nexuscrm_integration.run import start_system
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.tls import open_channel
-from nexuscrm_schema_catalog.tables import WorkItem
+from nexuscrm_schema.tables import WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools import demo
+from nexuscrm_tools.launcher import CONNECTORS, CONTROLPLANE, ServiceProcess, stop_services
+from nexuscrm_tools.run import start_system
 from tests.support.invariants import assert_invariants
 from tests.support.pki import TOKENS, Pki
 from tests.support.waiting import wait_until
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+from workqueue.values import IngestItem, Outcome
 
 pytestmark = [pytest.mark.database, pytest.mark.acceptance]
 

@@ -9,8 +9,8 @@ import uuid
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.models import IngestItem, Route
-from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, PackInstall
+from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
+from workqueue.values import IngestItem, Route
 
 START = dt.datetime(2026, 3, 1, 12, 0, 0)
 _counter = itertools.count(1)

@@ -32,12 +32,12 @@ from typing import Any, TypeVar
 import grpc
 import sqlalchemy as sa
 
-from nexuscrm_connectors.models import ACKNOWLEDGED_OUTCOMES, Claim
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.database import DatabaseUnavailable, TransactionConflict
-from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, Event, WorkItem
+from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, WorkItem
 from workqueue import WorkStatus
 from workqueue.errors import DomainError
+from workqueue.values import ACKNOWLEDGED_OUTCOMES, Claim
 
 T = TypeVar("T")
 

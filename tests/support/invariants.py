@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.invariants import bounds_violations, check_invariants, generation_bounds
+from nexuscrm_tools.invariants import bounds_violations, check_invariants, generation_bounds
 
 __all__ = ["assert_invariants", "bounds_violations", "check_invariants", "generation_bounds"]
 

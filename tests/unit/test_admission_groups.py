@@ -10,9 +10,9 @@ import pytest
 from nexuscrm_connectors.admission import Delivery
 from nexuscrm_connectors.errors import UnknownPack
 from nexuscrm_connectors.grouping import AdmissionGroups
-from nexuscrm_connectors.models import IngestResult, Outcome
 from tests.support.factories import delivery
 from tests.support.waiting import wait_until
+from workqueue.values import IngestResult, Outcome
 
 PACK = "pack-1"
 

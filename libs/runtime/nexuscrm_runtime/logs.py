@@ -1,7 +1,7 @@
 """Service logs: plain lines by default, one JSON object per line with ``NEXUSCRM_LOG_FORMAT=json``.
 
 Every record carries the pack and WorkId of the RPC it belongs to (bound by
-``log_context``, which the shared server interceptor calls from the request's
+``workqueue.logcontext.log_context``, which the shared server interceptor calls from the request's
 ``pack_install_id`` and ``work_id`` fields) and, while tracing is on, the current trace and
 span ids. Records never carry a DSN or a payload: the formatter emits only the fields named
 here and the formatted message, and no code of ours logs either (``config.dsn_backend`` is
@@ -10,36 +10,18 @@ all of a DSN that may reach a log line).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator
 
 from opentelemetry import trace
 
 from nexuscrm_runtime.config import ConfigError, env_str
+from workqueue.logcontext import bound_context
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONTEXT_FIELDS = ("pack", "work_id")
-
-_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("nexuscrm_log_context")
-
-
-@contextlib.contextmanager
-def log_context(**fields: str) -> Iterator[None]:
-    """Attach ``fields`` (``pack``, ``work_id``; empty values are ignored) to records logged inside."""
-    bound = {name: value for name, value in fields.items() if value}
-    if not bound:
-        yield
-        return
-    token = _context.set({**_context.get({}), **bound})
-    try:
-        yield
-    finally:
-        _context.reset(token)
 
 
 class ContextFilter(logging.Filter):
@@ -47,7 +29,7 @@ class ContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Add ``pack``, ``work_id``, ``trace_id`` and ``span_id`` (empty when unknown)."""
-        context = _context.get({})
+        context = bound_context()
         for name in CONTEXT_FIELDS:
             if not getattr(record, name, ""):
                 setattr(record, name, context.get(name, ""))

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY, Histogram, start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from nexuscrm_runtime.config import check_address
-from nexuscrm_runtime.logs import log_context
+from workqueue.logcontext import log_context
 
 RPC_SECONDS = Histogram(
     "nexuscrm_rpc_server_duration_seconds",
@@ -63,7 +63,7 @@ class RpcObservingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     """Times every RPC into ``nexuscrm_rpc_server_duration_seconds`` and binds its log context.
 
     The log context is the request's ``pack_install_id`` and ``work_id`` fields, where the
-    message has them (``logs.log_context``). The status code is what the handler (or the
+    message has them (``workqueue.logcontext``). The status code is what the handler (or the
     domain error interceptor inside this one) set: OK when it returned normally.
     """
 

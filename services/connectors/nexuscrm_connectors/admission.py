@@ -32,21 +32,21 @@ from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
-from nexuscrm_connectors.models import (
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.database import run_transaction
+from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
+from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
+from workqueue.errors import DomainError
+from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
+from workqueue.statuses import TERMINAL_WORK_STATUSES
+from workqueue.values import (
     ACKNOWLEDGED_OUTCOMES,
     IngestItem,
     IngestResult,
     Outcome,
     Route,
 )
-from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import Clock
-from nexuscrm_runtime.database import run_transaction
-from nexuscrm_schema_catalog.tables import RECEIPT_KEY_LENGTH
-from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
-from workqueue.errors import DomainError
-from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
-from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,27 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_runtime.authorization import Principal, Rule, require_all_namespaces
-from nexuscrm_schema_catalog.namespaces import require_pack, require_work
+from nexuscrm_connectors import queries
+from nexuscrm_runtime.authorization import Principal, Rule, require_all_namespaces, require_visible
 
 SERVICE = "/nexuscrm.connectors.v1.ConnectorsService/"
+
+
+def require_pack(engine: Engine, principal: Principal, field: str, pack_install_id: str) -> None:
+    """Refuse (NOT_FOUND) unless the pack the request's ``field`` names is in the caller's namespaces.
+
+    A pack's namespace is fixed at install, so the rule may read it before the RPC's own transaction.
+    """
+    with engine.connect() as connection:
+        namespace = queries.pack_namespace(connection, pack_install_id)
+    require_visible(principal, namespace, field, pack_install_id)
+
+
+def require_work(engine: Engine, principal: Principal, work_id: str) -> None:
+    """Refuse (NOT_FOUND) unless the WorkItem ``work_id`` names is in the caller's namespaces."""
+    with engine.connect() as connection:
+        namespace = queries.work_namespace(connection, work_id)
+    require_visible(principal, namespace, "work_id", work_id)
 
 
 def rules(engine: Engine) -> dict[str, Rule]:

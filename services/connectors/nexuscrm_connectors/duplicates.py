@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors import queries
-from nexuscrm_connectors.models import IngestResult, Outcome
 from nexuscrm_connectors.packs import Protocol
 from nexuscrm_connectors.queries import DbRow
+from workqueue.values import IngestResult, Outcome
 
 
 def verify_duplicates(

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from nexuscrm_connectors.models import IngestResult, Outcome
 from workqueue.errors import DomainError
+from workqueue.values import IngestResult, Outcome
 
 if TYPE_CHECKING:
     from nexuscrm_connectors.admission import Delivery

@@ -13,10 +13,10 @@ from sqlalchemy.engine import Engine
 from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import WorkNotFound
-from nexuscrm_connectors.models import Outcome, Route, WorkItemRow
 from nexuscrm_connectors.settings import Settings
 from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
+from workqueue.values import Outcome, Route, WorkItemRow
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,7 +50,7 @@ def get_work(engine: Engine, work_id: str) -> WorkDescription:
             members = queries.event_range_count(
                 connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
             )
-        return WorkDescription(work=WorkItemRow.from_row(row), member_count=members)
+        return WorkDescription(work=queries.work_item_value(row), member_count=members)
 
 
 def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> ReceiptExplanation:
@@ -90,7 +90,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
         return ReceiptExplanation(
             receipt_state=receipt.State,
             enqueue_ordinal=event.EnqueueOrdinal,
-            covered_by=WorkItemRow.from_row(covering) if covering is not None else None,
+            covered_by=queries.work_item_value(covering) if covering is not None else None,
             explanation=explanation,
         )
 

@@ -32,15 +32,15 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
-from nexuscrm_connectors.models import Claim, WorkItemRow
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock
 from nexuscrm_runtime.database import run_transaction
-from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, PackInstall
+from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
+from workqueue.values import Claim, WorkItemRow
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def _claim_transaction(
         raise MembershipMissing(f"a selected Event of {sorted(leased)} disappeared during the claim")
     for candidate in chosen:
         if candidate.WorkId in leased:
-            batch.claims.append(Claim(work=WorkItemRow.from_row(leased[candidate.WorkId]), lease_token=token))
+            batch.claims.append(Claim(work=queries.work_item_value(leased[candidate.WorkId]), lease_token=token))
             # The UPDATE re-checked claimability: a candidate read as processing had expired.
             batch.reclaimed += candidate.Status == WorkStatus.PROCESSING
     return batch
@@ -442,4 +442,4 @@ def fail(
 
 def _written(row: DbRow, values: dict[str, Any]) -> WorkItemRow:
     """The WorkItem as a compare-and-set left it: the row it read, with the values it wrote (no re-read)."""
-    return WorkItemRow.from_row(types.SimpleNamespace(**{**row._asdict(), **values}))
+    return queries.work_item_value(types.SimpleNamespace(**{**row._asdict(), **values}))

@@ -35,15 +35,15 @@ from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.admission import Delivery, event_rows, payload_hash, receipt_row
 from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
 from nexuscrm_connectors.leases import lease_values
-from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputRow, Outcome, WorkItemRow
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_runtime.clock import Clock, utcnow
 from nexuscrm_runtime.database import run_transaction
-from nexuscrm_schema_catalog.tables import RECEIPT_KEY_LENGTH, PackInstall, WorkItem
+from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH, PackInstall, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import validate_text
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+from workqueue.values import Claim, IngestItem, IngestResult, InputRow, Outcome, WorkItemRow
 
 MAX_ATTEMPTS = 3
 RETRY_SECONDS = 60  # seconds between a failed attempt and the next one
@@ -443,4 +443,4 @@ class LegacyRuntime:
     def _reread(connection: Connection, work_id: str) -> WorkItemRow:
         row = queries.work_item_get(connection, work_id)
         assert row is not None  # changed in this transaction
-        return WorkItemRow.from_row(row)
+        return queries.work_item_value(row)

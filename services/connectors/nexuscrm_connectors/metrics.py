@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import Counter, Histogram
 
 from nexuscrm_connectors.leases import ClaimBatch
-from nexuscrm_connectors.models import IngestResult, InputPage, Outcome, WorkItemRow
 from workqueue import WorkStatus
+from workqueue.values import IngestResult, InputPage, Outcome, WorkItemRow
 
 INPUTS_ADMITTED = Counter("nexuscrm_inputs_admitted_total", "Inputs admitted: an Event in a generation.")
 GENERATIONS_CREATED = Counter(

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.errors import UnknownPack
-from nexuscrm_schema_catalog.tables import (
+from nexuscrm_schema.tables import (
     AdmissionFence,
     AdmissionFenceOverride,
     ConnectorProjectionProtocol,

@@ -15,10 +15,10 @@ from sqlalchemy.engine import Engine
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.leases import current_lease
-from nexuscrm_connectors.models import InputPage, InputRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock
 from workqueue.errors import InvalidArgument
+from workqueue.values import InputPage, InputRow
 
 
 def load_inputs(

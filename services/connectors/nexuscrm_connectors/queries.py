@@ -15,8 +15,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from nexuscrm_schema_catalog.tables import Event, IngressReceipt, WorkItem
+from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
+from workqueue.values import WorkItemRow
 
 UNCLAIMED_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED)
 
@@ -24,6 +25,22 @@ DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 # The Payload of a receipt whose input has an Event: the payload is stored once, in the Event
 # (the column is NOT NULL; the receipt's State says which receipts still carry theirs).
 ADMITTED_RECEIPT_PAYLOAD = b""
+
+
+def pack_namespace(connection: Connection, pack_install_id: str) -> str | None:
+    """The namespace of the pack, None when no such pack exists."""
+    statement = sa.select(PackInstall.c.Namespace).where(PackInstall.c.PackInstallId == pack_install_id)
+    return connection.execute(statement).scalar_one_or_none()
+
+
+def work_namespace(connection: Connection, work_id: str) -> str | None:
+    """The namespace of the WorkItem's pack, None when no such WorkItem exists."""
+    statement = (
+        sa.select(PackInstall.c.Namespace)
+        .join(WorkItem, WorkItem.c.PackInstallId == PackInstall.c.PackInstallId)
+        .where(WorkItem.c.WorkId == work_id)
+    )
+    return connection.execute(statement).scalar_one_or_none()
 
 
 def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
@@ -439,6 +456,29 @@ def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -
     if lock:
         statement = statement.with_for_update()
     return connection.execute(statement).first()
+
+
+def work_item_value(row: Any) -> WorkItemRow:
+    """The value of a WorkItem result row."""
+    return WorkItemRow(
+        work_id=row.WorkId,
+        pack_install_id=row.PackInstallId,
+        projection_key=row.ProjectionKey,
+        work_type=row.WorkType,
+        input_start_ordinal=row.InputStartOrdinal,
+        lane_ordinal=row.LaneOrdinal,
+        replay_of_work_id=row.ReplayOfWorkId,
+        status=WorkStatus(row.Status),
+        attempt=row.Attempt,
+        max_attempts=row.MaxAttempts,
+        claimable_at=row.ClaimableAt,
+        lease_owner=row.LeaseOwner,
+        lease_token=row.LeaseToken,
+        lease_expires_at=row.LeaseExpiresAt,
+        last_error=row.LastError,
+        created_at=row.CreatedAt,
+        finished_at=row.FinishedAt,
+    )
 
 
 def work_items_get(connection: Connection, work_ids: Collection[str]) -> dict[str, DbRow]:

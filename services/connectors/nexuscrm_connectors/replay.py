@@ -15,13 +15,13 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.admission import generation_row, payload_hash
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused, WorkNotFound
-from nexuscrm_connectors.models import WorkItemRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock
 from nexuscrm_runtime.database import run_transaction
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import TERMINAL_WORK_STATUSES
+from workqueue.values import WorkItemRow
 
 
 def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tuple[WorkItemRow, int]:
@@ -96,6 +96,6 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tu
         )
         created = queries.work_item_get(connection, new_id)
         assert created is not None
-        return WorkItemRow.from_row(created), ordinal
+        return queries.work_item_value(created), ordinal
 
     return run_transaction(engine, run, name="replay")

@@ -15,10 +15,10 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import admission, inspection, leases, metrics, payloads, replay
 from nexuscrm_connectors.claimers import Claimers
-from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, Outcome, WorkItemRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock, utcnow
 from workqueue import WorkStatus
+from workqueue.values import Claim, IngestItem, IngestResult, InputPage, Outcome, WorkItemRow
 
 
 class Connectors:

@@ -12,11 +12,12 @@ import grpc
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors import authorization, convert
+from nexuscrm_connectors import authorization
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.server import Registration
-from nexuscrm_runtime.timestamps import to_timestamp
+from nexuscrm_sdk import convert
+from nexuscrm_sdk.timestamps import to_timestamp
 
 SERVICE_NAME = "nexuscrm.connectors.v1.ConnectorsService"
 

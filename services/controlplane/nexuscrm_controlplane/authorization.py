@@ -6,11 +6,29 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.queries import NAMESPACE_SCOPE
-from nexuscrm_runtime.authorization import Principal, Rule, require_namespace
-from nexuscrm_schema_catalog.namespaces import require_fence, require_pack
+from nexuscrm_runtime.authorization import Principal, Rule, require_namespace, require_visible
 
 SERVICE = "/nexuscrm.controlplane.v1.ControlplaneService/"
+
+
+def require_pack(engine: Engine, principal: Principal, field: str, pack_install_id: str) -> None:
+    """Refuse (NOT_FOUND) unless the pack the request's ``field`` names is in the caller's namespaces.
+
+    A pack's namespace is fixed at install and a fence never changes namespace, so the rules may
+    read them before the RPC's own transaction.
+    """
+    with engine.connect() as connection:
+        namespace = queries.pack_namespace(connection, pack_install_id)
+    require_visible(principal, namespace, field, pack_install_id)
+
+
+def require_fence(engine: Engine, principal: Principal, fence_id: str) -> None:
+    """Refuse (NOT_FOUND) unless the fence ``fence_id`` names guards one of the caller's namespaces."""
+    with engine.connect() as connection:
+        namespace = queries.fence_namespace(connection, fence_id)
+    require_visible(principal, namespace, "fence_id", fence_id)
 
 
 def rules(engine: Engine) -> dict[str, Rule]:

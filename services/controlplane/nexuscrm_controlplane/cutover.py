@@ -45,7 +45,7 @@ from nexuscrm_controlplane.lifecycle import (
 )
 from nexuscrm_runtime.clock import Clock, utcnow
 from nexuscrm_runtime.database import is_sqlite, run_transaction
-from nexuscrm_schema_catalog.catalog import NATIVE_PROJECTION, verify_schema
+from nexuscrm_schema.verification import NATIVE_PROJECTION, verify_schema
 
 DEFAULT_TIMEOUT = 300.0  # seconds, when an RPC names none
 

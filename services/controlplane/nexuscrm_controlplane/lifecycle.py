@@ -21,7 +21,7 @@ from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.errors import PackHasHistory, UnknownPack
 from nexuscrm_runtime.clock import Clock, utcnow
 from nexuscrm_runtime.database import run_transaction
-from nexuscrm_schema_catalog.tables import NAMESPACE_LENGTH, PACK_ID_LENGTH
+from nexuscrm_schema.tables import NAMESPACE_LENGTH, PACK_ID_LENGTH
 from workqueue.errors import InvalidArgument
 from workqueue.identity import validate_text
 

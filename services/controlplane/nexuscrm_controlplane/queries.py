@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from nexuscrm_schema_catalog.tables import (
+from nexuscrm_schema.tables import (
     AdmissionFence,
     AdmissionFenceOverride,
     ConnectorProjectionProtocol,
@@ -37,6 +37,18 @@ LEGACY_WORK = WorkItem.c.InputStartOrdinal.is_(None)
 
 
 # --- PackInstall -------------------------------------------------------------------------
+
+
+def pack_namespace(connection: Connection, pack_install_id: str) -> str | None:
+    """The namespace of the pack, None when no such pack exists."""
+    statement = sa.select(PackInstall.c.Namespace).where(PackInstall.c.PackInstallId == pack_install_id)
+    return connection.execute(statement).scalar_one_or_none()
+
+
+def fence_namespace(connection: Connection, fence_id: str) -> str | None:
+    """The namespace the fence guards, None when no such fence exists."""
+    statement = sa.select(AdmissionFence.c.Namespace).where(AdmissionFence.c.FenceId == fence_id)
+    return connection.execute(statement).scalar_one_or_none()
 
 
 def pack_insert(connection: Connection, row: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from nexuscrm_controlplane import authorization, cutover, drain, fences, lifecyc
 from nexuscrm_controlplane.audit import CutoverReport
 from nexuscrm_runtime.clock import Clock, utcnow
 from nexuscrm_runtime.server import Registration
-from nexuscrm_runtime.timestamps import to_timestamp
+from nexuscrm_sdk.timestamps import to_timestamp
 from workqueue.errors import InvalidArgument
 
 SERVICE_NAME = "nexuscrm.controlplane.v1.ControlplaneService"

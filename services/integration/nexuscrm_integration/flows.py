@@ -1,40 +1,20 @@
-"""Flows: how the host finds them and what they receive.
+"""Flows: how the host finds them (what they receive is the SDK's ``nexuscrm_sdk.flows``).
 
 A Flow reference in the host configuration is either ``module:function`` or the name of a
 Python entry point in the group ``nexuscrm.flows``. Either names a *Flow factory*: called once
-per worker pool with a ``FlowContext``, it returns the Flow (``nexuscrm_connectors.worker.Flow``)
+per worker pool with a ``FlowContext``, it returns the Flow (``nexuscrm_sdk.flows.Flow``)
 that the pool's workers run on each claimed generation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-from collections.abc import Callable
 from importlib import metadata
 
-from sqlalchemy.engine import Engine
-
-from nexuscrm_connectors.worker import Flow
 from nexuscrm_integration.errors import FlowNotFound
+from nexuscrm_sdk.flows import FlowFactory
 
 ENTRY_POINT_GROUP = "nexuscrm.flows"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FlowContext:
-    """What a Flow factory gets: the pool it serves and the host's database.
-
-    ``engine`` is the database of NEXUSCRM_DSN, for read models the Flow owns; canonical tables
-    are not the Flow's to write.
-    """
-
-    pack_install_id: str
-    work_type: str
-    engine: Engine
-
-
-FlowFactory = Callable[[FlowContext], Flow]
 
 
 def resolve_flow(reference: str) -> FlowFactory:

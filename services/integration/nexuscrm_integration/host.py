@@ -4,7 +4,7 @@ Every worker built here needs an ``ActivationGrant`` covering its pack, and only
 (``activation.check_activation``) issues one, so nothing in this package can claim work for a
 pack whose schema or protocol receipt the gate has not seen. Workers are the Connectors worker
 library (claim, heartbeat, LoadInputs of the complete member set, complete/fail) over any
-``WorkSource``, normally ``nexuscrm_connectors.client.ConnectorsClient``.
+``WorkSource``, normally ``nexuscrm_sdk.client.ConnectorsClient``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors.worker import Flow, Worker, WorkSource
 from nexuscrm_integration.activation import ActivationGrant
 from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused, NotGranted
-from nexuscrm_integration.flows import FlowContext, resolve_flow
+from nexuscrm_integration.flows import resolve_flow
+from nexuscrm_sdk.flows import FlowContext
+from nexuscrm_sdk.worker import Flow, Worker, WorkSource
 
 log = logging.getLogger(__name__)
 

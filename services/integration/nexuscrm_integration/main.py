@@ -25,20 +25,20 @@ import sys
 import threading
 from pathlib import Path
 
-from nexuscrm_connectors.client import ConnectorsClient
 from nexuscrm_integration.activation import remote_gate, wait_for_activation
 from nexuscrm_integration.config import HostConfig
 from nexuscrm_integration.errors import ActivationRefused, IntegrationError
 from nexuscrm_integration.host import HostStatus, WorkerHost
 from nexuscrm_integration.servicer import registration
-from nexuscrm_integration.targets import Targets
 from nexuscrm_runtime.config import ConfigError, ServiceConfig
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import create_server, observability, write_port_file
+from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.telemetry import Tracing
 from nexuscrm_runtime.tls import open_channel
+from nexuscrm_sdk.client import ConnectorsClient
 
 log = logging.getLogger("nexuscrm_integration")
 DEFAULT_PORT = 50054

@@ -19,7 +19,8 @@ from alembic.operations import Operations
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.clock import utcnow
-from nexuscrm_schema_catalog import tables
+from nexuscrm_schema import tables
+from nexuscrm_schema.verification import NEWEST_VERSION, current_version
 from workqueue.errors import InvalidArgument
 
 V2_COLUMN = "InputStartOrdinal"
@@ -70,15 +71,8 @@ STEPS = (
     Step(1, "v1_pre_upgrade_schema", _apply_v1),
     Step(2, "v2_projection_input_ranges", _apply_v2),
 )
-NEWEST_VERSION = STEPS[-1].version
-
-
-def current_version(connection: Connection) -> int:
-    """The newest applied version, 0 for an empty database."""
-    if not sa.inspect(connection).has_table(tables.SchemaVersion.name):
-        return 0
-    version = connection.execute(sa.select(sa.func.max(tables.SchemaVersion.c.Version))).scalar()
-    return int(version or 0)
+if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
+    raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
 
 
 def apply_schema(engine: Engine, target_version: int = 0) -> tuple[int, int, list[str]]:

@@ -9,7 +9,8 @@ from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as pb
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as pb_grpc
 from nexuscrm_runtime.authorization import allow_any_principal, require_all_namespaces
 from nexuscrm_runtime.server import Registration
-from nexuscrm_schema_catalog import catalog, migrations
+from nexuscrm_schema import verification
+from nexuscrm_schema_catalog import migrations
 
 SERVICE_NAME = "nexuscrm.schemacatalog.v1.SchemaCatalogService"
 
@@ -27,7 +28,7 @@ class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
     def DescribeSchema(
         self, request: pb.DescribeSchemaRequest, context: grpc.ServicerContext
     ) -> pb.DescribeSchemaResponse:
-        described = catalog.describe_schema(self._engine)
+        described = verification.describe_schema(self._engine)
         return pb.DescribeSchemaResponse(
             version=described.version,
             newest_version=described.newest_version,
@@ -42,8 +43,8 @@ class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
         )
 
     def VerifySchema(self, request: pb.VerifySchemaRequest, context: grpc.ServicerContext) -> pb.VerifySchemaResponse:
-        feature = request.feature or catalog.NATIVE_PROJECTION
-        missing = catalog.verify_schema(self._engine, feature)
+        feature = request.feature or verification.NATIVE_PROJECTION
+        missing = verification.verify_schema(self._engine, feature)
         return pb.VerifySchemaResponse(feature=feature, complete=not missing, missing=missing)
 
 

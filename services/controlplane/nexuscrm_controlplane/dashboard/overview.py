@@ -20,7 +20,6 @@ from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import inspection
 from nexuscrm_connectors.errors import WorkNotFound
-from nexuscrm_connectors.models import WorkItemRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane import queries as cp_queries
@@ -29,6 +28,7 @@ from nexuscrm_runtime.clock import Clock
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+from workqueue.values import WorkItemRow
 
 PACK_LIMIT = 50  # packs on the page, newest first
 COUNT_CAP = 10_000  # counts of sets that grow with history stop here ("10000+")

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
+from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import WorkStatus
 
 DbRow = Row[*tuple[Any, ...]]

@@ -38,7 +38,7 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
-from nexuscrm_integration.targets import Targets
+from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import open_channel
 from workqueue import ReceiptState
 

@@ -12,8 +12,8 @@ import grpc
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors import convert
-from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, WorkItemRow
+from nexuscrm_sdk import convert
+from workqueue.values import Claim, IngestItem, IngestResult, InputPage, WorkItemRow
 
 DEFAULT_TIMEOUT = 30.0  # seconds per unary call
 STREAM_TIMEOUT = 600.0  # seconds for a whole LoadInputs stream

@@ -1,21 +1,33 @@
-"""Describing the applied schema and verifying what a feature needs."""
+"""The canonical schema's version, describing the applied schema, and verifying what a feature needs.
+
+Plain functions over an engine: the schema-catalog service answers its RPCs with them, and
+every owner that needs a complete schema before serving (cutover, activation) calls them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.database import DatabaseUnavailable, is_unavailable
-from nexuscrm_schema_catalog import tables
-from nexuscrm_schema_catalog.migrations import NEWEST_VERSION, current_version
+from nexuscrm_schema import tables
 from workqueue.errors import InvalidArgument
 
+NEWEST_VERSION = 2  # the schema-catalog service's migrations reach exactly this version
 NATIVE_PROJECTION = "native_projection"
 # Native projection needs the complete canonical schema, including WorkItem.ReplayOfWorkId:
 # it does not inherit the ordinary WorkItem path's optional-column rolling compatibility.
 FEATURES: dict[str, tuple[sa.Table, ...]] = {NATIVE_PROJECTION: tuple(tables.metadata.sorted_tables)}
+
+
+def current_version(connection: Connection) -> int:
+    """The newest applied version, 0 for an empty database."""
+    if not sa.inspect(connection).has_table(tables.SchemaVersion.name):
+        return 0
+    version = connection.execute(sa.select(sa.func.max(tables.SchemaVersion.c.Version))).scalar()
+    return int(version or 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

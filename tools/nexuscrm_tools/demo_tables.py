@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from nexuscrm_schema_catalog.tables import MYSQL_TABLE_OPTIONS, PACK_ID_LENGTH
+from nexuscrm_schema.tables import MYSQL_TABLE_OPTIONS, PACK_ID_LENGTH
 
 CONTACT_ID_LENGTH = 192
 

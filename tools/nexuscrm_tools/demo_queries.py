@@ -13,8 +13,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_integration.tables import DemoContactApplied, DemoContactProjection
-from nexuscrm_schema_catalog.tables import Event, WorkItem
+from nexuscrm_schema.tables import Event, WorkItem
+from nexuscrm_tools.demo_tables import DemoContactApplied, DemoContactProjection
 
 IN_CHUNK = 500  # values per IN list: bounded statements on every backend
 

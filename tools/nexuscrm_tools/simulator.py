@@ -20,8 +20,8 @@ from typing import Protocol
 
 import grpc
 
-from nexuscrm_connectors.models import IngestItem, IngestResult, Outcome
-from nexuscrm_integration import demo
+from nexuscrm_tools import demo
+from workqueue.values import IngestItem, IngestResult, Outcome
 
 log = logging.getLogger(__name__)
 

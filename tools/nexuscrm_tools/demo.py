@@ -23,13 +23,13 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors.invariants import check_invariants
-from nexuscrm_connectors.models import InputRow, Route
-from nexuscrm_connectors.worker import Flow, Generation
-from nexuscrm_integration import queries
-from nexuscrm_integration.flows import FlowContext
-from nexuscrm_integration.tables import metadata
 from nexuscrm_runtime.database import run_transaction
+from nexuscrm_sdk.flows import FlowContext
+from nexuscrm_sdk.worker import Flow, Generation
+from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.demo_tables import metadata
+from nexuscrm_tools.invariants import check_invariants
+from workqueue.values import InputRow, Route
 
 EVENT_KIND = "contact.upsert"
 ROUTE_VERSION = "1"

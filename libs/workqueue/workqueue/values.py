@@ -1,11 +1,14 @@
-"""Rows and value types of the Connectors domain (frozen, keyword-only)."""
+"""The value types every owner shares: deliveries, their outcomes, generations, claims and inputs.
+
+Frozen and keyword-only; Connectors builds them, the SDK carries them over gRPC, the host and
+the tools read them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import enum
-from typing import Any
 
 from workqueue import ProjectionIdentity, WorkStatus
 
@@ -97,29 +100,6 @@ class WorkItemRow:
     last_error: str | None
     created_at: dt.datetime
     finished_at: dt.datetime | None
-
-    @classmethod
-    def from_row(cls, row: Any) -> WorkItemRow:
-        """Build from a WorkItem result row."""
-        return cls(
-            work_id=row.WorkId,
-            pack_install_id=row.PackInstallId,
-            projection_key=row.ProjectionKey,
-            work_type=row.WorkType,
-            input_start_ordinal=row.InputStartOrdinal,
-            lane_ordinal=row.LaneOrdinal,
-            replay_of_work_id=row.ReplayOfWorkId,
-            status=WorkStatus(row.Status),
-            attempt=row.Attempt,
-            max_attempts=row.MaxAttempts,
-            claimable_at=row.ClaimableAt,
-            lease_owner=row.LeaseOwner,
-            lease_token=row.LeaseToken,
-            lease_expires_at=row.LeaseExpiresAt,
-            last_error=row.LastError,
-            created_at=row.CreatedAt,
-            finished_at=row.FinishedAt,
-        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

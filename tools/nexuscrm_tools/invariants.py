@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 
 from nexuscrm_connectors.queries import DbRow
-from nexuscrm_schema_catalog.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
+from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import ReceiptState, WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 

@@ -36,9 +36,12 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
-from nexuscrm_connectors.client import ConnectorsClient
-from nexuscrm_integration import demo, queries
-from nexuscrm_integration.launcher import (
+from nexuscrm_runtime.config import DEFAULT_DSN, dsn_backend, env_str
+from nexuscrm_runtime.database import create_engine
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools import demo
+from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.launcher import (
     CONNECTORS,
     CONTROLPLANE,
     INTEGRATION,
@@ -50,9 +53,7 @@ from nexuscrm_integration.launcher import (
     stop_services,
     target_env,
 )
-from nexuscrm_integration.simulator import Simulator, SimulatorStats, WorkloadConfig
-from nexuscrm_runtime.config import DEFAULT_DSN, dsn_backend, env_str
-from nexuscrm_runtime.database import create_engine
+from nexuscrm_tools.simulator import Simulator, SimulatorStats, WorkloadConfig
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 POLL_INTERVAL = 0.25  # seconds between progress reads of the database

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from nexuscrm_connectors.models import Claim, InputPage, InputRow, WorkItemRow
-from nexuscrm_runtime.logs import log_context
+from workqueue.logcontext import log_context
+from workqueue.values import Claim, InputPage, InputRow, WorkItemRow
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
-from nexuscrm_connectors.models import Claim, IngestItem, IngestResult, InputPage, InputRow, Outcome, Route, WorkItemRow
-from nexuscrm_runtime.timestamps import from_timestamp, to_timestamp
+from nexuscrm_sdk.timestamps import from_timestamp, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
+from workqueue.values import Claim, IngestItem, IngestResult, InputPage, InputRow, Outcome, Route, WorkItemRow
 
 OUTCOMES = {
     Outcome.ADMITTED: pb.INGEST_OUTCOME_ADMITTED,

@@ -1,0 +1,1 @@
+"""Canonical schema of NexusCRM: tables, lengths, version and verification as plain functions."""

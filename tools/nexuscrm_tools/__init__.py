@@ -1,0 +1,1 @@
+"""Operator and developer tools of NexusCRM; never deployed with a service."""
