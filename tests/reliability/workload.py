@@ -9,6 +9,7 @@ database-restart test share this load; ``NEXUSCRM_RELIABILITY_FULL=1`` scales it
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import random
 import threading
@@ -47,7 +48,8 @@ ALLOWED_STATUSES = {f: RETRYABLE | {"FAILED_PRECONDITION"} for f in ("load", "co
 
 def loaded_ordinals(connectors: ConnectorsClient, key: tuple[str, str]) -> list[int]:
     """Stream a held generation's members; their ordinals in order."""
-    return [row.enqueue_ordinal for page in connectors.load_inputs(*key) for row in page.inputs]
+    work_id, token = key
+    return [row.enqueue_ordinal for page in connectors.load_inputs(work_id, lease_token=token) for row in page.inputs]
 
 
 class Workload:
@@ -103,7 +105,7 @@ class Workload:
                         f"client-{client}",
                         "ingest",
                         tuple((i.receipt_key, i.payload) for i in items),
-                        functools.partial(connectors.ingest, self.pack, items),
+                        functools.partial(connectors.ingest, self.pack, items=items),
                     )
                     if op.ok:
                         for result in op.result:
@@ -122,7 +124,9 @@ class Workload:
                     name,
                     "claim",
                     name,
-                    lambda: connectors.claim(name, pack_install_ids=[self.pack], lease_seconds=LEASE_SECONDS),
+                    lambda: connectors.claim(
+                        name, pack_install_ids=[self.pack], lease=dt.timedelta(seconds=LEASE_SECONDS)
+                    ),
                 )
                 if not op.ok or not op.result:
                     self.stop.wait(RETRY_PAUSE)
@@ -145,11 +149,17 @@ class Workload:
 
     def finish(self, connectors: ConnectorsClient, name: str, f: str, key: tuple[str, str]) -> None:
         """Complete or fail with the claim's token, again after a cut-off answer, until a definite one."""
+        work_id, token = key
         while not self.stop.is_set():
             if f == "complete":
-                op = self.history.call(name, f, key, lambda: connectors.complete(*key))
+                op = self.history.call(name, f, key, lambda: connectors.complete(work_id, lease_token=token))
             else:
-                op = self.history.call(name, f, key, lambda: connectors.fail(*key, "injected by the history test"))
+                op = self.history.call(
+                    name,
+                    f,
+                    key,
+                    lambda: connectors.fail(work_id, lease_token=token, error="injected by the history test"),
+                )
             if op.outcome is not OpOutcome.UNKNOWN:
                 return
             self.stop.wait(RETRY_PAUSE)
