@@ -2,8 +2,8 @@
 
 Every argument after the first is keyword-only; durations are ``timedelta``s; every datetime
 it returns is timezone-aware UTC (datetimes it is given may be aware, or naive UTC). Every
-call carries a deadline. Status codes come back as ``grpc.RpcError``; a lease that is not a
-positive whole number of seconds is refused before any call (``InvalidArgument``).
+call carries a deadline. Status codes come back as ``grpc.RpcError``; a zero or fractional
+lease is refused before any call (``InvalidArgument``), its range by the server.
 """
 
 from __future__ import annotations
