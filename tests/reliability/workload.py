@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.timestamps import naive_utc
 from tests.reliability.conftest import FULL, ConnectorsCluster
 from tests.support.factories import install_pack, route
 from tests.support.history import History, OpOutcome, acknowledged_receipts, check_history, unexpected_statuses
@@ -144,7 +145,7 @@ class Workload:
                     self.finish(connectors, name, "fail", key)
                     continue
                 if roll < 0.10:  # a stalled worker: wake up after its lease ran out
-                    self.stop.wait(max(0.0, (claim.work.lease_expires_at - utcnow()).total_seconds()) + 0.1)
+                    self.stop.wait(max(0.0, (naive_utc(claim.work.lease_expires_at) - utcnow()).total_seconds()) + 0.1)
                 self.finish(connectors, name, "complete", key)
 
     def finish(self, connectors: ConnectorsClient, name: str, f: str, key: tuple[str, str]) -> None:
