@@ -19,8 +19,9 @@ import contextlib
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import sqlalchemy as sa
@@ -45,7 +46,11 @@ GRPC_TARGET = 0.35  # x floor
 CONCURRENT_CLIENTS = (1, 4, 16)  # ingest clients sending at once (group admission)
 CONCURRENT_BATCH = 50  # deliveries per call of a concurrent client
 
-Ingest = Callable[[str, Sequence[IngestItem]], list[IngestResult]]
+
+class Ingest(Protocol):
+    """``Connectors.ingest`` or ``ConnectorsClient.ingest``."""
+
+    def __call__(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]: ...
 
 
 @contextlib.contextmanager
@@ -68,10 +73,10 @@ def _throughput(ingest: Ingest, pack: str, batches: int, prefix: str) -> float:
     """Inputs per second admitted by ``ingest`` over ``batches`` timed batches."""
     items = [seed.batch(f"{prefix}-{n}", BATCH, IDENTITIES) for n in range(WARMUP + batches)]
     for warm in items[:WARMUP]:
-        ingest(pack, warm)
+        ingest(pack, items=warm)
     started = time.perf_counter()
     for timed_batch in items[WARMUP:]:
-        results = ingest(pack, timed_batch)
+        results = ingest(pack, items=timed_batch)
         if any(r.outcome is not Outcome.ADMITTED for r in results):
             raise RuntimeError(f"{prefix}: not every delivery was admitted")
     return batches * BATCH / (time.perf_counter() - started)
@@ -81,12 +86,12 @@ def _half_duplicates(ingest: Ingest, pack: str, batches: int, prefix: str) -> fl
     """Deliveries per second of batches whose first half re-sends the previous batch's fresh half."""
     fresh = [seed.batch(f"{prefix}-{n}", BATCH // 2, IDENTITIES, offset=n) for n in range(WARMUP + batches + 1)]
     items = [fresh[n - 1] + fresh[n] for n in range(1, len(fresh))]
-    ingest(pack, fresh[0])
+    ingest(pack, items=fresh[0])
     for warm in items[:WARMUP]:
-        ingest(pack, warm)
+        ingest(pack, items=warm)
     started = time.perf_counter()
     for timed_batch in items[WARMUP:]:
-        outcomes = [r.outcome for r in ingest(pack, timed_batch)]
+        outcomes = [r.outcome for r in ingest(pack, items=timed_batch)]
         if outcomes != [Outcome.DUPLICATE_COVERED] * (BATCH // 2) + [Outcome.ADMITTED] * (BATCH // 2):
             raise RuntimeError(f"{prefix}: duplicates were not covered, or fresh inputs not admitted")
     return batches * BATCH / (time.perf_counter() - started)
@@ -106,7 +111,7 @@ def _concurrent(ingest: Ingest, pack: str, clients: int, inputs: int, prefix: st
         start.wait()
         try:
             for items in batches:
-                if any(r.outcome is not Outcome.ADMITTED for r in ingest(pack, items)):
+                if any(r.outcome is not Outcome.ADMITTED for r in ingest(pack, items=items)):
                     raise RuntimeError(f"{prefix}: not every delivery was admitted")
         except BaseException as error:
             failures.append(error)

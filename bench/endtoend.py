@@ -86,7 +86,7 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
             client = ConnectorsClient(channel)
 
             def ingest(items: Sequence[IngestItem]) -> int:
-                results = client.ingest(pack, items)
+                results = client.ingest(pack, items=items)
                 for result in results:
                     outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
                 return sum(result.outcome is IngestOutcome.ADMITTED for result in results)

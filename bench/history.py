@@ -10,6 +10,7 @@ completed, so each size starts from the same live state.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 
 from rich.progress import Progress, TaskID
@@ -46,10 +47,10 @@ def _advance(progress: Progress, task: TaskID, base: int, loaded: int) -> None:
 def _settle(connectors: Connectors, pack: str, held: list[Claim]) -> None:
     """Complete the held claims and then every other live generation of the pack (untimed)."""
     for claim in held:
-        connectors.complete(claim.work.work_id, claim.lease_token)
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     while claims := connectors.claim("settle", pack_install_ids=[pack], max_items=100):
         for claim in claims:
-            connectors.complete(claim.work.work_id, claim.lease_token)
+            connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
 
 
 def _measure(connectors: Connectors, pack: str, size: int, batches: int) -> dict[str, Timings]:
@@ -57,7 +58,7 @@ def _measure(connectors: Connectors, pack: str, size: int, batches: int) -> dict
     admitted = [seed.batch(f"{prefix}-{n}", BATCH, IDENTITIES) for n in range(batches)]
 
     def ingest(items: list[IngestItem], expected: set[Outcome]) -> None:
-        outcomes = {r.outcome for r in connectors.ingest(pack, items)}
+        outcomes = {r.outcome for r in connectors.ingest(pack, items=items)}
         if not outcomes <= expected:
             raise RuntimeError(f"unexpected outcomes {outcomes - expected}")
 
@@ -66,23 +67,27 @@ def _measure(connectors: Connectors, pack: str, size: int, batches: int) -> dict
     duplicates = timed(functools.partial(ingest, b, {Outcome.DUPLICATE_COVERED}) for b in admitted)
     held: list[Claim] = []
     claims = timed(
-        lambda: held.extend(connectors.claim("bench", pack_install_ids=[pack], lease_seconds=LEASE_SECONDS))
+        lambda: held.extend(
+            connectors.claim("bench", pack_install_ids=[pack], lease=dt.timedelta(seconds=LEASE_SECONDS))
+        )
         for _ in range(CLAIMS)
     )
     _settle(connectors, pack, held)
     for part in _fixed_generation(f"{prefix}-fixed"):
         ingest(part, {Outcome.ADMITTED})
-    (claim,) = connectors.claim("bench", pack_install_ids=[pack], lease_seconds=LEASE_SECONDS)
+    (claim,) = connectors.claim("bench", pack_install_ids=[pack], lease=dt.timedelta(seconds=LEASE_SECONDS))
     if claim.work.lane_ordinal - (claim.work.input_start_ordinal or 0) + 1 != GENERATION:
         raise RuntimeError("the fixed-size generation did not coalesce as expected")
 
     def load() -> None:
-        count = sum(len(page.inputs) for page in connectors.load_inputs(claim.work.work_id, claim.lease_token))
+        count = sum(
+            len(page.inputs) for page in connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token)
+        )
         if count != GENERATION:
             raise RuntimeError(f"LoadInputs streamed {count} inputs, expected {GENERATION}")
 
     loads = timed(load for _ in range(LOADS))
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     return {
         "admission per batch": admission,
         "duplicate verification per batch": duplicates,

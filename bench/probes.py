@@ -8,6 +8,7 @@ seconds and ``ru_maxrss`` (the process's peak resident set, KiB on Linux).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import resource
 import subprocess
@@ -97,8 +98,8 @@ def _load(dsn: str, pack: str) -> dict[str, float]:
     from nexuscrm_connectors.service import Connectors
 
     connectors = Connectors(create_engine(dsn))
-    (claim,) = connectors.claim("probe", pack_install_ids=[pack], lease_seconds=3600)
-    inputs = sum(len(page.inputs) for page in connectors.load_inputs(claim.work.work_id, claim.lease_token))
+    (claim,) = connectors.claim("probe", pack_install_ids=[pack], lease=dt.timedelta(seconds=3600))
+    inputs = sum(len(page.inputs) for page in connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token))
     return {"inputs": inputs}
 
 

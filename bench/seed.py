@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from nexuscrm_connectors import queries
-from nexuscrm_connectors.admission import generation_row, payload_hash
+from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
 from nexuscrm_schema.tables import PackInstall
 from tests.support.factories import START, route
 from workqueue import EventStatus, WorkStatus
@@ -56,18 +56,17 @@ def batch(prefix: str, size: int, identities: int, offset: int = 0) -> list[Inge
 def event_rows(pack_install_id: str, first_ordinal: int, items: Sequence[IngestItem]) -> list[dict[str, Any]]:
     """The Event rows admission would write for ``items`` (the floor inserts exactly these)."""
     return [
-        {
-            "PackInstallId": pack_install_id,
-            "EnqueueOrdinal": first_ordinal + n,
-            "ProjectionKey": item.route.identity(pack_install_id).key,
-            "ReceiptKey": item.receipt_key,
-            "PayloadHash": payload_hash(item.payload),
-            "Payload": item.payload,
-            "SourceTime": None,
-            "Status": EventStatus.PENDING,
-            "IsReplay": False,
-            "CreatedAt": START,
-        }
+        event_row(
+            pack_install_id,
+            ordinal=first_ordinal + n,
+            projection_key=item.route.identity(pack_install_id).key,
+            receipt_key=item.receipt_key,
+            payload=item.payload,
+            digest=payload_hash(item.payload),
+            source_time=None,
+            is_replay=False,
+            now=START,
+        )
         for n, item in enumerate(items)
     ]
 

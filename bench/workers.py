@@ -108,7 +108,7 @@ def _walk(dsn: str, workers: int, inputs: int, *, coalescing: bool) -> dict[str,
             for worker in pool:
                 worker.start()
             for items in batches if coalescing else _unbatched(batches):
-                connectors.ingest(pack, items)
+                connectors.ingest(pack, items=items)
             while not _all_done(engine):
                 time.sleep(0.05)
             elapsed = time.perf_counter() - started
@@ -188,7 +188,7 @@ def _claims_run(backend: Backend, claimers: int, max_items: int, generations: in
             connectors = Connectors(engine)
             items = seed.batch(f"c-{uuid.uuid4().hex[:6]}", generations, generations)
             for start in range(0, generations, 500):
-                connectors.ingest(pack, items[start : start + 500])
+                connectors.ingest(pack, items=items[start : start + 500])
             tallies = [_Claimer() for _ in range(claimers)]
             threads = [
                 threading.Thread(target=_claim_all, args=(connectors, pack, f"w{n}", max_items, tallies[n]))

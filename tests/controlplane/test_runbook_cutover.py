@@ -7,6 +7,8 @@ ranges, duplicates of old inputs acknowledged, receipts stored while fenced admi
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 import sqlalchemy as sa
 
@@ -33,7 +35,7 @@ def test_the_runbook_cuts_over_live_old_history_without_losing_an_input(empty_en
     live = legacy.claim("old-worker", pack)
     fence = arm(engine, clock)  # ... and the namespace fence
     connectors = Connectors(engine, clock=clock)
-    fenced = connectors.ingest(pack, items(["while-fenced"], "lane-b"))
+    fenced = connectors.ingest(pack, items=items(["while-fenced"], "lane-b"))
     assert [r.outcome for r in fenced] == [Outcome.FENCED]
 
     # step 2: the old workers finish their durable backlog; the wait reports until then
@@ -55,25 +57,25 @@ def test_the_runbook_cuts_over_live_old_history_without_losing_an_input(empty_en
     # step 5: the native runtime, the fence lifted, stored receipts admitted
     fences.disarm_fence(engine, fence)
     assert connectors.materialize() == 1
-    new = connectors.ingest(pack, items(["new-1", "new-2"]))
+    new = connectors.ingest(pack, items=items(["new-1", "new-2"]))
     assert [r.outcome for r in new] == [Outcome.ADMITTED, Outcome.ADMITTED]
     assert [r.enqueue_ordinal for r in new] == [5, 6]
-    duplicates = connectors.ingest(pack, items(["old-1", "new-1"]))
+    duplicates = connectors.ingest(pack, items=items(["old-1", "new-1"]))
     assert [r.outcome for r in duplicates] == [Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED]
     with pytest.raises(LegacyRefused, match="rollback"):
         legacy.ingest(pack, items(["old-4"]))
 
-    claims = connectors.claim("new-worker", pack_install_ids=[pack], max_items=10, lease_seconds=30)
+    claims = connectors.claim("new-worker", pack_install_ids=[pack], max_items=10, lease=dt.timedelta(seconds=30))
     ranges = sorted((c.work.input_start_ordinal, c.work.lane_ordinal) for c in claims)
     assert ranges == [(4, 4), (5, 6)]
     for claim in claims:
         members = [
             i.enqueue_ordinal
-            for page in connectors.load_inputs(claim.work.work_id, claim.lease_token)
+            for page in connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token)
             for i in page.inputs
         ]
         assert members == list(range(claim.work.input_start_ordinal, claim.work.lane_ordinal + 1))
-        connectors.complete(claim.work.work_id, claim.lease_token)
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     with engine.connect() as connection:
         old = connection.execute(
             sa.select(sa.func.count()).select_from(WorkItem).where(WorkItem.c.InputStartOrdinal.is_(None))

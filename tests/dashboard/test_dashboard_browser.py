@@ -97,9 +97,13 @@ def scripted_workload(connectors: ConnectorsClient, pack: str) -> dict[str, str]
     config = WorkloadConfig(lanes=6, inputs=60, rate=0, seed=8)
     assert Simulator(connectors, pack, config, threading.Event()).run().admitted == 60
     done, retrying, failed = connectors.claim("dashboard-test", pack_install_ids=[pack], max_items=3)
-    connectors.complete(done.work.work_id, done.lease_token)
-    connectors.fail(retrying.work.work_id, retrying.lease_token, "the CRM answered 503", retryable=True)
-    connectors.fail(failed.work.work_id, failed.lease_token, "contact schema rejected", retryable=False)
+    connectors.complete(done.work.work_id, lease_token=done.lease_token)
+    connectors.fail(
+        retrying.work.work_id, lease_token=retrying.lease_token, error="the CRM answered 503", retryable=True
+    )
+    connectors.fail(
+        failed.work.work_id, lease_token=failed.lease_token, error="contact schema rejected", retryable=False
+    )
     return {"completed": done.work.work_id, "retry": retrying.work.work_id, "failed": failed.work.work_id}
 
 
@@ -119,7 +123,7 @@ def open_coverage_gap(engine: sa.Engine, connectors: ConnectorsClient, pack: str
     again = IngestItem(
         receipt_key=receipt_key, route=Route.of(decode_projection_key(work.ProjectionKey)), payload=payload
     )
-    [result] = connectors.ingest(pack, [again])
+    [result] = connectors.ingest(pack, items=[again])
     assert result.outcome is Outcome.COVERAGE_MISSING
     return str(receipt_key)
 

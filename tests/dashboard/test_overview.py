@@ -51,19 +51,26 @@ def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine
     connectors = Connectors(engine, clock=clock)
     before = counters()
 
-    first = connectors.ingest(pack, [delivery(lane="a"), delivery(lane="a"), delivery(lane="b"), delivery(lane="c")])
+    first = connectors.ingest(
+        pack, items=[delivery(lane="a"), delivery(lane="a"), delivery(lane="b"), delivery(lane="c")]
+    )
     clock.advance(5)
-    second = connectors.ingest(pack, [delivery(lane="a"), delivery(lane="b")])
+    second = connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
     assert {r.outcome for r in first + second} == {Outcome.ADMITTED}
     claims = {lane_of(c.work.projection_key): c for c in connectors.claim("w", pack_install_ids=[pack], max_items=3)}
     assert sorted(claims) == ["a", "b", "c"]
-    list(connectors.load_inputs(claims["a"].work.work_id, claims["a"].lease_token))
-    connectors.fail(claims["a"].work.work_id, claims["a"].lease_token, "boom")
-    connectors.complete(claims["c"].work.work_id, claims["c"].lease_token)  # b keeps its lease, which expires
-    assert connectors.ingest(pack, [delivery(first[3].receipt_key, lane="c")])[0].outcome is Outcome.DUPLICATE_COVERED
-    waiting = connectors.ingest(pack, [delivery(lane="d")])[0]
+    list(connectors.load_inputs(claims["a"].work.work_id, lease_token=claims["a"].lease_token))
+    connectors.fail(claims["a"].work.work_id, lease_token=claims["a"].lease_token, error="boom")
+    connectors.complete(
+        claims["c"].work.work_id, lease_token=claims["c"].lease_token
+    )  # b keeps its lease, which expires
+    assert (
+        connectors.ingest(pack, items=[delivery(first[3].receipt_key, lane="c")])[0].outcome
+        is Outcome.DUPLICATE_COVERED
+    )
+    waiting = connectors.ingest(pack, items=[delivery(lane="d")])[0]
     fence = fences.arm_fence(engine, "acme", pack, reason="maintenance", clock=clock)
-    assert connectors.ingest(pack, [delivery(lane="e")])[0].outcome is Outcome.FENCED
+    assert connectors.ingest(pack, items=[delivery(lane="e")])[0].outcome is Outcome.FENCED
     clock.advance(60)
 
     after = counters()

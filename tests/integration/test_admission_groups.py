@@ -47,7 +47,7 @@ def test_calls_waiting_behind_an_admission_are_admitted_together(
         items = [delivery(f"c{n}-{i}", lane=f"lane-{n}") for i in range(2)] + [delivery(f"c{n}-s", lane="shared")]
         if n >= CALLERS - 2:
             items.append(delivery("c1-0", lane="lane-1"))
-        answers[n] = connectors.ingest(pack, items)
+        answers[n] = connectors.ingest(pack, items=items)
 
     threads = [threading.Thread(target=call, args=(n,)) for n in range(CALLERS)]
     threads[0].start()

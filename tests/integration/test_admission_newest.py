@@ -36,7 +36,7 @@ def other_engine(dsn: str) -> Iterator[sa.Engine]:
 
 def _admit(connectors: Connectors, pack: str, key: str) -> str:
     """Admit one delivery on lane-1 and return the WorkId of the generation that holds it."""
-    [result] = connectors.ingest(pack, [delivery(key)])
+    [result] = connectors.ingest(pack, items=[delivery(key)])
     assert result.outcome is Outcome.ADMITTED and result.work_id is not None
     return result.work_id
 
@@ -55,7 +55,7 @@ def test_a_generation_created_by_another_process_is_found(engine: sa.Engine, oth
     pack = install_pack(engine)
     first = _admit(here, pack, "a1")  # remembered here as lane-1's newest
     claim = _claim(here, pack)
-    here.complete(claim.work.work_id, claim.lease_token)
+    here.complete(claim.work.work_id, lease_token=claim.lease_token)
     second = _admit(there, pack, "b1")  # a successor this process never saw
     running = _claim(there, pack)
     assert running.work.work_id == second != first
@@ -64,7 +64,7 @@ def test_a_generation_created_by_another_process_is_found(engine: sa.Engine, oth
 
     assert third not in (first, second)
     assert _status(here, third) is WorkStatus.BLOCKED  # behind the processing successor, not beside it
-    there.complete(running.work.work_id, running.lease_token)
+    there.complete(running.work.work_id, lease_token=running.lease_token)
     assert_invariants(engine)
 
 
@@ -73,8 +73,8 @@ def test_a_replay_is_the_newest_generation_of_the_next_batch(engine: sa.Engine) 
     pack = install_pack(engine)
     _admit(connectors, pack, "a1")
     claim = _claim(connectors, pack)
-    connectors.complete(claim.work.work_id, claim.lease_token)
-    replayed, _ = connectors.replay(claim.work.work_id)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    replayed = connectors.replay(claim.work.work_id).work
 
     assert _admit(connectors, pack, "a2") == replayed.work_id  # the unclaimed replay absorbs the input
     assert_invariants(engine)
@@ -97,10 +97,10 @@ def test_a_rolled_back_admission_is_not_remembered(
     with monkeypatch.context() as patch:
         patch.setattr(queries, "work_items_insert", insert_then_fail)
         with pytest.raises(RuntimeError, match="fails after creating"):
-            here.ingest(pack, [delivery("a2")])
+            here.ingest(pack, items=[delivery("a2")])
     successor = _admit(there, pack, "b1")  # LastOrdinal now equals what the rolled-back batch would have left
 
     assert _admit(here, pack, "a3") == successor  # extended, not a second successor beside it
     assert _status(here, successor) is WorkStatus.BLOCKED
-    here.complete(running.work.work_id, running.lease_token)
+    here.complete(running.work.work_id, lease_token=running.lease_token)
     assert_invariants(engine)

@@ -75,7 +75,7 @@ def _shapes(connectors: Connectors, pack: str, size: int) -> dict[str, tuple[Cou
     seen = {}
     for shape, items in shapes.items():
         with counting(connectors.engine) as counted:
-            results = connectors.ingest(pack, items)
+            results = connectors.ingest(pack, items=items)
         seen[shape] = (counted, [r.outcome for r in results])
     return seen
 

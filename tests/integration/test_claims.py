@@ -30,8 +30,8 @@ LANES = 40
 
 def _finish(connectors: Connectors, claims: list[Claim]) -> None:
     for claim in claims:
-        list(connectors.load_inputs(claim.work.work_id, claim.lease_token))
-        connectors.complete(claim.work.work_id, claim.lease_token)
+        list(connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token))
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
 
 
 def _oldest_first(engine: sa.Engine, pack: str) -> list[str]:
@@ -51,7 +51,7 @@ def test_a_claim_runs_the_same_few_statements_whatever_max_items(
     engine: sa.Engine, connectors: Connectors, max_items: int
 ) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(LANES)])
+    connectors.ingest(pack, items=[delivery(lane=f"lane-{n}") for n in range(LANES)])
     with capture(engine) as captured:
         claims = connectors.claim("w", pack_install_ids=[pack], max_items=max_items)
     statements = [c.statement.split()[0].upper() for c in captured if c.statement != "BEGIN IMMEDIATE"]
@@ -65,7 +65,7 @@ def test_claims_of_one_process_never_choose_rows_another_has_reserved(
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(6)])
+    connectors.ingest(pack, items=[delivery(lane=f"lane-{n}") for n in range(6)])
     oldest = _oldest_first(engine, pack)
     with connectors.claimers.reserving() as take:  # another claim of this process is leasing the two oldest
         assert take(oldest, 2) == oldest[:2]
@@ -83,7 +83,9 @@ def test_a_missing_selected_event_refuses_only_its_generation(
     engine: sa.Engine, connectors: Connectors, caplog: pytest.LogCaptureFixture
 ) -> None:
     pack = install_pack(engine)
-    results = connectors.ingest(pack, [delivery(lane="a"), delivery(lane="b"), delivery(lane="b"), delivery(lane="c")])
+    results = connectors.ingest(
+        pack, items=[delivery(lane="a"), delivery(lane="b"), delivery(lane="b"), delivery(lane="c")]
+    )
     damaged = results[1].work_id
     selected = results[2].enqueue_ordinal
     with engine.begin() as connection:
@@ -105,10 +107,10 @@ def test_an_expired_lease_is_reclaimed_in_the_same_statement_as_pending_work(
     engine: sa.Engine, connectors: Connectors, clock: FakeClock
 ) -> None:
     pack = install_pack(engine)
-    first = connectors.ingest(pack, [delivery(lane="a")])[0]
-    expired = connectors.claim("w1", pack_install_ids=[pack], lease_seconds=5)[0]
+    first = connectors.ingest(pack, items=[delivery(lane="a")])[0]
+    expired = connectors.claim("w1", pack_install_ids=[pack], lease=dt.timedelta(seconds=5))[0]
     clock.advance(6)
-    second = connectors.ingest(pack, [delivery(lane="b")])[0]
+    second = connectors.ingest(pack, items=[delivery(lane="b")])[0]
     claims = connectors.claim("w2", pack_install_ids=[pack], max_items=2)
     assert {(c.work.work_id, c.work.attempt) for c in claims} == {(first.work_id, 1), (second.work_id, 0)}
     assert len({c.lease_token for c in claims} | {expired.lease_token}) == 2  # one fresh token for the claim
@@ -159,7 +161,7 @@ class _WaitingClaim:
 def test_a_waiting_claim_returns_as_soon_as_this_process_admits_work(engine: sa.Engine, patient: Connectors) -> None:
     pack = install_pack(engine)
     waiting = _WaitingClaim(patient, pack, engine)  # it found nothing and waits
-    admitted = patient.ingest(pack, [delivery(lane="a"), delivery(lane="b")])
+    admitted = patient.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
     claims = wait_until(waiting.answer, "the waiting claim to return the admitted work")
     assert sorted(c.work.work_id for c in claims) == sorted(str(r.work_id) for r in admitted)
     _finish(patient, claims)
@@ -170,9 +172,9 @@ def test_a_waiting_claim_is_woken_by_a_completion_that_unblocks_a_successor(
     engine: sa.Engine, patient: Connectors
 ) -> None:
     pack = install_pack(engine)
-    patient.ingest(pack, [delivery(lane="a")])
+    patient.ingest(pack, items=[delivery(lane="a")])
     running = patient.claim("w", pack_install_ids=[pack])[0]
-    successor = patient.ingest(pack, [delivery(lane="a")])[0]  # blocked behind the running generation
+    successor = patient.ingest(pack, items=[delivery(lane="a")])[0]  # blocked behind the running generation
     waiting = _WaitingClaim(patient, pack, engine)
     _finish(patient, [running])
     claims = wait_until(waiting.answer, "the waiting claim to return the unblocked successor")
@@ -185,7 +187,7 @@ def test_a_worker_runs_a_batch_in_turn_and_keeps_the_waiting_leases(
     engine: sa.Engine, connectors: Connectors, clock: FakeClock
 ) -> None:
     pack = install_pack(engine)
-    admitted = connectors.ingest(pack, [delivery(lane=f"lane-{n}") for n in range(3)])
+    admitted = connectors.ingest(pack, items=[delivery(lane=f"lane-{n}") for n in range(3)])
     ran: list[str] = []
 
     def flow(generation: Generation) -> None:
@@ -196,7 +198,9 @@ def test_a_worker_runs_a_batch_in_turn_and_keeps_the_waiting_leases(
             wait_until(lambda: _lease_expiries(engine, pack).count(renewed) == 3, "every lease of the batch renewed")
         ran.append(generation.work.work_id)
 
-    worker = Worker(connectors, flow, worker_id="w", pack_install_ids=[pack], lease_seconds=1, batch_size=3)
+    worker = Worker(
+        connectors, flow, worker_id="w", pack_install_ids=[pack], lease=dt.timedelta(seconds=1), batch_size=3
+    )
     assert worker.run_once()
     assert sorted(ran) == sorted(str(r.work_id) for r in admitted)
     assert worker.stats.completed == 3 and not worker.run_once()

@@ -92,11 +92,11 @@ def seed(engine: sa.Engine) -> Seeded:
     keys: list[str] = [route(f"lane-{lane}").identity(native).key for lane in range(LANES)]
     _insert_history(engine, native, keys, legacy=False)
     for round_ in range(ROUNDS):
-        connectors.ingest(native, [delivery(f"n-{round_}-{lane}", lane=f"lane-{lane}") for lane in range(LANES)])
+        connectors.ingest(native, items=[delivery(f"n-{round_}-{lane}", lane=f"lane-{lane}") for lane in range(LANES)])
         for claim in connectors.claim("seed", pack_install_ids=[native], max_items=LANES // 4):
-            for _ in connectors.load_inputs(claim.work.work_id, claim.lease_token):
+            for _ in connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token):
                 pass
-            connectors.complete(claim.work.work_id, claim.lease_token)
+            connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
         clock.advance(1)
     claim = connectors.claim("seed", pack_install_ids=[native])[0]
     with engine.begin() as connection:

@@ -66,10 +66,10 @@ def test_ingress_claim_adapter_payload_set_and_completion(services: tuple[str, S
         sent = {}
         for batch in range(4):
             items = [delivery(f"b{batch}-{i}", lane=f"lane-{i % 3}") for i in range(25)]
-            results = client.ingest(pack, items)
+            results = client.ingest(pack, items=items)
             assert all(r.outcome is Outcome.ADMITTED for r in results)
             sent.update({r.enqueue_ordinal: item.payload for r, item in zip(results, items, strict=True)})
-        duplicate = client.ingest(pack, [delivery("b0-0", lane="lane-0", payload=b"payload of b0-0")])[0]
+        duplicate = client.ingest(pack, items=[delivery("b0-0", lane="lane-0", payload=b"payload of b0-0")])[0]
         assert duplicate.outcome is Outcome.DUPLICATE_COVERED
 
         workers = [Worker(client, flow, worker_id=f"w{n}", pack_install_ids=[pack], page_size=7) for n in range(2)]

@@ -7,6 +7,7 @@ test's database, so the whole-database checker sees every earlier example too.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 
 import pytest
@@ -46,7 +47,7 @@ def test_range_protocol_state_machine(engine: sa.Engine) -> None:
             items = [delivery(lane=lane) for lane in lanes]
             if repeat and self.sent:  # redeliver an earlier receipt unchanged
                 items.append(self.sent[0])
-            for item, result in zip(items, self.connectors.ingest(self.pack, items), strict=True):
+            for item, result in zip(items, self.connectors.ingest(self.pack, items=items), strict=True):
                 if result.outcome is Outcome.ADMITTED:
                     self.sent.append(item)
                     self.admitted.add(result.enqueue_ordinal)
@@ -55,14 +56,18 @@ def test_range_protocol_state_machine(engine: sa.Engine) -> None:
 
         @rule()
         def claim(self) -> None:
-            self.held += self.connectors.claim("w", pack_install_ids=[self.pack], max_items=2, lease_seconds=LEASE)
+            self.held += self.connectors.claim(
+                "w", pack_install_ids=[self.pack], max_items=2, lease=dt.timedelta(seconds=LEASE)
+            )
 
         @rule(index=st.integers(0, 3))
         def heartbeat(self, index: int) -> None:
             if self.held:
                 claim = self.held[index % len(self.held)]
                 try:
-                    self.connectors.heartbeat(claim.work.work_id, claim.lease_token, LEASE)
+                    self.connectors.heartbeat(
+                        claim.work.work_id, lease_token=claim.lease_token, lease=dt.timedelta(seconds=LEASE)
+                    )
                 except LeaseLost:
                     self.held.remove(claim)
 
@@ -71,7 +76,9 @@ def test_range_protocol_state_machine(engine: sa.Engine) -> None:
             if self.held:
                 claim = self.held.pop(index % len(self.held))
                 try:
-                    self.connectors.fail(claim.work.work_id, claim.lease_token, "flow error", retryable=retryable)
+                    self.connectors.fail(
+                        claim.work.work_id, lease_token=claim.lease_token, error="flow error", retryable=retryable
+                    )
                 except LeaseLost:
                     pass
 
@@ -86,10 +93,10 @@ def test_range_protocol_state_machine(engine: sa.Engine) -> None:
                 try:
                     loaded = [
                         i.enqueue_ordinal
-                        for p in self.connectors.load_inputs(claim.work.work_id, claim.lease_token)
+                        for p in self.connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token)
                         for i in p.inputs
                     ]
-                    work = self.connectors.complete(claim.work.work_id, claim.lease_token)
+                    work = self.connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
                 except LeaseLost:
                     return
                 assert loaded[0] == work.input_start_ordinal and loaded[-1] == work.lane_ordinal  # P

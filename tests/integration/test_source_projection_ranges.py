@@ -29,7 +29,11 @@ def count(engine: sa.Engine, table: sa.Table) -> int:
 
 
 def load_all(connectors: Connectors, work_id: str, token: str, page_size: int = 0) -> list[int]:
-    return [i.enqueue_ordinal for page in connectors.load_inputs(work_id, token, page_size) for i in page.inputs]
+    return [
+        i.enqueue_ordinal
+        for page in connectors.load_inputs(work_id, lease_token=token, page_size=page_size)
+        for i in page.inputs
+    ]
 
 
 def claim_one(connectors: Connectors, pack: str, worker: str = "w1"):  # type: ignore[no-untyped-def]
@@ -42,7 +46,7 @@ def test_regression_1_membership_follows_ordinals_not_source_clocks(engine: sa.E
     pack = install_pack(engine)
     # The source's clock runs backwards relative to arrival: the old inference trusted it.
     times = [START - dt.timedelta(minutes=m) for m in (0, 10, 5, 30)]
-    results = connectors.ingest(pack, [delivery(source_time=t) for t in times])
+    results = connectors.ingest(pack, items=[delivery(source_time=t) for t in times])
     assert [r.outcome for r in results] == [Outcome.ADMITTED] * 4
     ordinals = [r.enqueue_ordinal for r in results]
     assert ordinals == [1, 2, 3, 4]
@@ -51,10 +55,10 @@ def test_regression_1_membership_follows_ordinals_not_source_clocks(engine: sa.E
     assert (claim.work.input_start_ordinal, claim.work.lane_ordinal) == (1, 4)
     assert load_all(connectors, claim.work.work_id, claim.lease_token, page_size=3) == ordinals
     # A later input with the oldest source time still belongs to a new generation only.
-    later = connectors.ingest(pack, [delivery(source_time=START - dt.timedelta(days=1))])[0]
+    later = connectors.ingest(pack, items=[delivery(source_time=START - dt.timedelta(days=1))])[0]
     assert later.work_id != claim.work.work_id
     assert later.enqueue_ordinal == 5
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     nxt = claim_one(connectors, pack)
     assert load_all(connectors, nxt.work.work_id, nxt.lease_token) == [5]
     assert_invariants(engine)
@@ -64,13 +68,13 @@ def test_regression_2_duplicate_of_input_with_missing_generation_is_refused(
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
-    first = connectors.ingest(pack, [delivery("r-lost")])[0]
+    first = connectors.ingest(pack, items=[delivery("r-lost")])[0]
     assert first.outcome is Outcome.ADMITTED
     with engine.begin() as connection:  # a retention bug deletes the live generation
         connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == first.work_id))
     events, work = count(engine, Event), count(engine, WorkItem)
 
-    again = connectors.ingest(pack, [delivery("r-lost")])[0]
+    again = connectors.ingest(pack, items=[delivery("r-lost")])[0]
 
     assert again.outcome is Outcome.COVERAGE_MISSING
     assert "coverage missing" in again.message and again.work_id is None
@@ -86,15 +90,15 @@ def test_active_generation_absorbs_until_claimed_then_successor_takes_over(
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
-    a = connectors.ingest(pack, [delivery(), delivery()])
-    b = connectors.ingest(pack, [delivery()])
+    a = connectors.ingest(pack, items=[delivery(), delivery()])
+    b = connectors.ingest(pack, items=[delivery()])
     assert {r.work_id for r in a + b} == {a[0].work_id}
     before = generation_bounds(engine)
     claim = claim_one(connectors, pack)
     assert (claim.work.input_start_ordinal, claim.work.lane_ordinal) == (1, 3)
 
-    c = connectors.ingest(pack, [delivery(), delivery()])
-    d = connectors.ingest(pack, [delivery()])
+    c = connectors.ingest(pack, items=[delivery(), delivery()])
+    d = connectors.ingest(pack, items=[delivery()])
     successor = connectors.get_work(c[0].work_id)
     assert successor.work.work_id != claim.work.work_id
     assert successor.work.status is WorkStatus.BLOCKED
@@ -103,7 +107,7 @@ def test_active_generation_absorbs_until_claimed_then_successor_takes_over(
     assert connectors.claim("w2", pack_install_ids=[pack]) == []  # X: the successor waits
 
     assert load_all(connectors, claim.work.work_id, claim.lease_token) == [1, 2, 3]
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert connectors.get_work(successor.work.work_id).work.status is WorkStatus.PENDING
     nxt = claim_one(connectors, pack)
     assert load_all(connectors, nxt.work.work_id, nxt.lease_token) == [4, 5, 6]
@@ -113,7 +117,7 @@ def test_active_generation_absorbs_until_claimed_then_successor_takes_over(
 
 def test_identities_get_separate_generations_and_one_batch_query_set(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    results = connectors.ingest(pack, [delivery(lane=f"lane-{i % 3}") for i in range(9)])
+    results = connectors.ingest(pack, items=[delivery(lane=f"lane-{i % 3}") for i in range(9)])
     by_lane = Counter(r.work_id for r in results)
     assert sorted(by_lane.values()) == [3, 3, 3]
     for work_id in by_lane:
@@ -150,18 +154,18 @@ def test_mixed_duplicates(engine: sa.Engine, connectors: Connectors, clock: Fake
                     CreatedAt=START,
                 )
             )
-    terminal = connectors.ingest(pack, [delivery("done")])[0]
+    terminal = connectors.ingest(pack, items=[delivery("done")])[0]
     claim = claim_one(connectors, pack)
-    connectors.complete(claim.work.work_id, claim.lease_token)
-    live = connectors.ingest(pack, [delivery("live")])[0]
-    lost = connectors.ingest(pack, [delivery("lost", lane="lane-lost")])[0]
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    live = connectors.ingest(pack, items=[delivery("live")])[0]
+    lost = connectors.ingest(pack, items=[delivery("lost", lane="lane-lost")])[0]
     with engine.begin() as connection:
         connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == lost.work_id))
     events, work = count(engine, Event), count(engine, WorkItem)
 
     results = connectors.ingest(
         pack,
-        [
+        items=[
             delivery("old-1"),
             delivery("done"),
             delivery("live"),
@@ -192,12 +196,12 @@ def test_retry_keeps_both_bounds_and_successor_waits(
     engine: sa.Engine, connectors: Connectors, clock: FakeClock
 ) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery(), delivery()])
+    connectors.ingest(pack, items=[delivery(), delivery()])
     claim = claim_one(connectors, pack)
-    failed = connectors.fail(claim.work.work_id, claim.lease_token, "boom")
+    failed = connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="boom")
     assert failed.status is WorkStatus.RETRY and failed.attempt == 1
     assert (failed.input_start_ordinal, failed.lane_ordinal) == (1, 2)
-    later = connectors.ingest(pack, [delivery()])[0]
+    later = connectors.ingest(pack, items=[delivery()])[0]
     assert later.work_id != claim.work.work_id  # a retry never extends
     assert connectors.get_work(later.work_id).work.status is WorkStatus.BLOCKED
     assert connectors.claim("w1", pack_install_ids=[pack]) == []  # backoff not over
@@ -206,23 +210,24 @@ def test_retry_keeps_both_bounds_and_successor_waits(
     assert again.work.work_id == claim.work.work_id
     assert (again.work.input_start_ordinal, again.work.lane_ordinal) == (1, 2)
     assert load_all(connectors, again.work.work_id, again.lease_token) == [1, 2]
-    connectors.complete(again.work.work_id, again.lease_token)
+    connectors.complete(again.work.work_id, lease_token=again.lease_token)
     assert_invariants(engine)
 
 
 def test_replay_starts_with_its_event_and_absorbs_later_inputs(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery(), delivery()])
+    connectors.ingest(pack, items=[delivery(), delivery()])
     claim = claim_one(connectors, pack)
-    connectors.complete(claim.work.work_id, claim.lease_token)
-    replayed, ordinal = connectors.replay(claim.work.work_id)
-    assert ordinal == 3
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    result = connectors.replay(claim.work.work_id)
+    replayed = result.work
+    assert result.replay_event_ordinal == 3
     assert (replayed.input_start_ordinal, replayed.lane_ordinal) == (3, 3)
     assert replayed.replay_of_work_id == claim.work.work_id and replayed.status is WorkStatus.PENDING
-    absorbed = connectors.ingest(pack, [delivery()])[0]
+    absorbed = connectors.ingest(pack, items=[delivery()])[0]
     assert absorbed.work_id == replayed.work_id
     replay_claim = claim_one(connectors, pack)
-    pages = list(connectors.load_inputs(replay_claim.work.work_id, replay_claim.lease_token))
+    pages = list(connectors.load_inputs(replay_claim.work.work_id, lease_token=replay_claim.lease_token))
     inputs = [i for page in pages for i in page.inputs]
     assert [(i.enqueue_ordinal, i.is_replay) for i in inputs] == [(3, True), (4, False)]
     assert b'"replay_of_work_id": "' + claim.work.work_id.encode() in inputs[0].payload
@@ -240,14 +245,14 @@ def test_crash_after_admission_commit(
 
     monkeypatch.setattr(admission.NewestGenerations, "record", crash)
     with pytest.raises(ConnectionError):
-        connectors.ingest(pack, [delivery("r-crash")])
+        connectors.ingest(pack, items=[delivery("r-crash")])
     monkeypatch.undo()
     with engine.connect() as connection:
         state, payload = connection.execute(sa.select(IngressReceipt.c.State, IngressReceipt.c.Payload)).one()
     assert state == ReceiptState.CONFIRMED and payload == b""  # the payload is stored once, in the Event
     assert count(engine, Event) == 1 and count(engine, WorkItem) == 1
 
-    retried = connectors.ingest(pack, [delivery("r-crash")])[0]
+    retried = connectors.ingest(pack, items=[delivery("r-crash")])[0]
     assert retried.outcome is Outcome.DUPLICATE_COVERED
     assert count(engine, Event) == 1 and count(engine, WorkItem) == 1
     assert_invariants(engine)
@@ -259,7 +264,7 @@ def test_receipt_left_stored_beside_its_event_is_confirmed(
 ) -> None:
     """An older release confirmed receipts after the commit: a crash in between left them stored beside their Events."""
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery("r-old")])
+    connectors.ingest(pack, items=[delivery("r-old")])
     with engine.begin() as connection:
         connection.execute(
             sa.update(IngressReceipt).values(State=ReceiptState.STORED, ConfirmedAt=None, Payload=b"copy")
@@ -267,7 +272,7 @@ def test_receipt_left_stored_beside_its_event_is_confirmed(
     if recovery == "materializer":
         assert connectors.materialize() == 1
     else:
-        assert connectors.ingest(pack, [delivery("r-old")])[0].outcome is Outcome.DUPLICATE_COVERED
+        assert connectors.ingest(pack, items=[delivery("r-old")])[0].outcome is Outcome.DUPLICATE_COVERED
     explained = connectors.explain_receipt(pack, "r-old")
     assert explained.receipt_state == ReceiptState.CONFIRMED
     with engine.connect() as connection:
@@ -289,7 +294,7 @@ def test_enqueue_and_claim_race_threads(engine: sa.Engine) -> None:
         try:
             for b in range(batches):
                 results = connectors.ingest(
-                    pack, [delivery(f"p{n}-{b}-{i}", lane=f"lane-{i % lanes}") for i in range(per_batch)]
+                    pack, items=[delivery(f"p{n}-{b}-{i}", lane=f"lane-{i % lanes}") for i in range(per_batch)]
                 )
                 admitted.extend(r.enqueue_ordinal for r in results if r.outcome is Outcome.ADMITTED)
         except BaseException as error:
@@ -304,7 +309,7 @@ def test_enqueue_and_claim_race_threads(engine: sa.Engine) -> None:
                 claims = connectors.claim(f"w{n}", pack_install_ids=[pack], max_items=2)
                 for c in claims:
                     executed.update(load_all(connectors, c.work.work_id, c.lease_token))
-                    connectors.complete(c.work.work_id, c.lease_token)
+                    connectors.complete(c.work.work_id, lease_token=c.lease_token)
                 if not claims and finished:
                     return
         except BaseException as error:
@@ -334,7 +339,9 @@ def _ingest_process(dsn: str, pack: str, name: str, batches: int, per_batch: int
     connectors = Connectors(engine)
     admitted: list[int] = []
     for b in range(batches):
-        results = connectors.ingest(pack, [delivery(f"{name}-{b}-{i}", lane=f"lane-{i % 4}") for i in range(per_batch)])
+        results = connectors.ingest(
+            pack, items=[delivery(f"{name}-{b}-{i}", lane=f"lane-{i % 4}") for i in range(per_batch)]
+        )
         admitted.extend(r.enqueue_ordinal for r in results if r.outcome is Outcome.ADMITTED)
     engine.dispose()
     return admitted
@@ -353,7 +360,7 @@ def test_enqueue_and_claim_race_processes(engine: sa.Engine, dsn: str) -> None:
         claims = connectors.claim("w", pack_install_ids=[pack], max_items=4)
         for c in claims:
             executed.update(load_all(connectors, c.work.work_id, c.lease_token))
-            connectors.complete(c.work.work_id, c.lease_token)
+            connectors.complete(c.work.work_id, lease_token=c.lease_token)
         return len(claims)
 
     with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
@@ -371,9 +378,9 @@ def test_enqueue_and_claim_race_processes(engine: sa.Engine, dsn: str) -> None:
 def test_replay_and_admission_never_interleave(engine: sa.Engine) -> None:
     connectors = Connectors(engine)
     pack = install_pack(engine)
-    first = connectors.ingest(pack, [delivery(lane="lane-r")])[0]
+    first = connectors.ingest(pack, items=[delivery(lane="lane-r")])[0]
     claim = claim_one(connectors, pack)
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     replay_ordinals: list[int] = []
     admitted: list[int] = []
     errors: list[BaseException] = []
@@ -382,13 +389,14 @@ def test_replay_and_admission_never_interleave(engine: sa.Engine) -> None:
         try:
             target = first.work_id
             for _ in range(8):
-                work, ordinal = connectors.replay(target)
-                replay_ordinals.append(ordinal)
+                replayed = connectors.replay(target)
+                work = replayed.work
+                replay_ordinals.append(replayed.replay_event_ordinal)
                 while True:  # run the replay generation (it may absorb fresh inputs of lane-r)
                     claims = connectors.claim("rw", pack_install_ids=[pack], max_items=4)
                     for c in claims:
-                        list(connectors.load_inputs(c.work.work_id, c.lease_token))
-                        connectors.complete(c.work.work_id, c.lease_token)
+                        list(connectors.load_inputs(c.work.work_id, lease_token=c.lease_token))
+                        connectors.complete(c.work.work_id, lease_token=c.lease_token)
                     if connectors.get_work(work.work_id).work.status is WorkStatus.COMPLETED:
                         break
         except BaseException as error:
@@ -398,7 +406,7 @@ def test_replay_and_admission_never_interleave(engine: sa.Engine) -> None:
         try:
             for b in range(8):
                 results = connectors.ingest(
-                    pack, [delivery(f"i{n}-{b}-{i}", lane=("lane-r", "lane-x")[i % 2]) for i in range(5)]
+                    pack, items=[delivery(f"i{n}-{b}-{i}", lane=("lane-r", "lane-x")[i % 2]) for i in range(5)]
                 )
                 admitted.extend(r.enqueue_ordinal for r in results)
         except BaseException as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 
 import pytest
@@ -24,15 +25,15 @@ pytestmark = pytest.mark.database
 
 def test_duplicates_never_change_stored_rows(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery("a"), delivery("b", lane="other")])
+    connectors.ingest(pack, items=[delivery("a"), delivery("b", lane="other")])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
     with engine.connect() as connection:
         before = database_checksums(connection, [Event.name, WorkItem.name, IngressReceipt.name])
-    results = connectors.ingest(pack, [delivery("a"), delivery("b", lane="other"), delivery("a", payload=b"x")])
+    results = connectors.ingest(pack, items=[delivery("a"), delivery("b", lane="other"), delivery("a", payload=b"x")])
     assert [r.outcome for r in results] == [Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_COVERED, Outcome.REJECTED]
     with engine.connect() as connection:
         assert database_checksums(connection, [Event.name, WorkItem.name, IngressReceipt.name]) == before
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert_invariants(engine)
 
 
@@ -40,24 +41,24 @@ def test_expired_lease_transfers_ownership_and_refuses_the_old_holder(
     engine: sa.Engine, connectors: Connectors, clock: FakeClock
 ) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery(), delivery()])
-    first = connectors.claim("w1", pack_install_ids=[pack], lease_seconds=10)[0]
+    connectors.ingest(pack, items=[delivery(), delivery()])
+    first = connectors.claim("w1", pack_install_ids=[pack], lease=dt.timedelta(seconds=10))[0]
     assert connectors.claim("w2", pack_install_ids=[pack]) == []  # lease still held
     clock.advance(11)
     with pytest.raises(LeaseLost, match="expired"):
-        connectors.heartbeat(first.work.work_id, first.lease_token)
-    second = connectors.claim("w2", pack_install_ids=[pack], lease_seconds=10)[0]
+        connectors.heartbeat(first.work.work_id, lease_token=first.lease_token)
+    second = connectors.claim("w2", pack_install_ids=[pack], lease=dt.timedelta(seconds=10))[0]
     assert second.work.work_id == first.work.work_id
     assert second.work.attempt == 1  # the expired lease counted as a failed attempt
     assert (second.work.input_start_ordinal, second.work.lane_ordinal) == (1, 2)
     for call in (
-        lambda: connectors.complete(first.work.work_id, first.lease_token),
-        lambda: connectors.fail(first.work.work_id, first.lease_token, "late"),
-        lambda: list(connectors.load_inputs(first.work.work_id, first.lease_token)),
+        lambda: connectors.complete(first.work.work_id, lease_token=first.lease_token),
+        lambda: connectors.fail(first.work.work_id, lease_token=first.lease_token, error="late"),
+        lambda: list(connectors.load_inputs(first.work.work_id, lease_token=first.lease_token)),
     ):
         with pytest.raises(LeaseLost, match="stale"):
             call()
-    done = connectors.complete(second.work.work_id, second.lease_token)
+    done = connectors.complete(second.work.work_id, lease_token=second.lease_token)
     assert done.status is WorkStatus.COMPLETED and done.lease_owner == "w2"
     assert_invariants(engine)
 
@@ -74,15 +75,18 @@ def test_lease_expiry_on_the_last_attempt_fails_the_generation(engine: sa.Engine
     connectors = Connectors(engine, clock=clock)
     pack = install_pack(engine)
     reclaimed, expired_failed = expired_lease_counts()
-    connectors.ingest(pack, [delivery()])
+    connectors.ingest(pack, items=[delivery()])
     successor_input = None
     for attempt in range(connectors.settings.max_attempts):
-        claim = connectors.claim("w", pack_install_ids=[pack], lease_seconds=5)
+        claim = connectors.claim("w", pack_install_ids=[pack], lease=dt.timedelta(seconds=5))
         assert len(claim) == 1 and claim[0].work.attempt == attempt
         if successor_input is None:
-            successor_input = connectors.ingest(pack, [delivery()])[0]
+            successor_input = connectors.ingest(pack, items=[delivery()])[0]
         clock.advance(6)
-    assert connectors.claim("w", pack_install_ids=[pack], lease_seconds=5)[0].work.work_id == successor_input.work_id
+    assert (
+        connectors.claim("w", pack_install_ids=[pack], lease=dt.timedelta(seconds=5))[0].work.work_id
+        == successor_input.work_id
+    )
     failed = connectors.get_work(claim[0].work.work_id).work
     assert failed.status is WorkStatus.FAILED and "lease expired" in (failed.last_error or "")
     # Every claim after the first took over an expired lease; the last expiry failed the generation.
@@ -93,7 +97,7 @@ def test_lease_expiry_on_the_last_attempt_fails_the_generation(engine: sa.Engine
 
 def test_concurrent_completion_exactly_one_wins(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery()])
+    connectors.ingest(pack, items=[delivery()])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
     outcomes: list[str] = []
     barrier = threading.Barrier(4)
@@ -102,10 +106,10 @@ def test_concurrent_completion_exactly_one_wins(engine: sa.Engine, connectors: C
         barrier.wait()
         try:
             if n % 2:
-                connectors.complete(claim.work.work_id, claim.lease_token)
+                connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
                 outcomes.append("completed")
             else:
-                connectors.fail(claim.work.work_id, claim.lease_token, "boom", retryable=False)
+                connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="boom", retryable=False)
                 outcomes.append("failed")
         except LeaseLost as error:
             assert "no longer held" in str(error) or "changed concurrently" in str(error)
@@ -124,9 +128,9 @@ def test_concurrent_completion_exactly_one_wins(engine: sa.Engine, connectors: C
 
 def test_stale_snapshot_is_refused_by_the_conditional_update(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery()])
+    connectors.ingest(pack, items=[delivery()])
     with engine.connect() as connection:
-        snapshot = queries.work_item_get(connection, connectors.ingest(pack, [delivery()])[0].work_id)
+        snapshot = queries.work_item_get(connection, connectors.ingest(pack, items=[delivery()])[0].work_id)
     assert snapshot is not None and snapshot.Status == WorkStatus.PENDING
     claim = connectors.claim("w", pack_install_ids=[pack])[0]  # the row moves on
     with engine.begin() as connection:
@@ -145,19 +149,19 @@ def test_stale_snapshot_is_refused_by_the_conditional_update(engine: sa.Engine, 
         )
     row = connectors.get_work(snapshot.WorkId).work
     assert (row.lease_owner, row.lane_ordinal, row.status) == ("w", 2, WorkStatus.PROCESSING)
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert_invariants(engine)
 
 
 def test_replay_conflict_fences(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery()])
+    connectors.ingest(pack, items=[delivery()])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
     with pytest.raises(ReplayRefused, match="only terminal work"):
         connectors.replay(claim.work.work_id)
     with pytest.raises(WorkNotFound):
         connectors.replay("no-such-work")
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     connectors.replay(claim.work.work_id)
     with pytest.raises(ReplayRefused, match="already has a live replay"):
         connectors.replay(claim.work.work_id)
@@ -166,9 +170,9 @@ def test_replay_conflict_fences(engine: sa.Engine, connectors: Connectors) -> No
 
 def test_two_concurrent_replays_exactly_one_succeeds(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery()])
+    connectors.ingest(pack, items=[delivery()])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     results: list[object] = []
     barrier = threading.Barrier(2)
 
@@ -197,7 +201,7 @@ def test_claim_moves_only_the_selected_event_and_completion_settles_it(
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
-    connectors.ingest(pack, [delivery(), delivery(), delivery()])
+    connectors.ingest(pack, items=[delivery(), delivery(), delivery()])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
 
     def statuses() -> list[str]:
@@ -205,7 +209,7 @@ def test_claim_moves_only_the_selected_event_and_completion_settles_it(
             return list(connection.execute(sa.select(Event.c.Status).order_by(Event.c.EnqueueOrdinal)).scalars())
 
     assert statuses() == [EventStatus.PENDING, EventStatus.PENDING, EventStatus.PROCESSING]
-    connectors.complete(claim.work.work_id, claim.lease_token)
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert statuses() == [EventStatus.PENDING, EventStatus.PENDING, EventStatus.PROCESSED]
     assert_invariants(engine)
 
@@ -213,12 +217,12 @@ def test_claim_moves_only_the_selected_event_and_completion_settles_it(
 def test_list_receipts_pages_through_one_state(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
     other = install_pack(engine)
-    first = connectors.ingest(pack, [delivery(f"k{i}") for i in range(5)])
-    connectors.ingest(other, [delivery("elsewhere")])
+    first = connectors.ingest(pack, items=[delivery(f"k{i}") for i in range(5)])
+    connectors.ingest(other, items=[delivery("elsewhere")])
     with engine.begin() as connection:  # two generations go missing
         connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == first[0].work_id))
     redelivered = connectors.ingest(
-        pack, [delivery("k1", payload=b"payload of k1"), delivery("k3", payload=b"payload of k3")]
+        pack, items=[delivery("k1", payload=b"payload of k1"), delivery("k3", payload=b"payload of k3")]
     )
     assert {r.outcome for r in redelivered} == {Outcome.COVERAGE_MISSING}
     page, token = connectors.list_receipts("coverage_missing", pack, page_size=1)

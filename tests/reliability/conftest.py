@@ -11,6 +11,7 @@ engine, connected directly, checks the database and kills the service's connecti
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -68,7 +69,7 @@ class ConnectorsCluster:
     def client(self) -> Iterator[ConnectorsClient]:
         """A client on a fresh channel, with a deadline on every call."""
         with grpc.insecure_channel(self.connectors.address) as channel:
-            yield ConnectorsClient(channel, timeout=CALL_TIMEOUT)
+            yield ConnectorsClient(channel, timeout=dt.timedelta(seconds=CALL_TIMEOUT))
 
     def close(self) -> dict[str, int]:
         """Stop the services and dispose the admin engine; each service's exit code."""

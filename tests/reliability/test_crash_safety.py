@@ -8,6 +8,7 @@ generations, and the invariants M, O, B, D, X, P hold.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def call_until_done(cluster: Cluster, call):  # type: ignore[no-untyped-def]
     while True:
         try:
             with grpc.insecure_channel(cluster.address()) as channel:
-                return call(ConnectorsClient(channel, timeout=10))
+                return call(ConnectorsClient(channel, timeout=dt.timedelta(seconds=10)))
         except grpc.RpcError as error:
             if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise
@@ -111,7 +112,7 @@ def test_sigkill_at_each_fault_point_loses_nothing(cluster: Cluster) -> None:
                     delivery(f"c{n}-{b}-{i}", lane=f"lane-{i % 4}", payload=f"c{n}-{b}-{i}".encode())
                     for i in range(PER_BATCH)
                 ]
-                results = call_until_done(cluster, lambda c, items=items: c.ingest(pack, items))
+                results = call_until_done(cluster, lambda c, items=items: c.ingest(pack, items=items))
                 with lock:
                     acknowledged.update(r.receipt_key for r in results if r.outcome in ACKNOWLEDGED_OUTCOMES)
         except BaseException as error:
@@ -127,7 +128,9 @@ def test_sigkill_at_each_fault_point_loses_nothing(cluster: Cluster) -> None:
             while not cluster.restarted.is_set() or any(t.is_alive() for t in clients):
                 call_until_done(
                     cluster,
-                    lambda c: Worker(c, flow, worker_id="w", pack_install_ids=[pack], lease_seconds=2).run_once(),
+                    lambda c: Worker(
+                        c, flow, worker_id="w", pack_install_ids=[pack], lease=dt.timedelta(seconds=2)
+                    ).run_once(),
                 )
         except BaseException as error:
             errors.append(error)
@@ -146,7 +149,7 @@ def test_sigkill_at_each_fault_point_loses_nothing(cluster: Cluster) -> None:
         flow,
         worker_id="drain",
         pack_install_ids=[pack],
-        lease_seconds=2,
+        lease=dt.timedelta(seconds=2),
     )
     while True:
         with engine.connect() as connection:

@@ -11,6 +11,7 @@ during a database restart) ends the same way.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -65,19 +66,19 @@ def targets(cluster: ProxiedConnectors, pack: str) -> list[Target]:
         )
 
     def claim(client: ConnectorsClient) -> None:
-        (claimed,) = client.claim("w", pack_install_ids=[pack], lease_seconds=300)
+        (claimed,) = client.claim("w", pack_install_ids=[pack], lease=dt.timedelta(seconds=300))
         holder["token"] = claimed.lease_token
 
     def complete(client: ConnectorsClient) -> None:
         with cluster.admin.connect() as connection:
-            client.complete(work_id(connection), holder["token"])
+            client.complete(work_id(connection), lease_token=holder["token"])
 
     work = sa.select(WorkItem).where(WorkItem.c.PackInstallId == pack).with_for_update()
     return [
         Target(
             name="ingest",
             locked=sa.select(PackInstall).where(PackInstall.c.PackInstallId == pack).with_for_update(),
-            call=lambda client: client.ingest(pack, [item]),
+            call=lambda client: client.ingest(pack, items=[item]),
             done=lambda connection: (
                 connection.execute(
                     sa.select(sa.func.count()).select_from(Event).where(Event.c.ReceiptKey == item.receipt_key)
@@ -145,20 +146,20 @@ def test_an_outage_is_unavailable_and_the_service_recovers_without_a_restart(sta
     pack = install_pack(cluster.admin)
     first, second, third = delivery(lane="a"), delivery(lane="a"), delivery(lane="b")
     with cluster.client() as client:
-        assert client.ingest(pack, [first])[0].outcome is Outcome.ADMITTED
+        assert client.ingest(pack, items=[first])[0].outcome is Outcome.ADMITTED
         cluster.proxy.refuse(True)  # the server is down or restarting: open connections die, new ones fail
         reset = cluster.proxy.reset()
         with pytest.raises(grpc.RpcError) as refused:
-            client.ingest(pack, [second])
+            client.ingest(pack, items=[second])
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value.details()
         with pytest.raises(grpc.RpcError) as claim_refused:
             client.claim("w", pack_install_ids=[pack])
         assert claim_refused.value.code() is grpc.StatusCode.UNAVAILABLE, claim_refused.value.details()
         cluster.proxy.refuse(False)
-        assert client.ingest(pack, [second])[0].outcome is Outcome.ADMITTED  # not done before: admitted now
+        assert client.ingest(pack, items=[second])[0].outcome is Outcome.ADMITTED  # not done before: admitted now
         killed = [cluster.kill_connection(i) for i in cluster.service_connection_ids()]
         # Idle connections killed behind the pool's back are replaced by its pre-ping: no error at all.
-        assert client.ingest(pack, [third, first])[1].outcome is Outcome.DUPLICATE_COVERED
+        assert client.ingest(pack, items=[third, first])[1].outcome is Outcome.DUPLICATE_COVERED
         assert len(client.claim("w", pack_install_ids=[pack], max_items=2)) == 2
     record_figures(
         "database_faults[outage]",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import sqlalchemy as sa
 
 from nexuscrm_connectors.service import Connectors
@@ -14,25 +16,29 @@ from workqueue.values import Claim, IngestResult, Outcome
 LEASE = 1  # seconds
 
 
+def loaded(connectors: Connectors, key: tuple[str, str]) -> list[int]:
+    """The ordinals of a held generation's members."""
+    work_id, token = key
+    return [i.enqueue_ordinal for p in connectors.load_inputs(work_id, lease_token=token) for i in p.inputs]
+
+
 def test_a_clean_history_has_no_violation_and_forged_anomalies_are_each_found(engine: sa.Engine) -> None:
     connectors = Connectors(engine)
     pack = install_pack(engine)
     history = History()
     item = delivery()
-    history.call("c", "ingest", ((item.receipt_key, item.payload),), lambda: connectors.ingest(pack, [item]))
-    first = history.call("w1", "claim", "w1", lambda: connectors.claim("w1", lease_seconds=LEASE))
+    history.call("c", "ingest", ((item.receipt_key, item.payload),), lambda: connectors.ingest(pack, items=[item]))
+    first = history.call("w1", "claim", "w1", lambda: connectors.claim("w1", lease=dt.timedelta(seconds=LEASE)))
     (stale,) = first.result
     key = (stale.work.work_id, stale.lease_token)
-    history.call("w1", "load", key, lambda: [i.enqueue_ordinal for p in connectors.load_inputs(*key) for i in p.inputs])
+    history.call("w1", "load", key, lambda: loaded(connectors, key))
     # w1 stalls past its lease; w2 takes over and completes.
     wait_until(lambda: utcnow() > stale.work.lease_expires_at, "w1's lease to expire")
-    second = history.call("w2", "claim", "w2", lambda: connectors.claim("w2", lease_seconds=LEASE))
+    second = history.call("w2", "claim", "w2", lambda: connectors.claim("w2", lease=dt.timedelta(seconds=LEASE)))
     (fresh,) = second.result
     key2 = (fresh.work.work_id, fresh.lease_token)
-    history.call(
-        "w2", "load", key2, lambda: [i.enqueue_ordinal for p in connectors.load_inputs(*key2) for i in p.inputs]
-    )
-    history.call("w2", "complete", key2, lambda: connectors.complete(*key2))
+    history.call("w2", "load", key2, lambda: loaded(connectors, key2))
+    history.call("w2", "complete", key2, lambda: connectors.complete(key2[0], lease_token=key2[1]))
     assert check_history(history, engine, lease_seconds=LEASE) == []
 
     # Forged outcomes: the stale worker's completion "accepted", a lost acknowledged receipt, and

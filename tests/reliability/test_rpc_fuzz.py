@@ -71,7 +71,7 @@ METHODS = {
 def server(request: pytest.FixtureRequest, engine: sa.Engine) -> Iterator[tuple[grpc.Channel, list[str]]]:
     pack = install_pack(engine)
     connectors = Connectors(engine)
-    results = connectors.ingest(pack, [delivery("r-1"), delivery("r-2", lane="b")])
+    results = connectors.ingest(pack, items=[delivery("r-1"), delivery("r-2", lane="b")])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
     fence = arm_fence(engine, "acme", reason="fuzz")
     known = [pack, "acme", fence.fence_id, "r-1", "r-2", str(results[0].work_id), claim.lease_token]

@@ -23,15 +23,16 @@ pytestmark = [pytest.mark.database, pytest.mark.acceptance]
 
 STALE_WORKER = textwrap.dedent(
     """
+    import datetime as dt
     import sys
     from nexuscrm_connectors.service import Connectors
     from nexuscrm_runtime.database import create_engine
     connectors = Connectors(create_engine(sys.argv[1]))
-    claim = connectors.claim("stale", pack_install_ids=[sys.argv[2]], lease_seconds=1)[0]
+    claim = connectors.claim("stale", pack_install_ids=[sys.argv[2]], lease=dt.timedelta(seconds=1))[0]
     print(claim.work.work_id, flush=True)
     sys.stdin.readline()  # the test stops this process here, past its lease
     try:
-        connectors.complete(claim.work.work_id, claim.lease_token)
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
         print("completed", flush=True)
     except Exception as error:
         print(f"refused: {error}", flush=True)
@@ -42,7 +43,7 @@ STALE_WORKER = textwrap.dedent(
 def test_sigstopped_worker_past_its_lease_is_refused(engine: sa.Engine, dsn: str) -> None:
     pack = install_pack(engine)
     connectors = Connectors(engine)
-    connectors.ingest(pack, [delivery(), delivery()])
+    connectors.ingest(pack, items=[delivery(), delivery()])
     with subprocess.Popen(
         [sys.executable, "-c", STALE_WORKER, dsn, pack], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     ) as child:
@@ -58,7 +59,7 @@ def test_sigstopped_worker_past_its_lease_is_refused(engine: sa.Engine, dsn: str
             return bool(expires < utcnow() - dt.timedelta(milliseconds=50))
 
         wait_until(lease_expired, "the stopped worker's lease to expire")
-        takeover = connectors.claim("fresh", pack_install_ids=[pack], lease_seconds=60)
+        takeover = connectors.claim("fresh", pack_install_ids=[pack], lease=dt.timedelta(seconds=60))
         assert [c.work.work_id for c in takeover] == [work_id] and takeover[0].work.attempt == 1
         child.send_signal(signal.SIGCONT)
         child.stdin.write("go\n")
@@ -66,6 +67,6 @@ def test_sigstopped_worker_past_its_lease_is_refused(engine: sa.Engine, dsn: str
         verdict = child.stdout.readline().strip()
         assert verdict.startswith("refused: lease token is stale"), verdict
         assert child.wait(timeout=30) == 0
-    done = connectors.complete(work_id, takeover[0].lease_token)
+    done = connectors.complete(work_id, lease_token=takeover[0].lease_token)
     assert done.status is WorkStatus.COMPLETED and done.lease_owner == "fresh"
     assert_invariants(engine)

@@ -9,6 +9,7 @@ database-restart test share this load; ``NEXUSCRM_RELIABILITY_FULL=1`` scales it
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import random
 import threading
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.timestamps import naive_utc
 from tests.reliability.conftest import FULL, ConnectorsCluster
 from tests.support.factories import install_pack, route
 from tests.support.history import History, OpOutcome, acknowledged_receipts, check_history, unexpected_statuses
@@ -47,7 +49,8 @@ ALLOWED_STATUSES = {f: RETRYABLE | {"FAILED_PRECONDITION"} for f in ("load", "co
 
 def loaded_ordinals(connectors: ConnectorsClient, key: tuple[str, str]) -> list[int]:
     """Stream a held generation's members; their ordinals in order."""
-    return [row.enqueue_ordinal for page in connectors.load_inputs(*key) for row in page.inputs]
+    work_id, token = key
+    return [row.enqueue_ordinal for page in connectors.load_inputs(work_id, lease_token=token) for row in page.inputs]
 
 
 class Workload:
@@ -103,7 +106,7 @@ class Workload:
                         f"client-{client}",
                         "ingest",
                         tuple((i.receipt_key, i.payload) for i in items),
-                        functools.partial(connectors.ingest, self.pack, items),
+                        functools.partial(connectors.ingest, self.pack, items=items),
                     )
                     if op.ok:
                         for result in op.result:
@@ -122,7 +125,9 @@ class Workload:
                     name,
                     "claim",
                     name,
-                    lambda: connectors.claim(name, pack_install_ids=[self.pack], lease_seconds=LEASE_SECONDS),
+                    lambda: connectors.claim(
+                        name, pack_install_ids=[self.pack], lease=dt.timedelta(seconds=LEASE_SECONDS)
+                    ),
                 )
                 if not op.ok or not op.result:
                     self.stop.wait(RETRY_PAUSE)
@@ -140,16 +145,22 @@ class Workload:
                     self.finish(connectors, name, "fail", key)
                     continue
                 if roll < 0.10:  # a stalled worker: wake up after its lease ran out
-                    self.stop.wait(max(0.0, (claim.work.lease_expires_at - utcnow()).total_seconds()) + 0.1)
+                    self.stop.wait(max(0.0, (naive_utc(claim.work.lease_expires_at) - utcnow()).total_seconds()) + 0.1)
                 self.finish(connectors, name, "complete", key)
 
     def finish(self, connectors: ConnectorsClient, name: str, f: str, key: tuple[str, str]) -> None:
         """Complete or fail with the claim's token, again after a cut-off answer, until a definite one."""
+        work_id, token = key
         while not self.stop.is_set():
             if f == "complete":
-                op = self.history.call(name, f, key, lambda: connectors.complete(*key))
+                op = self.history.call(name, f, key, lambda: connectors.complete(work_id, lease_token=token))
             else:
-                op = self.history.call(name, f, key, lambda: connectors.fail(*key, "injected by the history test"))
+                op = self.history.call(
+                    name,
+                    f,
+                    key,
+                    lambda: connectors.fail(work_id, lease_token=token, error="injected by the history test"),
+                )
             if op.outcome is not OpOutcome.UNKNOWN:
                 return
             self.stop.wait(RETRY_PAUSE)

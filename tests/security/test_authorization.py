@@ -56,10 +56,10 @@ class World:
 def _world(engine: sa.Engine) -> World:
     connectors = Connectors(engine)
     pack = install_pack(engine, namespace="acme")
-    connectors.ingest(pack, [delivery("done-1", lane="done")])
+    connectors.ingest(pack, items=[delivery("done-1", lane="done")])
     done = connectors.claim("w-done", pack_install_ids=[pack])[0]
-    connectors.complete(done.work.work_id, done.lease_token)
-    connectors.ingest(pack, [delivery("r-1"), delivery("r-2")])
+    connectors.complete(done.work.work_id, lease_token=done.lease_token)
+    connectors.ingest(pack, items=[delivery("r-1"), delivery("r-2")])
     held = connectors.claim("w-held", pack_install_ids=[pack])[0]
     fence = arm_fence(engine, "acme", reason="security test")
     add_override(engine, fence.fence_id, pack)

@@ -104,10 +104,10 @@ def test_a_secured_system_projects_and_never_logs_secrets(
         ]
         poison = IngestItem(receipt_key="poison", route=demo.route("poison"), payload=marker.encode())
         with open_channel(connectors, pki.tls("acme")) as channel:
-            results = ConnectorsClient(channel).ingest(pack, [*items, poison])
+            results = ConnectorsClient(channel).ingest(pack, items=[*items, poison])
         assert [r.outcome for r in results] == [Outcome.ADMITTED] * (DELIVERIES + 1)
         with open_channel(connectors, pki.tls("globex")) as channel, pytest.raises(grpc.RpcError) as refused:
-            ConnectorsClient(channel).ingest(pack, items[:1])
+            ConnectorsClient(channel).ingest(pack, items=items[:1])
         assert refused.value.code() is grpc.StatusCode.NOT_FOUND
         seen_errors.append(str(refused.value.details()))
 

@@ -35,6 +35,7 @@ import sqlalchemy as sa
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.database import DatabaseUnavailable, TransactionConflict
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, WorkItem
+from nexuscrm_sdk.timestamps import naive_utc
 from workqueue import WorkStatus
 from workqueue.errors import DomainError
 from workqueue.values import ACKNOWLEDGED_OUTCOMES, Claim
@@ -268,7 +269,8 @@ def _leases(history: History, duration: dt.timedelta) -> dict[str, list[_Lease]]
             continue
         claim: Claim
         for claim in op.result:
-            expires = claim.work.lease_expires_at
+            assert claim.work.lease_expires_at is not None  # a claim always has a lease
+            expires = naive_utc(claim.work.lease_expires_at)  # aware from the client, naive from the facade
             leases[claim.work.work_id].append(
                 _Lease(
                     work_id=claim.work.work_id,

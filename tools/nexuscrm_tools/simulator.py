@@ -130,7 +130,7 @@ def _fields(rng: random.Random) -> dict[str, str]:
 class Ingestor(Protocol):
     """What the simulator needs of Connectors (``ConnectorsClient`` provides it)."""
 
-    def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]: ...
+    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]: ...
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -184,7 +184,7 @@ class Simulator:
     def _send(self, items: list[IngestItem]) -> list[IngestResult]:
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                return self._ingestor.ingest(self._pack, items)
+                return self._ingestor.ingest(self._pack, items=items)
             except grpc.RpcError as error:
                 transient = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 if not transient or attempt == INGEST_ATTEMPTS or self._stop.wait(0.2 * attempt):

@@ -1,6 +1,9 @@
 """A ConnectorsService client with the same methods as the in-process ``Connectors`` facade.
 
-Every call carries a deadline. Status codes come back as ``grpc.RpcError``.
+Every argument after the first is keyword-only; durations are ``timedelta``s; every datetime
+it returns is timezone-aware UTC (datetimes it is given may be aware, or naive UTC). Every
+call carries a deadline. Status codes come back as ``grpc.RpcError``; a zero or fractional
+lease is refused before any call (``InvalidArgument``), its range by the server.
 """
 
 from __future__ import annotations
@@ -13,20 +16,29 @@ import grpc
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_sdk import convert
-from workqueue.values import Claim, IngestItem, IngestResult, InputPage, WorkItemRow
+from workqueue.values import (
+    Claim,
+    IngestItem,
+    IngestResult,
+    InputPage,
+    ReplayResult,
+    WorkDescription,
+    WorkItemRow,
+    lease_seconds,
+)
 
-DEFAULT_TIMEOUT = 30.0  # seconds per unary call
-STREAM_TIMEOUT = 600.0  # seconds for a whole LoadInputs stream
+DEFAULT_TIMEOUT = dt.timedelta(seconds=30)  # per unary call
+STREAM_TIMEOUT = dt.timedelta(seconds=600)  # for a whole LoadInputs stream
 
 
 class ConnectorsClient:
     """ConnectorsService over a channel; usable wherever ``Connectors`` is (see ``worker.WorkSource``)."""
 
-    def __init__(self, channel: grpc.Channel, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, channel: grpc.Channel, *, timeout: dt.timedelta = DEFAULT_TIMEOUT) -> None:
         self._stub = pb_grpc.ConnectorsServiceStub(channel)
-        self._timeout = timeout
+        self._timeout = timeout.total_seconds()
 
-    def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
+    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
         """Ingest a batch; one result per item."""
         response = self._stub.Ingest(
             pb.IngestRequest(pack_install_id=pack_install_id, items=[convert.item_to_proto(i) for i in items]),
@@ -41,61 +53,69 @@ class ConnectorsClient:
         pack_install_ids: Sequence[str] = (),
         work_types: Sequence[str] = (),
         max_items: int = 1,
-        lease_seconds: int = 0,
+        lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
     ) -> list[Claim]:
-        """Claim up to ``max_items`` generations, waiting up to ``wait`` for work when there is none."""
+        """Claim up to ``max_items`` generations, waiting up to ``wait`` for work when there is none.
+
+        ``lease``: how long each claim is held before a heartbeat (None: the server's default).
+        """
+        seconds = lease_seconds(lease)
         response = self._stub.Claim(
             pb.ClaimRequest(
                 worker_id=worker_id,
                 pack_install_ids=list(pack_install_ids),
                 work_types=list(work_types),
                 max_items=max_items,
-                lease_seconds=lease_seconds,
+                lease_seconds=seconds,
                 wait_ms=wait // dt.timedelta(milliseconds=1),
             ),
             timeout=self._timeout + wait.total_seconds(),  # the server's wait is not its processing time
         )
         return [convert.claim_from_proto(c) for c in response.claims]
 
-    def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+    def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """Stream a held generation's members."""
         stream = self._stub.LoadInputs(
-            pb.LoadInputsRequest(work_id=work_id, lease_token=lease_token, page_size=page_size), timeout=STREAM_TIMEOUT
+            pb.LoadInputsRequest(work_id=work_id, lease_token=lease_token, page_size=page_size),
+            timeout=STREAM_TIMEOUT.total_seconds(),
         )
         for message in stream:
             yield convert.page_from_proto(message)
 
-    def heartbeat(self, work_id: str, lease_token: str, lease_seconds: int = 0) -> dt.datetime:
-        """Extend a held lease; return the new expiry."""
+    def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
+        """Extend a held lease by ``lease`` from now (None: the server's default); return the new expiry (aware UTC)."""
+        seconds = lease_seconds(lease)
         response = self._stub.Heartbeat(
-            pb.HeartbeatRequest(work_id=work_id, lease_token=lease_token, lease_seconds=lease_seconds),
+            pb.HeartbeatRequest(work_id=work_id, lease_token=lease_token, lease_seconds=seconds),
             timeout=self._timeout,
         )
-        expires: dt.datetime = response.lease_expires_at.ToDatetime()
+        expires: dt.datetime = response.lease_expires_at.ToDatetime(tzinfo=dt.UTC)
         return expires
 
-    def complete(self, work_id: str, lease_token: str) -> WorkItemRow:
+    def complete(self, work_id: str, *, lease_token: str) -> WorkItemRow:
         """Complete a held generation."""
         response = self._stub.Complete(
             pb.CompleteRequest(work_id=work_id, lease_token=lease_token), timeout=self._timeout
         )
         return convert.work_from_proto(response.work)
 
-    def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
-        """Record a failed attempt."""
+    def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
+        """Record a failed attempt: retried after backoff, else (not ``retryable``, no attempts left) failed."""
         response = self._stub.Fail(
             pb.FailRequest(work_id=work_id, lease_token=lease_token, error=error, retryable=retryable),
             timeout=self._timeout,
         )
         return convert.work_from_proto(response.work)
 
-    def replay(self, work_id: str) -> tuple[WorkItemRow, int]:
-        """Replay terminal work."""
+    def replay(self, work_id: str) -> ReplayResult:
+        """Replay terminal work: the new generation and its replay Event's ordinal."""
         response = self._stub.Replay(pb.ReplayRequest(work_id=work_id), timeout=self._timeout)
-        return convert.work_from_proto(response.work), response.replay_event_ordinal
+        return ReplayResult(
+            work=convert.work_from_proto(response.work), replay_event_ordinal=response.replay_event_ordinal
+        )
 
-    def get_work(self, work_id: str) -> tuple[WorkItemRow, int]:
+    def get_work(self, work_id: str) -> WorkDescription:
         """A generation and its member count."""
         response = self._stub.GetWork(pb.GetWorkRequest(work_id=work_id), timeout=self._timeout)
-        return convert.work_from_proto(response.work), response.member_count
+        return WorkDescription(work=convert.work_from_proto(response.work), member_count=response.member_count)

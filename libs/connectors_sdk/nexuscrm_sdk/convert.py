@@ -1,11 +1,15 @@
-"""Conversions between Connectors protobuf messages and domain values (both directions)."""
+"""Conversions between Connectors protobuf messages and domain values (both directions).
+
+The ``*_from_proto`` functions the client uses return timezone-aware UTC datetimes;
+``item_from_proto``, which only the server uses, returns the naive UTC the services store.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
-from nexuscrm_sdk.timestamps import from_timestamp, to_timestamp
+from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
 from workqueue.values import Claim, IngestItem, IngestResult, InputPage, InputRow, Outcome, Route, WorkItemRow
 
@@ -62,12 +66,13 @@ def item_to_proto(item: IngestItem) -> pb.IngestItem:
 
 
 def item_from_proto(message: pb.IngestItem) -> IngestItem:
-    """Proto -> IngestItem."""
+    """Proto -> IngestItem, for the server: ``source_time`` is naive UTC, as the services store it."""
+    source_time = from_timestamp(message, "source_time")
     return IngestItem(
         receipt_key=message.receipt_key,
         route=route_from_proto(message.route),
         payload=message.payload,
-        source_time=from_timestamp(message, "source_time"),
+        source_time=naive_utc(source_time) if source_time is not None else None,
     )
 
 
@@ -134,7 +139,7 @@ def work_from_proto(message: pb.WorkItem) -> WorkItemRow:
         lease_token=None,
         lease_expires_at=from_timestamp(message, "lease_expires_at"),
         last_error=message.last_error or None,
-        created_at=from_timestamp(message, "created_at") or dt.datetime.min,
+        created_at=from_timestamp(message, "created_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
         finished_at=from_timestamp(message, "finished_at"),
     )
 

@@ -14,6 +14,10 @@ that came back empty sooner than ``poll_interval`` (no wait asked, or the servic
 places were taken) is followed by a pause for the rest of ``poll_interval``.
 ``run_until_drained`` stops new claims and waits for in-flight work (a waiting claim, then
 the generations it returned); it does not drain the durable queue.
+
+A Flow sees timezone-aware UTC datetimes whichever source it runs on: the client returns
+aware ones, the in-process facade the naive UTC the services store, and the worker makes the
+latter aware before handing a generation to the Flow (docs/decisions/104-connectors-sdk.md).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+from nexuscrm_sdk.timestamps import aware_utc
 from workqueue.logcontext import log_context
 from workqueue.values import Claim, InputPage, InputRow, WorkItemRow
 
@@ -34,7 +39,14 @@ log = logging.getLogger(__name__)
 
 
 class WorkSource(Protocol):
-    """What a worker needs from Connectors (``Connectors`` and ``ConnectorsClient`` provide it)."""
+    """What a worker needs from Connectors.
+
+    ``Connectors`` (in process), ``ConnectorsClient`` (over gRPC) and
+    ``nexuscrm_sdk.testing.InMemoryWorkSource`` provide it, with the same signatures. The
+    datetimes they return are UTC: aware from the client and the in-memory source, naive from
+    the facade (the services' own convention); a consumer that compares them uses
+    ``nexuscrm_sdk.timestamps.aware_utc``.
+    """
 
     def claim(
         self,
@@ -43,17 +55,27 @@ class WorkSource(Protocol):
         pack_install_ids: Sequence[str] = (),
         work_types: Sequence[str] = (),
         max_items: int = 1,
-        lease_seconds: int = 0,
+        lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
-    ) -> list[Claim]: ...
+    ) -> list[Claim]:
+        """Lease up to ``max_items`` claimable generations for ``lease`` (None: the source's default)."""
+        ...
 
-    def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]: ...
+    def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+        """Every member of a held generation, in ordinal order, in pages."""
+        ...
 
-    def heartbeat(self, work_id: str, lease_token: str, lease_seconds: int = 0) -> dt.datetime: ...
+    def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
+        """Extend a held lease; return its new expiry."""
+        ...
 
-    def complete(self, work_id: str, lease_token: str) -> WorkItemRow: ...
+    def complete(self, work_id: str, *, lease_token: str) -> WorkItemRow:
+        """Finish a held generation successfully."""
+        ...
 
-    def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow: ...
+    def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
+        """Record a failed attempt of a held generation."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +106,7 @@ class WorkerStats:
 class Worker:
     """Claims generations of some packs and work types, up to ``batch_size`` at once, and runs ``flow`` on each in turn.
 
+    ``lease``: how long each claim is held; a heartbeat renews it every third of it.
     ``claim_wait``: how long each claim asks the service to wait for work when there is none.
     ``poll_interval``: the least time between two claims that both came back empty.
     """
@@ -96,7 +119,7 @@ class Worker:
         worker_id: str,
         pack_install_ids: Sequence[str] = (),
         work_types: Sequence[str] = (),
-        lease_seconds: int = 30,
+        lease: dt.timedelta = dt.timedelta(seconds=30),
         page_size: int = 0,
         batch_size: int = 1,
         claim_wait: dt.timedelta = dt.timedelta(seconds=1),
@@ -107,7 +130,7 @@ class Worker:
         self.worker_id = worker_id
         self._packs = tuple(pack_install_ids)
         self._work_types = tuple(work_types)
-        self._lease_seconds = lease_seconds
+        self._lease = lease
         self._page_size = page_size
         self._batch_size = batch_size
         self._claim_wait = claim_wait
@@ -126,7 +149,7 @@ class Worker:
             pack_install_ids=self._packs,
             work_types=self._work_types,
             max_items=self._batch_size,
-            lease_seconds=self._lease_seconds,
+            lease=self._lease,
             wait=wait,
         )
         # Every lease is renewed from the claim on: the batch's later generations wait their turn.
@@ -159,8 +182,8 @@ class Worker:
         self.stats.current_work_id = work_id
         self.stats.executions += 1
         try:
-            inputs = _Members(self._source.load_inputs(work_id, token, self._page_size))
-            self._flow(Generation(work=claim.work, inputs=iter(inputs)))
+            inputs = _Members(self._source.load_inputs(work_id, lease_token=token, page_size=self._page_size))
+            self._flow(Generation(work=_aware_work(claim.work), inputs=iter(inputs)))
             if not inputs.exhausted():
                 raise IncompleteConsumption(f"flow returned before reading every input of {work_id}")
         except Exception as error:
@@ -169,10 +192,10 @@ class Worker:
             message = f"{type(error).__name__}: {error}"
             # A Flow's message may quote its inputs: it goes to LastError (GetWork), never to the log.
             log.warning("work %s failed with %s; GetWork shows its message", work_id, type(error).__name__)
-            self._settle(lambda: self._source.fail(work_id, token, message))
+            self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message))
         else:
             stop_heartbeat()
-            if self._settle(lambda: self._source.complete(work_id, token)):
+            if self._settle(lambda: self._source.complete(work_id, lease_token=token)):
                 self.stats.completed += 1
         finally:
             self.stats.current_work_id = None
@@ -188,10 +211,10 @@ class Worker:
         return True
 
     def _heartbeat(self, work_id: str, token: str, stop: threading.Event) -> None:
-        interval = max(0.05, self._lease_seconds / 3)
+        interval = max(0.05, self._lease.total_seconds() / 3)
         while not stop.wait(interval):
             try:
-                self._source.heartbeat(work_id, token, self._lease_seconds)
+                self._source.heartbeat(work_id, lease_token=token, lease=self._lease)
             except Exception as error:
                 log.warning("heartbeat of %s refused: %s", work_id, error)
                 return
@@ -236,9 +259,30 @@ class _Members:
 
     def __iter__(self) -> Iterator[InputRow]:
         for page in self._pages:
-            yield from page.inputs
+            for row in page.inputs:
+                if row.source_time is not None and row.source_time.tzinfo is None:
+                    yield dataclasses.replace(row, source_time=aware_utc(row.source_time))
+                else:
+                    yield row
             if page.last:
                 self._done = True
 
     def exhausted(self) -> bool:
         return self._done
+
+
+def _aware_work(work: WorkItemRow) -> WorkItemRow:
+    """``work`` with every datetime timezone-aware UTC (the facade returns naive UTC ones)."""
+    if work.created_at.tzinfo is not None:
+        return work  # from the client or the in-memory source: aware already
+    return dataclasses.replace(
+        work,
+        claimable_at=_aware(work.claimable_at),
+        lease_expires_at=_aware(work.lease_expires_at),
+        created_at=aware_utc(work.created_at),
+        finished_at=_aware(work.finished_at),
+    )
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    return aware_utc(value) if value is not None else None

@@ -1,7 +1,8 @@
 """The value types every owner shares: deliveries, their outcomes, generations, claims and inputs.
 
 Frozen and keyword-only; Connectors builds them, the SDK carries them over gRPC, the host and
-the tools read them.
+the tools read them. Their datetimes are UTC: naive inside the services (what the database
+stores), timezone-aware when they come from the SDK's client (docs/decisions/104).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import datetime as dt
 import enum
 
 from workqueue import ProjectionIdentity, WorkStatus
+from workqueue.errors import InvalidArgument
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -128,3 +130,35 @@ class InputPage:
     inputs: tuple[InputRow, ...]
     last: bool
     member_count: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkDescription:
+    """A generation and how many Events are its members (0 for old-protocol work): GetWork's answer."""
+
+    work: WorkItemRow
+    member_count: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplayResult:
+    """The generation a replay queued and the ordinal of the replay Event that starts it: Replay's answer."""
+
+    work: WorkItemRow
+    replay_event_ordinal: int
+
+
+def lease_seconds(lease: dt.timedelta | None) -> int:
+    """The whole seconds of a requested lease, as the protocol carries them; 0 (the server's default) for None.
+
+    Raises ``InvalidArgument`` for a zero lease or one with a fraction of a second; the server
+    checks the range (a negative lease is refused there, with the bounds in the message).
+    """
+    if lease is None:
+        return 0
+    seconds, rest = divmod(lease, dt.timedelta(seconds=1))
+    if rest or not seconds:
+        raise InvalidArgument(
+            f"lease must be a whole number of seconds other than 0, got {lease.total_seconds():g} s", field="lease"
+        )
+    return int(seconds)

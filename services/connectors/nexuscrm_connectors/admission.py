@@ -321,23 +321,52 @@ def receipt_row(pack_install_id: str, delivery: Delivery, now: dt.datetime, *, s
     }
 
 
+def event_row(
+    pack_install_id: str,
+    *,
+    ordinal: int,
+    projection_key: str,
+    receipt_key: str | None,
+    payload: bytes,
+    digest: str,
+    source_time: dt.datetime | None,
+    is_replay: bool,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """A new pending Event row: a fresh input (admission) or a replay Event (``replay``, no receipt).
+
+    ``digest`` is ``payload_hash(payload)``, which admission has computed already.
+    """
+    return {
+        "PackInstallId": pack_install_id,
+        "EnqueueOrdinal": ordinal,
+        "ProjectionKey": projection_key,
+        "ReceiptKey": receipt_key,
+        "PayloadHash": digest,
+        "Payload": payload,
+        "SourceTime": source_time,
+        "Status": EventStatus.PENDING,
+        "IsReplay": is_replay,
+        "CreatedAt": now,
+    }
+
+
 def event_rows(
     pack_install_id: str, ordinals: Iterable[int], deliveries: Sequence[Delivery], now: dt.datetime
 ) -> list[dict[str, Any]]:
     """The Event rows of fresh deliveries, one ordinal each, in arrival order."""
     return [
-        {
-            "PackInstallId": pack_install_id,
-            "EnqueueOrdinal": ordinal,
-            "ProjectionKey": delivery.projection_key,
-            "ReceiptKey": delivery.item.receipt_key,
-            "PayloadHash": delivery.payload_hash,
-            "Payload": delivery.item.payload,
-            "SourceTime": delivery.item.source_time,
-            "Status": EventStatus.PENDING,
-            "IsReplay": False,
-            "CreatedAt": now,
-        }
+        event_row(
+            pack_install_id,
+            ordinal=ordinal,
+            projection_key=delivery.projection_key,
+            receipt_key=delivery.item.receipt_key,
+            payload=delivery.item.payload,
+            digest=delivery.payload_hash,
+            source_time=delivery.item.source_time,
+            is_replay=False,
+            now=now,
+        )
         for ordinal, delivery in zip(ordinals, deliveries, strict=True)
     ]
 

@@ -16,15 +16,7 @@ from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.settings import Settings
 from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
-from workqueue.values import Outcome, Route, WorkItemRow
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WorkDescription:
-    """A generation and how many Events are its members (0 for old-protocol work)."""
-
-    work: WorkItemRow
-    member_count: int
+from workqueue.values import Outcome, Route, WorkDescription, WorkItemRow
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

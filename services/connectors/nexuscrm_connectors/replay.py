@@ -13,18 +13,18 @@ import uuid
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import packs, queries
-from nexuscrm_connectors.admission import generation_row, payload_hash
+from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused, WorkNotFound
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock
 from nexuscrm_runtime.database import run_transaction
-from workqueue import EventStatus, WorkStatus
+from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import TERMINAL_WORK_STATUSES
-from workqueue.values import WorkItemRow
+from workqueue.values import ReplayResult
 
 
-def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tuple[WorkItemRow, int]:
+def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> ReplayResult:
     """Queue a replay of terminal ``work_id``; return the new generation and its Event's ordinal.
 
     Refuses unknown work (``WorkNotFound``), nonterminal work and work whose earlier replay
@@ -33,7 +33,7 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tu
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
 
-    def run(connection: Connection) -> tuple[WorkItemRow, int]:
+    def run(connection: Connection) -> ReplayResult:
         found = queries.work_item_get(connection, work_id)
         if found is None:
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
@@ -60,18 +60,17 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tu
         queries.events_insert(
             connection,
             [
-                {
-                    "PackInstallId": pack.pack_install_id,
-                    "EnqueueOrdinal": ordinal,
-                    "ProjectionKey": target.ProjectionKey,
-                    "ReceiptKey": None,
-                    "PayloadHash": payload_hash(payload),
-                    "Payload": payload,
-                    "SourceTime": None,
-                    "Status": EventStatus.PENDING,
-                    "IsReplay": True,
-                    "CreatedAt": now,
-                }
+                event_row(
+                    pack.pack_install_id,
+                    ordinal=ordinal,
+                    projection_key=target.ProjectionKey,
+                    receipt_key=None,
+                    payload=payload,
+                    digest=payload_hash(payload),
+                    source_time=None,
+                    is_replay=True,
+                    now=now,
+                )
             ],
         )
         newest = queries.work_items_newest(
@@ -96,6 +95,6 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tu
         )
         created = queries.work_item_get(connection, new_id)
         assert created is not None
-        return queries.work_item_value(created), ordinal
+        return ReplayResult(work=queries.work_item_value(created), replay_event_ordinal=ordinal)
 
     return run_transaction(engine, run, name="replay")

@@ -18,11 +18,26 @@ from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock, utcnow
 from workqueue import WorkStatus
-from workqueue.values import Claim, IngestItem, IngestResult, InputPage, Outcome, WorkItemRow
+from workqueue.values import (
+    Claim,
+    IngestItem,
+    IngestResult,
+    InputPage,
+    Outcome,
+    ReplayResult,
+    WorkDescription,
+    WorkItemRow,
+    lease_seconds,
+)
 
 
 class Connectors:
-    """Admission, duplicates, replay, claims and payload reads over one database."""
+    """Admission, duplicates, replay, claims and payload reads over one database.
+
+    The operations it shares with ``nexuscrm_sdk.client.ConnectorsClient`` have the same
+    signatures (a test compares them), so either serves as a ``WorkSource``. Unlike the
+    client's, the datetimes it returns are naive UTC, as the services store them.
+    """
 
     def __init__(self, engine: Engine, settings: Settings | None = None, clock: Clock = utcnow) -> None:
         self.engine = engine
@@ -30,7 +45,7 @@ class Connectors:
         self.clock = clock
         self.claimers = Claimers(self.settings.max_claim_waiters)
 
-    def ingest(self, pack_install_id: str, items: Sequence[IngestItem]) -> list[IngestResult]:
+    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
         results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
         metrics.record_ingest(results)
@@ -45,12 +60,12 @@ class Connectors:
             self.claimers.notify()
         return admitted
 
-    def replay(self, work_id: str) -> tuple[WorkItemRow, int]:
+    def replay(self, work_id: str) -> ReplayResult:
         """See ``replay.replay``."""
-        work, ordinal = replay.replay(self.engine, self.settings, self.clock, work_id)
+        replayed = replay.replay(self.engine, self.settings, self.clock, work_id)
         metrics.GENERATIONS_CREATED.labels("replay").inc()
         self.claimers.notify()
-        return work, ordinal
+        return replayed
 
     def claim(
         self,
@@ -59,7 +74,7 @@ class Connectors:
         pack_install_ids: Sequence[str] = (),
         work_types: Sequence[str] = (),
         max_items: int = 1,
-        lease_seconds: int = 0,
+        lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
     ) -> list[Claim]:
         """See ``leases.claim``."""
@@ -72,30 +87,30 @@ class Connectors:
             pack_install_ids=pack_install_ids,
             work_types=work_types,
             max_items=max_items,
-            lease_seconds=lease_seconds,
+            lease_seconds=lease_seconds(lease),
             wait=wait,
         )
         metrics.record_claim(batch)
         return batch.claims
 
-    def load_inputs(self, work_id: str, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+    def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """See ``payloads.load_inputs``."""
         return metrics.observed_pages(
             payloads.load_inputs(self.engine, self.settings, self.clock, work_id, lease_token, page_size)
         )
 
-    def heartbeat(self, work_id: str, lease_token: str, lease_seconds: int = 0) -> dt.datetime:
+    def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
         """See ``leases.heartbeat``."""
-        return leases.heartbeat(self.engine, self.settings, self.clock, work_id, lease_token, lease_seconds)
+        return leases.heartbeat(self.engine, self.settings, self.clock, work_id, lease_token, lease_seconds(lease))
 
-    def complete(self, work_id: str, lease_token: str) -> WorkItemRow:
+    def complete(self, work_id: str, *, lease_token: str) -> WorkItemRow:
         """See ``leases.complete``."""
         work = leases.complete(self.engine, self.clock, work_id, lease_token)
         metrics.record_finish(work)
         self.claimers.notify()  # its successor may have become claimable
         return work
 
-    def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
+    def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
         """See ``leases.fail``."""
         work = leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
         metrics.record_finish(work, retryable=retryable)
@@ -103,7 +118,7 @@ class Connectors:
             self.claimers.notify()  # its successor may have become claimable
         return work
 
-    def get_work(self, work_id: str) -> inspection.WorkDescription:
+    def get_work(self, work_id: str) -> WorkDescription:
         """See ``inspection.get_work``."""
         return inspection.get_work(self.engine, work_id)
 

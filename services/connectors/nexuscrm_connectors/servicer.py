@@ -34,12 +34,16 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
                 f"items has {len(request.items)} deliveries; the limit is {self._connectors.settings.max_batch_items}",
                 field="items",
             )
-        results = self._connectors.ingest(request.pack_install_id, [convert.item_from_proto(i) for i in request.items])
+        results = self._connectors.ingest(
+            request.pack_install_id, items=[convert.item_from_proto(i) for i in request.items]
+        )
         return pb.IngestResponse(results=[convert.result_to_proto(r) for r in results])
 
     def Replay(self, request: pb.ReplayRequest, context: grpc.ServicerContext) -> pb.ReplayResponse:
-        work, ordinal = self._connectors.replay(request.work_id)
-        return pb.ReplayResponse(work=convert.work_to_proto(work), replay_event_ordinal=ordinal)
+        replayed = self._connectors.replay(request.work_id)
+        return pb.ReplayResponse(
+            work=convert.work_to_proto(replayed.work), replay_event_ordinal=replayed.replay_event_ordinal
+        )
 
     def Claim(self, request: pb.ClaimRequest, context: grpc.ServicerContext) -> pb.ClaimResponse:
         claims = self._connectors.claim(
@@ -47,7 +51,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             pack_install_ids=list(request.pack_install_ids),
             work_types=list(request.work_types),
             max_items=request.max_items or 1,
-            lease_seconds=request.lease_seconds,
+            lease=_lease(request.lease_seconds),
             wait=dt.timedelta(milliseconds=request.wait_ms),
         )
         return pb.ClaimResponse(claims=[convert.claim_to_proto(c) for c in claims])
@@ -55,21 +59,27 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     def LoadInputs(
         self, request: pb.LoadInputsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.LoadInputsResponse]:
-        for page in self._connectors.load_inputs(request.work_id, request.lease_token, request.page_size):
+        for page in self._connectors.load_inputs(
+            request.work_id, lease_token=request.lease_token, page_size=request.page_size
+        ):
             if not context.is_active():  # the caller cancelled or its deadline passed
                 return
             yield convert.page_to_proto(page)
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
-        expires = self._connectors.heartbeat(request.work_id, request.lease_token, request.lease_seconds)
+        expires = self._connectors.heartbeat(
+            request.work_id, lease_token=request.lease_token, lease=_lease(request.lease_seconds)
+        )
         return pb.HeartbeatResponse(lease_expires_at=to_timestamp(expires))
 
     def Complete(self, request: pb.CompleteRequest, context: grpc.ServicerContext) -> pb.CompleteResponse:
-        work = self._connectors.complete(request.work_id, request.lease_token)
+        work = self._connectors.complete(request.work_id, lease_token=request.lease_token)
         return pb.CompleteResponse(work=convert.work_to_proto(work))
 
     def Fail(self, request: pb.FailRequest, context: grpc.ServicerContext) -> pb.FailResponse:
-        work = self._connectors.fail(request.work_id, request.lease_token, request.error, retryable=request.retryable)
+        work = self._connectors.fail(
+            request.work_id, lease_token=request.lease_token, error=request.error, retryable=request.retryable
+        )
         return pb.FailResponse(work=convert.work_to_proto(work))
 
     def GetWork(self, request: pb.GetWorkRequest, context: grpc.ServicerContext) -> pb.GetWorkResponse:
@@ -104,6 +114,11 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             ],
             next_page_token=token,
         )
+
+
+def _lease(seconds: int) -> dt.timedelta | None:
+    """The lease a request asks for: 0 means the server's default; a negative one is refused downstream."""
+    return dt.timedelta(seconds=seconds) if seconds else None
 
 
 def registration(connectors: Connectors) -> Registration:

@@ -1,0 +1,53 @@
+"""The demo Flow under a Worker, on the SDK's in-memory work source and an in-memory SQLite read model."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.pool import StaticPool
+
+from nexuscrm_sdk.flows import FlowContext
+from nexuscrm_sdk.testing import InMemoryWorkSource
+from nexuscrm_sdk.worker import Worker
+from nexuscrm_tools import demo
+from nexuscrm_tools import demo_queries as queries
+from workqueue import WorkStatus
+
+PACK = "pk-demo"
+
+
+def update(contact: str, sent_at: float, **fields: str) -> bytes:
+    return demo.ContactUpdate(contact_id=contact, fields=fields, sent_at=sent_at).encode()
+
+
+def test_the_demo_flow_folds_each_generation_in_ordinal_order_and_a_bad_payload_fails_for_good() -> None:
+    engine = sa.create_engine("sqlite://", poolclass=StaticPool)  # one shared in-memory database
+    flow = demo.contact_projection(FlowContext(pack_install_id=PACK, work_type=demo.WORK_TYPE, engine=engine))
+    source = InMemoryWorkSource(max_attempts=2)
+    lane_a, lane_b = demo.route("lane-a").identity(PACK), demo.route("lane-b").identity(PACK)
+    source.add_inputs(lane_a, payloads=[update("c-1", 1, name="Ada"), update("c-1", 2, email="ada@example.com")])
+    source.add_inputs(lane_b, payloads=[update("c-2", 3, name="Bob", stage="lead")])
+    source.add_inputs(lane_a, payloads=[update("c-1", 4, name="Ada L.")])  # joins lane a's unclaimed generation
+    worker = Worker(source, flow, worker_id="demo", work_types=[demo.WORK_TYPE])
+    while worker.run_once():
+        pass
+    source.add_inputs(lane_b, payloads=[b"not json of a contact update"])
+    while worker.run_once():
+        pass
+
+    assert [(a.ordinals, a.outcome) for a in source.attempts] == [
+        ((1, 2, 4), WorkStatus.COMPLETED),
+        ((3,), WorkStatus.COMPLETED),
+        ((5,), WorkStatus.RETRY),
+        ((5,), WorkStatus.FAILED),
+    ]
+    with engine.connect() as connection:
+        contacts = {row.ContactId: row for row in queries.demo_contacts_get(connection, PACK)}
+        applied = queries.demo_applied_ordinals(connection, PACK)
+    assert (contacts["c-1"].Name, contacts["c-1"].Email, contacts["c-1"].Updates, contacts["c-1"].LastOrdinal) == (
+        "Ada L.",
+        "ada@example.com",
+        3,
+        4,
+    )
+    assert (contacts["c-2"].Name, contacts["c-2"].Stage, contacts["c-2"].Updates) == ("Bob", "lead", 1)
+    assert applied == {1, 2, 3, 4}  # the failed input was never applied
