@@ -78,6 +78,7 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tu
             connection, pack.pack_install_id, range(ordinal, ordinal + 1), [target.ProjectionKey]
         )[target.ProjectionKey]
         new_id = str(uuid.uuid4())
+        blocked = WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES
         queries.work_items_insert(
             connection,
             [
@@ -87,13 +88,15 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> tu
                     projection_key=target.ProjectionKey,
                     start=ordinal,
                     end=ordinal,
-                    blocked=WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES,
+                    blocked=blocked,
                     now=now,
                     max_attempts=settings.max_attempts,
                     replay_of_work_id=work_id,
                 )
             ],
         )
+        if blocked and queries.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
+            raise RuntimeError("the newest generation changed under its row lock")  # decision 106
         created = queries.work_item_get(connection, new_id)
         assert created is not None
         return queries.work_item_value(created), ordinal
