@@ -2,7 +2,7 @@
 
 Skipped unless NEXUSCRM_GALERA=1; NEXUSCRM_GALERA_REQUIRED=1 also runs it and turns a cluster
 that cannot start into a failure instead of a skip (as NEXUSCRM_TIDB_REQUIRED does for the
-MySQL-protocol server). One cluster serves the whole session; each test gets its own
+MySQL-protocol server). One cluster serves this directory's tests; each test gets its own
 database on it, migrated to the newest schema, with one DSN per node.
 """
 
@@ -31,9 +31,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.galera)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[GaleraCluster]:
-    """The started cluster; stopped and removed at the end of the session, also after a failure."""
+    """The started cluster; stopped and removed after this directory's tests (also after a failure).
+
+    Package scope: the three nodes do not outlive the tier, so the rest of the run has the
+    machine's two cores and the shared server to itself.
+    """
     if not ENABLED:
         pytest.skip("the Galera tier runs with NEXUSCRM_GALERA=1 or NEXUSCRM_GALERA_REQUIRED=1 (docs/galera.md)")
     started = GaleraCluster(Path(tempfile.mkdtemp(prefix="galera-")))
