@@ -68,7 +68,7 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
         before = {name: row_checksums(connection, name, columns) for name, columns in v1_columns.items()}
     assert sum(len(rows) for rows in before.values()) == 5
 
-    assert migrations.apply_schema(empty_engine) == (1, 2, ["v2_projection_input_ranges"])
+    assert migrations.apply_schema(empty_engine) == (1, 3, ["v2_projection_input_ranges", "v3_successor_links"])
 
     with empty_engine.connect() as connection:
         after = {name: row_checksums(connection, name, columns) for name, columns in v1_columns.items()}
@@ -82,13 +82,16 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
         )
 
 
-def test_verify_schema_lists_what_v1_lacks_and_nothing_on_v2(empty_engine: sa.Engine) -> None:
+def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engine: sa.Engine) -> None:
     assert set(verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)) == set(tables.metadata.tables)
     migrations.apply_schema(empty_engine, 1)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
         "WorkItem.InputStartOrdinal",
+        "WorkItem.SuccessorWorkId",
         "_System_ConnectorProjectionProtocol",
     ]
+    migrations.apply_schema(empty_engine, 2)
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["WorkItem.SuccessorWorkId"]
     migrations.apply_schema(empty_engine)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == []
 
@@ -114,8 +117,12 @@ def test_migrating_from_empty_equals_the_metadata(empty_engine: sa.Engine) -> No
 
 
 def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
-    assert migrations.apply_schema(empty_engine)[2] == ["v1_pre_upgrade_schema", "v2_projection_input_ranges"]
+    assert migrations.apply_schema(empty_engine)[2] == [
+        "v1_pre_upgrade_schema",
+        "v2_projection_input_ranges",
+        "v3_successor_links",
+    ]
     described = verification.describe_schema(empty_engine)
-    assert migrations.apply_schema(empty_engine) == (2, 2, [])
+    assert migrations.apply_schema(empty_engine) == (3, 3, [])
     assert verification.describe_schema(empty_engine) == described
-    assert described.version == described.newest_version == 2
+    assert described.version == described.newest_version == 3

@@ -147,6 +147,11 @@ WorkItem = sa.Table(
     sa.Column("LastError", sa.Text, nullable=True),
     sa.Column("CreatedAt", Timestamp(), nullable=False),
     sa.Column("FinishedAt", Timestamp(), nullable=True),
+    # Added by schema v3. The generation admitted (or replayed) behind this one while it was not
+    # terminal, written by that admission: the predecessor row is what the blocking decision and
+    # the completion both write, so on a multi-primary engine they conflict instead of leaving
+    # the successor blocked forever (decision 106); completion unblocks it by primary key.
+    sa.Column("SuccessorWorkId", sa.String(WORK_ID_LENGTH), nullable=True),
     # The projection-order index: newest generation of an identity, coverage probes,
     # successor lookup on completion.
     sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),

@@ -393,6 +393,7 @@ def _admit_fresh(
     newest = queries.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
     new_generations: list[dict[str, Any]] = []
     extended: dict[str, int] = {}  # WorkId -> new LaneOrdinal
+    linked: dict[str, str] = {}  # nonterminal predecessor WorkId -> the blocked successor behind it
     work_ids: dict[str, str] = {}
     starts: set[int] = set()  # first ordinals of the generations this batch creates
     for projection_key, members in by_identity.items():
@@ -406,6 +407,8 @@ def _admit_fresh(
         work_ids[projection_key] = work_id
         starts.add(low)
         blocked = current is not None and WorkStatus(current.Status) not in TERMINAL_WORK_STATUSES
+        if current is not None and blocked:
+            linked[current.WorkId] = work_id
         new_generations.append(
             generation_row(
                 work_id=work_id,
@@ -421,6 +424,9 @@ def _admit_fresh(
     if queries.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0]) != len(extended):
         raise RuntimeError("a generation of this batch changed under its row lock")
     queries.work_items_insert(connection, new_generations)
+    # The blocking decision writes the row it was taken from (decision 106).
+    if queries.work_items_link_successors(connection, linked) != len(linked):
+        raise RuntimeError("a predecessor of this batch changed under its row lock")
     results = {
         delivery.item.receipt_key: IngestResult(
             receipt_key=delivery.item.receipt_key,

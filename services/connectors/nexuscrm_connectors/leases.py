@@ -333,11 +333,19 @@ def lease_values(worker_id: str, attempt: int, now: dt.datetime, lease: dt.timed
 
 
 def _finish(connection: Connection, row: DbRow, event_status: EventStatus, now: dt.datetime) -> None:
-    """After a generation became terminal: settle its selected Event, unblock its successor."""
+    """After a generation became terminal: settle its selected Event, unblock its successor.
+
+    The successor is the one linked on the row (``SuccessorWorkId``, written by the admission
+    that created it blocked: decision 106), else found by its ordinals (rows linked by no
+    admission: those of schema v2, and generations with no successor yet).
+    """
     queries.event_set_status(connection, row.PackInstallId, row.LaneOrdinal, event_status, row.ProjectionKey)
-    successor = queries.work_item_successor(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal)
-    if successor is not None:
-        queries.work_item_unblock(connection, successor.WorkId, now)
+    successor_id = row.SuccessorWorkId
+    if successor_id is None:
+        successor = queries.work_item_successor(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal)
+        successor_id = None if successor is None else successor.WorkId
+    if successor_id is not None:
+        queries.work_item_unblock(connection, successor_id, now)
 
 
 def current_lease(connection: Connection, work_id: str, lease_token: str, now: dt.datetime) -> DbRow:

@@ -1,4 +1,8 @@
-"""The background materializer: admits receipts that were stored but not admitted."""
+"""The background materializer: admits receipts that were stored but not admitted.
+
+Each pass also runs the liveness sweep (``Connectors.heal_stranded``): a blocked generation
+whose predecessor is terminal becomes claimable within one interval.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 class Materializer:
-    """Runs ``Connectors.materialize`` every ``settings.materialize_interval_seconds`` in a thread."""
+    """Runs ``Connectors.materialize`` and ``heal_stranded`` every ``settings.materialize_interval_seconds``."""
 
     def __init__(self, connectors: Connectors) -> None:
         self._connectors = connectors
@@ -40,3 +44,7 @@ class Materializer:
                 continue
             if admitted:
                 log.info("materializer acknowledged %d stored receipts", admitted)
+            try:
+                self._connectors.heal_stranded()
+            except DomainError as error:
+                log.warning("stranded-generation sweep failed: %s", error)

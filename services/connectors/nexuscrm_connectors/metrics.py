@@ -50,6 +50,10 @@ FAILURES = Counter(
     ["reason"],
 )
 COMPLETIONS = Counter("nexuscrm_completions_total", "Generations completed.")
+STRANDED_HEALED = Counter(
+    "nexuscrm_stranded_generations_healed_total",
+    "Blocked generations whose predecessor was already terminal (or missing), made claimable by the liveness sweep.",
+)
 
 _DUPLICATE_KINDS = {Outcome.DUPLICATE_LEGACY: "legacy", Outcome.DUPLICATE_COVERED: "covered"}
 

@@ -450,6 +450,46 @@ def work_items_extend(
     return connection.execute(_extend_statement(size), parameters).rowcount
 
 
+@functools.lru_cache(maxsize=16)
+def _link_statement(size: int) -> sa.Update:
+    """The successor-link UPDATE of ``size`` predecessors; built once per size (see ``_extend_statement``)."""
+    pairs: list[tuple[sa.BindParameter[Any], sa.BindParameter[Any]]] = [
+        (sa.bindparam(f"work_{n}"), sa.bindparam(f"successor_{n}")) for n in range(size)
+    ]
+    return (
+        sa.update(WorkItem)
+        .where(
+            WorkItem.c.WorkId.in_([work_id for work_id, _ in pairs]),
+            WorkItem.c.Status.not_in([WorkStatus.COMPLETED, WorkStatus.FAILED]),
+            WorkItem.c.SuccessorWorkId.is_(None),
+        )
+        .values(SuccessorWorkId=sa.case(*pairs, value=WorkItem.c.WorkId))
+    )
+
+
+def work_items_link_successors(connection: Connection, successors: Mapping[str, str]) -> int:
+    """Record on each nonterminal predecessor the blocked generation just created behind it; one statement.
+
+    ``successors`` maps predecessor WorkId to successor WorkId. This is the write that makes
+    the blocking decision safe on a multi-primary engine (decision 106): the predecessor row
+    is the row its completion (or failure) writes, so the admission that read it as
+    nonterminal and the transaction that makes it terminal write the same row and cannot
+    both commit; on one server the admission's row lock serializes them already. A
+    predecessor changes only while it is not terminal and has no successor yet. Primary-key
+    lookups; returns how many changed, the caller expects all. Padded like ``work_items_extend``.
+    """
+    if not successors:
+        return 0
+    pairs = list(successors.items())
+    size = 1 << (len(pairs) - 1).bit_length()
+    pairs += pairs[-1:] * (size - len(pairs))
+    parameters: dict[str, Any] = {}
+    for n, (work_id, successor) in enumerate(pairs):
+        parameters[f"work_{n}"] = work_id
+        parameters[f"successor_{n}"] = successor
+    return connection.execute(_link_statement(size), parameters).rowcount
+
+
 def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -> DbRow | None:
     """One WorkItem by primary key, optionally locked."""
     statement = sa.select(WorkItem).where(WorkItem.c.WorkId == work_id)
@@ -504,6 +544,64 @@ def work_item_successor(
     ).first()
 
 
+# Blocked native generations of a pack whose predecessor (the previous generation of the
+# identity) is terminal or missing: stranded work the liveness sweep makes claimable.
+_PREDECESSOR = WorkItem.alias("Predecessor")
+_PREDECESSOR_STATUS = (
+    sa.select(_PREDECESSOR.c.Status)
+    .where(
+        _PREDECESSOR.c.PackInstallId == WorkItem.c.PackInstallId,
+        _PREDECESSOR.c.ProjectionKey == WorkItem.c.ProjectionKey,
+        _PREDECESSOR.c.LaneOrdinal < WorkItem.c.InputStartOrdinal,
+    )
+    .order_by(_PREDECESSOR.c.LaneOrdinal.desc())
+    .limit(1)
+    .correlate(WorkItem)
+    .scalar_subquery()
+)
+
+
+def work_items_blocked_page(connection: Connection, pack_install_id: str, after: str, limit: int) -> list[DbRow]:
+    """A page of a pack's blocked native generations after WorkId ``after``, with their predecessor's status.
+
+    Keyset pagination by WorkId over ix_workitem_claim's (pack, 'blocked') range (blocked rows
+    have no ClaimableAt, so InnoDB reads them in primary-key order), one seek of
+    ix_workitem_projection_order per row for the predecessor. ``PredecessorStatus`` is None
+    when the identity has no earlier generation.
+    """
+    return list(
+        connection.execute(
+            sa.select(WorkItem.c.WorkId, _PREDECESSOR_STATUS.label("PredecessorStatus"))
+            .where(
+                WorkItem.c.PackInstallId == pack_install_id,
+                WorkItem.c.Status == WorkStatus.BLOCKED,
+                WorkItem.c.InputStartOrdinal.is_not(None),
+                WorkItem.c.WorkId > after,
+            )
+            .order_by(WorkItem.c.WorkId)
+            .limit(limit)
+        )
+    )
+
+
+def work_items_unblock(connection: Connection, work_ids: Sequence[str], now: dt.datetime) -> int:
+    """Make blocked generations claimable (one UPDATE by primary key); returns how many moved."""
+    if not work_ids:
+        return 0
+    return connection.execute(
+        sa.update(WorkItem)
+        .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.Status == WorkStatus.BLOCKED)
+        .values(Status=WorkStatus.PENDING, ClaimableAt=now)
+    ).rowcount
+
+
+def packs_list(connection: Connection) -> list[str]:
+    """Every PackInstallId (primary key order)."""
+    return list(
+        connection.execute(sa.select(PackInstall.c.PackInstallId).order_by(PackInstall.c.PackInstallId)).scalars()
+    )
+
+
 def work_item_unblock(connection: Connection, work_id: str, now: dt.datetime) -> int:
     """Make a blocked generation claimable: its predecessor became terminal."""
     return connection.execute(
@@ -542,6 +640,7 @@ def work_items_claimable(
                     WorkItem.c.MaxAttempts,
                     WorkItem.c.InputStartOrdinal,
                     WorkItem.c.LaneOrdinal,
+                    WorkItem.c.SuccessorWorkId,
                 )
                 .where(
                     WorkItem.c.PackInstallId == pack_install_id,

@@ -77,6 +77,7 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> Re
             connection, pack.pack_install_id, range(ordinal, ordinal + 1), [target.ProjectionKey]
         )[target.ProjectionKey]
         new_id = str(uuid.uuid4())
+        blocked = WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES
         queries.work_items_insert(
             connection,
             [
@@ -86,13 +87,15 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> Re
                     projection_key=target.ProjectionKey,
                     start=ordinal,
                     end=ordinal,
-                    blocked=WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES,
+                    blocked=blocked,
                     now=now,
                     max_attempts=settings.max_attempts,
                     replay_of_work_id=work_id,
                 )
             ],
         )
+        if blocked and queries.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
+            raise RuntimeError("the newest generation changed under its row lock")  # decision 106
         created = queries.work_item_get(connection, new_id)
         assert created is not None
         return ReplayResult(work=queries.work_item_value(created), replay_event_ordinal=ordinal)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import admission, inspection, leases, metrics, payloads, replay
+from nexuscrm_connectors import admission, inspection, leases, liveness, metrics, payloads, replay
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock, utcnow
@@ -44,6 +44,7 @@ class Connectors:
         self.settings = settings or Settings()
         self.clock = clock
         self.claimers = Claimers(self.settings.max_claim_waiters)
+        self.stranded = liveness.StrandedSweep()
 
     def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
@@ -59,6 +60,14 @@ class Connectors:
         if admitted:
             self.claimers.notify()
         return admitted
+
+    def heal_stranded(self) -> int:
+        """One pass of ``liveness.StrandedSweep``, counted by ``nexuscrm_stranded_generations_healed_total``."""
+        healed = self.stranded.run(self.engine, self.clock)
+        if healed:
+            metrics.STRANDED_HEALED.inc(healed)
+            self.claimers.notify()
+        return healed
 
     def replay(self, work_id: str) -> ReplayResult:
         """See ``replay.replay``."""

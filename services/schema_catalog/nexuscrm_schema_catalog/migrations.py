@@ -25,6 +25,7 @@ from workqueue.errors import InvalidArgument
 
 V2_COLUMN = "InputStartOrdinal"
 V2_TABLES = (tables.ConnectorProjectionProtocol,)
+V3_COLUMN = "SuccessorWorkId"
 
 
 def _v1_metadata() -> sa.MetaData:
@@ -37,7 +38,7 @@ def _v1_metadata() -> sa.MetaData:
             sa.Table(
                 table.name,
                 v1,
-                *(column._copy() for column in table.columns if column.name != V2_COLUMN),
+                *(column._copy() for column in table.columns if column.name not in (V2_COLUMN, V3_COLUMN)),
                 *(sa.Index(index.name, *index.columns.keys(), unique=index.unique) for index in table.indexes),
                 **tables.MYSQL_TABLE_OPTIONS,
             )
@@ -58,6 +59,13 @@ def _apply_v2(connection: Connection) -> None:
     tables.metadata.create_all(connection, tables=list(V2_TABLES), checkfirst=True)
 
 
+def _apply_v3(connection: Connection) -> None:
+    columns = {c["name"] for c in sa.inspect(connection).get_columns(tables.WorkItem.name)}
+    if V3_COLUMN not in columns:
+        operations = Operations(MigrationContext.configure(connection))
+        operations.add_column(tables.WorkItem.name, tables.WorkItem.c[V3_COLUMN]._copy())
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One schema version and the additive DDL that reaches it."""
@@ -70,6 +78,7 @@ class Step:
 STEPS = (
     Step(1, "v1_pre_upgrade_schema", _apply_v1),
     Step(2, "v2_projection_input_ranges", _apply_v2),
+    Step(3, "v3_successor_links", _apply_v3),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
