@@ -13,16 +13,18 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_controlplane import queries
+from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.errors import CutoverTimeout
 from nexuscrm_controlplane.lifecycle import pack_get
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
 from workqueue import WorkStatus
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
-SAMPLE_LIMIT = 10  # sample ids per count in every report
 POLL_INTERVAL = 2.0  # seconds between drain polls
 
 RETRY_WAIT = "retry_wait"
@@ -72,6 +74,23 @@ class DrainStatus:
             f"holds: {holds or 'none'}; samples: {', '.join(self.sample_work_ids)}"
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: what ``connector-projection-drain -json`` prints and the dashboard shows."""
+        return {
+            "pack_install_id": self.pack_install_id,
+            "drained": self.drained,
+            "summary": self.summary(),
+            "pending": self.pending,
+            "blocked": self.blocked,
+            "retry": self.retry,
+            "processing": self.processing,
+            "sample_work_ids": list(self.sample_work_ids),
+            "holds": [
+                {"reason": h.reason, "count": h.count, "sample_work_ids": list(h.sample_work_ids), "detail": h.detail}
+                for h in self.holds
+            ],
+        }
+
 
 def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock = utcnow) -> DrainStatus:
     """The drain status of a pack read on ``connection`` (the cutover reads it under its locks)."""
@@ -86,7 +105,7 @@ def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock
                 reason=RETRY_WAIT,
                 count=queries.legacy_retry_wait_count(connection, pack_install_id, now),
                 sample_work_ids=tuple(row.WorkId for row in retry_waits),
-                detail=f"next attempt at {soonest.isoformat()}Z at the earliest; old workers must keep running",
+                detail=f"next attempt at {iso_utc(soonest)} at the earliest; old workers must keep running",
             )
         )
     dependency_count, dependency_sample = queries.legacy_dependency_waits(connection, pack_install_id, SAMPLE_LIMIT)
@@ -99,7 +118,7 @@ def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock
                 detail="blocked on an external dependency; only its resolver can release it",
             )
         )
-    sample = queries.legacy_work_sample(connection, pack_install_id, queries.NONTERMINAL, SAMPLE_LIMIT)
+    sample = queries.legacy_work_sample(connection, pack_install_id, NONTERMINAL_WORK_STATUSES, SAMPLE_LIMIT)
     return DrainStatus(
         pack_install_id=pack_install_id,
         pending=counts.get(WorkStatus.PENDING, 0),
