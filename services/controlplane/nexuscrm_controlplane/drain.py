@@ -10,8 +10,8 @@ a bounded drain may not outlast. Nothing here changes a status: the operator dec
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +22,11 @@ from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.errors import CutoverTimeout
 from nexuscrm_controlplane.lifecycle import pack_get
 from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
+from nexuscrm_runtime.polling import poll_until
 from workqueue import WorkStatus
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
-POLL_INTERVAL = 2.0  # seconds between drain polls
+POLL_INTERVAL = dt.timedelta(seconds=2)  # between drain polls
 
 RETRY_WAIT = "retry_wait"
 DEPENDENCY_WAIT = "dependency_wait"
@@ -140,31 +141,32 @@ def drain_status(engine: Engine, pack_install_id: str, clock: Clock = utcnow) ->
 def wait_drained(
     engine: Engine,
     pack_install_id: str,
-    timeout: float,
+    timeout: dt.timedelta,
     *,
-    interval: float = POLL_INTERVAL,
+    interval: dt.timedelta = POLL_INTERVAL,
     on_poll: Callable[[DrainStatus], None] | None = None,
     stop: threading.Event | None = None,
     clock: Clock = utcnow,
 ) -> DrainStatus:
     """Poll until the pack's old projection work is drained; return the drained status.
 
-    ``timeout`` (seconds) bounds the wait: when it passes first, ``CutoverTimeout`` is raised
-    with the last status as its message and as ``status`` attribute. ``on_poll`` sees every
-    status read; ``stop`` (set by a signal handler) ends the wait early like a timeout.
-    Never changes any row.
+    ``timeout`` bounds the wait: when it passes first, ``DrainTimeout`` (a ``CutoverTimeout``)
+    is raised with the last status as its message and as ``status`` attribute. ``on_poll``
+    sees every status read; ``stop`` (set by a signal handler) ends the wait early like a
+    timeout. The loop is ``nexuscrm_runtime.polling.poll_until``, which ``nexuscrm drain
+    wait`` runs over GetDrainStatus. Never changes any row.
     """
-    deadline = time.monotonic() + timeout
-    stop = stop or threading.Event()
-    while True:
-        status = drain_status(engine, pack_install_id, clock)
-        if on_poll is not None:
-            on_poll(status)
-        if status.drained:
-            return status
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or stop.wait(min(interval, remaining)):
-            raise DrainTimeout(status)
+    polled = poll_until(
+        lambda: drain_status(engine, pack_install_id, clock),
+        lambda status: status.drained,
+        timeout=timeout,
+        interval=interval,
+        on_poll=on_poll,
+        stop=stop,
+    )
+    if not polled.done:
+        raise DrainTimeout(polled.status)
+    return polled.status
 
 
 class DrainTimeout(CutoverTimeout):
