@@ -6,6 +6,7 @@ activation, the demo projection end to end, SIGTERM during work, and the operato
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import signal
 import threading
@@ -28,6 +29,7 @@ from nexuscrm_schema_catalog import migrations
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import cli, demo
 from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.exits import ExitCode
 from nexuscrm_tools.launcher import (
     CONNECTORS,
     CONTROLPLANE,
@@ -163,7 +165,9 @@ def test_demo_projection_matches_the_inputs_and_the_cli_explains_it(
     services, pack = start_system(empty_dsn, tmp_path, namespace="acme", workers=2)
     engine = create_engine(empty_dsn)
     try:
-        summary = run_demo(engine, services, pack, config, stop=threading.Event(), timeout=DEADLINE)
+        summary = run_demo(
+            engine, services, pack, config, stop=threading.Event(), timeout=dt.timedelta(seconds=DEADLINE)
+        )
         assert summary.complete and summary.problems == ()
         assert summary.stats.admitted == 300 and summary.stats.fresh_sent == 300
         assert summary.stats.duplicates_acknowledged == summary.stats.duplicates_sent > 0
@@ -194,7 +198,9 @@ def test_demo_projection_matches_the_inputs_and_the_cli_explains_it(
         start, end = int(shown["work"]["input_start_ordinal"]), int(shown["work"]["lane_ordinal"])
         assert start <= 7 <= end and int(shown["member_count"]) >= 1
         assert run_cli("receipts", "missing", "--pack", pack) == []
-        assert cli.main(["work", "show", "no-such-work"]) == cli.EXIT_REFUSED
+        assert run_cli("drain", "status", pack)["drained"] is True  # greenfield: no old-protocol work
+        assert run_cli("drain", "wait", pack, "--timeout", "5s", "--interval", "100ms")["drained"] is True
+        assert cli.main(["work", "show", "no-such-work"]) == ExitCode.REFUSED
         assert "NOT_FOUND" in capsys.readouterr().err
     finally:
         assert set(stop_services(services).values()) == {0}

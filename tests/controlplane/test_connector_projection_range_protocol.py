@@ -20,7 +20,7 @@ from nexuscrm_controlplane.audit import Rule
 from nexuscrm_controlplane.cutover import Outcome
 from nexuscrm_schema.tables import Event, PackInstall, WorkItem
 from nexuscrm_schema_catalog import migrations
-from nexuscrm_tools.runbook import EXIT_OK
+from nexuscrm_tools.exits import ExitCode
 from tests.controlplane.history import (
     NAMESPACE,
     FakeClock,
@@ -423,7 +423,7 @@ def test_eight_concurrent_cutover_processes_write_one_checkpoint(
     ]
     outputs = [process.communicate(timeout=180) for process in processes]
 
-    assert [process.returncode for process in processes] == [EXIT_OK] * 8, [err for _, err in outputs]
+    assert [process.returncode for process in processes] == [ExitCode.OK] * 8, [err for _, err in outputs]
     results = [json.loads(stdout) for stdout, _ in outputs]
     assert sorted(r["outcome"] for r in results) == ["already_written"] * 7 + ["written"]
     assert len({json.dumps(r["protocol"], sort_keys=True) for r in results}) == 1

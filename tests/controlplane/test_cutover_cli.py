@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.legacy import LegacyRuntime
 from nexuscrm_schema.tables import PackInstall
-from nexuscrm_tools import runbook as cli
+from nexuscrm_tools.exits import ExitCode
 from tests.controlplane.history import (
     FakeClock,
     arm,
@@ -32,30 +32,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def test_duration_flags_are_go_durations() -> None:
-    assert [cli.parse_duration(text) for text in ("30s", "5m", "1h", "1h30m", "250ms", "1.5s")] == [
-        30,
-        300,
-        3600,
-        5400,
-        0.25,
-        1.5,
-    ]
-    for bad in ("", "5", "5 minutes", "-1s", "0s", "1d", "s"):
-        with pytest.raises(Exception, match="invalid duration"):
-            cli.parse_duration(bad)
-
-
 def test_a_missing_dsn_is_a_clear_error() -> None:
     result = run_cli(CUTOVER, ["-pack-install-id", "pk-x", "-timeout", "30s"], None)
-    assert result.returncode == cli.EXIT_CONNECTION
+    assert result.returncode == ExitCode.UNREACHABLE
     assert "CONNECTOR_CUTOVER_DSN is not set" in result.stderr
 
 
 def test_an_unreachable_database_is_a_clear_error_that_never_prints_the_dsn() -> None:
     dsn = "mysql://cutover:hunter2-secret@127.0.0.1:1/nexus"
     result = run_cli(CUTOVER, ["-pack-install-id", "pk-x", "-timeout", "30s"], dsn)
-    assert result.returncode == cli.EXIT_CONNECTION
+    assert result.returncode == ExitCode.UNREACHABLE
     assert "CONNECTOR_CUTOVER_DSN" in result.stderr
     assert "hunter2" not in result.stdout + result.stderr and "cutover:" not in result.stderr.replace(CUTOVER, "")
 
@@ -71,7 +57,7 @@ def test_an_unreachable_database_is_a_clear_error_that_never_prints_the_dsn() ->
 )
 def test_usage_errors(args: list[str], tmp_path: Path) -> None:
     result = run_cli(CUTOVER, args, f"sqlite:///{tmp_path / 'unused.db'}")
-    assert result.returncode == cli.EXIT_USAGE, result.stderr
+    assert result.returncode == ExitCode.USAGE, result.stderr
     assert "usage:" in result.stderr
 
 
@@ -91,15 +77,15 @@ def test_exit_codes_for_every_outcome_and_the_dsn_is_never_printed(
         outputs.append(result.stdout + result.stderr)
         return result.returncode, result.stdout, result.stderr
 
-    assert run(["-pack-install-id", "pk-nope", "-timeout", "30s"])[0] == cli.EXIT_USAGE
+    assert run(["-pack-install-id", "pk-nope", "-timeout", "30s"])[0] == ExitCode.USAGE
     code, _, err = run(["-pack-install-id", pack, "-timeout", "30s"])
-    assert code == cli.EXIT_REFUSED_GATE and "fence_missing" in err
+    assert code == ExitCode.REFUSED_GATE and "fence_missing" in err
     arm(engine, clock)
     code, _, err = run(["-pack-install-id", no_handoff, "-timeout", "30s"])
-    assert code == cli.EXIT_MISSING_PREREQUISITE and "work_item_handoff_missing" in err
+    assert code == ExitCode.MISSING_PREREQUISITE and "work_item_handoff_missing" in err
     code, out, _ = run(["-pack-install-id", pack, "-timeout", "30s", "-json"])
     document = json.loads(out)
-    assert code == cli.EXIT_REFUSED_AUDIT == document["exit_code"]
+    assert code == ExitCode.REFUSED_AUDIT == document["exit_code"]
     assert document["outcome"] == "refused_audit"
     assert document["report"]["findings"][0]["rule"] == "beyond_completed_boundary"
     assert document["report"]["findings"][0]["sample_ids"] == ["event:2"]
@@ -112,11 +98,11 @@ def test_exit_codes_for_every_outcome_and_the_dsn_is_never_printed(
     arm(engine, clock)
     before = history(engine)
     code, out, _ = run(["-pack-install-id", pack, "-timeout", "30s", "-dry-run"])
-    assert code == cli.EXIT_OK and "dry run passed" in out and protocol_rows(engine, pack) == []
+    assert code == ExitCode.OK and "dry run passed" in out and protocol_rows(engine, pack) == []
     code, out, _ = run(["-pack-install-id", pack, "-timeout=1m"])
-    assert code == cli.EXIT_OK and "checkpoint written" in out and "LegacyMaxOrdinal 3" in out
+    assert code == ExitCode.OK and "checkpoint written" in out and "LegacyMaxOrdinal 3" in out
     code, out, _ = run(["--pack-install-id", pack, "--timeout", "1m"])
-    assert code == cli.EXIT_OK and "checkpoint already written" in out and "LegacyMaxOrdinal 3" in out
+    assert code == ExitCode.OK and "checkpoint already written" in out and "LegacyMaxOrdinal 3" in out
     assert history(engine) == before
     for output in outputs:
         assert dsn not in output
@@ -131,7 +117,7 @@ def test_a_held_lock_ends_in_the_timeout_exit_code_with_nothing_written(
     with engine.begin() as connection:  # an admission transaction that does not end
         connection.execute(sa.select(PackInstall).where(PackInstall.c.PackInstallId == pack).with_for_update())
         result = run_cli(CUTOVER, ["-pack-install-id", pack, "-timeout", "1s"], dsn)
-    assert result.returncode == cli.EXIT_TIMEOUT, result.stderr
+    assert result.returncode == ExitCode.TIMEOUT, result.stderr
     assert "nothing was written" in result.stderr
     assert protocol_rows(engine, pack) == []
 
@@ -149,7 +135,7 @@ def test_the_drain_wait_reports_what_holds_it_and_never_changes_a_status(
 
     waited = run_cli(DRAIN, ["-pack-install-id", pack, "-timeout", "300ms", "-interval", "100ms", "-json"], dsn)
 
-    assert waited.returncode == cli.EXIT_TIMEOUT
+    assert waited.returncode == ExitCode.TIMEOUT
     report = json.loads(waited.stdout)
     assert (report["drained"], report["retry"], report["sample_work_ids"]) == (False, 1, [work_id])
     assert report["holds"][0]["reason"] == "retry_wait" and report["holds"][0]["sample_work_ids"] == [work_id]
@@ -158,24 +144,24 @@ def test_the_drain_wait_reports_what_holds_it_and_never_changes_a_status(
     clock.advance(3600)
     run_old_workers(legacy, pack)
     done = run_cli(DRAIN, ["-pack-install-id", pack, "-timeout", "30s"], dsn)
-    assert done.returncode == cli.EXIT_OK and "drained" in done.stdout
+    assert done.returncode == ExitCode.OK and "drained" in done.stdout
 
 
 @pytest.mark.database
 def test_the_fence_command_arms_lists_overrides_and_disarms(engine: sa.Engine, dsn: str, clock: FakeClock) -> None:
     pack = install(engine, clock)
     armed = run_cli(FENCE, ["arm", "-namespace", "acme", "-reason", "cutover"], dsn)
-    assert armed.returncode == cli.EXIT_OK, armed.stderr
+    assert armed.returncode == ExitCode.OK, armed.stderr
     fence = json.loads(armed.stdout)
     assert (fence["scope"], fence["expires_at"], fence["reason"]) == ("*", None, "cutover")
     added = run_cli(FENCE, ["override-add", "-fence-id", fence["fence_id"], "-pack-install-id", pack], dsn)
     assert json.loads(added.stdout)["overrides"] == [{"pack_install_id": pack, "expires_at": None}]
     assert (
         run_cli(FENCE, ["override-remove", "-fence-id", fence["fence_id"], "-pack-install-id", pack], dsn).returncode
-        == 0
+        == ExitCode.OK
     )
     listed = json.loads(run_cli(FENCE, ["list", "-namespace", "acme"], dsn).stdout)
     assert [f["fence_id"] for f in listed] == [fence["fence_id"]] and listed[0]["overrides"] == []
-    assert run_cli(FENCE, ["disarm", "-fence-id", fence["fence_id"]], dsn).returncode == cli.EXIT_OK
-    assert run_cli(FENCE, ["disarm", "-fence-id", fence["fence_id"]], dsn).returncode == cli.EXIT_USAGE
+    assert run_cli(FENCE, ["disarm", "-fence-id", fence["fence_id"]], dsn).returncode == ExitCode.OK
+    assert run_cli(FENCE, ["disarm", "-fence-id", fence["fence_id"]], dsn).returncode == ExitCode.USAGE
     assert json.loads(run_cli(FENCE, ["list", "-namespace", "acme"], dsn).stdout) == []

@@ -29,6 +29,7 @@ from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_runtime.database import is_sqlite
 from tests.support.factories import START, FakeClock, delivery, install_pack, route
 from workqueue import EventStatus, ReceiptState, WorkStatus
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 pytestmark = pytest.mark.database
 
@@ -207,7 +208,7 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
     """Every hot query by builder name, each as the real call the runtime makes."""
     now = START + dt.timedelta(hours=1)
     pack, key, legacy, legacy_key = seeded.native_pack, seeded.claimed_key, seeded.legacy_pack, seeded.legacy_key
-    nonterminal = cp_queries.NONTERMINAL
+    nonterminal = NONTERMINAL_WORK_STATUSES
     after = (pack, START, "h-1")  # a ListReceipts page token's position
     return {
         # Connectors: admission, duplicate verification, claim, payload reads, materializer.

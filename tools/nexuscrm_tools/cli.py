@@ -5,15 +5,16 @@ Subcommands: ``packs install|activate|protocol``, ``fences arm|disarm|list|overr
 ``activation`` and ``workers``. Tables by default, ``--json`` for scripts. Services are found
 through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``; ``nexuscrm-run --serve`` prints them). With
 NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks mutual TLS as the principal of that
-certificate (docs/security.md).
+certificate (docs/security.md). Durations are Go durations (``30s``, ``5m``, ``1h30m``;
+``nexuscrm_tools.durations``), as in the runbook commands.
 
-Exit codes:
-  0  done; the check passed
-  1  the service refused the request (the message says why)
-  2  usage error
-  3  a service is unreachable, too slow, or does not implement the RPC yet
-  4  the check did not pass: not drained, cutover audit refused, receipts whose coverage is
-     missing exist, or the host is not activated
+Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
+list below ``--help``): 0 done, the check passed; 2 usage error; 3 a service is unreachable or
+does not implement the RPC yet; 4, 5, 6 the cutover refused by gate, audit or missing
+prerequisite (as ``connector-projection-cutover``); 7 timeout (``drain wait`` ended
+undrained, or an RPC's deadline passed); 8 the service refused the request; 9 the check did
+not pass (not drained, receipts whose coverage is missing, no protocol row, host not
+activated).
 """
 
 from __future__ import annotations
@@ -38,15 +39,21 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
+from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import open_channel
+from nexuscrm_schema.tables import NAMESPACE_SCOPE
+from nexuscrm_tools.durations import parse_duration, whole_seconds
+from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from workqueue import ReceiptState
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CHECK_FAILED = 0, 1, 2, 3, 4
 RPC_TIMEOUT = 30.0  # seconds per call
-UNAVAILABLE_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.DEADLINE_EXCEEDED}
-)
+# gRPC statuses that say nothing about the request itself; every other status is a refusal.
+RPC_ERROR_EXIT_CODES = {
+    grpc.StatusCode.UNAVAILABLE: ExitCode.UNREACHABLE,
+    grpc.StatusCode.UNIMPLEMENTED: ExitCode.UNREACHABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ExitCode.TIMEOUT,
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,7 +62,7 @@ class Outcome:
 
     data: Any
     view: Table | str
-    code: int = EXIT_OK
+    code: ExitCode = ExitCode.OK
 
 
 def _dict(message: Message) -> dict[str, Any]:
@@ -143,7 +150,7 @@ def packs_protocol(clients: Clients, args: argparse.Namespace) -> Outcome:
     )
     data = _dict(response)
     if not response.exists:
-        return Outcome(data=data, view=f"pack {args.pack} has no protocol row", code=EXIT_CHECK_FAILED)
+        return Outcome(data=data, view=f"pack {args.pack} has no protocol row", code=ExitCode.CHECK_FAILED)
     return Outcome(data=data, view=_fields(f"protocol of {args.pack}", _dict(response.protocol)))
 
 
@@ -166,7 +173,10 @@ def fences_arm(clients: Clients, args: argparse.Namespace) -> Outcome:
     """Arm a fence on a namespace (``*``) or one pack."""
     response = clients.controlplane.ArmFence(
         cp_pb.ArmFenceRequest(
-            namespace=args.namespace, scope=args.scope, expires_in_seconds=args.expires_in, reason=args.reason
+            namespace=args.namespace,
+            scope=args.scope,
+            expires_in_seconds=whole_seconds(args.expires_in),
+            reason=args.reason,
         ),
         timeout=RPC_TIMEOUT,
     )
@@ -196,14 +206,14 @@ def fences_override(clients: Clients, args: argparse.Namespace) -> Outcome:
         )
     response = clients.controlplane.AddFenceOverride(
         cp_pb.AddFenceOverrideRequest(
-            fence_id=args.fence, pack_install_id=args.pack, expires_in_seconds=args.expires_in
+            fence_id=args.fence, pack_install_id=args.pack, expires_in_seconds=whole_seconds(args.expires_in)
         ),
         timeout=RPC_TIMEOUT,
     )
     return Outcome(data=_dict(response.fence), view=_fence_rows([response.fence]))
 
 
-def _drain_outcome(response: cp_pb.GetDrainStatusResponse) -> Outcome:
+def _drain_outcome(response: cp_pb.GetDrainStatusResponse, undrained: ExitCode) -> Outcome:
     data = _dict(response)
     rows = [(h.reason, h.count, ", ".join(h.sample_work_ids)) for h in response.holds]
     counts = ", ".join(f"{name} {getattr(response, name)}" for name in ("pending", "blocked", "retry", "processing"))
@@ -212,26 +222,47 @@ def _drain_outcome(response: cp_pb.GetDrainStatusResponse) -> Outcome:
         ("held by", "count", "sample work ids"),
         rows,
     )
-    return Outcome(data=data, view=table, code=EXIT_OK if response.drained else EXIT_CHECK_FAILED)
+    return Outcome(data=data, view=table, code=ExitCode.OK if response.drained else undrained)
+
+
+def _drain_read(clients: Clients, pack_install_id: str) -> Callable[[], cp_pb.GetDrainStatusResponse]:
+    stub = clients.controlplane
+
+    def read() -> cp_pb.GetDrainStatusResponse:
+        response: cp_pb.GetDrainStatusResponse = stub.GetDrainStatus(
+            cp_pb.GetDrainStatusRequest(pack_install_id=pack_install_id), timeout=RPC_TIMEOUT
+        )
+        return response
+
+    return read
 
 
 def drain_status(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Old-protocol work of a pack that is not terminal yet; exit 4 unless drained."""
-    stub = clients.controlplane
-    return _drain_outcome(
-        stub.GetDrainStatus(cp_pb.GetDrainStatusRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT)
+    """Old-protocol work of a pack that is not terminal yet; exit 9 (check failed) unless drained."""
+    return _drain_outcome(_drain_read(clients, args.pack)(), ExitCode.CHECK_FAILED)
+
+
+def drain_wait(
+    clients: Clients,
+    args: argparse.Namespace,
+    *,
+    monotonic: Callable[[], float] = time.monotonic,
+    wait: Callable[[float], bool] | None = None,
+) -> Outcome:
+    """Poll the drain status until drained or ``--timeout``; never changes anything.
+
+    The loop is ``nexuscrm_runtime.polling.poll_until``, as in ``connector-projection-drain``;
+    exit 7 (timeout) with what holds the drain when the bound passes first.
+    """
+    polled = poll_until(
+        _drain_read(clients, args.pack),
+        lambda response: response.drained,
+        timeout=args.timeout,
+        interval=args.interval,
+        monotonic=monotonic,
+        wait=wait,
     )
-
-
-def drain_wait(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Poll the drain status until drained or ``--timeout``; never changes anything. Exit 4 with what holds it."""
-    stub = clients.controlplane
-    deadline = time.monotonic() + args.timeout
-    while True:
-        response = stub.GetDrainStatus(cp_pb.GetDrainStatusRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT)
-        if response.drained or time.monotonic() >= deadline:
-            return _drain_outcome(response)
-        time.sleep(min(args.interval, max(0.0, deadline - time.monotonic())))
+    return _drain_outcome(polled.status, ExitCode.TIMEOUT)
 
 
 def _report_outcome(report: cp_pb.CutoverReport, title: str, data: dict[str, Any]) -> Outcome:
@@ -242,14 +273,21 @@ def _report_outcome(report: cp_pb.CutoverReport, title: str, data: dict[str, Any
         ("category", "rule", "count", "samples", "detail"),
         rows,
     )
-    return Outcome(data=data, view=table, code=EXIT_OK if report.passed else EXIT_CHECK_FAILED)
+    return Outcome(data=data, view=table, code=ExitCode.OK if report.passed else _refusal_code(report))
+
+
+def _refusal_code(report: cp_pb.CutoverReport) -> ExitCode:
+    """The runbook's code for the first refusing family (gate 4, audit 5, prerequisite 6)."""
+    if report.refusals and report.refusals[0].category in REFUSAL_EXIT_CODES:
+        return REFUSAL_EXIT_CODES[report.refusals[0].category]
+    return ExitCode.CHECK_FAILED
 
 
 def cutover_audit(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Run every cutover gate and the audit; writes nothing. Exit 4 when refused."""
+    """Run every cutover gate and the audit; writes nothing. Exit 4, 5 or 6 when refused."""
     response = clients.controlplane.AuditCutover(
-        cp_pb.AuditCutoverRequest(pack_install_id=args.pack, timeout_seconds=args.timeout),
-        timeout=args.timeout + RPC_TIMEOUT,
+        cp_pb.AuditCutoverRequest(pack_install_id=args.pack, timeout_seconds=whole_seconds(args.timeout)),
+        timeout=args.timeout.total_seconds() + RPC_TIMEOUT,
     )
     return _report_outcome(response.report, f"cutover audit of {args.pack}", _dict(response))
 
@@ -257,8 +295,8 @@ def cutover_audit(clients: Clients, args: argparse.Namespace) -> Outcome:
 def cutover_run(clients: Clients, args: argparse.Namespace) -> Outcome:
     """Audit and, when everything passes, write the protocol row exactly once."""
     response = clients.controlplane.Cutover(
-        cp_pb.CutoverRequest(pack_install_id=args.pack, timeout_seconds=args.timeout),
-        timeout=args.timeout + RPC_TIMEOUT,
+        cp_pb.CutoverRequest(pack_install_id=args.pack, timeout_seconds=whole_seconds(args.timeout)),
+        timeout=args.timeout.total_seconds() + RPC_TIMEOUT,
     )
     title = "cutover (checkpoint already written)" if response.already_written else "cutover"
     return _report_outcome(response.report, f"{title} of {args.pack}", _dict(response))
@@ -286,7 +324,7 @@ def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
 
 
 def receipts_missing(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Receipts whose coverage is missing (Connectors ListReceipts, first ``--limit``); exit 4 if any."""
+    """Receipts whose coverage is missing (Connectors ListReceipts, first ``--limit``); exit 9 if any."""
     response = clients.connectors.ListReceipts(
         cn_pb.ListReceiptsRequest(
             state=ReceiptState.COVERAGE_MISSING, pack_install_id=args.pack or "", page_size=args.limit
@@ -307,7 +345,7 @@ def receipts_missing(clients: Clients, args: argparse.Namespace) -> Outcome:
         ("pack", "receipt", "received at"),
         [(d["pack_install_id"], d["receipt_key"], d["received_at"]) for d in data],
     )
-    return Outcome(data=data, view=table, code=EXIT_CHECK_FAILED if rows else EXIT_OK)
+    return Outcome(data=data, view=table, code=ExitCode.CHECK_FAILED if rows else ExitCode.OK)
 
 
 def why(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -322,19 +360,19 @@ def why(clients: Clients, args: argparse.Namespace) -> Outcome:
         "covered by": response.covered_by.work_id if response.HasField("covered_by") else "-",
         "why": response.explanation,
     }
-    code = EXIT_CHECK_FAILED if response.receipt_state == ReceiptState.COVERAGE_MISSING else EXIT_OK
+    code = ExitCode.CHECK_FAILED if response.receipt_state == ReceiptState.COVERAGE_MISSING else ExitCode.OK
     return Outcome(data=_dict(response), view=_fields(f"receipt {args.receipt_key}", view), code=code)
 
 
 def activation(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """The host's activation gate; exit 4 when not active."""
+    """The host's activation gate; exit 9 when not active."""
     response = clients.integration.GetActivation(in_pb.GetActivationRequest(), timeout=RPC_TIMEOUT)
     view = _table(
         "activation: " + ("active" if response.active else "NOT active"),
         ("missing",),
         [(m,) for m in response.missing],
     )
-    return Outcome(data=_dict(response), view=view, code=EXIT_OK if response.active else EXIT_CHECK_FAILED)
+    return Outcome(data=_dict(response), view=view, code=ExitCode.OK if response.active else ExitCode.CHECK_FAILED)
 
 
 def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -351,13 +389,22 @@ def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; each leaf sets ``handler``."""
     parser = argparse.ArgumentParser(
-        prog="nexuscrm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="nexuscrm",
+        description=__doc__,
+        epilog=help_epilog("nexuscrm"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def leaf(group: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        sub: argparse.ArgumentParser = group.add_parser(name, help=help_text, description=handler.__doc__)
+        sub: argparse.ArgumentParser = group.add_parser(
+            name,
+            help=help_text,
+            description=handler.__doc__,
+            epilog=help_epilog("nexuscrm"),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sub.set_defaults(handler=handler)
         return sub
 
@@ -372,8 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     fences = commands.add_parser("fences", help="admission fences").add_subparsers(dest="action", required=True)
     sub = leaf(fences, "arm", fences_arm, "arm a fence")
     sub.add_argument("--namespace", required=True)
-    sub.add_argument("--scope", default="*", help='"*" (default) or a pack id')
-    sub.add_argument("--expires-in", type=int, default=0, help="seconds; 0 (default) never expires")
+    sub.add_argument("--scope", default=NAMESPACE_SCOPE, help=f'"{NAMESPACE_SCOPE}" (default) or a pack id')
+    sub.add_argument("--expires-in", type=parse_duration, metavar="DURATION", help="default: never expires")
     sub.add_argument("--reason", default="")
     leaf(fences, "disarm", fences_disarm, "disarm a fence").add_argument("fence")
     leaf(fences, "list", fences_list, "list fences").add_argument("--namespace", required=True)
@@ -381,14 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("action", choices=("add", "remove"))
     sub.add_argument("fence")
     sub.add_argument("pack")
-    sub.add_argument("--expires-in", type=int, default=0, help="seconds; 0 (default) until removed")
+    sub.add_argument("--expires-in", type=parse_duration, metavar="DURATION", help="default: until removed")
 
     drain = commands.add_parser("drain", help="old-protocol drain").add_subparsers(dest="action", required=True)
     leaf(drain, "status", drain_status, "what is not terminal yet").add_argument("pack")
     sub = leaf(drain, "wait", drain_wait, "wait until drained (never mutates)")
     sub.add_argument("pack")
-    sub.add_argument("--timeout", type=float, required=True, help="seconds")
-    sub.add_argument("--interval", type=float, default=2.0, help="seconds between checks (default %(default)s)")
+    sub.add_argument("--timeout", type=parse_duration, required=True, metavar="DURATION", help="bound on the wait")
+    sub.add_argument(
+        "--interval", type=parse_duration, default="2s", metavar="DURATION", help="between checks (default %(default)s)"
+    )
 
     cutover = commands.add_parser("cutover", help="the one-time cutover").add_subparsers(dest="action", required=True)
     for name, handler, text in (
@@ -397,7 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = leaf(cutover, name, handler, text)
         sub.add_argument("pack")
-        sub.add_argument("--timeout", type=int, default=60, help="seconds (default %(default)s)")
+        sub.add_argument(
+            "--timeout", type=parse_duration, default="1m", metavar="DURATION", help="bound (default %(default)s)"
+        )
 
     work = commands.add_parser("work", help="generations").add_subparsers(dest="action", required=True)
     leaf(work, "show", work_show, "range, members, status, attempts").add_argument("work_id")
@@ -415,8 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one subcommand; return its exit code (see the module docstring)."""
+def main(argv: list[str] | None = None) -> ExitCode:
+    """Run one subcommand; return its exit code (``nexuscrm_tools.exits``)."""
     args = build_parser().parse_args(argv)
     console = Console()
     clients = Clients(Targets.from_env())
@@ -425,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as error:
         code = error.code()
         print(f"nexuscrm: {code.name if code else 'UNKNOWN'}: {error.details()}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if code in UNAVAILABLE_CODES else EXIT_REFUSED
+        return RPC_ERROR_EXIT_CODES.get(code, ExitCode.REFUSED)
     finally:
         clients.close()
     if args.json:

@@ -11,14 +11,17 @@ Environment: NEXUSCRM_DSN (default: embedded SQLite at var/nexuscrm.db; set it t
 ``mysql://`` URL to run against MariaDB, MySQL or TiDB); NEXUSCRM_DASHBOARD_ADDRESS (where
 Controlplane serves the operator dashboard; default 127.0.0.1:0, a free port, printed at start).
 
-Exit codes: 0 every check passed; 1 a check failed or a service did not stop cleanly;
-2 usage error; 3 a service did not start; 130 interrupted before the summary.
+Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
+list below ``--help``): 0 every check passed; 1 a service did not stop cleanly; 2 usage error;
+3 a service did not start; 9 a check failed (projection or invariants); 130 interrupted
+before the summary. ``--timeout`` is a Go duration (``10m``, ``90s``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import json
 import signal
 import threading
@@ -38,9 +41,12 @@ from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
 from nexuscrm_runtime.config import DEFAULT_DSN, dsn_backend, env_str
 from nexuscrm_runtime.database import create_engine
+from nexuscrm_runtime.polling import poll_until
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import demo
 from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.durations import parse_duration
+from nexuscrm_tools.exits import ExitCode, help_epilog
 from nexuscrm_tools.launcher import (
     CONNECTORS,
     CONTROLPLANE,
@@ -56,10 +62,9 @@ from nexuscrm_tools.launcher import (
 from nexuscrm_tools.simulator import Simulator, SimulatorStats, WorkloadConfig
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
-POLL_INTERVAL = 0.25  # seconds between progress reads of the database
+POLL_INTERVAL = dt.timedelta(milliseconds=250)  # between progress reads of the database
 RPC_TIMEOUT = 30.0  # seconds per set-up RPC
 INVARIANT_PREFIXES = ("M:", "O:", "B:", "D:", "X:", "P:")  # how check_invariants names violations
-EXIT_FAILED, EXIT_START, EXIT_INTERRUPTED = 1, 3, 130
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,13 +182,12 @@ def run_demo(
     workload: WorkloadConfig,
     *,
     stop: threading.Event,
-    timeout: float,
+    timeout: dt.timedelta,
     console: Console | None = None,
 ) -> Summary:
     """Drive the simulator, show progress, wait until projected (or ``timeout``/``stop``), summarize."""
     by_name = {s.spec.name: s for s in services}
     started = time.monotonic()
-    deadline = started + timeout
     with by_name[CONNECTORS.name].channel() as channel:
         simulator = Simulator(ConnectorsClient(channel), pack_install_id, workload, stop)
         thread = threading.Thread(target=simulator.run, name="simulator", daemon=True)
@@ -199,7 +203,8 @@ def run_demo(
         with progress:
             sent = progress.add_task("inputs delivered", total=workload.inputs)
             projected = progress.add_task("inputs projected", total=workload.inputs)
-            while not stop.is_set() and time.monotonic() < deadline:
+
+            def observe() -> bool:
                 stats = simulator.stats
                 with engine.connect() as connection:
                     applied = queries.demo_applied_count(connection, pack_install_id)
@@ -207,9 +212,9 @@ def run_demo(
                 progress.update(
                     projected, completed=applied, total=max(stats.admitted, applied) if stats.done else None
                 )
-                if settled(engine, pack_install_id, stats):
-                    break
-                stop.wait(POLL_INTERVAL)
+                return settled(engine, pack_install_id, stats)
+
+            poll_until(observe, bool, timeout=timeout, interval=POLL_INTERVAL, stop=stop)
         thread.join()
     stats = simulator.stats
     complete = settled(engine, pack_install_id, stats)
@@ -269,7 +274,10 @@ def summary_table(summary: Summary, lanes: int) -> Table:
 def _parser() -> argparse.ArgumentParser:
     defaults = WorkloadConfig()
     parser = argparse.ArgumentParser(
-        prog="nexuscrm-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="nexuscrm-run",
+        description=__doc__,
+        epilog=help_epilog("nexuscrm-run"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--lanes", type=int, default=defaults.lanes, help="source lanes (default %(default)s)")
     parser.add_argument("--inputs", type=int, default=defaults.inputs, help="fresh deliveries (default %(default)s)")
@@ -282,7 +290,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=4, help="demo Flow workers in the host (default %(default)s)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="workload seed (default %(default)s)")
     parser.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds to wait for the projection (default %(default)s)"
+        "--timeout",
+        type=parse_duration,
+        default="10m",
+        metavar="DURATION",
+        help="bound on the wait for the projection (default %(default)s)",
     )
     parser.add_argument("--serve", action="store_true", help="keep the services up after the demo until Ctrl-C")
     parser.add_argument(
@@ -291,7 +303,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> ExitCode:
     """Run the demo (and with ``--serve`` keep serving); return the exit code."""
     args = _parser().parse_args(argv)
     try:
@@ -313,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (LaunchError, grpc.RpcError) as error:
         console.print(f"[red]startup failed:[/red] {error}")
-        return EXIT_START
-    code = 0
+        return ExitCode.UNREACHABLE
+    code = ExitCode.OK
     try:
         _print_services(console, services)
         if workload.inputs:
@@ -328,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
             console.print(summary_table(summary, workload.lanes))
             for problem in summary.problems[: 20 if summary.complete else 1]:
                 console.print(f"[red]{problem}[/red]")
-            code = (
-                EXIT_INTERRUPTED if stop.is_set() and not summary.complete else (EXIT_FAILED if summary.problems else 0)
-            )
+            if stop.is_set() and not summary.complete:
+                code = ExitCode.INTERRUPTED
+            elif summary.problems:
+                code = ExitCode.CHECK_FAILED
         if args.serve and not stop.is_set():
             console.print("serving; for the operator CLI (nexuscrm --help):")
             for name, value in target_env(services).items():
@@ -342,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         codes = stop_services(services)
         console.print("stopped: " + ", ".join(f"{name} exit {exit_code}" for name, exit_code in codes.items()))
     if any(codes.values()):
-        return code or EXIT_FAILED
+        return code or ExitCode.FAILURE
     return code
 
 

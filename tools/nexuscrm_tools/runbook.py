@@ -8,19 +8,16 @@
     arms and lifts admission fences.
 
 Flags follow Go's style (``-flag value``, ``-flag=value``; ``--flag`` works too) and
-durations are Go durations (``30s``, ``5m``, ``1h30m``, ``500ms``). Every command reads the
-database URL from ``CONNECTOR_CUTOVER_DSN`` and never prints it. Exit codes:
+durations are Go durations (``30s``, ``5m``, ``1h30m``, ``500ms``; ``nexuscrm_tools.durations``).
+Every command reads the database URL from ``CONNECTOR_CUTOVER_DSN`` and never prints it.
 
-== =====================================================================================
-0  written, already written (the same checkpoint), dry run passed, drained, fence command done
-2  usage error: bad flags, unknown pack or fence
-3  CONNECTOR_CUTOVER_DSN missing or malformed, or the database unreachable
-4  refused gate: schema incomplete, no qualifying namespace fence, old work not drained
-5  refused audit: retained old-protocol responsibility is missing or ambiguous
-6  missing prerequisite: the WorkItem-only handoff is not recorded
-7  timeout: nothing was written (the drain wait prints its last report)
-1  any other failure (the message says what)
-== =====================================================================================
+Exit codes come from the one table of every operator command, ``nexuscrm_tools.exits``; each
+command's ``--help`` lists its own. ``connector-projection-cutover``: 0 written, already
+written (the same checkpoint) or dry run passed; 1 any other failure; 2 usage error (bad
+flags, unknown pack); 3 CONNECTOR_CUTOVER_DSN missing or malformed, or the database
+unreachable; 4 refused gate; 5 refused audit; 6 missing prerequisite; 7 timeout, nothing was
+written. The drain wait and the fence command use 0, 1, 2, 3 alike and the drain wait 7 when
+it ends undrained (it prints its last report).
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -43,69 +39,40 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sqlalchemy.engine import Engine
 
 from nexuscrm_controlplane import cutover, drain, fences
-from nexuscrm_controlplane.audit import Category
 from nexuscrm_controlplane.errors import CutoverTimeout, UnknownFence, UnknownPack
 from nexuscrm_runtime.config import dsn_backend
 from nexuscrm_runtime.database import DatabaseUnavailable, create_engine, is_retryable
+from nexuscrm_schema.tables import NAMESPACE_SCOPE
+from nexuscrm_tools.durations import format_duration, parse_duration, whole_seconds
+from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from workqueue.errors import DomainError, InvalidArgument
 
 DSN_VARIABLE = "CONNECTOR_CUTOVER_DSN"
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_CONNECTION = 3
-EXIT_REFUSED_GATE = 4
-EXIT_REFUSED_AUDIT = 5
-EXIT_MISSING_PREREQUISITE = 6
-EXIT_TIMEOUT = 7
-
-REFUSAL_EXIT_CODES = {
-    Category.PREREQUISITE: EXIT_MISSING_PREREQUISITE,
-    Category.GATE: EXIT_REFUSED_GATE,
-    Category.AUDIT: EXIT_REFUSED_AUDIT,
-}
-OUTCOME_EXIT_CODES = {
-    cutover.Outcome.WRITTEN: EXIT_OK,
-    cutover.Outcome.ALREADY_WRITTEN: EXIT_OK,
-    cutover.Outcome.WOULD_WRITE: EXIT_OK,
-    cutover.Outcome.REFUSED_PREREQUISITE: EXIT_MISSING_PREREQUISITE,
-    cutover.Outcome.REFUSED_GATE: EXIT_REFUSED_GATE,
-    cutover.Outcome.REFUSED_AUDIT: EXIT_REFUSED_AUDIT,
-}
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 PROGRESS_LOG_INTERVAL = 10.0  # seconds between progress lines when stderr is not a terminal
+
+
+def outcome_exit_code(outcome: cutover.Outcome) -> ExitCode:
+    """The exit code of a cutover outcome: OK unless refused, then by the refusing family."""
+    for category, refusal in cutover.REFUSALS.items():
+        if outcome is refusal:
+            return REFUSAL_EXIT_CODES[category]
+    return ExitCode.OK
 
 
 class CommandError(Exception):
     """Ends a command with ``exit_code`` after printing ``message`` to stderr."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: ExitCode) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in a positive Go duration such as ``30s``, ``5m``, ``1h30m`` or ``250ms``."""
-    position = 0
-    total = 0.0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        position = match.end()
-    if not text or position != len(text) or total <= 0:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use a positive duration such as 30s, 5m or 1h")
-    return total
-
-
 class _Parser(argparse.ArgumentParser):
-    """argparse with Go-style single-dash long flags and our usage exit code."""
+    """argparse with Go-style single-dash long flags, our usage exit code and exit-code help."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(allow_abbrev=False, **kwargs)
+        kwargs.setdefault("epilog", help_epilog(kwargs["prog"].split()[0]))
+        super().__init__(allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     def _get_option_tuples(self, option_string: str) -> list[Any]:
         # Go's flag package matches names exactly; argparse would still expand single-dash
@@ -117,18 +84,20 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+        self.exit(ExitCode.USAGE, f"{self.prog}: {message}\n")
 
 
 def _engine_from_env() -> Engine:
     dsn = os.environ.get(DSN_VARIABLE, "")
     if not dsn:
-        raise CommandError(f"{DSN_VARIABLE} is not set: export the database URL of the deployment", EXIT_CONNECTION)
+        raise CommandError(
+            f"{DSN_VARIABLE} is not set: export the database URL of the deployment", ExitCode.UNREACHABLE
+        )
     try:
         dsn_backend(dsn)
     except Exception:
         raise CommandError(
-            f"{DSN_VARIABLE} is not a valid database URL (its value is not shown)", EXIT_CONNECTION
+            f"{DSN_VARIABLE} is not a valid database URL (its value is not shown)", ExitCode.UNREACHABLE
         ) from None
     return create_engine(dsn, pool_size=2)
 
@@ -146,10 +115,10 @@ def _command(engine_factory: Callable[[], Engine] = _engine_from_env) -> Iterato
     except (CommandError, CutoverTimeout):
         raise
     except (UnknownPack, UnknownFence, InvalidArgument) as error:
-        raise CommandError(str(error), EXIT_USAGE) from None
+        raise CommandError(str(error), ExitCode.USAGE) from None
     except DatabaseUnavailable:
         raise CommandError(
-            f"the {_backend(engine)} database named by {DSN_VARIABLE} is unreachable", EXIT_CONNECTION
+            f"the {_backend(engine)} database named by {DSN_VARIABLE} is unreachable", ExitCode.UNREACHABLE
         ) from None
     except sa.exc.DBAPIError as error:
         if is_retryable(error):  # lock waits are bounded by the command's timeout (cutover.bound_lock_waits)
@@ -161,15 +130,15 @@ def _command(engine_factory: Callable[[], Engine] = _engine_from_env) -> Iterato
         code = error.orig.args[0] if error.orig is not None and error.orig.args else "?"
         raise CommandError(
             f"cannot use the {_backend(engine)} database named by {DSN_VARIABLE} ({type(error.orig).__name__} {code})",
-            EXIT_CONNECTION,
+            ExitCode.UNREACHABLE,
         ) from None
     except DomainError as error:
-        raise CommandError(str(error), EXIT_FAILURE) from None
+        raise CommandError(str(error), ExitCode.FAILURE) from None
     finally:
         engine.dispose()
 
 
-def _run(prog: str, body: Callable[[], int]) -> NoReturn:
+def _run(prog: str, body: Callable[[], ExitCode]) -> NoReturn:
     try:
         code = body()
     except CommandError as error:
@@ -177,7 +146,7 @@ def _run(prog: str, body: Callable[[], int]) -> NoReturn:
         code = error.exit_code
     except CutoverTimeout as error:
         print(f"{prog}: {error}", file=sys.stderr)
-        code = EXIT_TIMEOUT
+        code = ExitCode.TIMEOUT
     raise SystemExit(code)
 
 
@@ -252,8 +221,8 @@ def cutover_main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.flag("json", action="store_true", help="print the result as one JSON document on stdout")
     args = parser.parse_args(argv)
 
-    def body() -> int:
-        deadline = time.monotonic() + args.timeout
+    def body() -> ExitCode:
+        deadline = time.monotonic() + args.timeout.total_seconds()
         engine = _engine_from_env()
         cutover.bound_lock_waits(engine, deadline)
         try:
@@ -262,37 +231,23 @@ def cutover_main(argv: Sequence[str] | None = None) -> NoReturn:
                     engine, args.pack_install_id, deadline=deadline, dry_run=args.dry_run, progress=progress
                 )
         except CutoverTimeout as error:
-            message = f"pack {args.pack_install_id}: timed out after {args.timeout:g}s; nothing was written"
+            message = (
+                f"pack {args.pack_install_id}: timed out after {format_duration(args.timeout)}; nothing was written"
+            )
             if args.json:
                 print(json.dumps({"outcome": "timeout", "message": message, "detail": str(error)}))
-            raise CommandError(message, EXIT_TIMEOUT) from None
-        code = OUTCOME_EXIT_CODES[result.outcome]
+            raise CommandError(message, ExitCode.TIMEOUT) from None
+        code = outcome_exit_code(result.outcome)
         if args.json:
             print(json.dumps({**result.to_dict(), "exit_code": code}, sort_keys=True))
         else:
-            print(_describe(result), file=sys.stdout if code == EXIT_OK else sys.stderr)
+            print(_describe(result), file=sys.stdout if code == ExitCode.OK else sys.stderr)
         return code
 
     _run(prog, body)
 
 
 # --- connector-projection-drain -------------------------------------------------------------
-
-
-def _drain_dict(status: drain.DrainStatus) -> dict[str, Any]:
-    return {
-        "pack_install_id": status.pack_install_id,
-        "drained": status.drained,
-        "pending": status.pending,
-        "blocked": status.blocked,
-        "retry": status.retry,
-        "processing": status.processing,
-        "sample_work_ids": list(status.sample_work_ids),
-        "holds": [
-            {"reason": h.reason, "count": h.count, "sample_work_ids": list(h.sample_work_ids), "detail": h.detail}
-            for h in status.holds
-        ],
-    }
 
 
 def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -309,7 +264,7 @@ def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
-    def body() -> int:
+    def body() -> ExitCode:
         last_line = ""
 
         def show(status: drain.DrainStatus) -> None:
@@ -323,15 +278,15 @@ def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
                 status = drain.wait_drained(
                     engine, args.pack_install_id, args.timeout, interval=args.interval, on_poll=show, stop=stop
                 )
-                code = EXIT_OK
+                code = ExitCode.OK
             except drain.DrainTimeout as timeout:
-                status, code = timeout.status, EXIT_TIMEOUT
+                status, code = timeout.status, ExitCode.TIMEOUT
         if args.json:
-            print(json.dumps({**_drain_dict(status), "exit_code": code}, sort_keys=True))
-        elif code == EXIT_OK:
+            print(json.dumps({**status.to_dict(), "exit_code": code}, sort_keys=True))
+        elif code == ExitCode.OK:
             print(status.summary())
         else:
-            print(f"{prog}: not drained within {args.timeout:g}s: {status.summary()}", file=sys.stderr)
+            print(f"{prog}: not drained within {format_duration(args.timeout)}: {status.summary()}", file=sys.stderr)
             for hold in status.holds:
                 print(
                     f"  {hold.reason}: {hold.count} ({', '.join(hold.sample_work_ids)}) {hold.detail}", file=sys.stderr
@@ -342,22 +297,6 @@ def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 # --- connector-admission-fence --------------------------------------------------------------
-
-
-def _fence_dict(fence: fences.FenceRow) -> dict[str, Any]:
-    def when(value: Any) -> str | None:
-        return None if value is None else value.isoformat() + "Z"
-
-    return {
-        "fence_id": fence.fence_id,
-        "namespace": fence.namespace,
-        "scope": fence.scope,
-        "expires_at": when(fence.expires_at),
-        "reason": fence.reason,
-        "overrides": [
-            {"pack_install_id": o.pack_install_id, "expires_at": when(o.expires_at)} for o in fence.overrides
-        ],
-    }
 
 
 def fence_main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -374,7 +313,7 @@ def fence_main(argv: Sequence[str] | None = None) -> NoReturn:
 
     arm = sub("arm", "arm a fence on a namespace ('*') or one pack")
     arm.flag("namespace", required=True)
-    arm.flag("scope", default="*", help="'*' (default) or a pack_install_id")
+    arm.flag("scope", default=NAMESPACE_SCOPE, help=f"'{NAMESPACE_SCOPE}' (default) or a pack_install_id")
     arm.flag("expires-in", type=parse_duration, default=None, metavar="DURATION", help="default: never expires")
     arm.flag("reason", default="")
     disarm = sub("disarm", "remove a fence and its overrides")
@@ -390,35 +329,28 @@ def fence_main(argv: Sequence[str] | None = None) -> NoReturn:
     remove.flag("pack-install-id", required=True)
     args = parser.parse_args(argv)
 
-    def seconds(value: float | None) -> int:
-        return 0 if value is None else max(1, round(value))
-
-    def body() -> int:
+    def body() -> ExitCode:
         with _command() as engine:
             output: Any = {}
             if args.command == "arm":
-                output = _fence_dict(
-                    fences.arm_fence(
-                        engine,
-                        args.namespace,
-                        args.scope,
-                        expires_in_seconds=seconds(args.expires_in),
-                        reason=args.reason,
-                    )
-                )
+                output = fences.arm_fence(
+                    engine,
+                    args.namespace,
+                    args.scope,
+                    expires_in_seconds=whole_seconds(args.expires_in),
+                    reason=args.reason,
+                ).to_dict()
             elif args.command == "disarm":
                 fences.disarm_fence(engine, args.fence_id)
             elif args.command == "list":
-                output = [_fence_dict(f) for f in fences.list_fences(engine, args.namespace)]
+                output = [f.to_dict() for f in fences.list_fences(engine, args.namespace)]
             elif args.command == "override-add":
-                output = _fence_dict(
-                    fences.add_override(
-                        engine, args.fence_id, args.pack_install_id, expires_in_seconds=seconds(args.expires_in)
-                    )
-                )
+                output = fences.add_override(
+                    engine, args.fence_id, args.pack_install_id, expires_in_seconds=whole_seconds(args.expires_in)
+                ).to_dict()
             else:
                 fences.remove_override(engine, args.fence_id, args.pack_install_id)
         print(json.dumps(output, sort_keys=True))
-        return EXIT_OK
+        return ExitCode.OK
 
     _run(prog, body)

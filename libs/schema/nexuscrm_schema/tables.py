@@ -57,12 +57,14 @@ PackInstall = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 
+NAMESPACE_SCOPE = "*"  # AdmissionFence.Scope of a fence on a whole namespace
+
 AdmissionFence = sa.Table(
     "AdmissionFence",
     metadata,
     sa.Column("FenceId", sa.String(36), primary_key=True),
     sa.Column("Namespace", sa.String(NAMESPACE_LENGTH), nullable=False),
-    # "*" for the whole namespace, else one PackInstallId.
+    # NAMESPACE_SCOPE ("*") for the whole namespace, else one PackInstallId.
     sa.Column("Scope", sa.String(PACK_ID_LENGTH), nullable=False),
     sa.Column("ExpiresAt", Timestamp(), nullable=True),  # NULL: never expires
     sa.Column("Reason", sa.String(255), nullable=False, server_default=""),

@@ -17,7 +17,9 @@ class WorkStatus(enum.StrEnum):
 
 
 TERMINAL_WORK_STATUSES = frozenset({WorkStatus.COMPLETED, WorkStatus.FAILED})
-NONTERMINAL_WORK_STATUSES = frozenset(set(WorkStatus) - TERMINAL_WORK_STATUSES)
+# Every other status, in the order operators read them (queue depth, drain counts). A tuple,
+# so every IN list built from it has the same order wherever it is built.
+NONTERMINAL_WORK_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED, WorkStatus.RETRY, WorkStatus.PROCESSING)
 
 
 class EventStatus(enum.StrEnum):

@@ -34,7 +34,7 @@ from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.clock import Clock, iso_utc
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
@@ -364,7 +364,7 @@ def current_lease(connection: Connection, work_id: str, lease_token: str, now: d
             f"lease token is stale: work {work_id} was claimed again (attempt {row.Attempt + 1})", field="lease_token"
         )
     if row.LeaseExpiresAt <= now:
-        raise LeaseLost(f"lease of work {work_id} expired at {row.LeaseExpiresAt.isoformat()}Z", field="lease_token")
+        raise LeaseLost(f"lease of work {work_id} expired at {iso_utc(row.LeaseExpiresAt)}", field="lease_token")
     return row
 
 

@@ -52,7 +52,6 @@ INPUT_PAGE = 1000  # Events per inference read
 
 LEGACY_WORK = WorkItem.c.InputStartOrdinal.is_(None)
 UNCLAIMED = (WorkStatus.PENDING, WorkStatus.BLOCKED)
-NONTERMINAL = sorted(NONTERMINAL_WORK_STATUSES)
 
 
 # --- statements (old-protocol only; the native ones live in queries) ----------------------
@@ -94,7 +93,7 @@ def legacy_work_live(connection: Connection, pack_install_id: str, projection_ke
     statement = sa.select(WorkItem.c.WorkId).where(
         WorkItem.c.PackInstallId == pack_install_id,
         WorkItem.c.ProjectionKey == projection_key,
-        WorkItem.c.Status.in_(NONTERMINAL),
+        WorkItem.c.Status.in_(NONTERMINAL_WORK_STATUSES),
         LEGACY_WORK,
     )
     if below is not None:

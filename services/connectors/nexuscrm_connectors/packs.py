@@ -14,13 +14,12 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.errors import UnknownPack
 from nexuscrm_schema.tables import (
+    NAMESPACE_SCOPE,
     AdmissionFence,
     AdmissionFenceOverride,
     ConnectorProjectionProtocol,
     PackInstall,
 )
-
-NAMESPACE_SCOPE = "*"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from nexuscrm_controlplane import queries
-from nexuscrm_controlplane.queries import NAMESPACE_SCOPE
 from nexuscrm_runtime.authorization import Principal, Rule, require_namespace, require_visible
+from nexuscrm_schema.tables import NAMESPACE_SCOPE
 
 SERVICE = "/nexuscrm.controlplane.v1.ControlplaneService/"
 

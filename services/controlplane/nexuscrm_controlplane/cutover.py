@@ -43,7 +43,7 @@ from nexuscrm_controlplane.lifecycle import (
     protocol_write,
     validate_pack_id,
 )
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
 from nexuscrm_runtime.database import is_sqlite, run_transaction
 from nexuscrm_schema.verification import NATIVE_PROJECTION, verify_schema
 
@@ -94,7 +94,7 @@ class CutoverResult:
                 "protocol_version": self.protocol.protocol_version,
                 "legacy_max_ordinal": self.protocol.legacy_max_ordinal,
                 "origin": self.protocol.origin,
-                "created_at": self.protocol.created_at.isoformat() + "Z",
+                "created_at": iso_utc(self.protocol.created_at),
             }
         return {"outcome": self.outcome.value, "protocol": protocol, "report": self.report.to_dict()}
 

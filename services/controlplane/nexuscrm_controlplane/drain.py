@@ -10,20 +10,23 @@ a bounded drain may not outlast. Nothing here changes a status: the operator dec
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import threading
-import time
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_controlplane import queries
+from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.errors import CutoverTimeout
 from nexuscrm_controlplane.lifecycle import pack_get
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
+from nexuscrm_runtime.polling import poll_until
 from workqueue import WorkStatus
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
-SAMPLE_LIMIT = 10  # sample ids per count in every report
-POLL_INTERVAL = 2.0  # seconds between drain polls
+POLL_INTERVAL = dt.timedelta(seconds=2)  # between drain polls
 
 RETRY_WAIT = "retry_wait"
 DEPENDENCY_WAIT = "dependency_wait"
@@ -72,6 +75,23 @@ class DrainStatus:
             f"holds: {holds or 'none'}; samples: {', '.join(self.sample_work_ids)}"
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: what ``connector-projection-drain -json`` prints and the dashboard shows."""
+        return {
+            "pack_install_id": self.pack_install_id,
+            "drained": self.drained,
+            "summary": self.summary(),
+            "pending": self.pending,
+            "blocked": self.blocked,
+            "retry": self.retry,
+            "processing": self.processing,
+            "sample_work_ids": list(self.sample_work_ids),
+            "holds": [
+                {"reason": h.reason, "count": h.count, "sample_work_ids": list(h.sample_work_ids), "detail": h.detail}
+                for h in self.holds
+            ],
+        }
+
 
 def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock = utcnow) -> DrainStatus:
     """The drain status of a pack read on ``connection`` (the cutover reads it under its locks)."""
@@ -86,7 +106,7 @@ def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock
                 reason=RETRY_WAIT,
                 count=queries.legacy_retry_wait_count(connection, pack_install_id, now),
                 sample_work_ids=tuple(row.WorkId for row in retry_waits),
-                detail=f"next attempt at {soonest.isoformat()}Z at the earliest; old workers must keep running",
+                detail=f"next attempt at {iso_utc(soonest)} at the earliest; old workers must keep running",
             )
         )
     dependency_count, dependency_sample = queries.legacy_dependency_waits(connection, pack_install_id, SAMPLE_LIMIT)
@@ -99,7 +119,7 @@ def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock
                 detail="blocked on an external dependency; only its resolver can release it",
             )
         )
-    sample = queries.legacy_work_sample(connection, pack_install_id, queries.NONTERMINAL, SAMPLE_LIMIT)
+    sample = queries.legacy_work_sample(connection, pack_install_id, NONTERMINAL_WORK_STATUSES, SAMPLE_LIMIT)
     return DrainStatus(
         pack_install_id=pack_install_id,
         pending=counts.get(WorkStatus.PENDING, 0),
@@ -121,31 +141,32 @@ def drain_status(engine: Engine, pack_install_id: str, clock: Clock = utcnow) ->
 def wait_drained(
     engine: Engine,
     pack_install_id: str,
-    timeout: float,
+    timeout: dt.timedelta,
     *,
-    interval: float = POLL_INTERVAL,
+    interval: dt.timedelta = POLL_INTERVAL,
     on_poll: Callable[[DrainStatus], None] | None = None,
     stop: threading.Event | None = None,
     clock: Clock = utcnow,
 ) -> DrainStatus:
     """Poll until the pack's old projection work is drained; return the drained status.
 
-    ``timeout`` (seconds) bounds the wait: when it passes first, ``CutoverTimeout`` is raised
-    with the last status as its message and as ``status`` attribute. ``on_poll`` sees every
-    status read; ``stop`` (set by a signal handler) ends the wait early like a timeout.
-    Never changes any row.
+    ``timeout`` bounds the wait: when it passes first, ``DrainTimeout`` (a ``CutoverTimeout``)
+    is raised with the last status as its message and as ``status`` attribute. ``on_poll``
+    sees every status read; ``stop`` (set by a signal handler) ends the wait early like a
+    timeout. The loop is ``nexuscrm_runtime.polling.poll_until``, which ``nexuscrm drain
+    wait`` runs over GetDrainStatus. Never changes any row.
     """
-    deadline = time.monotonic() + timeout
-    stop = stop or threading.Event()
-    while True:
-        status = drain_status(engine, pack_install_id, clock)
-        if on_poll is not None:
-            on_poll(status)
-        if status.drained:
-            return status
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or stop.wait(min(interval, remaining)):
-            raise DrainTimeout(status)
+    polled = poll_until(
+        lambda: drain_status(engine, pack_install_id, clock),
+        lambda status: status.drained,
+        timeout=timeout,
+        interval=interval,
+        on_poll=on_poll,
+        stop=stop,
+    )
+    if not polled.done:
+        raise DrainTimeout(polled.status)
+    return polled.status
 
 
 class DrainTimeout(CutoverTimeout):

@@ -22,11 +22,11 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.errors import UnknownFence
 from nexuscrm_controlplane.lifecycle import pack_get, validate_namespace, validate_pack_id
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
 from nexuscrm_runtime.database import run_transaction
+from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from workqueue.errors import InvalidArgument
 
-NAMESPACE_SCOPE = queries.NAMESPACE_SCOPE
 REASON_LENGTH = 255
 MAX_EXPIRES_IN_SECONDS = 366 * 24 * 3600  # a year and a day: longer means "never", say so with 0
 
@@ -74,6 +74,28 @@ class FenceRow:
     def active_overrides(self, now: dt.datetime) -> tuple[FenceOverrideRow, ...]:
         """The overrides that release a pack now."""
         return tuple(o for o in self.overrides if o.active(now))
+
+    def to_dict(self, now: dt.datetime | None = None) -> dict[str, Any]:
+        """JSON-ready form (``connector-admission-fence``, the dashboard); timestamps end in ``Z``.
+
+        With ``now``, the fence and each override also say whether they are ``active`` then.
+        """
+
+        def activity(row: FenceRow | FenceOverrideRow) -> dict[str, bool]:
+            return {} if now is None else {"active": row.active(now)}
+
+        return {
+            "fence_id": self.fence_id,
+            "namespace": self.namespace,
+            "scope": self.scope,
+            "expires_at": iso_utc(self.expires_at),
+            "reason": self.reason,
+            **activity(self),
+            "overrides": [
+                {"pack_install_id": o.pack_install_id, "expires_at": iso_utc(o.expires_at), **activity(o)}
+                for o in self.overrides
+            ],
+        }
 
     @classmethod
     def from_row(cls, row: Any, overrides: Sequence[FenceOverrideRow] = ()) -> FenceRow:

@@ -21,7 +21,7 @@ from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.errors import PackHasHistory, UnknownPack
 from nexuscrm_runtime.clock import Clock, utcnow
 from nexuscrm_runtime.database import run_transaction
-from nexuscrm_schema.tables import NAMESPACE_LENGTH, PACK_ID_LENGTH
+from nexuscrm_schema.tables import NAMESPACE_LENGTH, NAMESPACE_SCOPE, PACK_ID_LENGTH
 from workqueue.errors import InvalidArgument
 from workqueue.identity import validate_text
 
@@ -86,7 +86,7 @@ class ProtocolRow:
 def validate_namespace(namespace: str) -> str:
     """A namespace is printable text and never ``*``, which names every pack of a namespace."""
     validate_text("namespace", namespace, NAMESPACE_LENGTH)
-    if namespace == queries.NAMESPACE_SCOPE:
+    if namespace == NAMESPACE_SCOPE:
         raise InvalidArgument("namespace may not be '*'", field="namespace")
     return namespace
 

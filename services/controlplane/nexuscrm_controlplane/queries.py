@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
 from nexuscrm_schema.tables import (
+    NAMESPACE_SCOPE,
     AdmissionFence,
     AdmissionFenceOverride,
     ConnectorProjectionProtocol,
@@ -29,8 +30,6 @@ from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 
-NAMESPACE_SCOPE = "*"
-NONTERMINAL = sorted(NONTERMINAL_WORK_STATUSES)
 
 # Old-protocol work: coverage was inferred, so no lower bound was persisted.
 LEGACY_WORK = WorkItem.c.InputStartOrdinal.is_(None)
@@ -167,7 +166,9 @@ def legacy_work_counts(connection: Connection, pack_install_id: str) -> dict[str
     """Nonterminal old-protocol WorkItems of a pack per status (ix_workitem_claim prefix)."""
     rows = connection.execute(
         sa.select(WorkItem.c.Status, sa.func.count().label("Count"))
-        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(NONTERMINAL), LEGACY_WORK)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(NONTERMINAL_WORK_STATUSES), LEGACY_WORK
+        )
         .group_by(WorkItem.c.Status)
     )
     return {row.Status: int(row.Count) for row in rows}
@@ -238,7 +239,7 @@ def _dependency_waits(pack_install_id: str) -> sa.Select[Any]:
             predecessor.c.ProjectionKey == WorkItem.c.ProjectionKey,
             predecessor.c.LaneOrdinal < WorkItem.c.LaneOrdinal,
             predecessor.c.InputStartOrdinal.is_(None),
-            predecessor.c.Status.in_(NONTERMINAL),
+            predecessor.c.Status.in_(NONTERMINAL_WORK_STATUSES),
         )
         .exists()
     )

@@ -23,27 +23,23 @@ from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane import queries as cp_queries
+from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.dashboard import queries
 from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.clock import iso_utc as iso
+from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import InvalidArgument
-from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES as NONTERMINAL
 from workqueue.values import WorkItemRow
 
 PACK_LIMIT = 50  # packs on the page, newest first
 COUNT_CAP = 10_000  # counts of sets that grow with history stop here ("10000+")
-SAMPLE_LIMIT = 10  # failed generations listed per pack
 IDENTITY_PAGE = 20  # projection identities per timeline page
 GENERATIONS_PER_IDENTITY = 8  # newest generations drawn per identity
 RECEIPT_PAGE = 50  # receipts per listing
 SEARCH_MAX_LENGTH = 255  # a ReceiptKey's length; WorkIds are shorter
-QUEUE_STATES = tuple(s.value for s in (WorkStatus.PENDING, WorkStatus.BLOCKED, WorkStatus.RETRY, WorkStatus.PROCESSING))
-NONTERMINAL = sorted(NONTERMINAL_WORK_STATUSES)
-
-
-def iso(value: dt.datetime | None) -> str | None:
-    """A naive UTC timestamp as ISO 8601 with ``Z`` (None stays None)."""
-    return None if value is None else value.isoformat() + "Z"
+QUEUE_STATES = tuple(s.value for s in NONTERMINAL)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,35 +101,7 @@ def _protocol_state(row: Any) -> dict[str, Any]:
 
 def _fence(fence: fences.FenceRow, pack_install_id: str, now: dt.datetime) -> dict[str, Any]:
     released = any(o.pack_install_id == pack_install_id for o in fence.active_overrides(now))
-    return {
-        "fence_id": fence.fence_id,
-        "scope": fence.scope,
-        "reason": fence.reason,
-        "expires_at": iso(fence.expires_at),
-        "active": fence.active(now),
-        "holds_pack": fence.active(now) and not released,
-        "overrides": [
-            {"pack_install_id": o.pack_install_id, "expires_at": iso(o.expires_at), "active": o.active(now)}
-            for o in fence.overrides
-        ],
-    }
-
-
-def _drain(status: drain.DrainStatus) -> dict[str, Any]:
-    return {
-        "drained": status.drained,
-        "summary": status.summary(),
-        "counts": {
-            "pending": status.pending,
-            "blocked": status.blocked,
-            "retry": status.retry,
-            "processing": status.processing,
-        },
-        "holds": [
-            {"reason": h.reason, "count": h.count, "sample_work_ids": list(h.sample_work_ids), "detail": h.detail}
-            for h in status.holds
-        ],
-    }
+    return {**fence.to_dict(now), "holds_pack": fence.active(now) and not released}
 
 
 def packs_overview(engine: Engine, clock: Clock) -> dict[str, Any]:
@@ -148,7 +116,7 @@ def packs_overview(engine: Engine, clock: Clock) -> dict[str, Any]:
         cards = []
         for row in packs:
             pack_fences = [
-                f for f in namespace_fences[row.Namespace] if f.scope in (fences.NAMESPACE_SCOPE, row.PackInstallId)
+                f for f in namespace_fences[row.Namespace] if f.scope in (NAMESPACE_SCOPE, row.PackInstallId)
             ]
             cards.append(
                 {
@@ -175,7 +143,7 @@ def packs_overview(engine: Engine, clock: Clock) -> dict[str, Any]:
                     # cutover checks that it drained), so only such packs pay for the drain reads.
                     "drain": None
                     if row.Origin is not None
-                    else _drain(drain.drain_status_read(connection, row.PackInstallId, clock)),
+                    else drain.drain_status_read(connection, row.PackInstallId, clock).to_dict(),
                     "audit_report": json.loads(row.AuditReport) if row.AuditReport else None,
                 }
             )

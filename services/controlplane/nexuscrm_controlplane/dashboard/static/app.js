@@ -57,7 +57,7 @@ function drainBlock(pack) {
   if (!d) return `<p class="muted" data-drain="not-applicable">Not applicable: the protocol row is written, old-protocol work was drained before it.</p>`;
   const badge = d.drained ? `<span class="badge ok">drained</span>` : `<span class="badge warn">not drained</span>`;
   const holds = d.holds.map((h) => `<li>${esc(h.reason)}: ${h.count} (${esc(h.sample_work_ids.join(", "))}) <span class="muted">${esc(h.detail)}</span></li>`).join("");
-  const counts = Object.entries(d.counts).map(([k, v]) => `${k} ${v}`).join(", ");
+  const counts = ["pending", "blocked", "retry", "processing"].map((k) => `${k} ${d[k]}`).join(", ");
   return `<p data-drain="${d.drained}">${badge} <span class="muted">old-protocol work: ${esc(counts)}</span></p>${holds ? `<ul>${holds}</ul>` : ""}`;
 }
 
