@@ -137,7 +137,7 @@ def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine
     with pytest.raises(InvalidArgument):
         overview.search(engine, connectors, " ")
     assert [r["receipt_key"] for r in overview.receipts(connectors, "stored", pack)] == [
-        r.receipt_key for r in facade.list_receipts("stored", pack)[0]
+        r.receipt_key for r in facade.list_receipts("stored", pack_install_id=pack)[0]
     ]
     assert overview.search(engine, connectors, "k" * overview.SEARCH_MAX_LENGTH) == []
     with pytest.raises(InvalidArgument, match="state must be one of"):

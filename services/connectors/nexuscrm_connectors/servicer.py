@@ -89,12 +89,15 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     def ExplainReceipt(
         self, request: pb.ExplainReceiptRequest, context: grpc.ServicerContext
     ) -> pb.ExplainReceiptResponse:
-        explained = self._connectors.explain_receipt(request.pack_install_id, request.receipt_key)
+        explained = self._connectors.explain_receipt(request.pack_install_id, receipt_key=request.receipt_key)
         return convert.explanation_to_proto(explained)
 
     def ListReceipts(self, request: pb.ListReceiptsRequest, context: grpc.ServicerContext) -> pb.ListReceiptsResponse:
         receipts, token = self._connectors.list_receipts(
-            request.state, request.pack_install_id, request.page_size, request.page_token
+            request.state,
+            pack_install_id=request.pack_install_id,
+            page_size=request.page_size,
+            page_token=request.page_token,
         )
         return pb.ListReceiptsResponse(receipts=[convert.receipt_to_proto(r) for r in receipts], next_page_token=token)
 
