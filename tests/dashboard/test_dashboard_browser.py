@@ -3,7 +3,9 @@
 A scripted workload (deliveries, claims, a completion, a retry, a failure, a coverage gap)
 runs through the Connectors service; the page must show exactly what the database holds,
 explain a WorkId and a ReceiptKey, and show a fence armed through the CLI after its own
-refresh, without a reload and without console errors. The metrics endpoints agree.
+refresh, without a reload and without console errors. The metrics endpoints agree. The page
+asks Connectors (its own process) over gRPC for the explanations and receipt lists; once
+Connectors stops, those parts say "Connectors unavailable" and the pack cards keep refreshing.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from nexuscrm_tools.launcher import (
 from nexuscrm_tools.run import install_demo_pack
 from nexuscrm_tools.simulator import Simulator, WorkloadConfig
 from tests.dashboard.browser import ARTIFACTS, browser_session, console_errors
+from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
 from workqueue import decode_projection_key
 from workqueue.values import IngestItem, Outcome, Route
@@ -64,9 +67,11 @@ def system(empty_dsn: str, tmp_path: Path) -> Iterator[list[ServiceProcess]]:
         "NEXUSCRM_CONNECTORS_METRICS_ADDRESS": "127.0.0.1:0",
         "NEXUSCRM_LOG_FORMAT": "json",
     }
-    services = start_services((SCHEMA_CATALOG, CONTROLPLANE), env=env, workdir=tmp_path)
+    # Connectors first: the Controlplane's dashboard finds it through NEXUSCRM_CONNECTORS_TARGET.
+    services = start_services((SCHEMA_CATALOG,), env=env, workdir=tmp_path)
     try:
         services += start_services((CONNECTORS,), env={**env, "NEXUSCRM_OTEL": "console"}, workdir=tmp_path)
+        services += start_services((CONTROLPLANE,), env={**env, **target_env(services)}, workdir=tmp_path)
     except BaseException:
         stop_services(services)
         raise
@@ -107,10 +112,13 @@ def scripted_workload(connectors: ConnectorsClient, pack: str) -> dict[str, str]
     return {"completed": done.work.work_id, "retry": retrying.work.work_id, "failed": failed.work.work_id}
 
 
-def open_coverage_gap(engine: sa.Engine, connectors: ConnectorsClient, pack: str, work_id: str) -> str:
+def open_coverage_gap(
+    engine: sa.Engine, connectors: ConnectorsClient, pack: str, work_id: str
+) -> tuple[str, list[tuple[str, int]]]:
     """Delete a completed generation (what a broken retention job would do); redeliver its selected input.
 
-    The payload comes from the Event: an admitted receipt keeps only its digest.
+    Returns the redelivered ReceiptKey and the (pack, ordinal) inputs left without a
+    generation. The payload comes from the Event: an admitted receipt keeps only its digest.
     """
     with engine.begin() as connection:
         work = connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId == work_id)).one()
@@ -119,13 +127,21 @@ def open_coverage_gap(engine: sa.Engine, connectors: ConnectorsClient, pack: str
                 Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == work.LaneOrdinal
             )
         ).one()
+        members = connection.execute(
+            sa.select(Event.c.EnqueueOrdinal).where(
+                Event.c.PackInstallId == pack,
+                Event.c.ProjectionKey == work.ProjectionKey,
+                Event.c.EnqueueOrdinal.between(work.InputStartOrdinal, work.LaneOrdinal),
+            )
+        ).scalars()
+        damaged = [(pack, int(ordinal)) for ordinal in members]
         connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == work_id))
     again = IngestItem(
         receipt_key=receipt_key, route=Route.of(decode_projection_key(work.ProjectionKey)), payload=payload
     )
     [result] = connectors.ingest(pack, items=[again])
     assert result.outcome is Outcome.COVERAGE_MISSING
-    return str(receipt_key)
+    return str(receipt_key), damaged
 
 
 def database_numbers(engine: sa.Engine, pack: str) -> dict[str, int]:
@@ -171,13 +187,14 @@ def present(driver: webdriver.Chrome, selector: str) -> list[str]:
     return texts
 
 
-def explain(driver: webdriver.Chrome, text: str) -> str:
-    """Search for ``text``; the text of the first result naming it."""
+def explain(driver: webdriver.Chrome, text: str, answer: str = "") -> str:
+    """Search for ``text``; the text of the first result naming it (or ``answer``, when given)."""
     box = driver.find_element(By.ID, "search-input")
     box.clear()
     box.send_keys(text, Keys.ENTER)
+    expected = answer or text
     found = wait_until(
-        lambda: [r for r in present(driver, "#search-results .result") if text in r], f"an explanation of {text}"
+        lambda: [r for r in present(driver, "#search-results .result") if expected in r], f"an answer for {text}"
     )
     return str(found[0])
 
@@ -203,7 +220,7 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
     with grpc.insecure_channel(connectors_process.address) as channel:
         connectors = ConnectorsClient(channel)
         work = scripted_workload(connectors, pack)
-        missing_key = open_coverage_gap(engine, connectors, pack, work["completed"])
+        missing_key, damaged = open_coverage_gap(engine, connectors, pack, work["completed"])
     expected = database_numbers(engine, pack)
     assert expected["retry"] == expected["failed"] == expected["coverage_missing"] == 1
 
@@ -286,4 +303,21 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
         (("code", "OK"), ("method", "/nexuscrm.connectors.v1.ConnectorsService/Ingest")),
     )
     assert counters[ingest] >= 1
+
+    stop_services([connectors_process])
+    refreshes = int(browser.find_element(By.ID, "refreshed").get_attribute("data-count") or 0)
+    wait_until(
+        lambda: (
+            "Connectors unavailable" in " ".join(present(browser, "#receipts-missing [data-error]"))
+            and "Connectors unavailable" in " ".join(present(browser, "#receipts-waiting [data-error]"))
+        ),
+        "the receipt lists to say Connectors is unavailable",
+    )
+    assert "Connectors unavailable" in explain(browser, work["failed"], "Connectors unavailable")
+    wait_until(
+        lambda: int(browser.find_element(By.ID, "refreshed").get_attribute("data-count") or 0) > refreshes + 1,
+        "the pack cards to keep refreshing",
+    )
+    assert page_numbers(browser, pack) == expected
+    assert_invariants(engine, damaged=damaged)
     engine.dispose()

@@ -2,6 +2,8 @@
 
 Same method and seeded history as the hot-query plan test (``tests/integration/test_index_plans``):
 each read runs through the function the page calls, the statements are captured and EXPLAINed.
+Search and the receipt list ask a ConnectorsService served in this process over the same
+engine (``conftest``), so the statements its RPCs run are captured too.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_controlplane.dashboard import overview, queries
+from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_runtime.database import is_sqlite
 from tests.integration.test_index_plans import GROWING_TABLES, Captured, capture, problems_mysql, problems_sqlite, seed
 from tests.support.factories import START
+from tests.support.invariants import assert_invariants
 
 pytestmark = pytest.mark.database
 
@@ -32,14 +36,14 @@ def on_connection(read: Callable[[sa.Connection], object], engine: sa.Engine) ->
     return run
 
 
-def test_dashboard_reads_use_index_ranges(engine: sa.Engine) -> None:
+def test_dashboard_reads_use_index_ranges(engine: sa.Engine, connectors: ConnectorsReads) -> None:
     seeded = seed(engine)
     pack, work_id = seeded.native_pack, seeded.claimed_work_id
     reads: dict[str, Callable[[], object]] = {
         "pack_queue": on_connection(lambda c: overview.pack_queue(c, pack, START), engine),
         "pack_timeline": lambda: overview.pack_timeline(engine, pack),
-        "receipts": lambda: overview.receipts(engine, "stored", pack),
-        "search": lambda: overview.search(engine, work_id),
+        "receipts": lambda: overview.receipts(connectors, "stored", pack),
+        "search": lambda: overview.search(engine, connectors, work_id),
         "packs_list": on_connection(lambda c: queries.packs_list(c, overview.PACK_LIMIT), engine),
     }
     explain = problems_sqlite if is_sqlite(engine) else problems_mysql
@@ -56,3 +60,4 @@ def test_dashboard_reads_use_index_ranges(engine: sa.Engine) -> None:
                 for problem in explain(connection, statement)
             ]
     assert not failures, "dashboard reads without an index range plan:\n" + "\n".join(failures)
+    assert_invariants(engine)

@@ -3,10 +3,17 @@
 A scripted history through the Connectors facade (two batches, so one generation is
 extended; a claim that retries, one that completes, a duplicate, a fenced delivery) must
 come out of ``packs_overview``, ``pack_timeline``, ``search`` and ``QueueCollector`` exactly
-as the database holds it.
+as the database holds it. ``search`` and ``receipts`` ask a real ConnectorsService over gRPC
+(``conftest``); with Connectors unreachable they answer 503 and the rest of the page 200.
 """
 
 from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,9 +22,13 @@ from prometheus_client import REGISTRY
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import fences
 from nexuscrm_controlplane.dashboard import overview
+from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
+from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
+from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_schema.tables import WorkItem
 from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.invariants import assert_invariants
 from workqueue import decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.values import Outcome
@@ -45,32 +56,25 @@ def counters() -> dict[str, float]:
     return {name: REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in COUNTERS}
 
 
-def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine) -> None:
+def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine, connectors: ConnectorsReads) -> None:
     clock = FakeClock()
     pack = install_pack(engine)
-    connectors = Connectors(engine, clock=clock)
+    facade = Connectors(engine, clock=clock)
     before = counters()
 
-    first = connectors.ingest(
-        pack, items=[delivery(lane="a"), delivery(lane="a"), delivery(lane="b"), delivery(lane="c")]
-    )
+    first = facade.ingest(pack, items=[delivery(lane="a"), delivery(lane="a"), delivery(lane="b"), delivery(lane="c")])
     clock.advance(5)
-    second = connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
+    second = facade.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
     assert {r.outcome for r in first + second} == {Outcome.ADMITTED}
-    claims = {lane_of(c.work.projection_key): c for c in connectors.claim("w", pack_install_ids=[pack], max_items=3)}
+    claims = {lane_of(c.work.projection_key): c for c in facade.claim("w", pack_install_ids=[pack], max_items=3)}
     assert sorted(claims) == ["a", "b", "c"]
-    list(connectors.load_inputs(claims["a"].work.work_id, lease_token=claims["a"].lease_token))
-    connectors.fail(claims["a"].work.work_id, lease_token=claims["a"].lease_token, error="boom")
-    connectors.complete(
-        claims["c"].work.work_id, lease_token=claims["c"].lease_token
-    )  # b keeps its lease, which expires
-    assert (
-        connectors.ingest(pack, items=[delivery(first[3].receipt_key, lane="c")])[0].outcome
-        is Outcome.DUPLICATE_COVERED
-    )
-    waiting = connectors.ingest(pack, items=[delivery(lane="d")])[0]
+    list(facade.load_inputs(claims["a"].work.work_id, lease_token=claims["a"].lease_token))
+    facade.fail(claims["a"].work.work_id, lease_token=claims["a"].lease_token, error="boom")
+    facade.complete(claims["c"].work.work_id, lease_token=claims["c"].lease_token)  # b keeps its lease, which expires
+    assert facade.ingest(pack, items=[delivery(first[3].receipt_key, lane="c")])[0].outcome is Outcome.DUPLICATE_COVERED
+    waiting = facade.ingest(pack, items=[delivery(lane="d")])[0]
     fence = fences.arm_fence(engine, "acme", pack, reason="maintenance", clock=clock)
-    assert connectors.ingest(pack, items=[delivery(lane="e")])[0].outcome is Outcome.FENCED
+    assert facade.ingest(pack, items=[delivery(lane="e")])[0].outcome is Outcome.FENCED
     clock.advance(60)
 
     after = counters()
@@ -124,17 +128,20 @@ def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine
     }
     assert timeline["next"] == ""
 
-    [work] = overview.search(engine, claims["a"].work.work_id)
+    [work] = overview.search(engine, connectors, claims["a"].work.work_id)
     assert work["kind"] == "work" and work["range"] == [1, 5] and work["members"] == 3 and work["status"] == "retry"
-    [receipt] = overview.search(engine, first[1].receipt_key)
+    [receipt] = overview.search(engine, connectors, first[1].receipt_key)
     assert receipt["kind"] == "receipt" and receipt["covered_by"]["work_id"] == claims["a"].work.work_id
     assert "input 2 is a member of" in receipt["explanation"]
-    assert overview.search(engine, "nothing-like-this") == []
+    assert overview.search(engine, connectors, "nothing-like-this") == []
     with pytest.raises(InvalidArgument):
-        overview.search(engine, " ")
-    assert [r["receipt_key"] for r in overview.receipts(engine, "stored", pack)] == [
-        r.receipt_key for r in connectors.list_receipts("stored", pack)[0]
+        overview.search(engine, connectors, " ")
+    assert [r["receipt_key"] for r in overview.receipts(connectors, "stored", pack)] == [
+        r.receipt_key for r in facade.list_receipts("stored", pack_install_id=pack)[0]
     ]
+    assert overview.search(engine, connectors, "k" * overview.SEARCH_MAX_LENGTH) == []
+    with pytest.raises(InvalidArgument, match="state must be one of"):
+        overview.receipts(connectors, "nonsense")
 
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -147,3 +154,45 @@ def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine
     assert samples[("nexuscrm_oldest_unclaimed_generation_age_seconds", (("pack", pack),))] == 60
     assert samples[("nexuscrm_leases_expired", (("pack", pack),))] == 1
     assert samples[("nexuscrm_receipts", (("pack", pack), ("state", "stored")))] == 1
+    assert_invariants(engine)
+
+
+def _get(port: int, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.fixture
+def dashboard_without_connectors(engine: sa.Engine, unreachable_connectors: ConnectorsReads) -> Iterator[int]:
+    """The dashboard app served on a free port, its Connectors target unreachable; yields the port."""
+    server = DashboardServer(create_app(engine, connectors=unreachable_connectors), "127.0.0.1:0")
+    server.start()
+    yield server.port
+    server.stop()
+
+
+def test_without_connectors_search_and_receipts_answer_503_and_the_rest_200(
+    engine: sa.Engine, dashboard_without_connectors: int
+) -> None:
+    pack = install_pack(engine)
+    [admitted] = Connectors(engine).ingest(pack, items=[delivery(lane="a")])
+    port = dashboard_without_connectors
+
+    status, body = _get(port, "/api/overview")
+    assert status == 200
+    [card] = [c for c in body["packs"] if c["pack_install_id"] == pack]
+    assert card["queue"]["depth"]["pending"] == 1
+    assert _get(port, f"/api/packs/{pack}/timeline")[0] == 200
+    for path in (
+        f"/api/search?q={admitted.work_id}",
+        "/api/receipts?state=stored",
+        f"/api/receipts?state=stored&pack={pack}",
+    ):
+        status, body = _get(port, path)
+        assert status == 503, (path, body)
+        assert str(body["error"]).startswith("Connectors unavailable"), (path, body)
+    assert _get(port, "/api/search?q=%20")[0] == 400  # checked before asking Connectors
+    assert_invariants(engine)

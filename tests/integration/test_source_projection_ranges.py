@@ -79,7 +79,7 @@ def test_regression_2_duplicate_of_input_with_missing_generation_is_refused(
     assert again.outcome is Outcome.COVERAGE_MISSING
     assert "coverage missing" in again.message and again.work_id is None
     assert (count(engine, Event), count(engine, WorkItem)) == (events, work)  # nothing reconstructed or replayed
-    explained = connectors.explain_receipt(pack, "r-lost")
+    explained = connectors.explain_receipt(pack, receipt_key="r-lost")
     assert explained.receipt_state == ReceiptState.COVERAGE_MISSING
     assert explained.covered_by is None and "coverage missing" in explained.explanation
     assert connectors.claim("w1", pack_install_ids=[pack]) == []
@@ -273,7 +273,7 @@ def test_receipt_left_stored_beside_its_event_is_confirmed(
         assert connectors.materialize() == 1
     else:
         assert connectors.ingest(pack, items=[delivery("r-old")])[0].outcome is Outcome.DUPLICATE_COVERED
-    explained = connectors.explain_receipt(pack, "r-old")
+    explained = connectors.explain_receipt(pack, receipt_key="r-old")
     assert explained.receipt_state == ReceiptState.CONFIRMED
     with engine.connect() as connection:
         assert connection.execute(sa.select(IngressReceipt.c.Payload)).scalar_one() == b""

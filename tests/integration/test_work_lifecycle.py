@@ -225,11 +225,11 @@ def test_list_receipts_pages_through_one_state(engine: sa.Engine, connectors: Co
         pack, items=[delivery("k1", payload=b"payload of k1"), delivery("k3", payload=b"payload of k3")]
     )
     assert {r.outcome for r in redelivered} == {Outcome.COVERAGE_MISSING}
-    page, token = connectors.list_receipts("coverage_missing", pack, page_size=1)
+    page, token = connectors.list_receipts("coverage_missing", pack_install_id=pack, page_size=1)
     assert [r.receipt_key for r in page] == ["k1"] and token
-    page, token = connectors.list_receipts("coverage_missing", pack, page_size=1, page_token=token)
+    page, token = connectors.list_receipts("coverage_missing", pack_install_id=pack, page_size=1, page_token=token)
     assert [r.receipt_key for r in page] == ["k3"]
-    assert connectors.list_receipts("coverage_missing", pack, page_size=1, page_token=token) == ([], "")
+    assert connectors.list_receipts("coverage_missing", pack_install_id=pack, page_size=1, page_token=token) == ([], "")
     everywhere, _ = connectors.list_receipts("confirmed")
     assert {(r.pack_install_id, r.receipt_key) for r in everywhere} == {
         (pack, "k0"),

@@ -64,9 +64,9 @@ def _payload(contact: str, marker: str) -> bytes:
     return demo.ContactUpdate(contact_id=contact, fields={"name": marker}, sent_at=0.0).encode()
 
 
-def _dashboard(port: int, pki: Pki, authorization: str | None) -> tuple[int, str]:
+def _dashboard(port: int, pki: Pki, authorization: str | None, path: str = "/api/overview") -> tuple[int, str]:
     context = ssl.create_default_context(cafile=pki.env("acme")["NEXUSCRM_TLS_CA"])
-    request = urllib.request.Request(f"https://127.0.0.1:{port}/api/overview")
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}")
     if authorization:
         request.add_header("Authorization", authorization)
     try:
@@ -130,6 +130,12 @@ def test_a_secured_system_projects_and_never_logs_secrets(
         assert status == 200 and pack in json.dumps(json.loads(body))
         basic = base64.b64encode(f"operator:{TOKENS['operator']}".encode()).decode()
         assert _dashboard(port, pki, f"Basic {basic}")[0] == 200
+        # Search and the receipt lists ask Connectors over mutual TLS, with the Controlplane's certificate.
+        status, body = _dashboard(port, pki, f"Bearer {TOKENS['operator']}", "/api/search?q=poison")
+        assert status == 200 and [r["kind"] for r in json.loads(body)] == ["receipt"], body
+        status, body = _dashboard(port, pki, f"Bearer {TOKENS['operator']}", "/api/receipts?state=confirmed")
+        assert status == 200 and {r["pack_install_id"] for r in json.loads(body)} == {pack}, body
+        assert _dashboard(port, pki, f"Bearer {TOKENS['acme']}", "/api/search?q=poison")[0] == 403
         seen_errors += [body]
     finally:
         codes = stop_services(services)

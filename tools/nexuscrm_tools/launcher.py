@@ -60,8 +60,9 @@ INTEGRATION = ServiceSpec(
     env_name="INTEGRATION",
     service_name="nexuscrm.integration.v1.IntegrationService",
 )
-# The schema catalog starts first: it applies the canonical schema the others need.
-ALL_SERVICES = (SCHEMA_CATALOG, CONTROLPLANE, CONNECTORS, INTEGRATION)
+# The schema catalog starts first: it applies the canonical schema the others need. Connectors
+# starts before the Controlplane, whose dashboard finds it through NEXUSCRM_CONNECTORS_TARGET.
+ALL_SERVICES = (SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE, INTEGRATION)
 
 
 class LaunchError(RuntimeError):

@@ -134,11 +134,12 @@ def start_system(
 ) -> tuple[list[ServiceProcess], str]:
     """Start the services, install and activate a demo pack, then start the host serving it.
 
-    The host starts last because its activation gate needs the pack's protocol receipt.
+    Connectors starts before the Controlplane, whose dashboard asks it (NEXUSCRM_CONNECTORS_TARGET);
+    the host starts last because its activation gate needs the pack's protocol receipt.
     Returns the running services (stop them with ``stop_services``) and the pack id.
     """
     env = {"NEXUSCRM_DSN": dsn, **(extra_env or {})}
-    services = start_services((SCHEMA_CATALOG, CONTROLPLANE, CONNECTORS), env=env, workdir=workdir)
+    services = start_services((SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE), env=env, workdir=workdir)
     try:
         controlplane = next(s for s in services if s.spec is CONTROLPLANE)
         with controlplane.channel() as channel:

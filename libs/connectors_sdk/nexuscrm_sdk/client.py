@@ -21,6 +21,8 @@ from workqueue.values import (
     IngestItem,
     IngestResult,
     InputPage,
+    ReceiptExplanation,
+    ReceiptSummary,
     ReplayResult,
     WorkDescription,
     WorkItemRow,
@@ -119,3 +121,22 @@ class ConnectorsClient:
         """A generation and its member count."""
         response = self._stub.GetWork(pb.GetWorkRequest(work_id=work_id), timeout=self._timeout)
         return WorkDescription(work=convert.work_from_proto(response.work), member_count=response.member_count)
+
+    def explain_receipt(self, pack_install_id: str, *, receipt_key: str) -> ReceiptExplanation:
+        """Where a receipt stands and which generation covers it (NOT_FOUND: no such receipt)."""
+        response = self._stub.ExplainReceipt(
+            pb.ExplainReceiptRequest(pack_install_id=pack_install_id, receipt_key=receipt_key), timeout=self._timeout
+        )
+        return convert.explanation_from_proto(response)
+
+    def list_receipts(
+        self, state: str, *, pack_install_id: str = "", page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[ReceiptSummary], str]:
+        """One page of receipts in ``state`` (of one pack, or every pack) and the next page's token ("" at the end)."""
+        response = self._stub.ListReceipts(
+            pb.ListReceiptsRequest(
+                state=state, pack_install_id=pack_install_id, page_size=page_size, page_token=page_token
+            ),
+            timeout=self._timeout,
+        )
+        return [convert.receipt_from_proto(r) for r in response.receipts], response.next_page_token

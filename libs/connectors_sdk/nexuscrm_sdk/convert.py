@@ -11,7 +11,18 @@ import datetime as dt
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
-from workqueue.values import Claim, IngestItem, IngestResult, InputPage, InputRow, Outcome, Route, WorkItemRow
+from workqueue.values import (
+    Claim,
+    IngestItem,
+    IngestResult,
+    InputPage,
+    InputRow,
+    Outcome,
+    ReceiptExplanation,
+    ReceiptSummary,
+    Route,
+    WorkItemRow,
+)
 
 OUTCOMES = {
     Outcome.ADMITTED: pb.INGEST_OUTCOME_ADMITTED,
@@ -152,6 +163,48 @@ def claim_to_proto(claim: Claim) -> pb.ClaimedWork:
 def claim_from_proto(message: pb.ClaimedWork) -> Claim:
     """Proto -> Claim."""
     return Claim(work=work_from_proto(message.work), lease_token=message.lease_token)
+
+
+def explanation_to_proto(explained: ReceiptExplanation) -> pb.ExplainReceiptResponse:
+    """ReceiptExplanation -> ExplainReceiptResponse (no ordinal and no covering work are left unset)."""
+    return pb.ExplainReceiptResponse(
+        receipt_state=explained.receipt_state,
+        enqueue_ordinal=explained.enqueue_ordinal or 0,
+        covered_by=work_to_proto(explained.covered_by) if explained.covered_by else None,
+        explanation=explained.explanation,
+    )
+
+
+def explanation_from_proto(message: pb.ExplainReceiptResponse) -> ReceiptExplanation:
+    """ExplainReceiptResponse -> ReceiptExplanation."""
+    return ReceiptExplanation(
+        receipt_state=message.receipt_state,
+        enqueue_ordinal=message.enqueue_ordinal or None,
+        covered_by=work_from_proto(message.covered_by) if message.HasField("covered_by") else None,
+        explanation=message.explanation,
+    )
+
+
+def receipt_to_proto(receipt: ReceiptSummary) -> pb.Receipt:
+    """ReceiptSummary -> Receipt."""
+    return pb.Receipt(
+        pack_install_id=receipt.pack_install_id,
+        receipt_key=receipt.receipt_key,
+        state=receipt.state,
+        route=route_to_proto(receipt.route),
+        received_at=to_timestamp(receipt.received_at),
+    )
+
+
+def receipt_from_proto(message: pb.Receipt) -> ReceiptSummary:
+    """Receipt -> ReceiptSummary."""
+    return ReceiptSummary(
+        pack_install_id=message.pack_install_id,
+        receipt_key=message.receipt_key,
+        state=message.state,
+        route=route_from_proto(message.route),
+        received_at=from_timestamp(message, "received_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
+    )
 
 
 def page_to_proto(page: InputPage) -> pb.LoadInputsResponse:

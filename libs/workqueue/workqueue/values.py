@@ -1,4 +1,4 @@
-"""The value types every owner shares: deliveries, their outcomes, generations, claims and inputs.
+"""The value types every owner shares: deliveries, their outcomes, generations, claims, receipts and inputs.
 
 Frozen and keyword-only; Connectors builds them, the SDK carries them over gRPC, the host and
 the tools read them. Their datetimes are UTC: naive inside the services (what the database
@@ -110,6 +110,31 @@ class Claim:
 
     work: WorkItemRow
     lease_token: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReceiptExplanation:
+    """Where a receipt stands, which generation covers its input, and why (ExplainReceipt).
+
+    ``receipt_state`` is a ``ReceiptState`` value; ``enqueue_ordinal`` is None until the
+    receipt is admitted; ``covered_by`` carries no lease token.
+    """
+
+    receipt_state: str
+    enqueue_ordinal: int | None
+    covered_by: WorkItemRow | None
+    explanation: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReceiptSummary:
+    """One receipt in a listing (ListReceipts); ``received_at`` is UTC (timezone-aware from the SDK)."""
+
+    pack_install_id: str
+    receipt_key: str
+    state: str
+    route: Route
+    received_at: dt.datetime
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

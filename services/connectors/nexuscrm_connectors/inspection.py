@@ -1,10 +1,13 @@
-"""Read-only answers for operators: one generation, and why a receipt has (no) work."""
+"""Read-only answers for operators: one generation, and why a receipt has (no) work.
+
+``ReceiptExplanation`` and ``ReceiptSummary`` are shared values (``workqueue.values``): the
+Connectors SDK returns the same types over ExplainReceipt and ListReceipts.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import datetime as dt
 import json
 
@@ -16,17 +19,7 @@ from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.settings import Settings
 from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
-from workqueue.values import Outcome, Route, WorkDescription, WorkItemRow
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ReceiptExplanation:
-    """Where a receipt stands, which generation covers its input, and why."""
-
-    receipt_state: str
-    enqueue_ordinal: int | None
-    covered_by: WorkItemRow | None
-    explanation: str
+from workqueue.values import Outcome, ReceiptExplanation, ReceiptSummary, Route, WorkDescription
 
 
 def get_work(engine: Engine, work_id: str) -> WorkDescription:
@@ -85,17 +78,6 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
             covered_by=queries.work_item_value(covering) if covering is not None else None,
             explanation=explanation,
         )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ReceiptSummary:
-    """One receipt in a listing."""
-
-    pack_install_id: str
-    receipt_key: str
-    state: str
-    route: Route
-    received_at: dt.datetime
 
 
 def list_receipts(

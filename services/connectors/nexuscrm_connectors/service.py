@@ -24,6 +24,8 @@ from workqueue.values import (
     IngestResult,
     InputPage,
     Outcome,
+    ReceiptExplanation,
+    ReceiptSummary,
     ReplayResult,
     WorkDescription,
     WorkItemRow,
@@ -132,11 +134,11 @@ class Connectors:
         return inspection.get_work(self.engine, work_id)
 
     def list_receipts(
-        self, state: str, pack_install_id: str = "", page_size: int = 0, page_token: str = ""
-    ) -> tuple[list[inspection.ReceiptSummary], str]:
+        self, state: str, *, pack_install_id: str = "", page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[ReceiptSummary], str]:
         """See ``inspection.list_receipts``."""
         return inspection.list_receipts(self.engine, self.settings, state, pack_install_id, page_size, page_token)
 
-    def explain_receipt(self, pack_install_id: str, receipt_key: str) -> inspection.ReceiptExplanation:
+    def explain_receipt(self, pack_install_id: str, *, receipt_key: str) -> ReceiptExplanation:
         """See ``inspection.explain_receipt``."""
         return inspection.explain_receipt(self.engine, pack_install_id, receipt_key)

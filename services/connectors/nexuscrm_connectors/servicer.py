@@ -89,31 +89,17 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     def ExplainReceipt(
         self, request: pb.ExplainReceiptRequest, context: grpc.ServicerContext
     ) -> pb.ExplainReceiptResponse:
-        explained = self._connectors.explain_receipt(request.pack_install_id, request.receipt_key)
-        return pb.ExplainReceiptResponse(
-            receipt_state=explained.receipt_state,
-            enqueue_ordinal=explained.enqueue_ordinal or 0,
-            covered_by=convert.work_to_proto(explained.covered_by) if explained.covered_by else None,
-            explanation=explained.explanation,
-        )
+        explained = self._connectors.explain_receipt(request.pack_install_id, receipt_key=request.receipt_key)
+        return convert.explanation_to_proto(explained)
 
     def ListReceipts(self, request: pb.ListReceiptsRequest, context: grpc.ServicerContext) -> pb.ListReceiptsResponse:
         receipts, token = self._connectors.list_receipts(
-            request.state, request.pack_install_id, request.page_size, request.page_token
+            request.state,
+            pack_install_id=request.pack_install_id,
+            page_size=request.page_size,
+            page_token=request.page_token,
         )
-        return pb.ListReceiptsResponse(
-            receipts=[
-                pb.Receipt(
-                    pack_install_id=r.pack_install_id,
-                    receipt_key=r.receipt_key,
-                    state=r.state,
-                    route=convert.route_to_proto(r.route),
-                    received_at=to_timestamp(r.received_at),
-                )
-                for r in receipts
-            ],
-            next_page_token=token,
-        )
+        return pb.ListReceiptsResponse(receipts=[convert.receipt_to_proto(r) for r in receipts], next_page_token=token)
 
 
 def _lease(seconds: int) -> dt.timedelta | None:

@@ -6,10 +6,14 @@ dashboard), NEXUSCRM_CONTROLPLANE_METRICS_ADDRESS (the Prometheus endpoint, whic
 serves the per-pack queue gauges of ``dashboard.collector``), NEXUSCRM_OTEL and
 NEXUSCRM_LOG_FORMAT (docs/observability.md), NEXUSCRM_TLS_CA / _CERT / _KEY and
 NEXUSCRM_AUTHZ_POLICY (docs/security.md: with them, the dashboard is HTTPS and asks for a
-token of a principal of every namespace).
+token of a principal of every namespace). The dashboard's search and receipt lists ask
+Connectors at NEXUSCRM_CONNECTORS_TARGET (``nexuscrm_runtime.targets``) over the same mutual
+TLS, with the Controlplane's certificate, whose principal must then span every namespace.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from prometheus_client import REGISTRY
 from sqlalchemy.engine import Engine
@@ -17,11 +21,13 @@ from sqlalchemy.engine import Engine
 from nexuscrm_controlplane.dashboard.access import token_middleware
 from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
+from nexuscrm_controlplane.dashboard.connectors import connectors_reads
 from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_controlplane.servicer import registration
 from nexuscrm_runtime.config import ServiceConfig, check_address, env_str
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, publish_side_port, run_service
+from nexuscrm_runtime.targets import Targets
 
 DEFAULT_PORT = 50052
 
@@ -32,15 +38,18 @@ def main() -> None:
     if dashboard_address:
         check_address("NEXUSCRM_DASHBOARD_ADDRESS", dashboard_address)
     dashboards: list[DashboardServer] = []
+    channels = contextlib.ExitStack()
 
     def build(config: ServiceConfig, engine: Engine, security: Security | None) -> list[Registration]:
         if config.metrics_address:
             REGISTRY.register(QueueCollector(engine))
         if dashboard_address:
+            tls = security.tls if security else None
+            connectors = channels.enter_context(connectors_reads(Targets.from_env(), tls))
             if security is None:
-                dashboard = DashboardServer(create_app(engine), dashboard_address)
+                dashboard = DashboardServer(create_app(engine, connectors=connectors), dashboard_address)
             else:
-                app = create_app(engine, middleware=[token_middleware(security.policy)])
+                app = create_app(engine, connectors=connectors, middleware=[token_middleware(security.policy)])
                 dashboard = DashboardServer(app, dashboard_address, security.tls)
             dashboard.start()
             dashboards.append(dashboard)
@@ -50,6 +59,7 @@ def main() -> None:
     def stop() -> None:
         for dashboard in dashboards:
             dashboard.stop()
+        channels.close()
 
     run_service(env_name="CONTROLPLANE", default_port=DEFAULT_PORT, build=build, on_stop=stop)
 

@@ -3,7 +3,10 @@
 Built on Starlette (docs/decisions/050-observability-and-dashboard.md). Every route is a GET;
 the endpoints are plain functions, which Starlette runs in its thread pool, over the bounded
 reads of ``overview``. A domain error (an invalid search, an unknown pack) answers 400 with
-its message; nothing else of the error reaches the page.
+its message; Connectors not answering the reads it serves (``dashboard.connectors``) answers
+503 with ``{"error": "Connectors unavailable: ..."}``, and another refusal of Connectors 502;
+nothing else of the error reaches the page. The overview and the timeline read the database
+only, so they keep answering while Connectors is down.
 
 | route | answer |
 |---|---|
@@ -30,6 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from nexuscrm_controlplane.dashboard import overview
+from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, ConnectorsRefused, ConnectorsUnavailable
 from nexuscrm_controlplane.lifecycle import validate_pack_id
 from nexuscrm_runtime.clock import Clock, utcnow
 from workqueue.errors import DomainError
@@ -42,14 +46,28 @@ def _json(read: Callable[[Request], Any]) -> Callable[[Request], JSONResponse]:
     def endpoint(request: Request) -> JSONResponse:
         try:
             return JSONResponse(read(request), headers=NO_STORE)
+        except ConnectorsUnavailable as error:
+            return JSONResponse({"error": str(error)}, status_code=503, headers=NO_STORE)
+        except ConnectorsRefused as error:
+            return JSONResponse({"error": str(error)}, status_code=502, headers=NO_STORE)
         except DomainError as error:
             return JSONResponse({"error": str(error)}, status_code=400, headers=NO_STORE)
 
     return endpoint
 
 
-def create_app(engine: Engine, clock: Clock = utcnow, middleware: Sequence[Middleware] = ()) -> Starlette:
-    """The dashboard over ``engine``; it only ever reads. ``middleware``: its access control, if any."""
+def create_app(
+    engine: Engine,
+    *,
+    connectors: ConnectorsReads,
+    clock: Clock = utcnow,
+    middleware: Sequence[Middleware] = (),
+) -> Starlette:
+    """The dashboard over ``engine`` and ``connectors``; it only ever reads.
+
+    ``connectors``: the Connectors RPCs behind search and the receipt lists.
+    ``middleware``: its access control, if any.
+    """
 
     def page(request: Request) -> FileResponse:
         return FileResponse(STATIC / "index.html", headers=NO_STORE)
@@ -59,7 +77,12 @@ def create_app(engine: Engine, clock: Clock = utcnow, middleware: Sequence[Middl
         return overview.pack_timeline(engine, pack, request.query_params.get("after", ""))
 
     def receipts(request: Request) -> Any:
-        return overview.receipts(engine, request.query_params.get("state", ""), request.query_params.get("pack", ""))
+        return overview.receipts(
+            connectors, request.query_params.get("state", ""), request.query_params.get("pack", "")
+        )
+
+    def search(request: Request) -> Any:
+        return overview.search(engine, connectors, request.query_params.get("q", ""))
 
     return Starlette(
         routes=[
@@ -67,7 +90,7 @@ def create_app(engine: Engine, clock: Clock = utcnow, middleware: Sequence[Middl
             Route("/api/overview", _json(lambda request: overview.packs_overview(engine, clock))),
             Route("/api/packs/{pack}/timeline", _json(timeline)),
             Route("/api/receipts", _json(receipts)),
-            Route("/api/search", _json(lambda request: overview.search(engine, request.query_params.get("q", "")))),
+            Route("/api/search", _json(search)),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=middleware,

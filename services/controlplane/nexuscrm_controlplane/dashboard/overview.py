@@ -5,8 +5,10 @@ queue depth by state, oldest waiting work, lag, failures, receipts waiting or mi
 coverage, the drain status while the pack has no protocol row yet, the cutover audit
 report). ``pack_queue`` is the per-pack part the Prometheus collector shares.
 ``pack_timeline`` lists each projection identity's newest generations; ``receipts`` lists
-receipts in one state; ``search`` explains a WorkId or a ReceiptKey with Connectors' own
-inspection (``nexuscrm_connectors.inspection``).
+receipts in one state and ``search`` explains a WorkId or a ReceiptKey, both by asking
+Connectors over its RPCs (``dashboard.connectors``: GetWork, ExplainReceipt, ListReceipts), so
+they raise ``ConnectorsUnavailable`` while it is down; the rest reads the canonical tables
+directly (``dashboard.queries``, the one documented cross-owner read) and keeps working.
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import inspection
-from nexuscrm_connectors.errors import WorkNotFound
-from nexuscrm_connectors.settings import Settings
 from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.dashboard import queries
+from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_runtime.clock import Clock
 from nexuscrm_runtime.clock import iso_utc as iso
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
@@ -183,9 +183,9 @@ def pack_timeline(engine: Engine, pack_install_id: str, after: str = "") -> dict
     return {"pack_install_id": pack_install_id, "identities": identities, "next": following}
 
 
-def receipts(engine: Engine, state: str, pack_install_id: str = "") -> list[dict[str, Any]]:
-    """The oldest ``RECEIPT_PAGE`` receipts in ``state`` (of one pack, or all), via Connectors' listing."""
-    listed, _ = inspection.list_receipts(engine, Settings(), state, pack_install_id, RECEIPT_PAGE)
+def receipts(connectors: ConnectorsReads, state: str, pack_install_id: str = "") -> list[dict[str, Any]]:
+    """The oldest ``RECEIPT_PAGE`` receipts in ``state`` (of one pack, or all), via Connectors' ListReceipts."""
+    listed = connectors.list_receipts(state, pack_install_id, RECEIPT_PAGE)
     return [
         {
             "pack_install_id": r.pack_install_id,
@@ -228,28 +228,25 @@ def _work(work: WorkItemRow, member_count: int | None) -> dict[str, Any]:
     }
 
 
-def search(engine: Engine, text: str) -> list[dict[str, Any]]:
+def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[str, Any]]:
     """Explain ``text`` as a WorkId and as a ReceiptKey of every listed pack; every match found.
 
     A WorkId match names its range, member count and what it waits for; a receipt match
-    names its ordinal, the generation covering it, or why there is none. Primary-key reads
-    only: one for the WorkId, two per pack for the receipt.
+    names its ordinal, the generation covering it, or why there is none. One GetWork and one
+    ExplainReceipt per listed pack (primary-key reads in Connectors); the pack list is read here.
     """
     text = text.strip()
     if not text or len(text) > SEARCH_MAX_LENGTH:
         raise InvalidArgument(f"search for a WorkId or a ReceiptKey of 1 to {SEARCH_MAX_LENGTH} characters", field="q")
     found: list[dict[str, Any]] = []
-    try:
-        described = inspection.get_work(engine, text)
+    described = connectors.get_work(text)
+    if described is not None:
         found.append({"kind": "work", **_work(described.work, described.member_count)})
-    except WorkNotFound:
-        pass
     with engine.connect() as connection:
         pack_ids = [row.PackInstallId for row in queries.packs_list(connection, PACK_LIMIT)]
     for pack_install_id in pack_ids:
-        try:
-            explained = inspection.explain_receipt(engine, pack_install_id, text)
-        except WorkNotFound:
+        explained = connectors.explain_receipt(pack_install_id, text)
+        if explained is None:
             continue
         covered = explained.covered_by
         found.append(

@@ -5,6 +5,14 @@ projection identity: a claimed generation and its unclaimed successor, because a
 extends an unclaimed one), one index end, a primary key, or at most ``limit`` rows of an
 index range. Counts of sets that grow with history (failed work, receipts) stop at ``cap``.
 None of them scans Event: Event is read by primary key only. Each says which index serves it.
+
+These are the one documented cross-owner read (docs/decisions/101): Event, WorkItem and
+IngressReceipt belong to Connectors, yet the page's gauges (queue depth, lag, failures,
+receipt counts) and the Prometheus collector read them here, directly and read-only, next to
+the Controlplane's own PackInstall, fence and protocol rows, through the schema library's
+tables. A gauge is a bounded aggregate over many packs that no Connectors RPC returns, and it
+must keep answering while Connectors is down. Everything Connectors explains (a WorkId, a
+receipt, a receipt listing) the dashboard asks Connectors for (``dashboard.connectors``).
 """
 
 from __future__ import annotations

@@ -155,12 +155,15 @@ function receiptRows(rows) {
 }
 
 async function renderReceipts() {
-  const [missing, waiting] = await Promise.all([
+  // The lists come from Connectors; while it is down they say so and the rest keeps refreshing.
+  const [missing, waiting] = await Promise.allSettled([
     getJSON("/api/receipts?state=coverage_missing"),
     getJSON("/api/receipts?state=stored"),
   ]);
-  update($("receipts-missing"), receiptRows(missing));
-  update($("receipts-waiting"), receiptRows(waiting));
+  for (const [table, listed] of [["receipts-missing", missing], ["receipts-waiting", waiting]]) {
+    update($(table), listed.status === "fulfilled" ? receiptRows(listed.value)
+      : `<tr><td class="muted" data-error>${esc(listed.reason.message)}</td></tr>`);
+  }
 }
 
 function workDetails(w) {

@@ -1,0 +1,94 @@
+"""The dashboard's reads of Connectors' data that Connectors explains: over its RPCs, never its code.
+
+GetWork, ExplainReceipt and ListReceipts answer through the Connectors SDK client
+(``nexuscrm_sdk.client.ConnectorsClient``); this module is the ONE place where their status
+codes become what the dashboard answers:
+
+| status | dashboard |
+|---|---|
+| NOT_FOUND | nothing found (``None``, an empty listing): an unknown WorkId or ReceiptKey, as before |
+| INVALID_ARGUMENT | ``InvalidArgument`` with Connectors' message (HTTP 400) |
+| UNAVAILABLE, DEADLINE_EXCEEDED | ``ConnectorsUnavailable`` (HTTP 503, "Connectors unavailable: ...") |
+| anything else | ``ConnectorsRefused`` naming the code (HTTP 502) |
+
+Identity: with security, the calls carry the Controlplane's certificate, so its principal must
+span every namespace (``*``), as the dashboard's own operators must (``access``). The page
+filters nothing by namespace itself: only a principal of every namespace may open it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import grpc
+
+from nexuscrm_controlplane.errors import ControlplaneError
+from nexuscrm_runtime.targets import Targets
+from nexuscrm_runtime.tls import TlsFiles, open_channel
+from nexuscrm_sdk.client import ConnectorsClient
+from workqueue.errors import ErrorKind, InvalidArgument
+from workqueue.values import ReceiptExplanation, ReceiptSummary, WorkDescription
+
+TIMEOUT = dt.timedelta(seconds=5)  # per call: a page refresh must not hang on a stuck Connectors
+T = TypeVar("T")
+UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class ConnectorsUnavailable(ControlplaneError):
+    """Connectors did not answer (not reachable, or not within ``TIMEOUT``)."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class ConnectorsRefused(ControlplaneError):
+    """Connectors answered with a status the dashboard does not expect (e.g. PERMISSION_DENIED)."""
+
+
+def _call(read: Callable[[], T], field: str) -> T | None:
+    """``read()``, None on NOT_FOUND, any other ``grpc.RpcError`` translated per the module's table."""
+    try:
+        return read()
+    except grpc.RpcError as error:
+        code, details = error.code(), error.details() or ""
+        if code is grpc.StatusCode.NOT_FOUND:
+            return None
+        if code in UNREACHABLE:
+            raise ConnectorsUnavailable(f"Connectors unavailable: {code.name} ({details})") from None
+        if code is grpc.StatusCode.INVALID_ARGUMENT:
+            raise InvalidArgument(details, field=field) from None
+        raise ConnectorsRefused(f"Connectors refused the dashboard's read: {code.name} ({details})") from None
+
+
+class ConnectorsReads:
+    """The three Connectors reads the dashboard shows, over ``client``."""
+
+    def __init__(self, client: ConnectorsClient) -> None:
+        self._client = client
+
+    def get_work(self, work_id: str) -> WorkDescription | None:
+        """The generation ``work_id`` and its member count; None when there is none."""
+        return _call(lambda: self._client.get_work(work_id), "q")
+
+    def explain_receipt(self, pack_install_id: str, receipt_key: str) -> ReceiptExplanation | None:
+        """Why receipt ``receipt_key`` of the pack has (no) work; None when the pack has no such receipt."""
+        return _call(lambda: self._client.explain_receipt(pack_install_id, receipt_key=receipt_key), "q")
+
+    def list_receipts(self, state: str, pack_install_id: str, limit: int) -> list[ReceiptSummary]:
+        """The oldest ``limit`` receipts in ``state`` (of one pack, or of every pack when it is "")."""
+        page = _call(
+            lambda: self._client.list_receipts(state, pack_install_id=pack_install_id, page_size=limit), "state"
+        )
+        return [] if page is None else page[0]
+
+
+@contextlib.contextmanager
+def connectors_reads(targets: Targets, tls: TlsFiles | None) -> Iterator[ConnectorsReads]:
+    """Reads over a channel to ``targets.connectors`` (mutual TLS with ``tls``), closed on exit.
+
+    The channel connects on the first read, so Connectors may start after the Controlplane.
+    """
+    with open_channel(targets.connectors, tls) as channel:
+        yield ConnectorsReads(ConnectorsClient(channel, timeout=TIMEOUT))
