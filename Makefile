@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup protos test run lint typecheck fmt clean bench bench-quick reliability
+.PHONY: setup protos test run lint typecheck fmt clean bench bench-quick reliability deps
 
 setup: $(STAMP)
 
@@ -51,6 +51,12 @@ lint: setup
 	$(BIN)/buf lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+# Each package's declared dependencies and what a deployment of it installs; fails when a
+# service names another service (docs/decisions/103-package-graph-enforced.md).
+deps: setup
+	$(BIN)/python -m tests.architecture.packages
 
 typecheck: setup
 	$(BIN)/mypy libs services tools tests bench protos/generate.py

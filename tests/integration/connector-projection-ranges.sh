@@ -3,7 +3,7 @@
 #
 #   bash tests/integration/connector-projection-ranges.sh [pytest arguments]
 #
-# Builds the virtualenv if needed, then runs buf lint, ruff, mypy and pytest. Database tests
+# Builds the virtualenv if needed, then runs buf lint, ruff, lint-imports, mypy and pytest. Database tests
 # run on SQLite and, with NEXUSCRM_TIDB_DSN set, on that MySQL-protocol server;
 # NEXUSCRM_TIDB_REQUIRED=1 makes a missing server a failure instead of a skip.
 set -uo pipefail
@@ -19,6 +19,8 @@ step "buf lint"
 "$BIN/buf" lint || exit 1
 step "ruff"
 "$BIN/ruff" check . && "$BIN/ruff" format --check . || exit 1
+step "lint-imports (the package graph: docs/decisions/103-package-graph-enforced.md)"
+"$BIN/lint-imports" || exit 1
 step "mypy"
 "$BIN/mypy" libs services tools tests bench protos/generate.py || exit 1
 

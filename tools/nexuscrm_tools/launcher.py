@@ -132,8 +132,14 @@ def _wait_serving(service: ServiceProcess) -> None:
         time.sleep(0.1)
 
 
-def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -> ServiceProcess:
-    """Start one service on port 0 with ``env`` added to this process's environment."""
+def start_service(
+    spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path, python: str = sys.executable
+) -> ServiceProcess:
+    """Start one service on port 0 with ``env`` added to this process's environment.
+
+    ``python`` is the interpreter that runs it: this one by default, or the interpreter of an
+    environment that holds only the service's own installation (tests/architecture).
+    """
     port_file = workdir / f"{spec.name}.port"
     port_file.unlink(missing_ok=True)
     for stale in workdir.glob(f"{spec.name}.*.port"):  # side ports of an earlier run
@@ -149,7 +155,7 @@ def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -
         # A session of its own: Ctrl-C in a terminal reaches only the launcher, which then stops
         # the services in order (the worker host drains while Connectors still answers).
         process = subprocess.Popen(
-            [sys.executable, "-m", spec.module],
+            [python, "-m", spec.module],
             env=child_env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -159,17 +165,25 @@ def start_service(spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path) -
     return ServiceProcess(spec=spec, process=process, port=port, log_path=log_path, tls=TlsFiles.from_env(child_env))
 
 
-def start_services(specs: Sequence[ServiceSpec], *, env: Mapping[str, str], workdir: Path) -> list[ServiceProcess]:
+def start_services(
+    specs: Sequence[ServiceSpec],
+    *,
+    env: Mapping[str, str],
+    workdir: Path,
+    interpreters: Mapping[str, str] | None = None,
+) -> list[ServiceProcess]:
     """Start ``specs`` in order, each healthy before the next.
 
     Each service gets the addresses of those started before it (``NEXUSCRM_<NAME>_TARGET``,
-    see ``target_env``) on top of ``env``. On failure, stops what started and raises.
+    see ``target_env``) on top of ``env``. ``interpreters`` maps a service's name to the Python
+    that runs it (default: this one). On failure, stops what started and raises.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     started: list[ServiceProcess] = []
     try:
         for spec in specs:
-            service = start_service(spec, env={**env, **target_env(started)}, workdir=workdir)
+            python = (interpreters or {}).get(spec.name, sys.executable)
+            service = start_service(spec, env={**env, **target_env(started)}, workdir=workdir, python=python)
             started.append(service)
             _wait_serving(service)
     except BaseException:
