@@ -38,6 +38,11 @@ RETRY_BUDGET = 10.0  # seconds from the first attempt after which a conflict is 
 RETRY_BASE_DELAY = 0.01  # seconds: the ceiling of the first backoff, doubled per retry
 RETRY_MAX_DELAY = 0.5  # seconds: the largest ceiling of one backoff (mean sleep at the cap 0.25 s)
 
+FOLLOW_UP_FAILURES = Counter(
+    "nexuscrm_follow_up_failures_total",
+    "Steps after a committed transaction that failed and were left to their backstop, by transaction name.",
+    ["transaction"],
+)
 CONFLICTS = Counter(
     "nexuscrm_transaction_conflicts_total",
     "Transactions that conflicted with concurrent ones, by transaction name and what followed (retried, exhausted).",
@@ -253,3 +258,21 @@ def run_transaction(
                 delay,
             )
             policy.sleep(delay)
+
+
+def follow_up(name: str, action: Callable[[], object]) -> None:
+    """Run a step that follows the committed transaction ``name``; its failure never reaches the caller.
+
+    The answer of a call must never hide committed work: once the transaction committed, the
+    caller gets its outcome even if a later step (counting metrics, waking claimers, a
+    cache) fails. Such a step must have a backstop that finishes it afterwards (claims poll,
+    the materializer's next pass); its failure is logged with its traceback and counted
+    (``nexuscrm_follow_up_failures_total``). The fault point ``<name>:follow_up`` lets tests
+    fail it.
+    """
+    try:
+        fault_point(f"{name}:follow_up")
+        action()
+    except Exception:
+        FOLLOW_UP_FAILURES.labels(name).inc()
+        log.exception("a step after the committed %s transaction failed; its backstop finishes it", name)
