@@ -77,9 +77,9 @@ def test_retries_are_bounded_by_total_time_not_by_a_count(engine: sa.Engine) -> 
 def test_a_longer_budget_allows_more_retries_and_a_zero_budget_none(engine: sa.Engine) -> None:
     for budget, expected_calls in [(0.0, 1), (0.02, 2), (1.0, 7)]:  # 1.0: six sleeps 0.01..0.32 fit
         time = FakeTime()
-        calls = []
+        calls: list[int] = []
 
-        def work(connection: sa.Connection) -> None:
+        def work(connection: sa.Connection, calls: list[int] = calls) -> None:
             calls.append(1)
             raise driver_error(1213, "Deadlock found")
 
