@@ -22,7 +22,7 @@ from nexuscrm_connectors.errors import LegacyRefused
 from nexuscrm_connectors.legacy import LegacyRuntime
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import fences, lifecycle
-from nexuscrm_runtime import database
+from nexuscrm_runtime import database, faults
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
@@ -39,7 +39,7 @@ class Gate:
         self._release: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self.attempts: dict[str, int] = {}
-        real = database.fault_point
+        real = faults.fault_point
 
         def point(name: str) -> None:
             transaction, _, phase = name.rpartition(":")
@@ -119,10 +119,11 @@ def test_an_admission_cannot_commit_after_a_fence_change_it_did_not_see(
     gate.hold(name)
     gate.hold("admission")
 
-    def fence_change() -> object:
+    def fence_change() -> None:
         if override_of is None:
-            return fences.arm_fence(engines[0], "acme")
-        return fences.remove_override(engines[0], override_of, pack)
+            fences.arm_fence(engines[0], "acme")
+        else:
+            fences.remove_override(engines[0], override_of, pack)
 
     changed = gate.run(name, fence_change)  # node 1: written, not committed
     admitted = gate.run("admission", lambda: Connectors(engines[1]).ingest(pack, items=[delivery(lane="a")]))
