@@ -68,7 +68,11 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
         before = {name: row_checksums(connection, name, columns) for name, columns in v1_columns.items()}
     assert sum(len(rows) for rows in before.values()) == 5
 
-    assert migrations.apply_schema(empty_engine) == (1, 3, ["v2_projection_input_ranges", "v3_successor_links"])
+    assert migrations.apply_schema(empty_engine) == (
+        1,
+        4,
+        ["v2_projection_input_ranges", "v3_successor_links", "v4_pack_control_version"],
+    )
 
     with empty_engine.connect() as connection:
         after = {name: row_checksums(connection, name, columns) for name, columns in v1_columns.items()}
@@ -86,12 +90,18 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
     assert set(verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)) == set(tables.metadata.tables)
     migrations.apply_schema(empty_engine, 1)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+        "PackInstall.ControlVersion",
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
         "_System_ConnectorProjectionProtocol",
     ]
     migrations.apply_schema(empty_engine, 2)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["WorkItem.SuccessorWorkId"]
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+        "PackInstall.ControlVersion",
+        "WorkItem.SuccessorWorkId",
+    ]
+    migrations.apply_schema(empty_engine, 3)
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["PackInstall.ControlVersion"]
     migrations.apply_schema(empty_engine)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == []
 
@@ -121,8 +131,9 @@ def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
         "v1_pre_upgrade_schema",
         "v2_projection_input_ranges",
         "v3_successor_links",
+        "v4_pack_control_version",
     ]
     described = verification.describe_schema(empty_engine)
-    assert migrations.apply_schema(empty_engine) == (3, 3, [])
+    assert migrations.apply_schema(empty_engine) == (4, 4, [])
     assert verification.describe_schema(empty_engine) == described
-    assert described.version == described.newest_version == 3
+    assert described.version == described.newest_version == 4

@@ -237,15 +237,19 @@ def test_replay_starts_with_its_event_and_absorbs_later_inputs(engine: sa.Engine
 def test_crash_after_admission_commit(
     engine: sa.Engine, connectors: Connectors, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Receipts are written confirmed in the admission transaction: a crash after its commit leaves all facts."""
+    """Receipts are written confirmed in the admission transaction: a failure after its commit leaves all facts.
+
+    The failing step after the commit is not the caller's failure either: the answer carries
+    the committed outcome (decision 107).
+    """
     pack = install_pack(engine)
 
     def crash(*_args: object) -> None:
-        raise ConnectionError("process died right after the admission commit")
+        raise ConnectionError("a step right after the admission commit failed")
 
     monkeypatch.setattr(admission.NewestGenerations, "record", crash)
-    with pytest.raises(ConnectionError):
-        connectors.ingest(pack, items=[delivery("r-crash")])
+    [answered] = connectors.ingest(pack, items=[delivery("r-crash")])
+    assert answered.outcome is Outcome.ADMITTED and answered.enqueue_ordinal == 1
     monkeypatch.undo()
     with engine.connect() as connection:
         state, payload = connection.execute(sa.select(IngressReceipt.c.State, IngressReceipt.c.Payload)).one()

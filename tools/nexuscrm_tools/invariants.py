@@ -70,7 +70,8 @@ def bounds_violations(before: dict[str, Bounds], after: dict[str, Bounds]) -> li
 def check_invariants(engine: sa.Engine) -> list[str]:
     """Every violation of M, O, B, D, X and P visible in the final database."""
     with engine.connect() as connection:
-        packs = {r.PackInstallId: r.LastOrdinal for r in connection.execute(sa.select(PackInstall))}
+        counters = sa.select(PackInstall.c.PackInstallId, PackInstall.c.LastOrdinal)
+        packs = {r.PackInstallId: r.LastOrdinal for r in connection.execute(counters)}
         cutoffs = {
             r.PackInstallId: r.LegacyMaxOrdinal for r in connection.execute(sa.select(ConnectorProjectionProtocol))
         }

@@ -8,6 +8,7 @@ needed there). Engines hide bound parameters so payloads never reach error text.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from prometheus_client import Counter
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
@@ -27,9 +29,25 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # milliseconds a writer waits for the file lock
-RETRY_ATTEMPTS = 8
-RETRY_BASE_DELAY = 0.01  # seconds; doubled per attempt, with full jitter
-RETRY_MAX_DELAY = 0.5  # seconds
+# Conflict retries (``RetryPolicy``), sized for multi-writer contention: on a multi-primary
+# engine (Galera) writers on different nodes abort each other at commit on their shared hot
+# rows (a pack's PackInstall counter, a generation's row), so a fixed handful of attempts is
+# used up by a burst. Full jitter spreads the retries of the writers that collided; the
+# budget, not a count, bounds the whole call (TiDB's rule: retried transactions are bounded).
+RETRY_BUDGET = 10.0  # seconds from the first attempt after which a conflict is no longer retried
+RETRY_BASE_DELAY = 0.01  # seconds: the ceiling of the first backoff, doubled per retry
+RETRY_MAX_DELAY = 0.5  # seconds: the largest ceiling of one backoff (mean sleep at the cap 0.25 s)
+
+FOLLOW_UP_FAILURES = Counter(
+    "nexuscrm_follow_up_failures_total",
+    "Steps after a committed transaction that failed and were left to their backstop, by transaction name.",
+    ["transaction"],
+)
+CONFLICTS = Counter(
+    "nexuscrm_transaction_conflicts_total",
+    "Transactions that conflicted with concurrent ones, by transaction name and what followed (retried, exhausted).",
+    ["transaction", "outcome"],
+)
 
 # Errors after which the whole transaction may run again: MySQL deadlock (1213) and lock wait
 # timeout (1205, after which MySQL keeps the transaction open, so we roll back first), TiDB
@@ -155,16 +173,59 @@ def is_unavailable(error: BaseException) -> bool:
     return bool(error.connection_invalidated) or mysql_error_code(error) in UNAVAILABLE_MYSQL_CODES
 
 
-def run_transaction(engine: Engine, work: Callable[[Connection], T], *, name: str) -> T:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How ``run_transaction`` retries conflicts: full-jitter exponential backoff within a time budget.
+
+    The sleep before retry n (1-based) is uniform in [0, min(``max_delay``, ``base_delay`` *
+    2**(n-1))]. A retry is made only if it would start (after its sleep) less than ``budget``
+    seconds after the first attempt started; otherwise the conflict is final. There is no
+    attempt count: a burst of conflicts among a few writers is outlasted, a call never runs
+    much past its budget, and a transaction that alone takes longer than the budget is not
+    retried. ``clock`` (seconds, monotonic), ``sleep`` and ``jitter`` are injectable for tests.
+    """
+
+    budget: float = RETRY_BUDGET  # seconds
+    base_delay: float = RETRY_BASE_DELAY  # seconds
+    max_delay: float = RETRY_MAX_DELAY  # seconds
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[float, float], float] = random.uniform
+
+    def __post_init__(self) -> None:
+        if self.budget < 0 or self.base_delay < 0 or self.max_delay < self.base_delay:
+            raise ValueError("RetryPolicy needs budget >= 0 and 0 <= base_delay <= max_delay (seconds)")
+
+    def delay(self, retry: int, started: float) -> float | None:
+        """The sleep before retry ``retry`` (1-based) of a call that started at ``started``; None: give up."""
+        ceiling = min(self.max_delay, self.base_delay * 2 ** min(retry - 1, 62))
+        delay = self.jitter(0.0, ceiling)
+        if self.clock() + delay - started >= self.budget:
+            return None
+        return delay
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def run_transaction(
+    engine: Engine, work: Callable[[Connection], T], *, name: str, retry: RetryPolicy | None = None
+) -> T:
     """Run ``work`` in one transaction, retrying conflicts as whole transactions.
 
-    Deadlocks, lock-wait timeouts and TiDB write conflicts are retried up to
-    ``RETRY_ATTEMPTS`` times with jittered exponential backoff, each retry logged; then
-    ``TransactionConflict``. A lost connection raises ``DatabaseUnavailable``: whether a
+    Deadlocks, lock-wait timeouts, Galera certification failures (reported as deadlocks) and
+    TiDB write conflicts are retried under ``retry`` (default ``DEFAULT_RETRY``: jittered
+    exponential backoff within ``RETRY_BUDGET`` seconds), each retry logged and counted
+    (``nexuscrm_transaction_conflicts_total``); then ``TransactionConflict``, and nothing
+    of ``work`` committed. A lost connection raises ``DatabaseUnavailable``: whether a
     commit applied is then unknown, so only the caller (retrying an idempotent request) can
     resolve it. ``work`` must be safe to run again: it may only touch the database.
     """
-    for attempt in range(1, RETRY_ATTEMPTS + 1):
+    policy = retry or DEFAULT_RETRY
+    started = policy.clock()
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             with engine.begin() as connection:
                 result = work(connection)
@@ -178,18 +239,40 @@ def run_transaction(engine: Engine, work: Callable[[Connection], T], *, name: st
                 raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
             if not is_retryable(error):
                 raise
-            if attempt == RETRY_ATTEMPTS:
+            delay = policy.delay(attempt, started)
+            if delay is None:
+                CONFLICTS.labels(name, "exhausted").inc()
                 raise TransactionConflict(
-                    f"{name} conflicted with concurrent transactions {attempt} times; retry the request"
+                    f"{name} conflicted with concurrent transactions {attempt} times in "
+                    f"{policy.clock() - started:.1f}s (retry budget {policy.budget:g}s); nothing was "
+                    "committed, retry the request"
                 ) from error
-            delay = random.uniform(0, min(RETRY_MAX_DELAY, RETRY_BASE_DELAY * 2**attempt))
+            CONFLICTS.labels(name, "retried").inc()
             log.warning(
-                "retrying %s after %s (attempt %d of %d, sleeping %.3fs)",
+                "retrying %s after %s (attempt %d, %.3fs of a %gs budget used, sleeping %.3fs)",
                 name,
                 type(error.orig).__name__,
                 attempt,
-                RETRY_ATTEMPTS,
+                policy.clock() - started,
+                policy.budget,
                 delay,
             )
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+            policy.sleep(delay)
+
+
+def follow_up(name: str, action: Callable[[], object]) -> None:
+    """Run a step that follows the committed transaction ``name``; its failure never reaches the caller.
+
+    The answer of a call must never hide committed work: once the transaction committed, the
+    caller gets its outcome even if a later step (counting metrics, waking claimers, a
+    cache) fails. Such a step must have a backstop that finishes it afterwards (claims poll,
+    the materializer's next pass); its failure is logged with its traceback and counted
+    (``nexuscrm_follow_up_failures_total``). The fault point ``<name>:follow_up`` lets tests
+    fail it.
+    """
+    try:
+        fault_point(f"{name}:follow_up")
+        action()
+    except Exception:
+        FOLLOW_UP_FAILURES.labels(name).inc()
+        log.exception("a step after the committed %s transaction failed; its backstop finishes it", name)

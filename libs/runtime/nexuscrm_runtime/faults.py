@@ -2,7 +2,9 @@
 
 A test sets ``NEXUSCRM_FAULTS`` to ``name:phase=action[,...]`` where name is a transaction
 name given to ``run_transaction`` ("admission", "claim", "complete", ...), phase is
-``before_commit`` or ``after_commit``, and action is ``kill`` (SIGKILL this process: the
+``before_commit`` or ``after_commit`` (inside ``run_transaction``), or ``follow_up`` (a
+step after the commit, run by ``database.follow_up``, whose failure the caller never
+sees), and action is ``kill`` (SIGKILL this process: the
 crash a test wants to survive) or ``raise`` (an ``InjectedFault``, which callers see as
 UNAVAILABLE: the outcome is unknown to them, as after a lost connection). Each point
 fires once per process unless the action ends in ``*`` (``kill*``: every time). Nothing

@@ -52,6 +52,13 @@ PackInstall = sa.Table(
     # When the pack's execution became driven by WorkItems alone (the prior v2 handoff).
     sa.Column("WorkItemHandoffAt", Timestamp(), nullable=True),
     sa.Column("CreatedAt", Timestamp(), nullable=False),
+    # Added by schema v4. Counts the Controlplane changes an admission decides from: arming or
+    # disarming a fence that covers the pack, adding or removing its override, writing its
+    # protocol row. Each bumps it, so the change writes the row every admission that allocates
+    # ordinals writes (LastOrdinal): on a multi-primary engine the two conflict at commit
+    # instead of an admission committing on a stale fence or protocol read (decision 107).
+    # NULL until the first change (rows of schema v3).
+    sa.Column("ControlVersion", sa.BigInteger, nullable=True),
     # Lists the packs of a namespace (fences, drain, dashboards).
     sa.Index("ix_packinstall_namespace", "Namespace"),
     **MYSQL_TABLE_OPTIONS,

@@ -34,7 +34,7 @@ from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock
-from nexuscrm_runtime.database import run_transaction
+from nexuscrm_runtime.database import follow_up, run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
 from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import DomainError
@@ -195,8 +195,9 @@ def admit(
         lambda connection: _admission(connection, settings, newest, pack_install_id, deliveries, now),
         name="admission",
     )
-    if admitted.ordinals:
-        newest.record(pack_install_id, admitted.ordinals[0] - 1, admitted.ordinals[-1], admitted.newest)
+    if admitted.ordinals:  # committed: a failure here only costs the next admission its seeks
+        ordinals = admitted.ordinals
+        follow_up("admission", lambda: newest.record(pack_install_id, ordinals[0] - 1, ordinals[-1], admitted.newest))
     return admitted.results
 
 
@@ -478,7 +479,10 @@ def materialize(engine: Engine, settings: Settings, clock: Clock, limit: int = 5
     """Admit stored, unconfirmed receipts (left by a fence or a crash); return how many were acknowledged.
 
     Each pack with such receipts gets its oldest ``limit`` admitted in one batch, so a pack
-    that stays fenced never starves the others. Packs without a protocol row are skipped.
+    that stays fenced never starves the others. Packs without a protocol row are skipped, and
+    so is a pack whose admission fails (a conflict that outlasted its retries, the database
+    away): it is logged and retried by the next pass, and the packs admitted already are
+    still counted.
     """
     with engine.connect() as connection:
         pack_ids = queries.receipt_packs_stored(connection)
@@ -503,6 +507,9 @@ def materialize(engine: Engine, settings: Settings, clock: Clock, limit: int = 5
             results = admit(engine, settings, clock, pack_install_id, deliveries)
         except ProtocolMissing as error:
             log.warning("materializer skipped pack %s: %s", pack_install_id, error)
+            continue
+        except DomainError as error:  # nothing of this pack committed; the next pass tries again
+            log.warning("materializer could not admit pack %s this pass: %s", pack_install_id, error)
             continue
         acknowledged += sum(1 for r in results.values() if r.outcome in ACKNOWLEDGED_OUTCOMES)
     return acknowledged

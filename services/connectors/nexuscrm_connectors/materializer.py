@@ -41,10 +41,10 @@ class Materializer:
                 admitted = self._connectors.materialize()
             except DomainError as error:  # the database may be away; try again next pass
                 log.warning("materializer pass failed: %s", error)
-                continue
-            if admitted:
-                log.info("materializer acknowledged %d stored receipts", admitted)
-            try:
+            else:
+                if admitted:
+                    log.info("materializer acknowledged %d stored receipts", admitted)
+            try:  # the sweep runs even when admission failed: it is the liveness backstop
                 self._connectors.heal_stranded()
             except DomainError as error:
                 log.warning("stranded-generation sweep failed: %s", error)

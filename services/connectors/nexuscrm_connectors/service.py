@@ -3,7 +3,10 @@
 The servicer and in-process workers call this class; it only binds the engine, settings
 and clock to the modules that own each operation, counts what they return
 (``nexuscrm_connectors.metrics``), and wakes waiting claims when an operation may have made
-work claimable (``nexuscrm_connectors.claimers``).
+work claimable (``nexuscrm_connectors.claimers``). Counting and waking follow a committed
+transaction (``database.follow_up``): their failure is logged, never the caller's answer,
+so an answer never hides committed work; waiting claims poll anyway
+(``settings.claim_poll_ms``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from nexuscrm_connectors import admission, inspection, leases, liveness, metrics
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.database import follow_up
 from workqueue import WorkStatus
 from workqueue.values import (
     Claim,
@@ -51,31 +55,31 @@ class Connectors:
     def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
         results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
-        metrics.record_ingest(results)
+        follow_up("admission", lambda: metrics.record_ingest(results))
         if any(result.outcome is Outcome.ADMITTED for result in results):
-            self.claimers.notify()
+            follow_up("admission", self.claimers.notify)
         return results
 
     def materialize(self, limit: int = 500) -> int:
         """See ``admission.materialize``."""
         admitted = admission.materialize(self.engine, self.settings, self.clock, limit)
         if admitted:
-            self.claimers.notify()
+            follow_up("admission", self.claimers.notify)
         return admitted
 
     def heal_stranded(self) -> int:
         """One pass of ``liveness.StrandedSweep``, counted by ``nexuscrm_stranded_generations_healed_total``."""
         healed = self.stranded.run(self.engine, self.clock)
         if healed:
-            metrics.STRANDED_HEALED.inc(healed)
-            self.claimers.notify()
+            follow_up("heal stranded", lambda: metrics.STRANDED_HEALED.inc(healed))
+            follow_up("heal stranded", self.claimers.notify)
         return healed
 
     def replay(self, work_id: str) -> ReplayResult:
         """See ``replay.replay``."""
         replayed = replay.replay(self.engine, self.settings, self.clock, work_id)
-        metrics.GENERATIONS_CREATED.labels("replay").inc()
-        self.claimers.notify()
+        follow_up("replay", metrics.GENERATIONS_CREATED.labels("replay").inc)
+        follow_up("replay", self.claimers.notify)
         return replayed
 
     def claim(
@@ -101,7 +105,7 @@ class Connectors:
             lease_seconds=lease_seconds(lease),
             wait=wait,
         )
-        metrics.record_claim(batch)
+        follow_up("claim", lambda: metrics.record_claim(batch))  # the leases are the caller's: never lose them
         return batch.claims
 
     def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
@@ -117,16 +121,16 @@ class Connectors:
     def complete(self, work_id: str, *, lease_token: str) -> WorkItemRow:
         """See ``leases.complete``."""
         work = leases.complete(self.engine, self.clock, work_id, lease_token)
-        metrics.record_finish(work)
-        self.claimers.notify()  # its successor may have become claimable
+        follow_up("complete", lambda: metrics.record_finish(work))
+        follow_up("complete", self.claimers.notify)  # its successor may have become claimable
         return work
 
     def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
         """See ``leases.fail``."""
         work = leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
-        metrics.record_finish(work, retryable=retryable)
+        follow_up("fail", lambda: metrics.record_finish(work, retryable=retryable))
         if work.status is WorkStatus.FAILED:
-            self.claimers.notify()  # its successor may have become claimable
+            follow_up("fail", self.claimers.notify)  # its successor may have become claimable
         return work
 
     def get_work(self, work_id: str) -> WorkDescription:

@@ -7,7 +7,11 @@ removed or expires. Connectors evaluates fences inside its admission transaction
 arriving durably while fenced.
 
 Changes to a fence's overrides and disarming lock the fence row first, so they serialize with
-the cutover, which locks the namespace-wide fences while it checks them.
+the cutover, which locks the namespace-wide fences while it checks them. Every change also
+bumps ``PackInstall.ControlVersion`` of the packs it covers (the whole namespace for a ``*``
+fence, else the one pack): admission writes those rows too, so on a multi-primary engine an
+admission that read the fences before a change committed cannot commit after it (decision
+107). Arming and disarming a namespace fence write every pack row of the namespace.
 """
 
 from __future__ import annotations
@@ -137,6 +141,14 @@ def _fence_locked(connection: Connection, fence_id: str) -> Any:
     return row
 
 
+def _covered(connection: Connection, namespace: str, scope: str) -> None:
+    """Bump the ControlVersion of the packs a fence of ``scope`` covers (decision 107)."""
+    if scope == NAMESPACE_SCOPE:
+        queries.packs_control_version_bump(connection, namespace=namespace)
+    else:
+        queries.packs_control_version_bump(connection, pack_install_ids=[scope])
+
+
 def _fence_reread(connection: Connection, fence_id: str) -> FenceRow:
     row = queries.fence_get(connection, fence_id)
     assert row is not None  # locked or written in this transaction
@@ -183,6 +195,7 @@ def arm_fence(
                 "CreatedAt": now,
             },
         )
+        _covered(connection, namespace, scope)
         return _fence_reread(connection, fence_id)
 
     return run_transaction(engine, arm, name="arm fence")
@@ -195,10 +208,11 @@ def disarm_fence(engine: Engine, fence_id: str) -> None:
     """
 
     def disarm(connection: Connection) -> None:
-        _fence_locked(connection, fence_id)
+        fence = _fence_locked(connection, fence_id)
         queries.override_delete(connection, fence_id)
         if queries.fence_delete(connection, fence_id) != 1:
             raise UnknownFence(f"fence {fence_id!r} was removed concurrently", field="fence_id")
+        _covered(connection, fence.Namespace, fence.Scope)
 
     run_transaction(engine, disarm, name="disarm fence")
 
@@ -233,6 +247,7 @@ def add_override(
             connection,
             {"FenceId": fence_id, "PackInstallId": pack_install_id, "ExpiresAt": expires_at, "CreatedAt": now},
         )
+        queries.packs_control_version_bump(connection, pack_install_ids=[pack.pack_install_id])
         return _fence_reread(connection, fence_id)
 
     return run_transaction(engine, add, name="add fence override")
@@ -246,5 +261,6 @@ def remove_override(engine: Engine, fence_id: str, pack_install_id: str) -> None
         _fence_locked(connection, fence_id)
         if queries.override_delete(connection, fence_id, pack_install_id) != 1:
             raise UnknownFence(f"fence {fence_id!r} has no override for {pack_install_id}", field="pack_install_id")
+        queries.packs_control_version_bump(connection, pack_install_ids=[pack_install_id])
 
     run_transaction(engine, remove, name="remove fence override")

@@ -152,6 +152,11 @@ def protocol_write(
     Callers hold the pack lock, so a competing insert is not expected; should one commit
     anyway, the primary key refuses ours and the winner's row is returned unchanged, inside a
     savepoint so the caller's transaction survives. The cutoff is never advanced.
+
+    A written row also bumps the pack's ``ControlVersion``: the cutoff is the pack's
+    LastOrdinal as this transaction read it, and every admission that allocates an ordinal
+    (the legacy runtime's included) writes that row, so on a multi-primary engine an
+    admission that read no protocol row cannot commit beside it (decision 107).
     """
     existing = protocol_read(connection, pack_install_id)
     if existing is not None:
@@ -174,6 +179,8 @@ def protocol_write(
         if winner is None:
             raise
         return winner, False
+    if queries.packs_control_version_bump(connection, pack_install_ids=[pack_install_id]) != 1:
+        raise RuntimeError(f"pack {pack_install_id} changed under its row lock")
     written = protocol_read(connection, pack_install_id)
     assert written is not None  # inserted in this transaction
     return written, True

@@ -55,12 +55,44 @@ def pack_insert(connection: Connection, row: dict[str, Any]) -> None:
     connection.execute(sa.insert(PackInstall).values(**row))
 
 
+# What ``PackInstallRow`` reads: named, so a pre-upgrade database (no ControlVersion) can be
+# read and refused with findings instead of failing on a missing column.
+_PACK_COLUMNS = tuple(PackInstall.c[name] for name in ("PackInstallId", "Namespace", "PackName", "PackVersion"))
+_PACK_COLUMNS += (PackInstall.c.LastOrdinal, PackInstall.c.WorkItemHandoffAt, PackInstall.c.CreatedAt)
+
+
 def pack_get(connection: Connection, pack_install_id: str, *, lock: bool = False) -> DbRow | None:
     """One PackInstall row by primary key; ``lock`` takes its row lock (the pack lock)."""
-    statement = sa.select(PackInstall).where(PackInstall.c.PackInstallId == pack_install_id)
+    statement = sa.select(*_PACK_COLUMNS).where(PackInstall.c.PackInstallId == pack_install_id)
     if lock:
         statement = statement.with_for_update()
     return connection.execute(statement).first()
+
+
+def packs_control_version_bump(
+    connection: Connection, *, namespace: str | None = None, pack_install_ids: Sequence[str] | None = None
+) -> int:
+    """Bump ``PackInstall.ControlVersion`` of a namespace's packs, or of ``pack_install_ids``.
+
+    Every Controlplane change that an admission decides from (a fence, an override, a
+    protocol row) runs this in its own transaction: a real change of each pack row it
+    covers, the row every admission that allocates ordinals writes too (LastOrdinal). On a
+    multi-primary engine the two then conflict at commit, so an admission cannot commit on a
+    fence or protocol read that a committed change has made stale (decision 107); on one
+    server the row locks order them. Primary-key lookups for named packs,
+    ix_packinstall_namespace for a namespace. Returns the row count.
+    """
+    if (namespace is None) == (pack_install_ids is None):
+        raise ValueError("name a namespace or packs, not both")
+    if pack_install_ids is not None:
+        if not pack_install_ids:
+            return 0
+        statement = sa.update(PackInstall).where(PackInstall.c.PackInstallId.in_(list(pack_install_ids)))
+    else:
+        statement = sa.update(PackInstall).where(PackInstall.c.Namespace == namespace)
+    return connection.execute(
+        statement.values(ControlVersion=sa.func.coalesce(PackInstall.c.ControlVersion, 0) + 1)
+    ).rowcount
 
 
 def pack_history_exists(connection: Connection, pack_install_id: str) -> bool:
