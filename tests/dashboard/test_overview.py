@@ -157,6 +157,44 @@ def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine
     assert_invariants(engine)
 
 
+def stranded_shown(engine: sa.Engine, pack: str) -> tuple[int, float | None]:
+    """The pack card's "stranded now" and the collector's gauge for the pack."""
+    [card] = [c for c in overview.packs_overview(engine, FakeClock())["packs"] if c["pack_install_id"] == pack]
+    gauge = [
+        s.value
+        for family in QueueCollector(engine).collect()
+        for s in family.samples
+        if s.name == "nexuscrm_generations_stranded" and s.labels == {"pack": pack}
+    ]
+    return card["queue"]["stranded"], gauge[0] if gauge else None
+
+
+def test_stranded_generations_show_on_the_card_and_gauge_until_the_sweep_heals_them(engine: sa.Engine) -> None:
+    """Issue 14 item 3: a successor blocked behind a terminal predecessor is "stranded now" until healed.
+
+    The write skew of a multi-primary engine (decision 106) is played by hand: the predecessor
+    is made terminal by a statement that does not unblock its successor.
+    """
+    pack = install_pack(engine)
+    facade = Connectors(engine)
+    facade.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
+    claims = {lane_of(c.work.projection_key): c for c in facade.claim("w", pack_install_ids=[pack], max_items=2)}
+    facade.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])  # two successors, blocked
+    assert stranded_shown(engine, pack) == (0, 0)  # blocked behind running work is not stranded
+    with engine.begin() as connection:
+        connection.execute(
+            sa.update(WorkItem)
+            .where(WorkItem.c.WorkId == claims["a"].work.work_id)
+            .values(Status="completed", FinishedAt=WorkItem.c.LeaseExpiresAt)
+        )
+    assert stranded_shown(engine, pack) == (1, 1)
+    facade.complete(claims["b"].work.work_id, lease_token=claims["b"].lease_token)  # unblocks its successor itself
+    assert stranded_shown(engine, pack) == (1, 1)
+    assert facade.heal_stranded() == 1
+    assert stranded_shown(engine, pack) == (0, 0)
+    assert_invariants(engine)
+
+
 def _get(port: int, path: str) -> tuple[int, Any]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:

@@ -9,10 +9,12 @@ database-restart test share this load; ``NEXUSCRM_RELIABILITY_FULL=1`` scales it
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,7 +56,17 @@ def loaded_ordinals(connectors: ConnectorsClient, key: tuple[str, str]) -> list[
 
 
 class Workload:
-    """One seeded run of clients and workers on a new pack, recorded in ``history``."""
+    """One seeded run of clients and workers on a new pack, recorded in ``history``.
+
+    A subclass may change the counts, bound the clients' delivery in time
+    (``ingest_seconds``: no new batch after it, the batch in hand is still retried until
+    acknowledged) and choose which service each client and worker talks to (``connect``).
+    """
+
+    clients = CLIENTS
+    workers = WORKERS
+    receipts_per_client = RECEIPTS_PER_CLIENT
+    ingest_seconds: float | None = None  # seconds; None: every batch is delivered
 
     def __init__(self, cluster: ConnectorsCluster, seed: int) -> None:
         self.cluster = cluster
@@ -74,7 +86,7 @@ class Workload:
                 route=route(f"lane-{rng.randrange(LANES)}"),
                 payload=f"seed {self.seed} client {client} input {n}".encode(),
             )
-            for n in range(RECEIPTS_PER_CLIENT)
+            for n in range(self.receipts_per_client)
         ]
         batches = []
         while items:
@@ -95,10 +107,17 @@ class Workload:
 
         return threading.Thread(target=run, daemon=True)
 
+    def connect(self, role: str, n: int) -> contextlib.AbstractContextManager[ConnectorsClient]:
+        """The client that ingest client or worker ``n`` (``role``) calls through: the cluster's one service."""
+        return self.cluster.client()
+
     def ingest_client(self, client: int) -> None:
         """Deliver every batch; retry the unacknowledged receipts of a batch until all are acknowledged."""
-        with self.cluster.client() as connectors:
+        until = None if self.ingest_seconds is None else time.monotonic() + self.ingest_seconds
+        with self.connect("client", client) as connectors:
             for batch in self.batches(client):
+                if until is not None and time.monotonic() > until:
+                    return
                 waiting = {item.receipt_key: item for item in batch}
                 while waiting and not self.stop.is_set():
                     items = list(waiting.values())
@@ -119,7 +138,7 @@ class Workload:
         """Claim, load and finish until the clients are done and nothing is left to run."""
         rng = random.Random(f"{self.seed}-worker-{n}")
         name = f"worker-{n}"
-        with self.cluster.client() as connectors:
+        with self.connect("worker", n) as connectors:
             while not self.stop.is_set() and not (self.clients_done.is_set() and self.drained()):
                 op = self.history.call(
                     name,
@@ -173,8 +192,8 @@ class Workload:
 
     def run(self, others: Sequence[threading.Thread]) -> None:
         """Run clients, workers and ``others`` (which end once ``clients_done`` is set) until drained."""
-        clients = [self.guarded(self.ingest_client, n) for n in range(CLIENTS)]
-        workers = [self.guarded(self.worker, n) for n in range(WORKERS)]
+        clients = [self.guarded(self.ingest_client, n) for n in range(self.clients)]
+        workers = [self.guarded(self.worker, n) for n in range(self.workers)]
         for thread in [*clients, *workers, *others]:
             thread.start()
         for thread in clients:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class QueueCollector(Collector):
-    """Queue depth per pack and state, oldest unclaimed generation age, end-to-end lag and more."""
+    """Queue depth per pack and state, oldest unclaimed generation age, end-to-end lag, stranded work and more."""
 
     def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
         self._engine = engine
@@ -46,6 +46,12 @@ class QueueCollector(Collector):
         expired = GaugeMetricFamily(
             "nexuscrm_leases_expired", "Processing generations whose lease expired, not reclaimed yet.", labels=["pack"]
         )
+        stranded = GaugeMetricFamily(
+            "nexuscrm_generations_stranded",
+            f"Blocked generations per pack whose predecessor is terminal or missing, waiting for the "
+            f"Connectors liveness sweep; counted up to {overview.COUNT_CAP}.",
+            labels=["pack"],
+        )
         failed = GaugeMetricFamily(
             "nexuscrm_generations_failed",
             f"Generations per pack that failed for good; counted up to {overview.COUNT_CAP}.",
@@ -68,13 +74,14 @@ class QueueCollector(Collector):
                     oldest.add_metric([pack], stats.oldest_unclaimed_age_seconds or 0.0)
                     lag.add_metric([pack], stats.end_to_end_lag_seconds or 0.0)
                     expired.add_metric([pack], stats.leases_expired)
+                    stranded.add_metric([pack], stats.stranded)
                     failed.add_metric([pack], stats.failed)
                     receipts.add_metric([pack, "stored"], stats.receipts_waiting)
                     receipts.add_metric([pack, "coverage_missing"], stats.receipts_coverage_missing)
         except SQLAlchemyError as error:
             log.warning("queue gauges skipped this scrape: %s", type(error).__name__)
             return
-        yield from (depth, oldest, lag, expired, failed, receipts)
+        yield from (depth, oldest, lag, expired, stranded, failed, receipts)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """Nothing: describing would query the database at registration."""

@@ -52,6 +52,7 @@ class QueueStats:
     end_to_end_lag_seconds: float | None
     oldest_open_ordinal: int | None
     leases_expired: int
+    stranded: int
     failed: int
     receipts_waiting: int
     receipts_coverage_missing: int
@@ -66,7 +67,8 @@ def pack_queue(connection: Connection, pack_install_id: str, now: dt.datetime) -
 
     End-to-end lag is the age of the oldest input that no finished generation has executed
     yet (0 when every input is executed). Receipts waiting are stored and not confirmed:
-    behind a fence, or not materialized yet.
+    behind a fence, or not materialized yet. Stranded generations are blocked behind a
+    terminal or missing predecessor: only the Connectors liveness sweep moves them.
     """
     counts = queries.work_status_counts(connection, pack_install_id, QUEUE_STATES)
     oldest = queries.work_oldest_claimable(connection, pack_install_id)
@@ -78,6 +80,7 @@ def pack_queue(connection: Connection, pack_install_id: str, now: dt.datetime) -
         end_to_end_lag_seconds=0.0 if open_input is None else max(0.0, (now - open_input.CreatedAt).total_seconds()),
         oldest_open_ordinal=None if open_input is None else int(open_input.EnqueueOrdinal),
         leases_expired=queries.work_leases_expired_count(connection, pack_install_id, now),
+        stranded=queries.work_stranded_count_capped(connection, pack_install_id, COUNT_CAP),
         failed=queries.work_status_count_capped(connection, pack_install_id, WorkStatus.FAILED, COUNT_CAP),
         receipts_waiting=queries.receipt_count_capped(connection, pack_install_id, ReceiptState.STORED, COUNT_CAP),
         receipts_coverage_missing=queries.receipt_count_capped(

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection, Row
 
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import WorkStatus
+from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 DbRow = Row[*tuple[Any, ...]]
 
@@ -137,6 +138,49 @@ def work_failed_sample(connection: Connection, pack_install_id: str, limit: int)
             .limit(limit)
         )
     )
+
+
+# The status of a generation's predecessor: the identity's generation with the highest
+# LaneOrdinal below its InputStartOrdinal (one seek of ix_workitem_projection_order); NULL
+# when there is none.
+_PREDECESSOR = WorkItem.alias("Predecessor")
+_PREDECESSOR_STATUS = (
+    sa.select(_PREDECESSOR.c.Status)
+    .where(
+        _PREDECESSOR.c.PackInstallId == WorkItem.c.PackInstallId,
+        _PREDECESSOR.c.ProjectionKey == WorkItem.c.ProjectionKey,
+        _PREDECESSOR.c.LaneOrdinal < WorkItem.c.InputStartOrdinal,
+    )
+    .order_by(_PREDECESSOR.c.LaneOrdinal.desc())
+    .limit(1)
+    .correlate(WorkItem)
+    .scalar_subquery()
+)
+
+
+def work_stranded_count_capped(connection: Connection, pack_install_id: str, cap: int) -> int:
+    """Blocked native generations of a pack whose predecessor is terminal or missing, counted up to ``cap``.
+
+    Nothing will unblock them but the Connectors liveness sweep (``nexuscrm_stranded_generations_healed_total``
+    counts what it healed); a nonzero count that persists means the sweep is not running.
+    Reads the pack's (pack, 'blocked') range of ix_workitem_claim (at most one blocked
+    generation per identity: admission extends an unclaimed one) with one seek of
+    ix_workitem_projection_order per row for its predecessor.
+    """
+    predecessor = _PREDECESSOR_STATUS
+    terminal = [status.value for status in TERMINAL_WORK_STATUSES]
+    limited = (
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status == WorkStatus.BLOCKED,
+            WorkItem.c.InputStartOrdinal.is_not(None),
+            sa.or_(predecessor.is_(None), predecessor.in_(terminal)),
+        )
+        .limit(cap)
+        .subquery()
+    )
+    return int(connection.execute(sa.select(sa.func.count()).select_from(limited)).scalar_one())
 
 
 def receipt_count_capped(connection: Connection, pack_install_id: str, state: str, cap: int) -> int:

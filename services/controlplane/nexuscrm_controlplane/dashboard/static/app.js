@@ -83,6 +83,7 @@ function packCard(pack, cap) {
     stat("lag", "end-to-end lag", age(q.end_to_end_lag_seconds), q.end_to_end_lag_seconds > 60 ? "attention" : ""),
     stat("failed", "failed", capped(q.failed, cap), q.failed ? "alert" : ""),
     stat("leases_expired", "leases expired", q.leases_expired, q.leases_expired ? "attention" : ""),
+    stat("stranded", "stranded now", capped(q.stranded, cap), q.stranded ? "alert" : ""),
     stat("receipts_waiting", "receipts waiting", capped(q.receipts_waiting, cap), q.receipts_waiting ? "attention" : ""),
     stat("coverage_missing", "coverage missing", capped(q.receipts_coverage_missing, cap), q.receipts_coverage_missing ? "alert" : ""),
   ];
