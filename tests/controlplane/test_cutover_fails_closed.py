@@ -23,7 +23,17 @@ from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import Event, PackInstall, WorkItem
 from nexuscrm_tools.exits import ExitCode
 from nexuscrm_tools.runbook import outcome_exit_code
-from tests.controlplane.history import FakeClock, arm, cut, install, items, protocol_rows, route, run_cli, run_old_workers
+from tests.controlplane.history import (
+    FakeClock,
+    arm,
+    cut,
+    install,
+    items,
+    protocol_rows,
+    route,
+    run_cli,
+    run_old_workers,
+)
 from workqueue import EventStatus, WorkStatus
 
 pytestmark = pytest.mark.database
@@ -59,9 +69,7 @@ def set_work_status(engine: sa.Engine, pack: str, lane_ordinal: int, status: Any
         work_id = connection.execute(
             sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack, WorkItem.c.LaneOrdinal == lane_ordinal)
         ).scalar_one()
-        connection.execute(
-            sa.text("UPDATE WorkItem SET Status = :s WHERE WorkId = :w"), {"s": status, "w": work_id}
-        )
+        connection.execute(sa.text("UPDATE WorkItem SET Status = :s WHERE WorkId = :w"), {"s": status, "w": work_id})
     return str(work_id)
 
 
@@ -218,9 +226,7 @@ def test_the_twin_ordinal_zero_with_its_completed_direct_task_passes(
     assert result.report.events_audited == 3
 
 
-@pytest.mark.parametrize(
-    "status", ["Processed", "PROCESSED", "processed ", "", " ", "done", "pending\n"], ids=repr
-)
+@pytest.mark.parametrize("status", ["Processed", "PROCESSED", "processed ", "", " ", "done", "pending\n"], ids=repr)
 def test_an_event_status_that_is_not_exactly_known_is_refused(
     engine: sa.Engine, legacy: LegacyRuntime, clock: FakeClock, status: str
 ) -> None:
@@ -319,9 +325,7 @@ def test_a_work_item_range_above_the_counter_is_refused(
 
 
 @pytest.mark.parametrize("counter", [-1, MIN_BIGINT], ids=["-1", "min_bigint"])
-def test_a_negative_counter_is_refused_even_without_history(
-    engine: sa.Engine, clock: FakeClock, counter: int
-) -> None:
+def test_a_negative_counter_is_refused_even_without_history(engine: sa.Engine, clock: FakeClock, counter: int) -> None:
     pack = install(engine, clock)
     set_last_ordinal(engine, pack, counter)
     arm(engine, clock)

@@ -255,9 +255,7 @@ def audit_responsibility(
     above, above_sample = queries.work_items_above(connection, pack_install_id, legacy_max_ordinal, SAMPLE_LIMIT)
     audit.refuse(Rule.HISTORY_ABOVE_COUNTER, f"WorkItem bounds above {counter}", above, above_sample)
     odd, odd_sample = queries.work_items_unclassifiable(connection, pack_install_id, SAMPLE_LIMIT)
-    audit.refuse(
-        Rule.UNCLASSIFIABLE, "WorkItems with a persisted lower bound or a negative ordinal", odd, odd_sample
-    )
+    audit.refuse(Rule.UNCLASSIFIABLE, "WorkItems with a persisted lower bound or a negative ordinal", odd, odd_sample)
     total = queries.event_identity_count(connection, pack_install_id)
     done = 0
     after: str | None = None  # from the first key, whatever it is ("" included)

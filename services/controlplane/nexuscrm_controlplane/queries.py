@@ -386,7 +386,9 @@ def pack_event_count(connection: Connection, pack_install_id: str) -> int:
     )
 
 
-def work_items_above(connection: Connection, pack_install_id: str, last_ordinal: int, limit: int) -> tuple[int, list[str]]:
+def work_items_above(
+    connection: Connection, pack_install_id: str, last_ordinal: int, limit: int
+) -> tuple[int, list[str]]:
     """Count and sample WorkItems of a pack, of any protocol, with a bound above ``last_ordinal``.
 
     Such a range claims ordinals the counter has not handed out yet. ix_workitem_claim prefix
