@@ -26,8 +26,9 @@ permitted
 Whatever cannot be classified is refused, never assumed fine (docs/decisions/108). Every
 retained Event of the pack is scanned, whatever its ordinal or key, and the number scanned is
 checked against the pack's Event count. This audits retained responsibility, not historical
-exactly-once business effects. The scan is streamed: identities by keyset pages, each identity's Events by keyset pages, so memory
-stays bounded by the page sizes whatever the history's size. Nothing here writes.
+exactly-once business effects. The scan is streamed: identities by keyset pages, each
+identity's Events by keyset pages, so memory stays bounded by the page sizes whatever the
+history's size. Nothing here writes.
 """
 
 from __future__ import annotations

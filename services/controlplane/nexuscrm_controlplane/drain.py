@@ -3,9 +3,10 @@
 Old projection work (WorkItems without InputStartOrdinal) must finish on the old runtime
 before the cutover: every pending, blocked, retry and processing row counts, not only the
 ones holding a lease, and so does every row whose status is not exactly a known one (another
-casing, padding, empty: ``unknown``): only an exactly terminal status proves work finished. The status also names what holds the drain: retries waiting for a
-future attempt time and work blocked on an external dependency (no live predecessor), which
-a bounded drain may not outlast. Nothing here changes a status: the operator decides.
+casing, padding, empty: ``unknown``): only an exactly terminal status proves work finished.
+The status also names what holds the drain: retries waiting for a future attempt time, work
+blocked on an external dependency (no live predecessor), which a bounded drain may not
+outlast, and work in an unknown status, which no drain ends. Nothing here changes a status: the operator decides.
 """
 
 from __future__ import annotations
