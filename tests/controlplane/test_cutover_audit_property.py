@@ -63,7 +63,7 @@ def histories(blob: bool) -> st.SearchStrategy[dict[str, Any]]:
 @st.composite
 def near_clean(draw: st.DrawFn, blob: bool) -> dict[str, Any]:
     """A history the rules accept, then (usually) one row pushed past one rule's boundary."""
-    events: dict[int, tuple[str, str]] = {}
+    events: dict[int, tuple[str, Any]] = {}
     work: list[tuple[int, str, Any, int | None]] = []
     for key in draw(st.lists(st.sampled_from(("own-a", "own-b")), min_size=1, max_size=2, unique=True)):
         ordinals = draw(
