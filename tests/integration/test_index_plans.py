@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from nexuscrm_connectors import queries
+from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.admission import generation_row
 from nexuscrm_connectors.leases import lease_grant
 from nexuscrm_connectors.service import Connectors
@@ -29,7 +29,6 @@ from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_runtime.database import is_sqlite
 from tests.support.factories import START, FakeClock, delivery, install_pack, route
 from workqueue import EventStatus, ReceiptState, WorkStatus
-from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 pytestmark = pytest.mark.database
 
@@ -208,7 +207,6 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
     """Every hot query by builder name, each as the real call the runtime makes."""
     now = START + dt.timedelta(hours=1)
     pack, key, legacy, legacy_key = seeded.native_pack, seeded.claimed_key, seeded.legacy_pack, seeded.legacy_key
-    nonterminal = NONTERMINAL_WORK_STATUSES
     after = (pack, START, "h-1")  # a ListReceipts page token's position
     return {
         # Connectors: admission, duplicate verification, claim, payload reads, materializer.
@@ -240,13 +238,16 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "event_range_count": lambda c: queries.event_range_count(c, pack, key, seeded.start, seeded.end),
         "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500),
         "receipt_packs_stored": lambda c: queries.receipt_packs_stored(c),
+        # the allocation UPDATE proves no Event sits above the counter (rolled back here)
+        "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack), 1),
         "receipts_stored_list": lambda c: queries.receipts_stored_list(c, pack, 500),
         # Connectors: ListReceipts pages after the first (the dashboard test covers the first).
         "receipts_in_state": lambda c: queries.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),
         "receipts_in_state (all packs)": lambda c: queries.receipts_in_state(c, ReceiptState.STORED, None, after, 50),
         # Controlplane: drain counts (GetDrainStatus, the cutover gate).
         "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),
-        "legacy_work_sample": lambda c: cp_queries.legacy_work_sample(c, legacy, nonterminal, 10),
+        "legacy_work_live_sample": lambda c: cp_queries.legacy_work_live_sample(c, legacy, 10),
+        "legacy_work_unknown": lambda c: cp_queries.legacy_work_unknown(c, legacy, 10),
         "legacy_retry_waits": lambda c: cp_queries.legacy_retry_waits(c, legacy, now, 10),
         "legacy_retry_wait_count": lambda c: cp_queries.legacy_retry_wait_count(c, legacy, now),
         "legacy_dependency_waits": lambda c: cp_queries.legacy_dependency_waits(c, legacy, 10),
@@ -254,10 +255,13 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "legacy_work_count": lambda c: cp_queries.legacy_work_count(c, legacy),
         "legacy_work_orphaned": lambda c: cp_queries.legacy_work_orphaned(c, legacy, 10),
         "event_identity_count": lambda c: cp_queries.event_identity_count(c, legacy),
-        "event_identities_page": lambda c: cp_queries.event_identities_page(c, legacy, "", 200),
+        "event_identities_page": lambda c: cp_queries.event_identities_page(c, legacy, None, 200),
+        "pack_event_count": lambda c: cp_queries.pack_event_count(c, legacy),
+        "work_items_above": lambda c: cp_queries.work_items_above(c, legacy, LEGACY_HISTORY, 10),
+        "work_items_unclassifiable": lambda c: cp_queries.work_items_unclassifiable(c, legacy, 10),
         "identity_event_bounds": lambda c: cp_queries.identity_event_bounds(c, legacy, legacy_key),
         "identity_completed_boundary": lambda c: cp_queries.identity_completed_boundary(c, legacy, legacy_key),
-        "identity_events_page": lambda c: cp_queries.identity_events_page(c, legacy, legacy_key, -1, 1000),
+        "identity_events_page": lambda c: cp_queries.identity_events_page(c, legacy, legacy_key, None, 1000),
     }
 
 

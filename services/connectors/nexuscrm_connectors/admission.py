@@ -386,7 +386,7 @@ def _admit_fresh(
     (invariant M): its newest one extended, or a successor.
     """
     ordinals = packs.ordinals_allocate(connection, pack, len(fresh))
-    queries.events_insert(connection, event_rows(pack.pack_install_id, ordinals, fresh, now))
+    packs.events_insert(connection, pack.pack_install_id, event_rows(pack.pack_install_id, ordinals, fresh, now))
     by_identity: dict[str, list[tuple[int, Delivery]]] = {}
     for ordinal, delivery in zip(ordinals, fresh, strict=True):
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))

@@ -51,6 +51,16 @@ class MembershipMissing(ConnectorsError):
     kind = ErrorKind.DATA_LOSS
 
 
+class OrdinalCollision(ConnectorsError):
+    """A retained Event holds an ordinal the pack's counter has not handed out yet (or hands out now).
+
+    The counter and the history disagree: a data inconsistency, not a conflict to retry.
+    Admission and replay of the pack refuse until an operator repairs it.
+    """
+
+    kind = ErrorKind.DATA_LOSS
+
+
 class LimitExceeded(ConnectorsError):
     """A request is larger than a configured limit."""
 

@@ -228,7 +228,7 @@ class LegacyRuntime:
                     fresh.append(delivery)
         queries.receipts_insert(connection, new_receipts)
         ordinals = packs.ordinals_allocate(connection, pack, len(fresh)) if fresh else range(0)
-        queries.events_insert(connection, event_rows(pack.pack_install_id, ordinals, fresh, now))
+        packs.events_insert(connection, pack.pack_install_id, event_rows(pack.pack_install_id, ordinals, fresh, now))
         for ordinal, delivery in zip(ordinals, fresh, strict=True):
             work_id = (
                 self._direct_task(connection, pack.pack_install_id, delivery, ordinal, now) if work_item_only else None

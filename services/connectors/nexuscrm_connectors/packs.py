@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors.errors import UnknownPack
+from nexuscrm_connectors import queries
+from nexuscrm_connectors.errors import OrdinalCollision, UnknownPack
 from nexuscrm_schema.tables import (
     NAMESPACE_SCOPE,
     AdmissionFence,
     AdmissionFenceOverride,
     ConnectorProjectionProtocol,
+    Event,
     PackInstall,
 )
+
+REPAIR = "docs/runbook-cutover.md, 'Ordinal counter behind the history'"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,17 +64,68 @@ def pack_lock(connection: Connection, pack_install_id: str) -> LockedPack:
 def ordinals_allocate(connection: Connection, pack: LockedPack, count: int) -> range:
     """Allocate ``count`` new ordinals of a locked pack, in order; never reused.
 
-    The counter only grows, and the row lock makes allocation follow commit order.
+    The counter only grows, and the row lock makes allocation follow commit order. The same
+    UPDATE proves that no retained Event sits above the counter (a primary-key range probe,
+    no extra statement): otherwise it raises ``OrdinalCollision`` (DATA_LOSS) and keeps
+    refusing, since the counter cannot move past that Event until an operator repairs it.
     """
     first = pack.last_ordinal + 1
+    ahead = (
+        sa.select(Event.c.EnqueueOrdinal)
+        .where(Event.c.PackInstallId == pack.pack_install_id, Event.c.EnqueueOrdinal > pack.last_ordinal)
+        .exists()
+    )
     result = connection.execute(
         sa.update(PackInstall)
-        .where(PackInstall.c.PackInstallId == pack.pack_install_id, PackInstall.c.LastOrdinal == pack.last_ordinal)
+        .where(
+            PackInstall.c.PackInstallId == pack.pack_install_id,
+            PackInstall.c.LastOrdinal == pack.last_ordinal,
+            ~ahead,
+        )
         .values(LastOrdinal=pack.last_ordinal + count)
     )
-    if result.rowcount != 1:  # the lock makes this impossible; refuse rather than reuse
+    if result.rowcount != 1:
+        _refuse_collision(connection, pack.pack_install_id, pack.last_ordinal, None)
+        # the lock makes this impossible; refuse rather than reuse
         raise RuntimeError(f"ordinal counter of {pack.pack_install_id} moved under its lock")
     return range(first, first + count)
+
+
+def events_insert(connection: Connection, pack_install_id: str, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert the new Events of ``ordinals_allocate``'s ordinals (``queries.events_insert``).
+
+    An Event that appeared at one of those ordinals after the counter was checked (a writer
+    that bypassed the pack lock) raises ``OrdinalCollision``, not the driver's integrity
+    error; any other integrity error is re-raised unchanged. The failed INSERT is undone as
+    a statement, so the probe sees only rows that were there before it.
+    """
+    try:
+        queries.events_insert(connection, rows)
+    except sa.exc.IntegrityError:
+        ordinals = [int(row["EnqueueOrdinal"]) for row in rows]
+        _refuse_collision(connection, pack_install_id, min(ordinals) - 1, max(ordinals))
+        raise
+
+
+def _refuse_collision(connection: Connection, pack_install_id: str, last_ordinal: int, through: int | None) -> None:
+    """Raise ``OrdinalCollision`` naming the lowest Event above ``last_ordinal`` (up to ``through``), if any."""
+    statement = sa.select(sa.func.min(Event.c.EnqueueOrdinal)).where(
+        Event.c.PackInstallId == pack_install_id, Event.c.EnqueueOrdinal > last_ordinal
+    )
+    if through is not None:
+        statement = statement.where(Event.c.EnqueueOrdinal <= through)
+    found = connection.execute(statement).scalar()
+    if found is None:
+        return
+    counter = connection.execute(
+        sa.select(PackInstall.c.LastOrdinal).where(PackInstall.c.PackInstallId == pack_install_id)
+    ).scalar()
+    raise OrdinalCollision(
+        f"pack {pack_install_id} retains Event {found} at or above what its ordinal counter hands out "
+        f"(LastOrdinal {counter}): the counter and the history disagree (data inconsistency); admission "
+        f"and replay of this pack are refused until an operator repairs it ({REPAIR})",
+        field="pack_install_id",
+    )
 
 
 def protocol_get(connection: Connection, pack_install_id: str) -> Protocol | None:

@@ -57,8 +57,9 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> Re
             },
             sort_keys=True,
         ).encode()
-        queries.events_insert(
+        packs.events_insert(
             connection,
+            pack.pack_install_id,
             [
                 event_row(
                     pack.pack_install_id,

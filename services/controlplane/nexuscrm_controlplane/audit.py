@@ -11,13 +11,24 @@ refused
   no direct task (no WorkItem selected it).
   ``mixed_zero_history``: an indirect input (no direct task) of an identity whose history
   mixes ordinal 0 and positive ordinals.
+  ``history_above_counter``: an Event, or a WorkItem bound, above the pack's ordinal counter
+  (``PackInstall.LastOrdinal``, the cutoff to be written): the counter would hand out
+  ordinals that retained history already holds, so the cutoff cannot be proven.
+  ``unclassifiable``: anything outside the documented old-protocol domain, which the audit
+  cannot prove resolved: a negative ordinal or counter; an Event status that is not exactly
+  a known one (casing, padding, empty, another type); an Event whose stored key is not a
+  projection key of this pack; range work (InputStartOrdinal set) before any protocol row;
+  an Event the scan did not reach.
 permitted
   completed coalesced inputs left in their historical Event status, and a pending Event
   without a direct task inside its identity's completed boundary.
 
-This audits retained responsibility, not historical exactly-once business effects. The scan
-is streamed: identities by keyset pages, each identity's Events by keyset pages, so memory
-stays bounded by the page sizes whatever the history's size. Nothing here writes.
+Whatever cannot be classified is refused, never assumed fine (docs/decisions/108). Every
+retained Event of the pack is scanned, whatever its ordinal or key, and the number scanned is
+checked against the pack's Event count. This audits retained responsibility, not historical
+exactly-once business effects. The scan is streamed: identities by keyset pages, each
+identity's Events by keyset pages, so memory stays bounded by the page sizes whatever the
+history's size. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -33,7 +44,8 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.errors import CutoverTimeout
-from workqueue import EventStatus
+from workqueue import EventStatus, decode_projection_key
+from workqueue.errors import DomainError
 
 SAMPLE_LIMIT = 10  # sample ids per finding
 IDENTITY_PAGE = 200  # identities per keyset page
@@ -62,6 +74,8 @@ class Rule(enum.StrEnum):
     MISSING_OWNER = "missing_owner"
     BEYOND_COMPLETED_BOUNDARY = "beyond_completed_boundary"
     MIXED_ZERO_HISTORY = "mixed_zero_history"
+    HISTORY_ABOVE_COUNTER = "history_above_counter"
+    UNCLASSIFIABLE = "unclassifiable"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,7 +172,14 @@ class CutoverReport:
         )
 
 
-AUDIT_RULES = (Rule.MISSING_OWNER, Rule.BEYOND_COMPLETED_BOUNDARY, Rule.MIXED_ZERO_HISTORY)
+AUDIT_RULES = (
+    Rule.HISTORY_ABOVE_COUNTER,
+    Rule.UNCLASSIFIABLE,
+    Rule.MISSING_OWNER,
+    Rule.BEYOND_COMPLETED_BOUNDARY,
+    Rule.MIXED_ZERO_HISTORY,
+)
+KNOWN_EVENT_STATUSES = frozenset(status.value for status in EventStatus)
 
 
 @dataclasses.dataclass
@@ -180,6 +201,13 @@ class _Audit:
     ownerless_events: int = 0
     events: int = 0
     permitted: dict[str, int] = dataclasses.field(default_factory=dict)
+    reasons: dict[Rule, dict[str, int]] = dataclasses.field(default_factory=dict)  # why, for the detail
+
+    def refuse(self, rule: Rule, reason: str, count: int, sample_ids: list[str]) -> None:
+        if count:
+            self.tallies[rule].add(count, sample_ids)
+            why = self.reasons.setdefault(rule, {})
+            why[reason] = why.get(reason, 0) + count
 
     def permit(self, name: str) -> None:
         self.permitted[name] = self.permitted.get(name, 0) + 1
@@ -219,20 +247,29 @@ def audit_responsibility(
     passes. ``progress`` is called after each identity.
     """
     audit = _Audit()
+    counter = f"LastOrdinal {legacy_max_ordinal}"
+    if legacy_max_ordinal < 0:
+        audit.refuse(Rule.UNCLASSIFIABLE, f"ordinal counter with a negative {counter}", 1, [])
     orphaned, orphan_sample = queries.legacy_work_orphaned(connection, pack_install_id, SAMPLE_LIMIT)
     audit.orphaned_work = orphaned
     audit.tallies[Rule.MISSING_OWNER].add(orphaned, orphan_sample)
+    above, above_sample = queries.work_items_above(connection, pack_install_id, legacy_max_ordinal, SAMPLE_LIMIT)
+    audit.refuse(Rule.HISTORY_ABOVE_COUNTER, f"WorkItem bounds above {counter}", above, above_sample)
+    odd, odd_sample = queries.work_items_unclassifiable(connection, pack_install_id, SAMPLE_LIMIT)
+    audit.refuse(Rule.UNCLASSIFIABLE, "WorkItems with a persisted lower bound or a negative ordinal", odd, odd_sample)
     total = queries.event_identity_count(connection, pack_install_id)
     done = 0
-    after = ""  # every key starts with the key version, so "" sorts first
+    after: str | None = None  # from the first key, whatever it is ("" included)
     while keys := queries.event_identities_page(connection, pack_install_id, after, IDENTITY_PAGE):
         for projection_key in keys:
             check_deadline(deadline)
-            _audit_identity(connection, pack_install_id, projection_key, audit, deadline)
+            _audit_identity(connection, pack_install_id, projection_key, legacy_max_ordinal, audit, deadline)
             done += 1
             if progress is not None:
                 progress(done, total)
         after = keys[-1]
+    unreached = queries.pack_event_count(connection, pack_install_id) - audit.events
+    audit.refuse(Rule.UNCLASSIFIABLE, "Events the identity scan did not reach", unreached, [])
     findings = []
     for rule, tally in audit.tallies.items():
         if tally.count:
@@ -240,6 +277,10 @@ def audit_responsibility(
                 f"{audit.orphaned_work} WorkItems whose selected Event is gone; "
                 f"{audit.ownerless_events} Events of identities without a completed generation"
             )
+            if rule in audit.reasons:
+                detail = "; ".join(f"{count} {reason}" for reason, count in audit.reasons[rule].items())
+                if rule is Rule.HISTORY_ABOVE_COUNTER:
+                    detail += f": {counter} would hand out ordinals that retained history holds"
             findings.append(
                 Finding(
                     rule=rule,
@@ -260,19 +301,44 @@ def audit_responsibility(
     )
 
 
+def _own_key(pack_install_id: str, projection_key: object) -> bool:
+    """True when ``projection_key`` is a well-formed projection key of this pack."""
+    if not isinstance(projection_key, str):
+        return False
+    try:
+        return decode_projection_key(projection_key).pack_install_id == pack_install_id
+    except DomainError:
+        return False
+
+
 def _audit_identity(
-    connection: Connection, pack_install_id: str, projection_key: str, audit: _Audit, deadline: float | None
+    connection: Connection,
+    pack_install_id: str,
+    projection_key: str,
+    last_ordinal: int,
+    audit: _Audit,
+    deadline: float | None,
 ) -> None:
     low, high = queries.identity_event_bounds(connection, pack_install_id, projection_key)
     boundary = queries.identity_completed_boundary(connection, pack_install_id, projection_key)
     mixed = low == 0 < high
-    after = -1  # old history may hold ordinal 0
+    own_key = _own_key(pack_install_id, projection_key)
+    after: int | None = None  # from the lowest ordinal: old history may hold 0, damaged history less
     while page := queries.identity_events_page(connection, pack_install_id, projection_key, after, EVENT_PAGE):
         for event in page:
             audit.events += 1
             ordinal = int(event.EnqueueOrdinal)
             direct = bool(event.HasDirectTask)
-            if boundary is None:
+            sample = [event_sample_id(ordinal)]
+            if ordinal < 0:
+                audit.refuse(Rule.UNCLASSIFIABLE, "Events with a negative ordinal", 1, sample)
+            elif ordinal > last_ordinal:
+                audit.refuse(Rule.HISTORY_ABOVE_COUNTER, "Events above the counter", 1, sample)
+            elif not (isinstance(event.Status, str) and event.Status in KNOWN_EVENT_STATUSES):
+                audit.refuse(Rule.UNCLASSIFIABLE, "Events whose status is not exactly a known one", 1, sample)
+            elif not own_key or event.ProjectionKey != projection_key:
+                audit.refuse(Rule.UNCLASSIFIABLE, "Events whose key is not a projection key of this pack", 1, sample)
+            elif boundary is None:
                 audit.ownerless_events += 1
                 audit.tallies[Rule.MISSING_OWNER].add(1, [event_sample_id(ordinal)])
             elif not direct and ordinal > boundary:

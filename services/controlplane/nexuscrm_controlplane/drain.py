@@ -2,9 +2,11 @@
 
 Old projection work (WorkItems without InputStartOrdinal) must finish on the old runtime
 before the cutover: every pending, blocked, retry and processing row counts, not only the
-ones holding a lease. The status also names what holds the drain: retries waiting for a
-future attempt time and work blocked on an external dependency (no live predecessor), which
-a bounded drain may not outlast. Nothing here changes a status: the operator decides.
+ones holding a lease, and so does every row whose status is not exactly a known one (another
+casing, padding, empty: ``unknown``): only an exactly terminal status proves work finished.
+The status also names what holds the drain: retries waiting for a future attempt time, work
+blocked on an external dependency (no live predecessor), which a bounded drain may not
+outlast, and work in an unknown status, which no drain ends. Nothing here changes a status: the operator decides.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from nexuscrm_controlplane.lifecycle import pack_get
 from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
 from nexuscrm_runtime.polling import poll_until
 from workqueue import WorkStatus
-from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 POLL_INTERVAL = dt.timedelta(seconds=2)  # between drain polls
 
 RETRY_WAIT = "retry_wait"
 DEPENDENCY_WAIT = "dependency_wait"
+UNKNOWN_STATUS = "unknown_status"
+STATUS_TEXT_LIMIT = 40  # characters of an unknown status quoted in a detail
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,11 +56,12 @@ class DrainStatus:
     processing: int
     holds: tuple[DrainHold, ...]
     sample_work_ids: tuple[str, ...]  # some nonterminal WorkIds, whatever their status
+    unknown: int = 0  # statuses that are not exactly a known one: live until an operator decides
 
     @property
     def nonterminal(self) -> int:
-        """Old-protocol WorkItems that are not completed or failed."""
-        return self.pending + self.blocked + self.retry + self.processing
+        """Old-protocol WorkItems whose status is not exactly completed or failed."""
+        return self.pending + self.blocked + self.retry + self.processing + self.unknown
 
     @property
     def drained(self) -> bool:
@@ -66,7 +70,10 @@ class DrainStatus:
 
     def summary(self) -> str:
         """One line for operators, for example ``2 nonterminal (pending 1, ...); holds: retry_wait 1``."""
-        counts = f"pending {self.pending}, blocked {self.blocked}, retry {self.retry}, processing {self.processing}"
+        counts = (
+            f"pending {self.pending}, blocked {self.blocked}, retry {self.retry}, processing {self.processing}, "
+            f"unknown {self.unknown}"
+        )
         if self.drained:
             return f"pack {self.pack_install_id}: drained ({counts})"
         holds = "; ".join(f"{h.reason} {h.count} ({', '.join(h.sample_work_ids)})" for h in self.holds)
@@ -85,6 +92,7 @@ class DrainStatus:
             "blocked": self.blocked,
             "retry": self.retry,
             "processing": self.processing,
+            "unknown": self.unknown,
             "sample_work_ids": list(self.sample_work_ids),
             "holds": [
                 {"reason": h.reason, "count": h.count, "sample_work_ids": list(h.sample_work_ids), "detail": h.detail}
@@ -119,16 +127,35 @@ def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock
                 detail="blocked on an external dependency; only its resolver can release it",
             )
         )
-    sample = queries.legacy_work_sample(connection, pack_install_id, NONTERMINAL_WORK_STATUSES, SAMPLE_LIMIT)
+    unknown_count, unknown_sample = queries.legacy_work_unknown(connection, pack_install_id, SAMPLE_LIMIT)
+    if unknown_count:
+        statuses = sorted({_quoted(row.Status) for row in unknown_sample})
+        holds.append(
+            DrainHold(
+                reason=UNKNOWN_STATUS,
+                count=unknown_count,
+                sample_work_ids=tuple(row.WorkId for row in unknown_sample),
+                detail=f"statuses that are not exactly a known one ({', '.join(statuses)}) count as live; "
+                "never assumed finished: a separately reviewed recovery decision must resolve them",
+            )
+        )
+    sample = queries.legacy_work_live_sample(connection, pack_install_id, SAMPLE_LIMIT)
     return DrainStatus(
         pack_install_id=pack_install_id,
         pending=counts.get(WorkStatus.PENDING, 0),
         blocked=counts.get(WorkStatus.BLOCKED, 0),
         retry=counts.get(WorkStatus.RETRY, 0),
         processing=counts.get(WorkStatus.PROCESSING, 0),
+        unknown=unknown_count,
         holds=tuple(holds),
         sample_work_ids=tuple(sample),
     )
+
+
+def _quoted(status: object) -> str:
+    """An unknown status for a detail: its repr (NULL, blob and padding visible), bounded."""
+    text = repr(status)
+    return text if len(text) <= STATUS_TEXT_LIMIT else text[: STATUS_TEXT_LIMIT - 3] + "..."
 
 
 def drain_status(engine: Engine, pack_install_id: str, clock: Clock = utcnow) -> DrainStatus:

@@ -26,13 +26,36 @@ from nexuscrm_schema.tables import (
     WorkItem,
 )
 from workqueue import WorkStatus
-from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES, TERMINAL_WORK_STATUSES
 
 DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 
 
 # Old-protocol work: coverage was inferred, so no lower bound was persisted.
 LEGACY_WORK = WorkItem.c.InputStartOrdinal.is_(None)
+
+
+def exactly(column: sa.ColumnElement[Any], values: Sequence[str]) -> sa.ColumnElement[bool]:
+    """True only when ``column`` holds one of ``values`` byte for byte; never NULL.
+
+    ``IN`` alone is not exact: MySQL and TiDB collations such as utf8mb4_bin are PAD SPACE
+    (``'completed '`` equals ``'completed'``), a ``_ci`` collation ignores case, and SQLite
+    keeps a blob beside text in a text column. So the value must also compare equal as text
+    (which refuses the blob) and have the same bytes (HEX, which refuses padding and case).
+    NULL is false, not unknown, so ``~exactly(...)`` is true for NULL: a gate built on it
+    fails closed.
+    """
+    return sa.and_(
+        column.is_not(None),
+        column.in_(list(values)),
+        sa.func.hex(column).in_([value.encode().hex().upper() for value in values]),
+    )
+
+
+# Old work is live (it blocks the drain) unless its status is exactly a terminal one: an
+# unknown, misspelt, padded, empty or NULL status is live, never assumed finished.
+LIVE_WORK = ~exactly(WorkItem.c.Status, sorted(TERMINAL_WORK_STATUSES))
+KNOWN_WORK_STATUSES = [status.value for status in WorkStatus]
 
 
 # --- PackInstall -------------------------------------------------------------------------
@@ -195,19 +218,45 @@ def override_insert(connection: Connection, row: dict[str, Any]) -> None:
 
 
 def legacy_work_counts(connection: Connection, pack_install_id: str) -> dict[str, int]:
-    """Nonterminal old-protocol WorkItems of a pack per status (ix_workitem_claim prefix)."""
+    """Old-protocol WorkItems of a pack per known nonterminal status, matched exactly (ix_workitem_claim).
+
+    Work in a status that is not exactly a known one is counted by ``legacy_work_unknown``.
+    """
     rows = connection.execute(
         sa.select(WorkItem.c.Status, sa.func.count().label("Count"))
         .where(
-            WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(NONTERMINAL_WORK_STATUSES), LEGACY_WORK
+            WorkItem.c.PackInstallId == pack_install_id,
+            exactly(WorkItem.c.Status, NONTERMINAL_WORK_STATUSES),
+            LEGACY_WORK,
         )
         .group_by(WorkItem.c.Status)
     )
     return {row.Status: int(row.Count) for row in rows}
 
 
-def legacy_work_sample(connection: Connection, pack_install_id: str, statuses: Sequence[str], limit: int) -> list[str]:
-    """Up to ``limit`` WorkIds of old-protocol work of a pack in ``statuses``, by status and ClaimableAt.
+def legacy_work_unknown(connection: Connection, pack_install_id: str, limit: int) -> tuple[int, list[DbRow]]:
+    """Count and sample (WorkId, Status) old-protocol work whose status is not exactly a known one.
+
+    Such work is live: nothing proves it finished. ix_workitem_claim prefix (the pack's range);
+    the count reads it whole, the sample stops after ``limit`` rows in the index's order.
+    """
+    unknown = (
+        WorkItem.c.PackInstallId == pack_install_id,
+        ~exactly(WorkItem.c.Status, KNOWN_WORK_STATUSES),
+        LEGACY_WORK,
+    )
+    count = int(connection.execute(sa.select(sa.func.count()).select_from(WorkItem).where(*unknown)).scalar_one())
+    if not count:
+        return 0, []
+    order = (WorkItem.c.Status, WorkItem.c.ClaimableAt, WorkItem.c.WorkId)
+    sample = connection.execute(
+        sa.select(WorkItem.c.WorkId, WorkItem.c.Status).where(*unknown).order_by(*order).limit(limit)
+    )
+    return count, list(sample)
+
+
+def legacy_work_live_sample(connection: Connection, pack_install_id: str, limit: int) -> list[str]:
+    """Up to ``limit`` WorkIds of live old-protocol work of a pack (``LIVE_WORK``), by status and ClaimableAt.
 
     The order is ix_workitem_claim's own, so the read stops after ``limit`` rows. WorkId breaks
     ties: free on InnoDB and TiDB, whose index entries end with the primary key; on SQLite,
@@ -217,7 +266,7 @@ def legacy_work_sample(connection: Connection, pack_install_id: str, statuses: S
     return list(
         connection.execute(
             sa.select(WorkItem.c.WorkId)
-            .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(statuses), LEGACY_WORK)
+            .where(WorkItem.c.PackInstallId == pack_install_id, LIVE_WORK, LEGACY_WORK)
             .order_by(WorkItem.c.Status, WorkItem.c.ClaimableAt, WorkItem.c.WorkId)
             .limit(limit)
         ).scalars()
@@ -271,7 +320,7 @@ def _dependency_waits(pack_install_id: str) -> sa.Select[Any]:
             predecessor.c.ProjectionKey == WorkItem.c.ProjectionKey,
             predecessor.c.LaneOrdinal < WorkItem.c.LaneOrdinal,
             predecessor.c.InputStartOrdinal.is_(None),
-            predecessor.c.Status.in_(NONTERMINAL_WORK_STATUSES),
+            ~exactly(predecessor.c.Status, sorted(TERMINAL_WORK_STATUSES)),
         )
         .exists()
     )
@@ -345,17 +394,59 @@ def event_identity_count(connection: Connection, pack_install_id: str) -> int:
     return int(connection.execute(sa.select(sa.func.count()).select_from(keys)).scalar_one())
 
 
-def event_identities_page(connection: Connection, pack_install_id: str, after: str, limit: int) -> list[str]:
-    """The next ``limit`` identities with Events after ``after`` in key order (keyset, ix_event_source_lane)."""
+def event_identities_page(connection: Connection, pack_install_id: str, after: str | None, limit: int) -> list[str]:
+    """The next ``limit`` identities with Events after ``after`` in key order (keyset, ix_event_source_lane).
+
+    ``after`` None starts at the first key, whatever it is (the empty string included).
+    """
+    statement = sa.select(Event.c.ProjectionKey).where(Event.c.PackInstallId == pack_install_id)
+    if after is not None:
+        statement = statement.where(Event.c.ProjectionKey > after)
     return list(
         connection.execute(
-            sa.select(Event.c.ProjectionKey)
-            .where(Event.c.PackInstallId == pack_install_id, Event.c.ProjectionKey > after)
-            .group_by(Event.c.ProjectionKey)
-            .order_by(Event.c.ProjectionKey)
-            .limit(limit)
+            statement.group_by(Event.c.ProjectionKey).order_by(Event.c.ProjectionKey).limit(limit)
         ).scalars()
     )
+
+
+def pack_event_count(connection: Connection, pack_install_id: str) -> int:
+    """Every retained Event of a pack, whatever its identity or ordinal (primary-key prefix)."""
+    return int(
+        connection.execute(
+            sa.select(sa.func.count()).select_from(Event).where(Event.c.PackInstallId == pack_install_id)
+        ).scalar_one()
+    )
+
+
+def work_items_above(
+    connection: Connection, pack_install_id: str, last_ordinal: int, limit: int
+) -> tuple[int, list[str]]:
+    """Count and sample WorkItems of a pack, of any protocol, with a bound above ``last_ordinal``.
+
+    Such a range claims ordinals the counter has not handed out yet. ix_workitem_claim prefix
+    (the pack's range, read whole; the audit runs once). The sample is the smallest WorkIds.
+    """
+    above = sa.select(WorkItem.c.WorkId).where(
+        WorkItem.c.PackInstallId == pack_install_id,
+        sa.or_(WorkItem.c.LaneOrdinal > last_ordinal, WorkItem.c.InputStartOrdinal > last_ordinal),
+    )
+    work_ids = connection.execute(above).scalars().all()
+    return len(work_ids), heapq.nsmallest(limit, work_ids)
+
+
+def work_items_unclassifiable(connection: Connection, pack_install_id: str, limit: int) -> tuple[int, list[str]]:
+    """Count and sample WorkItems the old-protocol audit cannot classify, before any protocol row.
+
+    A persisted lower bound (InputStartOrdinal) is range work, which only a pack with a
+    protocol row may hold; a negative ordinal is outside every protocol. ix_workitem_claim
+    prefix, read whole; the sample is the smallest WorkIds.
+    """
+    statement = sa.select(WorkItem.c.WorkId).where(
+        WorkItem.c.PackInstallId == pack_install_id,
+        sa.or_(WorkItem.c.InputStartOrdinal.is_not(None), WorkItem.c.LaneOrdinal < 0),
+    )
+    work_ids = connection.execute(statement).scalars().all()
+    return len(work_ids), heapq.nsmallest(limit, work_ids)
 
 
 def identity_event_bounds(connection: Connection, pack_install_id: str, projection_key: str) -> tuple[int, int]:
@@ -377,7 +468,7 @@ def identity_completed_boundary(connection: Connection, pack_install_id: str, pr
         sa.select(sa.func.max(WorkItem.c.LaneOrdinal)).where(
             WorkItem.c.PackInstallId == pack_install_id,
             WorkItem.c.ProjectionKey == projection_key,
-            WorkItem.c.Status == WorkStatus.COMPLETED,
+            exactly(WorkItem.c.Status, [WorkStatus.COMPLETED]),
             LEGACY_WORK,
         )
     ).scalar()
@@ -385,13 +476,15 @@ def identity_completed_boundary(connection: Connection, pack_install_id: str, pr
 
 
 def identity_events_page(
-    connection: Connection, pack_install_id: str, projection_key: str, after: int, limit: int
+    connection: Connection, pack_install_id: str, projection_key: str, after: int | None, limit: int
 ) -> list[DbRow]:
     """The next ``limit`` Events of an identity after ordinal ``after``, each with whether it has a direct task.
 
-    A direct task is an old-protocol WorkItem that selected the Event (LaneOrdinal = its
-    ordinal). Keyset range of ix_event_source_lane; one ix_workitem_projection_order probe per
-    Event. Returns EnqueueOrdinal, Status and HasDirectTask.
+    ``after`` None starts at the lowest ordinal, negative ones included. A direct task is an
+    old-protocol WorkItem that selected the Event (LaneOrdinal = its ordinal). Keyset range of
+    ix_event_source_lane; one ix_workitem_projection_order probe per Event. Returns
+    EnqueueOrdinal, ProjectionKey (as stored: a PAD SPACE collation may match a padded twin of
+    ``projection_key``), Status and HasDirectTask.
     """
     direct = (
         sa.select(WorkItem.c.WorkId)
@@ -403,15 +496,9 @@ def identity_events_page(
         )
         .exists()
     )
-    return list(
-        connection.execute(
-            sa.select(Event.c.EnqueueOrdinal, Event.c.Status, direct.label("HasDirectTask"))
-            .where(
-                Event.c.PackInstallId == pack_install_id,
-                Event.c.ProjectionKey == projection_key,
-                Event.c.EnqueueOrdinal > after,
-            )
-            .order_by(Event.c.EnqueueOrdinal)
-            .limit(limit)
-        )
-    )
+    statement = sa.select(
+        Event.c.EnqueueOrdinal, Event.c.ProjectionKey, Event.c.Status, direct.label("HasDirectTask")
+    ).where(Event.c.PackInstallId == pack_install_id, Event.c.ProjectionKey == projection_key)
+    if after is not None:
+        statement = statement.where(Event.c.EnqueueOrdinal > after)
+    return list(connection.execute(statement.order_by(Event.c.EnqueueOrdinal).limit(limit)))
