@@ -15,8 +15,8 @@ Figures (one JSON line, printed and appended to NEXUSCRM_RELIABILITY_FIGURES whe
 operations, conflicts retried (the replicas' logged transaction retries), RPCs answered
 INTERNAL, violations, generations left stranded and generations the liveness sweep healed,
 and ``aborted_ingests``: how the receipts of Ingest calls refused with ABORTED were later
-acknowledged (``duplicate_covered``: the refused call had committed the admission; issue 14
-item 4, not fixed on main yet, so reported, not asserted). The seed is in the test id; set
+acknowledged (``duplicate_covered`` would mean the refused call had committed the admission:
+since decision 107 an ABORTED answer means nothing committed, so none may be). The seed is in the test id; set
 NEXUSCRM_HISTORY_SEED to replay one schedule.
 """
 
@@ -246,6 +246,7 @@ def test_three_replicas_on_three_nodes_keep_the_history_and_the_invariants(
         retried, healed = _log_figures(services)
         internal = [op for op in history.ops() if op.status == "INTERNAL"]
         unknown = Counter(op.f for op in history.ops() if op.outcome is OpOutcome.UNKNOWN)
+        aborted = scenario.aborted_ingests()
         record_figures(
             f"galera-multi-writer[seed={seed}]",
             {
@@ -256,7 +257,7 @@ def test_three_replicas_on_three_nodes_keep_the_history_and_the_invariants(
                 "conflicts_retried_by_transaction": dict(retried),
                 "internal_answers": len(internal),
                 "unknown_outcomes": dict(unknown),
-                "aborted_ingests": dict(scenario.aborted_ingests()),
+                "aborted_ingests": dict(aborted),
                 "faults": dict(scenario.faults) | {"fault_points_armed": len(FAULT_POINTS) * len(services)},
                 "violations": len(violations) + len(problems),
                 "stranded_after_quiescence": len(stranded),
@@ -267,6 +268,7 @@ def test_three_replicas_on_three_nodes_keep_the_history_and_the_invariants(
         assert not internal, f"seed {seed}: {len(internal)} RPCs answered INTERNAL: {internal[:5]}"
         assert not violations, f"seed {seed} (replay: NEXUSCRM_HISTORY_SEED={seed}):\n" + "\n".join(violations[:50])
         assert not problems, "invariant violations:\n" + "\n".join(problems[:50])
+        assert not aborted["duplicate_covered"], f"an ABORTED Ingest had committed its admission: {dict(aborted)}"
         assert not stranded, f"X (liveness): {len(stranded)} generations blocked behind a terminal predecessor"
         assert all(service.process.poll() is None for service in services), "a replica exited"
     finally:
