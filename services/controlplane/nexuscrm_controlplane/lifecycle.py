@@ -175,7 +175,8 @@ def protocol_write(
             raise
         return winner, False
     written = protocol_read(connection, pack_install_id)
-    assert written is not None  # inserted in this transaction
+    if written is None:  # inserted in this transaction
+        raise RuntimeError(f"the protocol row of {pack_install_id} vanished inside the transaction that wrote it")
     return written, True
 
 
