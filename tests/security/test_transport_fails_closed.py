@@ -152,3 +152,18 @@ def test_overlong_identifier_answers_invalid_argument_naming_field_and_limit(
     assert _violation_field(error).startswith(field)
     assert f"the limit is {REQUEST_FIELD_LIMITS[field]}" in (error.details() or "")
     assert len(error.details() or "") < 2_000
+
+
+def test_claim_refuses_max_items_zero_and_claims_one_when_unset(channel: grpc.Channel, engine: sa.Engine) -> None:
+    pack = install_pack(engine)
+    Connectors(engine).ingest(pack, items=[delivery("r-1"), delivery("r-2", lane="b")])
+    claim = "nexuscrm.connectors.v1.ConnectorsService.Claim"
+    error = _call_raw(channel, claim, cn.ClaimRequest(worker_id="w", max_items=0).SerializeToString())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert _violation_field(error) == "max_items"
+    stub = channel.unary_unary(
+        "/nexuscrm.connectors.v1.ConnectorsService/Claim",
+        request_serializer=cn.ClaimRequest.SerializeToString,
+        response_deserializer=cn.ClaimResponse.FromString,
+    )
+    assert len(stub(cn.ClaimRequest(worker_id="w", pack_install_ids=[pack]), timeout=30).claims) == 1
