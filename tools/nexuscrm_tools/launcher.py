@@ -3,17 +3,24 @@
 Used by ``nexuscrm-run`` and by the acceptance tests. Each child binds port 0 and publishes
 the port it got through ``NEXUSCRM_PORT_FILE``; the launcher then waits until the child's
 health service answers SERVING.
+
+A child never outlives its launcher: on Linux each one asks the kernel, before it runs the
+service, for SIGTERM when the thread that started it ends (``PR_SET_PDEATHSIG``), so even a
+SIGKILL of the launcher stops the services (gracefully: SIGTERM is their shutdown signal).
+Start services from a thread that lives as long as they should (the main thread, in
+``nexuscrm-run``); the signal follows the starting thread, not the process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -63,6 +70,28 @@ INTEGRATION = ServiceSpec(
 # The schema catalog starts first: it applies the canonical schema the others need. Connectors
 # starts before the Controlplane, whose dashboard finds it through NEXUSCRM_CONNECTORS_TARGET.
 ALL_SERVICES = (SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE, INTEGRATION)
+
+
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+def child_setup() -> Callable[[], None] | None:
+    """The ``preexec_fn`` that makes a child die with this thread (None where there is no prctl).
+
+    Resolved here, in the parent: between fork and exec the child only calls ``prctl`` and
+    ``os``. If the parent is already gone when ``prctl`` takes effect, the child ends at once.
+    """
+    if sys.platform != "linux":
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # libc's, through the process's own symbols
+    parent_pid = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return die_with_parent
 
 
 class LaunchError(RuntimeError):
@@ -153,15 +182,22 @@ def start_service(
     }
     with log_path.open("ab") as log_file:
         # A session of its own: Ctrl-C in a terminal reaches only the launcher, which then stops
-        # the services in order (the worker host drains while Connectors still answers).
+        # the services in order (the worker host drains while Connectors still answers); and
+        # whatever ends the launcher, the kernel stops the child (die_with_parent).
         process = subprocess.Popen(
             [python, "-m", spec.module],
             env=child_env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=child_setup(),
         )
-    port = _wait_for_port(spec, process, port_file, log_path)
+    try:
+        port = _wait_for_port(spec, process, port_file, log_path)
+    except BaseException:  # interrupted or timed out: the caller never learns of this child
+        process.kill()
+        process.wait()
+        raise
     return ServiceProcess(spec=spec, process=process, port=port, log_path=log_path, tls=TlsFiles.from_env(child_env))
 
 
