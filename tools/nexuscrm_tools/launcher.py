@@ -5,22 +5,22 @@ the port it got through ``NEXUSCRM_PORT_FILE``; the launcher then waits until th
 health service answers SERVING.
 
 A child never outlives its launcher: on Linux each one asks the kernel, before it runs the
-service, for SIGTERM when the thread that started it ends (``PR_SET_PDEATHSIG``), so even a
-SIGKILL of the launcher stops the services (gracefully: SIGTERM is their shutdown signal).
+service, for SIGTERM when the thread that started it ends (``PR_SET_PDEATHSIG``, see
+``service_command``), so even a SIGKILL of the launcher stops the services (gracefully:
+SIGTERM is their shutdown signal).
 Start services from a thread that lives as long as they should (the main thread, in
 ``nexuscrm-run``); the signal follows the starting thread, not the process.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -72,26 +72,25 @@ INTEGRATION = ServiceSpec(
 ALL_SERVICES = (SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE, INTEGRATION)
 
 
-PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+# Run in the child's interpreter before the service module: ask the kernel for SIGTERM when
+# the launching thread ends (prctl PR_SET_PDEATHSIG = 1, kept across exec), end at once if the
+# launcher is already gone, then become the service. Not a preexec_fn: forking a process that
+# runs gRPC threads and then running Python in the child deadlocks in gRPC's fork handlers.
+_DIE_WITH_PARENT = """
+import ctypes, os, runpy, signal, sys
+if sys.platform == "linux":
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(sys.argv[1]):
+        sys.exit(1)
+module = sys.argv[2]
+sys.argv = [module, *sys.argv[3:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
 
 
-def child_setup() -> Callable[[], None] | None:
-    """The ``preexec_fn`` that makes a child die with this thread (None where there is no prctl).
-
-    Resolved here, in the parent: between fork and exec the child only calls ``prctl`` and
-    ``os``. If the parent is already gone when ``prctl`` takes effect, the child ends at once.
-    """
-    if sys.platform != "linux":
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # libc's, through the process's own symbols
-    parent_pid = os.getpid()
-
-    def die_with_parent() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return die_with_parent
+def service_command(python: str, module: str) -> list[str]:
+    """The command that runs ``python -m module`` in a child that dies with this thread."""
+    return [python, "-c", _DIE_WITH_PARENT, str(os.getpid()), module]
 
 
 class LaunchError(RuntimeError):
@@ -185,12 +184,11 @@ def start_service(
         # the services in order (the worker host drains while Connectors still answers); and
         # whatever ends the launcher, the kernel stops the child (die_with_parent).
         process = subprocess.Popen(
-            [python, "-m", spec.module],
+            service_command(python, spec.module),
             env=child_env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=child_setup(),
         )
     try:
         port = _wait_for_port(spec, process, port_file, log_path)
