@@ -4,12 +4,8 @@ Used by ``nexuscrm-run`` and by the acceptance tests. Each child binds port 0 an
 the port it got through ``NEXUSCRM_PORT_FILE``; the launcher then waits until the child's
 health service answers SERVING.
 
-A child never outlives its launcher: on Linux each one asks the kernel, before it runs the
-service, for SIGTERM when the thread that started it ends (``PR_SET_PDEATHSIG``, see
-``service_command``), so even a SIGKILL of the launcher stops the services (gracefully:
-SIGTERM is their shutdown signal).
-Start services from a thread that lives as long as they should (the main thread, in
-``nexuscrm-run``); the signal follows the starting thread, not the process.
+A child never outlives its launcher (``service_command``): whatever ends the launcher, SIGKILL
+included, each service gets SIGTERM, its graceful shutdown.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -72,25 +69,41 @@ INTEGRATION = ServiceSpec(
 ALL_SERVICES = (SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE, INTEGRATION)
 
 
-# Run in the child's interpreter before the service module: ask the kernel for SIGTERM when
-# the launching thread ends (prctl PR_SET_PDEATHSIG = 1, kept across exec), end at once if the
-# launcher is already gone, then become the service. Not a preexec_fn: forking a process that
-# runs gRPC threads and then running Python in the child deadlocks in gRPC's fork handlers.
+# Run in the child's interpreter before the service module, then become the service. The
+# kernel's PR_SET_PDEATHSIG (prctl option 1, kept across exec) signals the child when the
+# *thread* that forked it ends, so it is asked for only when the main thread launches; in every
+# case a watchdog thread sends SIGTERM when the launcher process is gone (its parent changes).
+# Not a preexec_fn: running Python between fork and exec in a process with live gRPC threads
+# deadlocks in gRPC's fork handlers.
 _DIE_WITH_PARENT = """
-import ctypes, os, runpy, signal, sys
-if sys.platform == "linux":
+import ctypes, os, runpy, signal, sys, threading
+parent, with_thread = int(sys.argv[1]), sys.argv[2] == "1"
+if with_thread and sys.platform == "linux":
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != int(sys.argv[1]):
-        sys.exit(1)
-module = sys.argv[2]
-sys.argv = [module, *sys.argv[3:]]
+if os.getppid() != parent:
+    sys.exit(1)
+
+def watch():
+    while os.getppid() == parent:
+        threading.Event().wait(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+module = sys.argv[3]
+sys.argv = [module, *sys.argv[4:]]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
 def service_command(python: str, module: str) -> list[str]:
-    """The command that runs ``python -m module`` in a child that dies with this thread."""
-    return [python, "-c", _DIE_WITH_PARENT, str(os.getpid()), module]
+    """The command that runs ``python -m module`` in a child that stops when this process ends.
+
+    Launched from the main thread, the kernel signals the child the moment the launcher dies
+    (``PR_SET_PDEATHSIG``); from any thread, a watchdog in the child notices within
+    a second. Either way the child gets SIGTERM, its graceful shutdown.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    return [python, "-c", _DIE_WITH_PARENT, str(os.getpid()), "1" if main else "0", module]
 
 
 class LaunchError(RuntimeError):
