@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from nexuscrm_tools.launcher import ALL_SERVICES, health_status, start_services, stop_services
+from nexuscrm_tools.launcher import ALL_SERVICES, health_status, service_command, start_services, stop_services
 from tests.architecture.packages import (
     REPO_ROOT,
     SERVICES,
@@ -207,7 +207,7 @@ def test_four_services_start_each_from_its_own_environment(environments: dict[st
     )
     try:
         for service in services:
-            assert service.process.args == [interpreters[service.spec.name], "-m", service.spec.module]
+            assert service.process.args == service_command(interpreters[service.spec.name], service.spec.module)
             assert health_status(service.address, service.spec.service_name) == "SERVING"
     finally:
         codes = stop_services(services)

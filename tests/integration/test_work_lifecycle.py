@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import uuid
 
 import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors import queries
+from nexuscrm_connectors import leases, queries
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
@@ -242,3 +243,27 @@ def test_list_receipts_pages_through_one_state(engine: sa.Engine, connectors: Co
     with pytest.raises(InvalidArgument, match="page_token"):
         connectors.list_receipts("stored", page_token="garbage!")
     assert_invariants(engine, damaged=[(pack, o) for o in range(1, 6)])
+
+
+def test_a_refused_lease_token_says_whether_it_was_ever_issued_for_the_work(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=[delivery("r-1")])
+    first = connectors.claim("w1", pack_install_ids=[pack], lease=dt.timedelta(seconds=10))[0]
+    forged = "0" * 8 + "-0000-4000-8000-" + "0" * 12
+    for token in ("not-a-token", forged, str(uuid.uuid4())):  # attempt 0: only the current lease exists
+        with pytest.raises(LeaseLost, match="was not issued for work") as refused:
+            connectors.heartbeat(first.work.work_id, lease_token=token)
+        assert "claimed again" not in str(refused.value)
+    clock.advance(11)
+    taken = connectors.claim("w2", pack_install_ids=[pack], lease=dt.timedelta(seconds=10))[0]
+    assert taken.work.work_id == first.work.work_id
+    with pytest.raises(LeaseLost, match=r"stale: work .* was claimed again by another worker"):
+        connectors.complete(first.work.work_id, lease_token=first.lease_token)
+    future = leases.new_lease_token(clock() + dt.timedelta(days=1))
+    with pytest.raises(LeaseLost, match="was not issued for work"):
+        connectors.complete(taken.work.work_id, lease_token=future)
+    pending = connectors.ingest(pack, items=[delivery("r-3", lane="c")])[0].work_id
+    with pytest.raises(LeaseLost, match="has never been claimed"):
+        connectors.heartbeat(str(pending), lease_token=first.lease_token)

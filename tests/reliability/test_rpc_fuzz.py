@@ -3,8 +3,11 @@
 Only deliberate status codes come back (never INTERNAL or UNKNOWN: no unhandled exception),
 and a refused call changes no row. Each RPC is fuzzed in plaintext and, with mutual TLS and
 the authorization policy, as the one-namespace principal ``acme`` (its rules see the same
-random requests before the handlers do). NEXUSCRM_FUZZ_CASES_PER_SERVICE sets the cases per
-service, shared among its RPCs (default 100 in `make test`; `make reliability` runs 10 000).
+random requests before the handlers do). A second pass sends raw bytes below the message
+layer (``wire_strategy``: undecodable, not UTF-8, over-long ids) with no serializer: they must
+answer INVALID_ARGUMENT (or a refusal of the rules), never INTERNAL, and change nothing.
+NEXUSCRM_FUZZ_CASES_PER_SERVICE sets the cases per service and pass, shared among its RPCs
+(default 100 in `make test`; `make reliability` runs 10 000).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from nexuscrm_schema_catalog.servicer import registration as schema_catalog_regi
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack
 from tests.support.pki import Pki
-from tests.support.proto_strategies import message_strategy
+from tests.support.proto_strategies import message_strategy, wire_strategy
 
 pytestmark = pytest.mark.database
 
@@ -116,6 +119,42 @@ def test_rpc_answers_only_deliberate_codes_and_refusals_change_nothing(
         except grpc.RpcError as error:
             assert error.code() in DELIBERATE, f"{method_name} answered {error.code()}: {error.details()}"
             assert error.details(), "a refusal must say why"
+            with engine.connect() as connection:
+                assert database_checksums(connection, table_names) == before, f"refused {method_name} changed rows"
+
+    check()
+
+
+@pytest.mark.parametrize("method_name", sorted(METHODS))
+def test_raw_request_bytes_answer_only_deliberate_codes_and_change_nothing(
+    server: tuple[grpc.Channel, list[str]], engine: sa.Engine, method_name: str
+) -> None:
+    channel, known = server
+    method = METHODS[method_name]
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    call = (channel.unary_stream if method.server_streaming else channel.unary_unary)(
+        path, request_serializer=None, response_deserializer=None
+    )
+    table_names = [t.name for t in tables.metadata.sorted_tables]
+    examples = max(1, CASES_PER_SERVICE // len(method.containing_service.methods))
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(wire_strategy(method.input_type, known))
+    def check(payload: bytes) -> None:
+        with engine.connect() as connection:
+            before = database_checksums(connection, table_names)
+        try:
+            response = call(payload, timeout=30)
+            if method.server_streaming:
+                list(response)
+        except grpc.RpcError as error:
+            assert error.code() in DELIBERATE, f"{method_name} answered {error.code()}: {error.details()}"
+            assert error.details(), "a refusal must say why"
+            assert len(error.details() or "") <= 2_000, "a refusal must not echo unbounded input"
             with engine.connect() as connection:
                 assert database_checksums(connection, table_names) == before, f"refused {method_name} changed rows"
 

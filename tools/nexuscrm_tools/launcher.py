@@ -3,6 +3,9 @@
 Used by ``nexuscrm-run`` and by the acceptance tests. Each child binds port 0 and publishes
 the port it got through ``NEXUSCRM_PORT_FILE``; the launcher then waits until the child's
 health service answers SERVING.
+
+A child never outlives its launcher (``service_command``): whatever ends the launcher, SIGKILL
+included, each service gets SIGTERM, its graceful shutdown.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -63,6 +67,43 @@ INTEGRATION = ServiceSpec(
 # The schema catalog starts first: it applies the canonical schema the others need. Connectors
 # starts before the Controlplane, whose dashboard finds it through NEXUSCRM_CONNECTORS_TARGET.
 ALL_SERVICES = (SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE, INTEGRATION)
+
+
+# Run in the child's interpreter before the service module, then become the service. The
+# kernel's PR_SET_PDEATHSIG (prctl option 1, kept across exec) signals the child when the
+# *thread* that forked it ends, so it is asked for only when the main thread launches; in every
+# case a watchdog thread sends SIGTERM when the launcher process is gone (its parent changes).
+# Not a preexec_fn: running Python between fork and exec in a process with live gRPC threads
+# deadlocks in gRPC's fork handlers.
+_DIE_WITH_PARENT = """
+import ctypes, os, runpy, signal, sys, threading
+parent, with_thread = int(sys.argv[1]), sys.argv[2] == "1"
+if with_thread and sys.platform == "linux":
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != parent:
+    sys.exit(1)
+
+def watch():
+    while os.getppid() == parent:
+        threading.Event().wait(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+module = sys.argv[3]
+sys.argv = [module, *sys.argv[4:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def service_command(python: str, module: str) -> list[str]:
+    """The command that runs ``python -m module`` in a child that stops when this process ends.
+
+    Launched from the main thread, the kernel signals the child the moment the launcher dies
+    (``PR_SET_PDEATHSIG``); from any thread, a watchdog in the child notices within
+    a second. Either way the child gets SIGTERM, its graceful shutdown.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    return [python, "-c", _DIE_WITH_PARENT, str(os.getpid()), "1" if main else "0", module]
 
 
 class LaunchError(RuntimeError):
@@ -153,15 +194,21 @@ def start_service(
     }
     with log_path.open("ab") as log_file:
         # A session of its own: Ctrl-C in a terminal reaches only the launcher, which then stops
-        # the services in order (the worker host drains while Connectors still answers).
+        # the services in order (the worker host drains while Connectors still answers); and
+        # whatever ends the launcher, the kernel stops the child (die_with_parent).
         process = subprocess.Popen(
-            [python, "-m", spec.module],
+            service_command(python, spec.module),
             env=child_env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    port = _wait_for_port(spec, process, port_file, log_path)
+    try:
+        port = _wait_for_port(spec, process, port_file, log_path)
+    except BaseException:  # interrupted or timed out: the caller never learns of this child
+        process.kill()
+        process.wait()
+        raise
     return ServiceProcess(spec=spec, process=process, port=port, log_path=log_path, tls=TlsFiles.from_env(child_env))
 
 

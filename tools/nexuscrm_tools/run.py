@@ -14,7 +14,8 @@ Controlplane serves the operator dashboard; default 127.0.0.1:0, a free port, pr
 Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
 list below ``--help``): 0 every check passed; 1 a service did not stop cleanly; 2 usage error;
 3 a service did not start; 9 a check failed (projection or invariants); 130 interrupted
-before the summary. ``--timeout`` is a Go duration (``10m``, ``90s``).
+before the summary (SIGINT, SIGTERM or SIGHUP, start-up included). Every service stops with
+the runner, whatever ends it (``nexuscrm_tools.launcher``). ``--timeout`` is a Go duration (``10m``, ``90s``).
 """
 
 from __future__ import annotations
@@ -272,6 +273,14 @@ def summary_table(summary: Summary, lanes: int) -> Table:
     return table
 
 
+# Ctrl-C, a stop request, and the terminal closing: each stops the services and ends the run.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """A stop signal arrived during start-up (a BaseException, like KeyboardInterrupt: nothing swallows it)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     defaults = WorkloadConfig()
     parser = argparse.ArgumentParser(
@@ -315,8 +324,16 @@ def main(argv: list[str] | None = None) -> ExitCode:
         _parser().error(str(error))
     console = Console()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    starting = True
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        first = not stop.is_set()
+        stop.set()
+        if starting and first:  # abort the start-up where it is; start_services stops what started
+            raise Interrupted(signal.Signals(signum).name)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_signal)
     dsn = env_str("NEXUSCRM_DSN", DEFAULT_DSN)
     dashboard = {"NEXUSCRM_DASHBOARD_ADDRESS": env_str("NEXUSCRM_DASHBOARD_ADDRESS", "127.0.0.1:0")}
     console.print(f"starting the NexusCRM services on the {dsn_backend(dsn)} database ...")
@@ -324,7 +341,17 @@ def main(argv: list[str] | None = None) -> ExitCode:
         services, pack_install_id = start_system(
             dsn, args.workdir, namespace="demo", workers=args.workers, extra_env=dashboard
         )
+        starting = False
+    except Interrupted as signalled:
+        console.print(
+            f"[red]interrupted ({signalled}) during start-up:[/red] the services that had started were stopped"
+        )
+        return ExitCode.INTERRUPTED
     except (LaunchError, grpc.RpcError) as error:
+        starting = False
+        if stop.is_set():
+            console.print(f"[red]interrupted during start-up:[/red] {error}")
+            return ExitCode.INTERRUPTED
         console.print(f"[red]startup failed:[/red] {error}")
         return ExitCode.UNREACHABLE
     code = ExitCode.OK

@@ -67,6 +67,11 @@ class RunningServer:
         for name in ("", *self.service_names):
             self.health.set(name, status)
 
+    def set_health(self, name: str, serving: bool) -> None:
+        """Report SERVING or NOT_SERVING for one named part (e.g. a background loop of a service)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        self.health.set(name, status)
+
     def stop(self, grace: float) -> None:
         """Report NOT_SERVING, refuse new RPCs and wait up to ``grace`` seconds for in-flight ones."""
         self.health.enter_graceful_shutdown()
@@ -181,12 +186,14 @@ def run_service(
     default_port: int,
     build: Callable[[ServiceConfig, Engine, Security | None], Sequence[Registration]],
     on_stop: Callable[[], None] | None = None,
+    on_serving: Callable[[RunningServer], None] | None = None,
 ) -> None:
     """Run one service: the body of every service's ``main``.
 
     Reads the configuration of ``env_name`` and its ``Security``, sets up logs, tracing and
     metrics, opens the database, serves what ``build`` registers until SIGTERM, then
-    disposes the engine.
+    disposes the engine. ``on_serving`` gets the started server (to report the health of
+    a background part, for instance).
     """
     configure_logging()
     config = ServiceConfig.from_env(env_name, default_port)
@@ -211,6 +218,8 @@ def run_service(
             dsn_backend(config.dsn),
             "mutual TLS and authorization" if security else "plaintext, no authorization",
         )
+        if on_serving is not None:
+            on_serving(running)
         if config.port_file:
             write_port_file(Path(config.port_file), running.port)
 

@@ -14,6 +14,13 @@ from sqlalchemy.dialects import mysql
 
 from workqueue.identity import FIELD_MAX_LENGTHS, PROJECTION_KEY_MAX_LENGTH
 
+# The identifier lengths come from workqueue.limits, which the RPC runtime enforces on requests.
+from workqueue.limits import FENCE_ID_LENGTH, LEASE_TOKEN_LENGTH, WORKER_ID_LENGTH
+from workqueue.limits import NAMESPACE_LENGTH as NAMESPACE_LENGTH
+from workqueue.limits import PACK_ID_LENGTH as PACK_ID_LENGTH
+from workqueue.limits import RECEIPT_KEY_LENGTH as RECEIPT_KEY_LENGTH
+from workqueue.limits import WORK_ID_LENGTH as WORK_ID_LENGTH
+
 metadata = sa.MetaData()
 
 MYSQL_TABLE_OPTIONS: dict[str, Any] = {
@@ -22,10 +29,6 @@ MYSQL_TABLE_OPTIONS: dict[str, Any] = {
     "mysql_engine": "InnoDB",
 }
 
-PACK_ID_LENGTH = FIELD_MAX_LENGTHS["pack_install_id"]
-WORK_ID_LENGTH = 36
-RECEIPT_KEY_LENGTH = 255
-NAMESPACE_LENGTH = 64
 STATUS_LENGTH = 16
 
 
@@ -69,7 +72,7 @@ NAMESPACE_SCOPE = "*"  # AdmissionFence.Scope of a fence on a whole namespace
 AdmissionFence = sa.Table(
     "AdmissionFence",
     metadata,
-    sa.Column("FenceId", sa.String(36), primary_key=True),
+    sa.Column("FenceId", sa.String(FENCE_ID_LENGTH), primary_key=True),
     sa.Column("Namespace", sa.String(NAMESPACE_LENGTH), nullable=False),
     # NAMESPACE_SCOPE ("*") for the whole namespace, else one PackInstallId.
     sa.Column("Scope", sa.String(PACK_ID_LENGTH), nullable=False),
@@ -84,7 +87,7 @@ AdmissionFence = sa.Table(
 AdmissionFenceOverride = sa.Table(
     "AdmissionFenceOverride",
     metadata,
-    sa.Column("FenceId", sa.String(36), primary_key=True),
+    sa.Column("FenceId", sa.String(FENCE_ID_LENGTH), primary_key=True),
     sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
     sa.Column("ExpiresAt", Timestamp(), nullable=True),  # NULL: until removed
     sa.Column("CreatedAt", Timestamp(), nullable=False),
@@ -150,8 +153,8 @@ WorkItem = sa.Table(
     # When the row becomes claimable: creation or unblock (pending), NextAttemptAt (retry) or
     # lease expiry (processing). NULL while blocked or terminal.
     sa.Column("ClaimableAt", Timestamp(), nullable=True),
-    sa.Column("LeaseOwner", sa.String(128), nullable=True),
-    sa.Column("LeaseToken", sa.String(36), nullable=True),
+    sa.Column("LeaseOwner", sa.String(WORKER_ID_LENGTH), nullable=True),
+    sa.Column("LeaseToken", sa.String(LEASE_TOKEN_LENGTH), nullable=True),
     sa.Column("LeaseExpiresAt", Timestamp(), nullable=True),
     sa.Column("LastError", sa.Text, nullable=True),
     sa.Column("CreatedAt", Timestamp(), nullable=False),

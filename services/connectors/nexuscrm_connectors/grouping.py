@@ -45,7 +45,8 @@ class _Call:
     def outcome(self) -> dict[str, IngestResult]:
         if self.error is not None:
             raise self.error
-        assert self.results is not None
+        if self.results is None:
+            raise RuntimeError("outcome() of a group that is not done")
         return self.results
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
+import secrets
 import time
 import types
 import uuid
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 WORKER_ID_MAX_LENGTH = 128
 CLAIM_PASSES = 3  # candidate reads per claim transaction, and transactions per claim attempt
+# How far the clocks of two Connectors instances may differ when a refusal judges a lease
+# token's issue time against the work's creation and now (a message only: never a fence).
+LEASE_CLOCK_SLACK = dt.timedelta(seconds=60)
 
 
 def check_lease_seconds(settings: Settings, lease_seconds: int) -> int:
@@ -212,7 +216,7 @@ def _claim_transaction(
     if not chosen:
         batch.lost = len(open_ids)  # claims that started after the read took them: read again
         return batch
-    token = str(uuid.uuid4())  # one fresh token per claim: fencing checks it together with the WorkId
+    token = new_lease_token(now)  # one fresh token per claim: fencing checks it together with the WorkId
     grant = lease_grant(request.worker_id, token, now + request.lease)
     work_ids = [candidate.WorkId for candidate in chosen]
     if queries.work_items_claim(connection, work_ids, now, grant) == 0:
@@ -315,6 +319,50 @@ def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]
     return sorted(row.PackInstallId for row in rows if row.Native is not None)
 
 
+def new_lease_token(now: dt.datetime) -> str:
+    """A fresh lease token: a UUIDv7 (RFC 9562) whose first 48 bits are ``now`` (naive UTC) in ms.
+
+    Only equality fences a lease; the issue time lets a refusal say whether a token that is not
+    the current one can have been an earlier lease of the work (``current_lease``).
+    """
+    millis = int(now.replace(tzinfo=dt.UTC).timestamp() * 1000) & ((1 << 48) - 1)
+    random = int.from_bytes(secrets.token_bytes(10))
+    value = (millis << 80) | (0x7 << 76) | ((random >> 62) & 0xFFF) << 64 | (0b10 << 62) | (random & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
+
+
+def lease_token_issued_at(token: str) -> dt.datetime | None:
+    """When this service issued ``token`` (naive UTC), or None if it is no token this service issues."""
+    try:
+        parsed = uuid.UUID(token)
+    except ValueError:
+        return None
+    if parsed.version != 7 or str(parsed) != token:
+        return None
+    return dt.datetime.fromtimestamp((parsed.int >> 80) / 1000, dt.UTC).replace(tzinfo=None)
+
+
+def _not_current(row: DbRow, work_id: str, lease_token: str, now: dt.datetime) -> LeaseLost:
+    """Why ``lease_token`` is not the lease of processing ``row``: never issued for it, or superseded."""
+    issued = lease_token_issued_at(lease_token)
+    if row.Attempt == 0 or (
+        issued is not None and not row.CreatedAt - LEASE_CLOCK_SLACK <= issued <= now + LEASE_CLOCK_SLACK
+    ):
+        # Attempt 0: the current lease is the only one the work has had.
+        return LeaseLost(f"lease token {lease_token!r} was not issued for work {work_id}", field="lease_token")
+    if issued is None:  # not a token of ours, or one issued before tokens carried their time
+        return LeaseLost(
+            f"lease token {lease_token!r} is stale or was not issued for work {work_id}: "
+            f"the work was claimed again (attempt {row.Attempt + 1})",
+            field="lease_token",
+        )
+    return LeaseLost(
+        f"lease token is stale: work {work_id} was claimed again by another worker (attempt {row.Attempt + 1}) "
+        f"after this token was issued at {iso_utc(issued)}",
+        field="lease_token",
+    )
+
+
 def lease_grant(worker_id: str, token: str, expires: dt.datetime) -> dict[str, Any]:
     """The WorkItem values that lease a generation to ``worker_id`` with ``token`` until ``expires``."""
     return {
@@ -328,7 +376,7 @@ def lease_grant(worker_id: str, token: str, expires: dt.datetime) -> dict[str, A
 
 def lease_values(worker_id: str, attempt: int, now: dt.datetime, lease: dt.timedelta) -> tuple[str, dict[str, Any]]:
     """A fresh lease token and the WorkItem values that grant it to ``worker_id`` until ``now + lease``."""
-    token = str(uuid.uuid4())
+    token = new_lease_token(now)
     return token, {"Attempt": attempt, **lease_grant(worker_id, token, now + lease)}
 
 
@@ -357,12 +405,15 @@ def current_lease(connection: Connection, work_id: str, lease_token: str, now: d
     row = queries.work_item_get(connection, work_id)
     if row is None:
         raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+    if row.Status == WorkStatus.PENDING and row.Attempt == 0:
+        raise LeaseLost(
+            f"lease token {lease_token!r} was not issued for work {work_id}: the work has never been claimed",
+            field="lease_token",
+        )
     if row.Status != WorkStatus.PROCESSING:
         raise LeaseLost(f"lease of work {work_id} is no longer held: the work is {row.Status}", field="lease_token")
     if row.LeaseToken != lease_token:
-        raise LeaseLost(
-            f"lease token is stale: work {work_id} was claimed again (attempt {row.Attempt + 1})", field="lease_token"
-        )
+        raise _not_current(row, work_id, lease_token, now)
     if row.LeaseExpiresAt <= now:
         raise LeaseLost(f"lease of work {work_id} expired at {iso_utc(row.LeaseExpiresAt)}", field="lease_token")
     return row

@@ -169,7 +169,8 @@ class LegacyRuntime:
             _refuse_if_cut_over(connection, pack.pack_install_id, "record a handoff")
             legacy_handoff_set(connection, pack.pack_install_id, self.clock())
             recorded = legacy_handoff_get(connection, pack.pack_install_id)
-            assert recorded is not None  # set in this transaction or before
+            if recorded is None:  # set in this transaction or before
+                raise RuntimeError(f"the legacy handoff of {pack.pack_install_id} vanished inside its transaction")
             return recorded
 
         return run_transaction(self.engine, record, name="legacy handoff")
@@ -441,5 +442,6 @@ class LegacyRuntime:
     @staticmethod
     def _reread(connection: Connection, work_id: str) -> WorkItemRow:
         row = queries.work_item_get(connection, work_id)
-        assert row is not None  # changed in this transaction
+        if row is None:  # changed in this transaction
+            raise RuntimeError(f"work {work_id} vanished inside the transaction that changed it")
         return queries.work_item_value(row)

@@ -2,7 +2,8 @@
 
 Environment: NEXUSCRM_DSN, NEXUSCRM_CONNECTORS_ADDRESS (default 127.0.0.1:50053), and the
 limits of ``nexuscrm_connectors.settings.Settings`` (NEXUSCRM_MAX_BATCH_ITEMS, ...). A
-background materializer admits stored receipts every NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS.
+background materializer admits stored receipts every NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS;
+its health is the gRPC health status of ``materializer.HEALTH_NAME``.
 NEXUSCRM_CONNECTORS_METRICS_ADDRESS serves the counters of ``nexuscrm_connectors.metrics``.
 """
 
@@ -10,13 +11,13 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors.materializer import Materializer
+from nexuscrm_connectors.materializer import HEALTH_NAME, Materializer
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.config import ServiceConfig
 from nexuscrm_runtime.security import Security
-from nexuscrm_runtime.server import Registration, run_service
+from nexuscrm_runtime.server import Registration, RunningServer, run_service
 
 DEFAULT_PORT = 50053
 
@@ -32,11 +33,15 @@ def main() -> None:
         materializers.append(materializer)
         return [registration(connectors)]
 
+    def serving(running: RunningServer) -> None:
+        for materializer in materializers:
+            materializer.attach_health(lambda healthy: running.set_health(HEALTH_NAME, healthy))
+
     def stop() -> None:
         for materializer in materializers:
             materializer.stop()
 
-    run_service(env_name="CONNECTORS", default_port=DEFAULT_PORT, build=build, on_stop=stop)
+    run_service(env_name="CONNECTORS", default_port=DEFAULT_PORT, build=build, on_stop=stop, on_serving=serving)
 
 
 if __name__ == "__main__":

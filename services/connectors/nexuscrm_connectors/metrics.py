@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from nexuscrm_connectors.leases import ClaimBatch
 from workqueue import WorkStatus
@@ -37,6 +37,14 @@ COVERAGE_MISSING = Counter(
 )
 RECEIPTS_FENCED = Counter("nexuscrm_receipts_fenced_total", "Deliveries stored durably behind an admission fence.")
 DELIVERIES_REJECTED = Counter("nexuscrm_deliveries_rejected_total", "Deliveries rejected with nothing written.")
+MATERIALIZER_FAILURES = Counter(
+    "nexuscrm_materializer_failures_total",
+    "Background passes that raised, by step (materializer, stranded-generation); each is retried after a back-off.",
+    ["step"],
+)
+MATERIALIZER_HEALTHY = Gauge(
+    "nexuscrm_materializer_healthy", "1 when the background materializer's last pass succeeded, else 0."
+)
 CLAIMS = Counter("nexuscrm_claims_total", "Generations leased to a worker.")
 LEASES_RECLAIMED = Counter(
     "nexuscrm_leases_reclaimed_total", "Expired leases a claim took over for a new attempt of their generation."

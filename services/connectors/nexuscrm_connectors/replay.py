@@ -39,7 +39,8 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> Re
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
         pack = packs.pack_lock(connection, found.PackInstallId)
         target = queries.work_item_get(connection, work_id, lock=True)
-        assert target is not None  # WorkItems are never deleted
+        if target is None:  # WorkItems are never deleted
+            raise RuntimeError(f"work {work_id} vanished between its read and its row lock")
         if target.InputStartOrdinal is None or packs.protocol_get(connection, target.PackInstallId) is None:
             raise ProtocolMissing(f"work {work_id} is old-protocol work; replay needs native range work")
         if WorkStatus(target.Status) not in TERMINAL_WORK_STATUSES:
@@ -98,7 +99,8 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> Re
         if blocked and queries.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
             raise RuntimeError("the newest generation changed under its row lock")  # decision 106
         created = queries.work_item_get(connection, new_id)
-        assert created is not None
+        if created is None:
+            raise RuntimeError(f"replay {new_id} vanished inside the transaction that inserted it")
         return ReplayResult(work=queries.work_item_value(created), replay_event_ordinal=ordinal)
 
     return run_transaction(engine, run, name="replay")

@@ -50,7 +50,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             request.worker_id,
             pack_install_ids=list(request.pack_install_ids),
             work_types=list(request.work_types),
-            max_items=request.max_items or 1,
+            max_items=request.max_items if request.HasField("max_items") else 1,  # 0 is refused, unset is 1
             lease=_lease(request.lease_seconds),
             wait=dt.timedelta(milliseconds=request.wait_ms),
         )

@@ -151,7 +151,8 @@ def _covered(connection: Connection, namespace: str, scope: str) -> None:
 
 def _fence_reread(connection: Connection, fence_id: str) -> FenceRow:
     row = queries.fence_get(connection, fence_id)
-    assert row is not None  # locked or written in this transaction
+    if row is None:  # locked or written in this transaction
+        raise RuntimeError(f"fence {fence_id} vanished inside the transaction that locked or wrote it")
     return with_overrides(connection, [row])[0]
 
 

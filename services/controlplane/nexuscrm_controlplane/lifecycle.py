@@ -182,7 +182,8 @@ def protocol_write(
     if queries.packs_control_version_bump(connection, pack_install_ids=[pack_install_id]) != 1:
         raise RuntimeError(f"pack {pack_install_id} changed under its row lock")
     written = protocol_read(connection, pack_install_id)
-    assert written is not None  # inserted in this transaction
+    if written is None:  # inserted in this transaction
+        raise RuntimeError(f"the protocol row of {pack_install_id} vanished inside the transaction that wrote it")
     return written, True
 
 

@@ -174,7 +174,8 @@ class ControlplaneServicer(pb_grpc.ControlplaneServiceServicer):
                 self._engine, request.pack_install_id, deadline=_deadline(request.timeout_seconds), clock=self._clock
             )
         )
-        assert result.protocol is not None  # written or already written
+        if result.protocol is None:  # require_written answered, so the protocol row exists
+            raise RuntimeError(f"cutover of {request.pack_install_id} wrote no protocol row")
         return pb.CutoverResponse(
             protocol=_protocol(result.protocol),
             already_written=result.outcome is cutover.Outcome.ALREADY_WRITTEN,

@@ -27,7 +27,7 @@ from nexuscrm_controlplane.dashboard import queries
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_runtime.clock import Clock
 from nexuscrm_runtime.clock import iso_utc as iso
-from nexuscrm_schema.tables import NAMESPACE_SCOPE
+from nexuscrm_schema.tables import NAMESPACE_SCOPE, WORK_ID_LENGTH
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES as NONTERMINAL
@@ -242,7 +242,8 @@ def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[
     if not text or len(text) > SEARCH_MAX_LENGTH:
         raise InvalidArgument(f"search for a WorkId or a ReceiptKey of 1 to {SEARCH_MAX_LENGTH} characters", field="q")
     found: list[dict[str, Any]] = []
-    described = connectors.get_work(text)
+    # Connectors refuses a WorkId longer than its column (decision 109): no such work exists.
+    described = connectors.get_work(text) if len(text) <= WORK_ID_LENGTH else None
     if described is not None:
         found.append({"kind": "work", **_work(described.work, described.member_count)})
     with engine.connect() as connection:

@@ -1,0 +1,145 @@
+"""What the runtime admits as a request, before any handler (or authorization rule) sees it.
+
+grpcio deserializes a request before any interceptor runs, and an exception there answers
+INTERNAL ("Exception deserializing request!") with an ERROR traceback. So the runtime wraps
+every method's deserializer (``guarded_deserializer``): bytes that do not parse become a
+``RejectedRequest`` carrying an ``InvalidArgument`` that names the message type or, for
+invalid UTF-8, the string field, and the status interceptor raises it like any domain error.
+A request that parses is then checked once for what protobuf accepts but no handler can use
+(``validate_request``): a Timestamp outside 0001-01-01..9999-12-31 or with nanos outside
+0..999 999 999, and an identifier longer than its column (``workqueue.limits``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from workqueue.errors import InvalidArgument
+
+TIMESTAMP = "google.protobuf.Timestamp"
+MIN_TIMESTAMP_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
+MAX_TIMESTAMP_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
+MAX_NANOS = 999_999_999
+
+
+@dataclasses.dataclass(frozen=True)
+class RejectedRequest:
+    """Stands for a request whose bytes did not parse; the handler wrapper raises ``error``."""
+
+    error: InvalidArgument
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, position
+
+
+def _invalid_utf8_field(descriptor: Descriptor, data: bytes, prefix: str = "") -> str | None:
+    """The path of the first string field of ``data`` that is not UTF-8, if the wire format says."""
+    seen: dict[int, int] = {}
+    position = 0
+    try:
+        while position < len(data):
+            key, position = _varint(data, position)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == 0:
+                _, position = _varint(data, position)
+                continue
+            if wire_type in (1, 5):
+                position += 8 if wire_type == 1 else 4
+                continue
+            if wire_type != 2:
+                return None  # groups: not in our protos
+            length, position = _varint(data, position)
+            chunk, position = data[position : position + length], position + length
+            field = descriptor.fields_by_number.get(number)
+            if field is None:
+                continue
+            index = seen.get(number, 0)
+            seen[number] = index + 1
+            path = f"{prefix}{field.name}" + (f"[{index}]" if field.is_repeated else "")
+            if field.type == FieldDescriptor.TYPE_STRING:
+                try:
+                    chunk.decode("utf-8")
+                except UnicodeDecodeError:
+                    return path
+            elif field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
+                found = _invalid_utf8_field(field.message_type, chunk, f"{path}.")
+                if found:
+                    return found
+    except ValueError:
+        return None
+    return None
+
+
+def undecodable(descriptor: Descriptor, data: bytes) -> InvalidArgument:
+    """The refusal of ``data`` that does not parse as ``descriptor``: the field at fault, if found."""
+    field = _invalid_utf8_field(descriptor, data)
+    if field is not None:
+        return InvalidArgument(f"request field {field} is not valid UTF-8", field=field)
+    return InvalidArgument(f"request bytes are not a valid {descriptor.full_name} message")
+
+
+def guarded_deserializer(descriptor: Descriptor, deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``deserializer`` that returns a ``RejectedRequest`` instead of raising on bad bytes."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except (DecodeError, ValueError, RecursionError):
+            return RejectedRequest(undecodable(descriptor, data))
+
+    return deserialize
+
+
+def _check_timestamp(stamp: Message, path: str) -> None:
+    seconds, nanos = stamp.seconds, stamp.nanos  # type: ignore[attr-defined]  # a Timestamp
+    if not MIN_TIMESTAMP_SECONDS <= seconds <= MAX_TIMESTAMP_SECONDS:
+        raise InvalidArgument(
+            f"{path}.seconds is {seconds}; a timestamp must lie in 0001-01-01..9999-12-31 UTC "
+            f"({MIN_TIMESTAMP_SECONDS}..{MAX_TIMESTAMP_SECONDS})",
+            field=path,
+        )
+    if not 0 <= nanos <= MAX_NANOS:
+        raise InvalidArgument(f"{path}.nanos is {nanos}; it must lie in 0..{MAX_NANOS}", field=path)
+
+
+def _check_length(value: str, path: str, limit: int) -> None:
+    if len(value) > limit:
+        raise InvalidArgument(f"{path} is {len(value)} characters long; the limit is {limit}", field=path)
+
+
+def validate_request(message: Message, limits: Mapping[str, int], prefix: str = "") -> None:
+    """Raise ``InvalidArgument`` naming the first out-of-range Timestamp or over-long identifier.
+
+    ``limits`` maps a field name, at any depth, to its maximum length in characters.
+    """
+    for field, value in message.ListFields():
+        path = f"{prefix}{field.name}"
+        repeated = field.is_repeated
+        if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                continue
+            timestamp = field.message_type.full_name == TIMESTAMP
+            for index, item in enumerate(value if repeated else [value]):
+                where = f"{path}[{index}]" if repeated else path
+                if timestamp:
+                    _check_timestamp(item, where)
+                else:
+                    validate_request(item, limits, f"{where}.")
+        elif field.type == FieldDescriptor.TYPE_STRING and field.name in limits:
+            for index, item in enumerate(value if repeated else [value]):
+                _check_length(item, f"{path}[{index}]" if repeated else path, limits[field.name])
