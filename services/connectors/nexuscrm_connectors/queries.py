@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_schema.relations import PREDECESSOR_STATUS
 from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
 from workqueue.values import WorkItemRow
@@ -544,23 +545,6 @@ def work_item_successor(
     ).first()
 
 
-# Blocked native generations of a pack whose predecessor (the previous generation of the
-# identity) is terminal or missing: stranded work the liveness sweep makes claimable.
-_PREDECESSOR = WorkItem.alias("Predecessor")
-_PREDECESSOR_STATUS = (
-    sa.select(_PREDECESSOR.c.Status)
-    .where(
-        _PREDECESSOR.c.PackInstallId == WorkItem.c.PackInstallId,
-        _PREDECESSOR.c.ProjectionKey == WorkItem.c.ProjectionKey,
-        _PREDECESSOR.c.LaneOrdinal < WorkItem.c.InputStartOrdinal,
-    )
-    .order_by(_PREDECESSOR.c.LaneOrdinal.desc())
-    .limit(1)
-    .correlate(WorkItem)
-    .scalar_subquery()
-)
-
-
 def work_items_blocked_page(connection: Connection, pack_install_id: str, after: str, limit: int) -> list[DbRow]:
     """A page of a pack's blocked native generations after WorkId ``after``, with their predecessor's status.
 
@@ -571,7 +555,7 @@ def work_items_blocked_page(connection: Connection, pack_install_id: str, after:
     """
     return list(
         connection.execute(
-            sa.select(WorkItem.c.WorkId, _PREDECESSOR_STATUS.label("PredecessorStatus"))
+            sa.select(WorkItem.c.WorkId, PREDECESSOR_STATUS.label("PredecessorStatus"))
             .where(
                 WorkItem.c.PackInstallId == pack_install_id,
                 WorkItem.c.Status == WorkStatus.BLOCKED,

@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_schema.relations import PREDECESSOR_STATUS
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
@@ -140,24 +141,6 @@ def work_failed_sample(connection: Connection, pack_install_id: str, limit: int)
     )
 
 
-# The status of a generation's predecessor: the identity's generation with the highest
-# LaneOrdinal below its InputStartOrdinal (one seek of ix_workitem_projection_order); NULL
-# when there is none.
-_PREDECESSOR = WorkItem.alias("Predecessor")
-_PREDECESSOR_STATUS = (
-    sa.select(_PREDECESSOR.c.Status)
-    .where(
-        _PREDECESSOR.c.PackInstallId == WorkItem.c.PackInstallId,
-        _PREDECESSOR.c.ProjectionKey == WorkItem.c.ProjectionKey,
-        _PREDECESSOR.c.LaneOrdinal < WorkItem.c.InputStartOrdinal,
-    )
-    .order_by(_PREDECESSOR.c.LaneOrdinal.desc())
-    .limit(1)
-    .correlate(WorkItem)
-    .scalar_subquery()
-)
-
-
 def work_stranded_count_capped(connection: Connection, pack_install_id: str, cap: int) -> int:
     """Blocked native generations of a pack whose predecessor is terminal or missing, counted up to ``cap``.
 
@@ -167,7 +150,7 @@ def work_stranded_count_capped(connection: Connection, pack_install_id: str, cap
     generation per identity: admission extends an unclaimed one) with one seek of
     ix_workitem_projection_order per row for its predecessor.
     """
-    predecessor = _PREDECESSOR_STATUS
+    predecessor = PREDECESSOR_STATUS
     terminal = [status.value for status in TERMINAL_WORK_STATUSES]
     limited = (
         sa.select(WorkItem.c.WorkId)
