@@ -271,3 +271,29 @@ def _lease_expiries(engine: sa.Engine, pack: str) -> list[dt.datetime]:
                 )
             ).scalars()
         )
+
+
+def test_failing_damaged_work_unblocks_its_successor(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    """A damaged generation found on reclaim is failed and its blocked successor runs next, in the same claim."""
+    pack = install_pack(engine)
+    first = connectors.ingest(pack, items=[delivery(lane="a")])[0]
+    connectors.claim("w1", pack_install_ids=[pack], lease=dt.timedelta(seconds=5))
+    successor = connectors.ingest(pack, items=[delivery(lane="a")])[0]  # blocked behind the running generation
+    assert connectors.get_work(str(successor.work_id)).work.status == WorkStatus.BLOCKED
+    with engine.begin() as connection:
+        connection.execute(
+            sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == first.enqueue_ordinal)
+        )
+    clock.advance(6)  # the lease expired: the next claim reclaims the damaged generation
+    claims = connectors.claim("w2", pack_install_ids=[pack])
+    assert [c.work.work_id for c in claims] == [successor.work_id]
+    assert connectors.get_work(str(first.work_id)).work.status == WorkStatus.FAILED
+    _finish(connectors, claims)
+    lost = (pack, first.receipt_key)
+    assert sorted(check_invariants(engine)) == [  # the damage, and nothing else
+        f"D: receipt {lost} is confirmed but has no Event (an acknowledged input was lost)",
+        f"P: {first.work_id} has no member at its InputStartOrdinal {first.enqueue_ordinal}",
+        f"P: {first.work_id} has no selected Event at its LaneOrdinal {first.enqueue_ordinal}",
+    ]
