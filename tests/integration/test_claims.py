@@ -7,7 +7,9 @@ import threading
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
+from nexuscrm_connectors.leases import CLAIM_PASSES
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem
@@ -79,7 +81,7 @@ def test_claims_of_one_process_never_choose_rows_another_has_reserved(
     assert_invariants(engine)
 
 
-def test_a_missing_selected_event_refuses_only_its_generation(
+def test_a_missing_selected_event_fails_only_its_generation(
     engine: sa.Engine, connectors: Connectors, caplog: pytest.LogCaptureFixture
 ) -> None:
     pack = install_pack(engine)
@@ -90,17 +92,70 @@ def test_a_missing_selected_event_refuses_only_its_generation(
     selected = results[2].enqueue_ordinal
     with engine.begin() as connection:
         connection.execute(sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == selected))
+    before = _failed_damaged()
     claims = connectors.claim("w", pack_install_ids=[pack], max_items=3)
     assert sorted(c.work.work_id for c in claims) == sorted([results[0].work_id, results[3].work_id])
-    assert f"not claiming {damaged}: its selected Event (ordinal {selected}) is missing" in caplog.text
+    reason = f"its selected Event (ordinal {selected}) is missing"
+    assert f"failing {damaged}: {reason}" in caplog.text
     work = connectors.get_work(str(damaged)).work
-    assert (work.status, work.attempt, work.lease_token) == (WorkStatus.PENDING, 0, None)
+    assert (work.status, work.lease_token, work.last_error) == (WorkStatus.FAILED, None, f"damaged: {reason}")
+    assert _failed_damaged() == before + 1
     _finish(connectors, claims)
     lost = (pack, results[2].receipt_key)
     assert sorted(check_invariants(engine)) == [  # the damage, and nothing else
         f"D: receipt {lost} is confirmed but has no Event (an acknowledged input was lost)",
         f"P: {damaged} has no selected Event at its LaneOrdinal {selected}",
     ]
+
+
+@pytest.mark.parametrize("max_items", [1, 2])
+def test_damaged_oldest_generations_never_block_newer_work_of_the_pack(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock, max_items: int
+) -> None:
+    """More damaged generations than the candidate window (2 x max_items): claims still reach the healthy one.
+
+    Each claim fails up to CLAIM_PASSES x max_items damaged generations for good, so a worker
+    that keeps claiming reaches newer work after a bounded number of claims (one here for 2).
+    """
+    pack = install_pack(engine)
+    damaged_count = 2 * max_items + 1
+    results = connectors.ingest(pack, items=[delivery(lane=f"damaged-{n}") for n in range(damaged_count)])
+    clock.advance(1)  # strictly older than the healthy one
+    healthy = connectors.ingest(pack, items=[delivery(lane="healthy")])[0]
+    with engine.begin() as connection:
+        connection.execute(
+            sa.delete(Event).where(
+                Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal.in_([r.enqueue_ordinal for r in results])
+            )
+        )
+    before = _failed_damaged()
+    answers = [connectors.claim("w", pack_install_ids=[pack], max_items=max_items)]
+    while not answers[-1] and len(answers) < damaged_count:  # on main: empty for ever
+        answers.append(connectors.claim("w", pack_install_ids=[pack], max_items=max_items))
+    claims = answers[-1]
+    assert [c.work.work_id for c in claims] == [healthy.work_id]
+    assert len(answers) == (2 if damaged_count % (CLAIM_PASSES * max_items) == 0 else 1)  # 3 x 1, or 5 < 3 x 2
+    for result in results:
+        work = connectors.get_work(str(result.work_id)).work
+        assert (work.status, work.last_error) == (
+            WorkStatus.FAILED,
+            f"damaged: its selected Event (ordinal {result.enqueue_ordinal}) is missing",
+        )
+    assert _failed_damaged() == before + damaged_count
+    _finish(connectors, claims)
+    assert connectors.claim("w", pack_install_ids=[pack], max_items=max_items) == []
+    assert sorted(check_invariants(engine)) == sorted(  # the damage, and nothing else
+        [
+            f"D: receipt {(pack, r.receipt_key)} is confirmed but has no Event (an acknowledged input was lost)"
+            for r in results
+        ]
+        + [f"P: {r.work_id} has no selected Event at its LaneOrdinal {r.enqueue_ordinal}" for r in results]
+        + [f"P: {r.work_id} has no member at its InputStartOrdinal {r.enqueue_ordinal}" for r in results]
+    )
+
+
+def _failed_damaged() -> float:
+    return REGISTRY.get_sample_value("nexuscrm_generations_failed_damaged_total") or 0.0
 
 
 def test_an_expired_lease_is_reclaimed_in_the_same_statement_as_pending_work(
@@ -216,3 +271,29 @@ def _lease_expiries(engine: sa.Engine, pack: str) -> list[dt.datetime]:
                 )
             ).scalars()
         )
+
+
+def test_failing_damaged_work_unblocks_its_successor(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    """A damaged generation found on reclaim is failed and its blocked successor runs next, in the same claim."""
+    pack = install_pack(engine)
+    first = connectors.ingest(pack, items=[delivery(lane="a")])[0]
+    connectors.claim("w1", pack_install_ids=[pack], lease=dt.timedelta(seconds=5))
+    successor = connectors.ingest(pack, items=[delivery(lane="a")])[0]  # blocked behind the running generation
+    assert connectors.get_work(str(successor.work_id)).work.status == WorkStatus.BLOCKED
+    with engine.begin() as connection:
+        connection.execute(
+            sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == first.enqueue_ordinal)
+        )
+    clock.advance(6)  # the lease expired: the next claim reclaims the damaged generation
+    claims = connectors.claim("w2", pack_install_ids=[pack])
+    assert [c.work.work_id for c in claims] == [successor.work_id]
+    assert connectors.get_work(str(first.work_id)).work.status == WorkStatus.FAILED
+    _finish(connectors, claims)
+    lost = (pack, first.receipt_key)
+    assert sorted(check_invariants(engine)) == [  # the damage, and nothing else
+        f"D: receipt {lost} is confirmed but has no Event (an acknowledged input was lost)",
+        f"P: {first.work_id} has no member at its InputStartOrdinal {first.enqueue_ordinal}",
+        f"P: {first.work_id} has no selected Event at its LaneOrdinal {first.enqueue_ordinal}",
+    ]

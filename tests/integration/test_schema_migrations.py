@@ -70,8 +70,8 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
 
     assert migrations.apply_schema(empty_engine) == (
         1,
-        4,
-        ["v2_projection_input_ranges", "v3_successor_links", "v4_pack_control_version"],
+        5,
+        ["v2_projection_input_ranges", "v3_successor_links", "v4_pack_control_version", "v5_claimed_member_count"],
     )
 
     with empty_engine.connect() as connection:
@@ -93,15 +93,22 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "PackInstall.ControlVersion",
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
+        "WorkItem.ClaimedMemberCount",
         "_System_ConnectorProjectionProtocol",
     ]
     migrations.apply_schema(empty_engine, 2)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
         "PackInstall.ControlVersion",
         "WorkItem.SuccessorWorkId",
+        "WorkItem.ClaimedMemberCount",
     ]
     migrations.apply_schema(empty_engine, 3)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["PackInstall.ControlVersion"]
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+        "PackInstall.ControlVersion",
+        "WorkItem.ClaimedMemberCount",
+    ]
+    migrations.apply_schema(empty_engine, 4)
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["WorkItem.ClaimedMemberCount"]
     migrations.apply_schema(empty_engine)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == []
 
@@ -132,8 +139,9 @@ def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
         "v2_projection_input_ranges",
         "v3_successor_links",
         "v4_pack_control_version",
+        "v5_claimed_member_count",
     ]
     described = verification.describe_schema(empty_engine)
-    assert migrations.apply_schema(empty_engine) == (4, 4, [])
+    assert migrations.apply_schema(empty_engine) == (5, 5, [])
     assert verification.describe_schema(empty_engine) == described
-    assert described.version == described.newest_version == 4
+    assert described.version == described.newest_version == 5

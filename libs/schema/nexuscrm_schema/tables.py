@@ -164,6 +164,11 @@ WorkItem = sa.Table(
     # the completion both write, so on a multi-primary engine they conflict instead of leaving
     # the successor blocked forever (decision 106); completion unblocks it by primary key.
     sa.Column("SuccessorWorkId", sa.String(WORK_ID_LENGTH), nullable=True),
+    # Added by schema v5. The number of Events of the identity in [InputStartOrdinal,
+    # LaneOrdinal] when the generation was first claimed (its range is frozen from then on),
+    # written by the claim's lease UPDATE; LoadInputs answers DATA_LOSS when fewer remain
+    # (decision 110). NULL until claimed, and for rows claimed before v5.
+    sa.Column("ClaimedMemberCount", sa.BigInteger, nullable=True),
     # The projection-order index: newest generation of an identity, coverage probes,
     # successor lookup on completion.
     sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),

@@ -8,7 +8,9 @@ marks the rows it won), a re-read of those rows with their selected Events, and 
 that moves those Events to processing. Claims of one process reserve the rows they lease
 (``claimers``), so they do not race each other. The claim's row lock is what freezes a
 generation's bounds against a concurrent admission, which only extends unclaimed
-attempt-zero rows.
+attempt-zero rows. A leased generation whose selected Event is missing is damaged: the claim
+fails it in the same transaction, with its reason (decision 110), so it never holds the
+candidate window.
 Every later call presents the lease token of the claim: a stale token changes nothing. A
 generation that becomes terminal unblocks its successor in the same transaction, so per
 identity at most one generation runs, in LaneOrdinal order.
@@ -72,6 +74,7 @@ class ClaimBatch:
     reclaimed: int = 0  # claims of generations whose lease had expired (a new attempt)
     expired_failed: int = 0  # generations whose expired lease was the last attempt: failed for good
     lost: int = 0  # chosen generations that another claim leased first
+    failed_damaged: int = 0  # leased generations whose selected Event is missing: failed for good
 
     def add(self, other: ClaimBatch) -> None:
         """Count ``other`` (a later transaction of the same claim) into this batch."""
@@ -79,6 +82,7 @@ class ClaimBatch:
         self.reclaimed += other.reclaimed
         self.expired_failed += other.expired_failed
         self.lost += other.lost
+        self.failed_damaged += other.failed_damaged
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,14 +94,6 @@ class _Request:
     work_types: tuple[str, ...]
     max_items: int
     lease: dt.timedelta
-
-
-class _Refused(Exception):
-    """Claimed generations whose selected Event is missing: the transaction rolls back without them."""
-
-    def __init__(self, work_ids: dict[str, str]) -> None:
-        super().__init__(f"{len(work_ids)} generations refused")
-        self.work_ids = work_ids  # WorkId -> why
 
 
 def claim(
@@ -118,7 +114,9 @@ def claim(
     Claimable: pending; retry whose time has come; processing whose lease expired (a failed
     attempt: it fails for good when attempts run out). Only packs with a protocol row are
     served; naming a pack without one raises ``ProtocolMissing``. A generation whose selected
-    Event is missing is refused (logged, left unclaimed); the others are claimed.
+    Event is missing is damaged: it is failed for good with that reason (logged, counted), in
+    the claim's transaction, and the others are claimed; a damaged generation never blocks
+    the pack's newer work.
 
     When nothing is claimable, the claim waits up to ``wait`` (at most
     ``settings.max_claim_wait_ms``) and returns as soon as it claimed something: woken by
@@ -156,39 +154,27 @@ def claim(
         if batch.claims or remaining <= 0:
             return batch
         # Work that other claims took first: look again at once; none at all: wait for some.
-        if not attempt.lost and not claimers.wait(seen, min(poll, remaining)):
+        # Damaged work failed: the window moved past it, look again at once too.
+        if not (attempt.lost or attempt.failed_damaged) and not claimers.wait(seen, min(poll, remaining)):
             return batch
 
 
 def _claim_attempt(engine: Engine, claimers: Claimers, request: _Request, now: dt.datetime) -> ClaimBatch:
-    """One claim transaction; run again (a bounded number of times) when it had to refuse some.
+    """One claim transaction; run again (a bounded number of times) when it claimed nothing.
 
-    It also runs again when other claims had leased every generation it chose first.
+    It runs again when other claims had leased every generation it chose first, and when
+    every generation it leased was damaged (failed: the next candidate read is past them).
     """
     total = ClaimBatch()
-    refused: dict[str, str] = {}
     for _ in range(CLAIM_PASSES):
-        try:
-            with claimers.reserving() as take:  # held until the transaction has ended
-                batch = run_transaction(
-                    engine,
-                    functools.partial(
-                        _claim_transaction,
-                        request=request,
-                        now=now,
-                        claimers=claimers,
-                        take=take,
-                        refused=frozenset(refused),
-                    ),
-                    name="claim",
-                )
-        except _Refused as error:
-            for work_id, reason in error.work_ids.items():
-                log.error("not claiming %s: %s", work_id, reason)
-            refused |= error.work_ids
-            continue
+        with claimers.reserving() as take:  # held until the transaction has ended
+            batch = run_transaction(
+                engine,
+                functools.partial(_claim_transaction, request=request, now=now, claimers=claimers, take=take),
+                name="claim",
+            )
         total.add(batch)
-        if batch.claims or not batch.lost:
+        if batch.claims or not (batch.lost or batch.failed_damaged):
             break
     return total
 
@@ -200,18 +186,17 @@ def _claim_transaction(
     now: dt.datetime,
     claimers: Claimers,
     take: Callable[[Sequence[str], int], list[str]],
-    refused: frozenset[str],
 ) -> ClaimBatch:
     """Read candidates, retire exhausted ones, lease the oldest that no other claim holds, move their selected Events.
 
-    Raises ``_Refused`` (rolling everything back) when a leased generation's selected Event is
-    missing; the caller runs the transaction again without it.
+    A leased generation whose selected Event is missing is failed for good in this
+    transaction (``_fail_damaged``); only that path runs statements beyond the constant few.
     """
     batch = ClaimBatch()
     served = _native_packs(connection, request.pack_install_ids)
-    window = request.max_items + claimers.held() + len(refused)
+    window = request.max_items + claimers.held()
     candidates = {c.WorkId: c for c in _live_candidates(connection, request, served, now, window, batch)}
-    open_ids = [work_id for work_id in candidates if work_id not in refused]
+    open_ids = list(candidates)
     chosen = [candidates[work_id] for work_id in take(open_ids, request.max_items)]
     if not chosen:
         batch.lost = len(open_ids)  # claims that started after the read took them: read again
@@ -230,7 +215,10 @@ def _claim_transaction(
         if row.SelectedOrdinal is None
     }
     if missing:
-        raise _Refused(missing)
+        for work_id, reason in missing.items():
+            batch.failed_damaged += _fail_damaged(connection, leased.pop(work_id), token, reason, now)
+        if not leased:
+            return batch
     selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in leased.values()]
     if queries.selected_events_set_status(connection, selected, EventStatus.PROCESSING) != len(selected):
         raise MembershipMissing(f"a selected Event of {sorted(leased)} disappeared during the claim")
@@ -289,6 +277,29 @@ def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
     if queries.work_item_update_if(connection, candidate.WorkId, expect, values) != 1:
         return False
     _finish(connection, candidate, EventStatus.FAILED, now)
+    return True
+
+
+def _fail_damaged(connection: Connection, row: DbRow, token: str, reason: str, now: dt.datetime) -> bool:
+    """Fail a generation this claim leased whose selected Event is missing; unblock its successor.
+
+    Claiming it again can never succeed (its membership cannot be recovered), and leaving it
+    claimable would hold the candidate window for ever: failed is terminal, the reason is in
+    LastError, the damage stays visible to the invariant checker (decision 110).
+    """
+    log.error("failing %s: %s", row.WorkId, reason)
+    expect = {"Status": WorkStatus.PROCESSING, "LeaseToken": token}
+    values = {
+        "Status": WorkStatus.FAILED,
+        "LeaseToken": None,
+        "LeaseExpiresAt": None,
+        "ClaimableAt": None,
+        "FinishedAt": now,
+        "LastError": f"damaged: {reason}",
+    }
+    if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
+        return False
+    _finish(connection, row, EventStatus.FAILED, now)
     return True
 
 

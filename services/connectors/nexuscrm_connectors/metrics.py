@@ -57,6 +57,10 @@ FAILURES = Counter(
     "Generations that failed for good, by reason (attempts_exhausted, not_retryable, lease_expired).",
     ["reason"],
 )
+GENERATIONS_FAILED_DAMAGED = Counter(
+    "nexuscrm_generations_failed_damaged_total",
+    "Generations a claim failed for good because their selected Event is missing (damaged data).",
+)
 COMPLETIONS = Counter("nexuscrm_completions_total", "Generations completed.")
 STRANDED_HEALED = Counter(
     "nexuscrm_stranded_generations_healed_total",
@@ -90,10 +94,11 @@ def record_ingest(results: Sequence[IngestResult]) -> None:
 
 
 def record_claim(batch: ClaimBatch) -> None:
-    """Count the leases a claim granted, the expired ones among them, and expiries that ended a generation."""
+    """Count the leases a claim granted, the expired ones among them, and the generations it failed (expiry, damage)."""
     CLAIMS.inc(len(batch.claims))
     LEASES_RECLAIMED.inc(batch.reclaimed)
     FAILURES.labels("lease_expired").inc(batch.expired_failed)
+    GENERATIONS_FAILED_DAMAGED.inc(batch.failed_damaged)
 
 
 def record_finish(work: WorkItemRow, *, retryable: bool = True) -> None:

@@ -3,7 +3,9 @@
 Membership comes only from the persisted interval [InputStartOrdinal, LaneOrdinal] and the
 exact projection key of the WorkId remembered at claim: never from timestamps, Event status,
 delivery order or retained history. Missing membership is an error, never a fallback to the
-selected payload.
+selected payload. The member count recorded by the first claim (``ClaimedMemberCount``)
+must still hold: a lost middle member answers DATA_LOSS, never the remaining members
+(decision 110).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def load_inputs(
 
     The lease is checked before every page, so a worker that lost its lease stops reading.
     Raises ``MembershipMissing`` when the range is absent (old-protocol work), when the first
-    or selected member is missing, or when the streamed set disagrees with the counted one.
+    or selected member is missing, when the range holds another number of Events than it did
+    when the generation was first claimed (a member lost since), or when the streamed set
+    disagrees with the counted one.
     """
     size = page_size or settings.default_page_size
     if not 1 <= size <= settings.max_page_size:
@@ -48,6 +52,11 @@ def load_inputs(
     while True:
         if streamed == 0 and (not rows or rows[0].EnqueueOrdinal != start):
             raise MembershipMissing(f"work {work_id}: its first input (ordinal {start}) is missing")
+        if streamed == 0 and row.ClaimedMemberCount is not None and count != row.ClaimedMemberCount:
+            raise MembershipMissing(
+                f"work {work_id}: its range [{start}, {end}] holds {count} inputs "
+                f"but held {row.ClaimedMemberCount} when it was claimed"
+            )
         streamed += len(rows)
         last = len(rows) < size or rows[-1].EnqueueOrdinal == end
         if last and (not rows or rows[-1].EnqueueOrdinal != end):

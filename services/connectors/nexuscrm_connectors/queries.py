@@ -653,8 +653,10 @@ def work_items_claim(
     attempt left, and ClaimableAt <= ``now``. A row another claim took meanwhile carries a
     future ClaimableAt and is skipped, so ``grant`` (``LeaseToken`` and the other lease
     columns) marks exactly the rows this statement won: the caller reads them back by token.
-    An expired lease counts as a failed attempt (Attempt + 1). Primary-key lookups; returns
-    the row count.
+    An expired lease counts as a failed attempt (Attempt + 1). The first claim also records
+    the generation's member count (``ClaimedMemberCount``: its range is frozen from then on)
+    with a correlated count of ix_event_source_lane, so LoadInputs can detect a lost member
+    (decision 110); later claims keep it. Primary-key lookups; returns the row count.
     """
     if not work_ids:
         return 0
@@ -666,7 +668,22 @@ def work_items_claim(
     # Attempt first: MySQL evaluates SET assignments left to right, so the CASE must see the
     # old Status (SQLite and TiDB read old values anyway).
     attempt = WorkItem.c.Attempt + sa.case((expired, 1), else_=0)
-    assignments = [(WorkItem.c.Attempt, attempt), *((WorkItem.c[name], value) for name, value in grant.items())]
+    members = (
+        sa.select(sa.func.count())
+        .select_from(Event)
+        .where(
+            Event.c.PackInstallId == WorkItem.c.PackInstallId,
+            Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            Event.c.EnqueueOrdinal.between(WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal),
+        )
+        .correlate(WorkItem)
+        .scalar_subquery()
+    )
+    assignments = [
+        (WorkItem.c.Attempt, attempt),
+        (WorkItem.c.ClaimedMemberCount, sa.func.coalesce(WorkItem.c.ClaimedMemberCount, members)),
+        *((WorkItem.c[name], value) for name, value in grant.items()),
+    ]
     return connection.execute(
         sa.update(WorkItem)
         .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.ClaimableAt <= now, claimable)

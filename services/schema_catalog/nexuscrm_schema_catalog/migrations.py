@@ -4,7 +4,8 @@ Version 1 is the pre-upgrade schema: WorkItem already has ReplayOfWorkId but no
 InputStartOrdinal, and there is no protocol table. Version 2 is the additive upgrade of the
 specification: a nullable WorkItem.InputStartOrdinal and the immutable
 _System_ConnectorProjectionProtocol table. Version 3 adds WorkItem.SuccessorWorkId (decision
-106), version 4 PackInstall.ControlVersion (decision 107). Steps only create tables, indexes and nullable
+106), version 4 PackInstall.ControlVersion (decision 107), version 5
+WorkItem.ClaimedMemberCount (decision 110). Steps only create tables, indexes and nullable
 columns, each guarded so a repeated or concurrent run is a no-op; no step writes a data row
 other than its own _System_SchemaVersion record.
 """
@@ -28,6 +29,7 @@ V2_COLUMN = "InputStartOrdinal"
 V2_TABLES = (tables.ConnectorProjectionProtocol,)
 V3_COLUMN = "SuccessorWorkId"
 V4_COLUMN = "ControlVersion"
+V5_COLUMN = "ClaimedMemberCount"
 
 
 def _v1_metadata() -> sa.MetaData:
@@ -40,7 +42,7 @@ def _v1_metadata() -> sa.MetaData:
             sa.Table(
                 table.name,
                 v1,
-                *(column._copy() for column in table.columns if column.name not in (V2_COLUMN, V3_COLUMN)),
+                *(column._copy() for column in table.columns if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN)),
                 *(sa.Index(index.name, *index.columns.keys(), unique=index.unique) for index in table.indexes),
                 **tables.MYSQL_TABLE_OPTIONS,
             )
@@ -83,6 +85,13 @@ def _apply_v4(connection: Connection) -> None:
         operations.add_column(tables.PackInstall.name, tables.PackInstall.c[V4_COLUMN]._copy())
 
 
+def _apply_v5(connection: Connection) -> None:
+    columns = {c["name"] for c in sa.inspect(connection).get_columns(tables.WorkItem.name)}
+    if V5_COLUMN not in columns:
+        operations = Operations(MigrationContext.configure(connection))
+        operations.add_column(tables.WorkItem.name, tables.WorkItem.c[V5_COLUMN]._copy())
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One schema version and the additive DDL that reaches it."""
@@ -97,6 +106,7 @@ STEPS = (
     Step(2, "v2_projection_input_ranges", _apply_v2),
     Step(3, "v3_successor_links", _apply_v3),
     Step(4, "v4_pack_control_version", _apply_v4),
+    Step(5, "v5_claimed_member_count", _apply_v5),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
