@@ -12,6 +12,7 @@ every invariant holds.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import threading
 import time
@@ -33,6 +34,7 @@ LANES = 40  # identities: each completion races the admissions of its own identi
 BATCH = 4  # deliveries per Ingest, on random lanes
 INGESTERS = 2  # threads admitting through node 1
 WORKERS_PER_NODE = 2  # threads claiming and completing through nodes 2 and 3
+IDLE_WAIT = dt.timedelta(milliseconds=20)  # how long an idle claim waits for work in the service
 
 # Blocked generations whose predecessor (the previous generation of the identity) is terminal.
 BLOCKED_BEHIND_TERMINAL = sa.text(
@@ -79,10 +81,10 @@ def test_no_generation_stays_blocked_behind_a_terminal_predecessor(node_dsns: li
 
         def work(connectors: Connectors, slot: int) -> Callable[[], object]:
             def step() -> None:
-                claims = connectors.claim(f"worker-{slot}", pack_install_ids=[pack], max_items=8)
+                # An idle worker waits in the claim itself, as the worker library does.
+                claims = connectors.claim(f"worker-{slot}", pack_install_ids=[pack], max_items=8, wait=IDLE_WAIT)
                 if not claims:
                     idle_since.setdefault(slot, time.monotonic())
-                    time.sleep(0.02)
                     return
                 idle_since.pop(slot, None)
                 for claim in claims:
