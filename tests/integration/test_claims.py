@@ -25,8 +25,9 @@ from workqueue.values import Claim
 pytestmark = pytest.mark.database
 
 # What one Claim runs, whatever max_items: served packs, candidates, the lease UPDATE, the
-# re-read of the leased rows with their selected Events, the selected Events' UPDATE.
-CLAIM_STATEMENTS = ["SELECT", "SELECT", "UPDATE", "SELECT", "UPDATE"]
+# first claims' member counts, the re-read of the leased rows with their selected Events, the
+# selected Events' UPDATE.
+CLAIM_STATEMENTS = ["SELECT", "SELECT", "UPDATE", "UPDATE", "SELECT", "UPDATE"]
 LANES = 40
 
 

@@ -4,8 +4,9 @@ A claim is one transaction with a constant number of statements, whatever ``max_
 the served packs (with their protocol rows), a window of the oldest candidates, one
 conditional multi-row UPDATE that leases the chosen ones (never SKIP LOCKED: TiDB silently
 takes no lock with it; the UPDATE re-checks claimability on each row and the lease token
-marks the rows it won), a re-read of those rows with their selected Events, and one UPDATE
-that moves those Events to processing. Claims of one process reserve the rows they lease
+marks the rows it won), one UPDATE recording the member count of first claims, a re-read
+of those rows with their selected Events, and one UPDATE that moves those Events to
+processing. Claims of one process reserve the rows they lease
 (``claimers``), so they do not race each other. The claim's row lock is what freezes a
 generation's bounds against a concurrent admission, which only extends unclaimed
 attempt-zero rows. A leased generation whose selected Event is missing is damaged: the claim
@@ -207,6 +208,7 @@ def _claim_transaction(
     if queries.work_items_claim(connection, work_ids, now, grant) == 0:
         batch.lost = len(chosen)
         return batch
+    queries.work_items_record_member_count(connection, work_ids, token)
     leased = {row.WorkId: row for row in queries.work_items_leased(connection, work_ids, token)}
     batch.lost = len(chosen) - len(leased)
     missing = {

@@ -52,8 +52,7 @@ def load_inputs(
     while True:
         if streamed == 0 and (not rows or rows[0].EnqueueOrdinal != start):
             raise MembershipMissing(f"work {work_id}: its first input (ordinal {start}) is missing")
-        # Fewer, never more: on MySQL-protocol servers the claim's count may come from a snapshot
-        # taken before an extension it waited for committed (decision 110), so it can be low.
+        # Fewer only: counts recorded before decision 110's second amendment may be low.
         if streamed == 0 and row.ClaimedMemberCount is not None and count < row.ClaimedMemberCount:
             raise MembershipMissing(
                 f"work {work_id}: its range [{start}, {end}] holds {count} inputs "

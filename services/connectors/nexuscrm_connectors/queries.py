@@ -653,10 +653,8 @@ def work_items_claim(
     attempt left, and ClaimableAt <= ``now``. A row another claim took meanwhile carries a
     future ClaimableAt and is skipped, so ``grant`` (``LeaseToken`` and the other lease
     columns) marks exactly the rows this statement won: the caller reads them back by token.
-    An expired lease counts as a failed attempt (Attempt + 1). The first claim also records
-    the generation's member count (``ClaimedMemberCount``: its range is frozen from then on)
-    with a correlated count of ix_event_source_lane, so LoadInputs can detect a lost member
-    (decision 110); later claims keep it. Primary-key lookups; returns the row count.
+    An expired lease counts as a failed attempt (Attempt + 1). Primary-key lookups; returns
+    the row count.
     """
     if not work_ids:
         return 0
@@ -668,6 +666,25 @@ def work_items_claim(
     # Attempt first: MySQL evaluates SET assignments left to right, so the CASE must see the
     # old Status (SQLite and TiDB read old values anyway).
     attempt = WorkItem.c.Attempt + sa.case((expired, 1), else_=0)
+    assignments = [(WorkItem.c.Attempt, attempt), *((WorkItem.c[name], value) for name, value in grant.items())]
+    return connection.execute(
+        sa.update(WorkItem)
+        .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.ClaimableAt <= now, claimable)
+        .ordered_values(*assignments)
+    ).rowcount
+
+
+def work_items_record_member_count(connection: Connection, work_ids: Sequence[str], lease_token: str) -> int:
+    """Record the member count of each generation of ``work_ids`` that ``lease_token`` leased for the first time.
+
+    ``ClaimedMemberCount`` is the number of the identity's Events in the generation's range,
+    counted on ix_event_source_lane; the range is frozen from the first claim, so LoadInputs
+    can detect a lost member (decision 110); later claims keep the first count. A statement
+    of its own, after the lease UPDATE: an UPDATE that waited for the row lock of an
+    admission extending the generation re-reads the row, but on MySQL-protocol servers its
+    subqueries keep the read view taken before the wait and would miss the extension's
+    Events. A new statement reads them (READ COMMITTED). Primary-key lookups.
+    """
     members = (
         sa.select(sa.func.count())
         .select_from(Event)
@@ -679,15 +696,14 @@ def work_items_claim(
         .correlate(WorkItem)
         .scalar_subquery()
     )
-    assignments = [
-        (WorkItem.c.Attempt, attempt),
-        (WorkItem.c.ClaimedMemberCount, sa.func.coalesce(WorkItem.c.ClaimedMemberCount, members)),
-        *((WorkItem.c[name], value) for name, value in grant.items()),
-    ]
     return connection.execute(
         sa.update(WorkItem)
-        .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.ClaimableAt <= now, claimable)
-        .ordered_values(*assignments)
+        .where(
+            WorkItem.c.WorkId.in_(list(work_ids)),
+            WorkItem.c.LeaseToken == lease_token,
+            WorkItem.c.ClaimedMemberCount.is_(None),
+        )
+        .values(ClaimedMemberCount=members)
     ).rowcount
 
 
