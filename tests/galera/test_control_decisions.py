@@ -136,6 +136,35 @@ def test_an_admission_cannot_commit_after_a_fence_change_it_did_not_see(
     assert_invariants(engines[0])
 
 
+def test_a_namespace_fence_covers_a_pack_installed_on_another_node_while_it_was_armed(
+    engines: list[sa.Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fence check vs arming a namespace fence, for a pack the arm could not see (a phantom).
+
+    The arm bumps the namespace's packs it reads; a pack installed and activated on another
+    node after that read is not among them, so an admission of it that read the fences before
+    the arm committed wrote no row the arm wrote, and both committed: admitted unfenced after
+    ArmFence returned. Installing and arming now both write the namespace's NamespaceControl
+    row (decision 107, amendment): the arm conflicts with the install, its retry bumps the new
+    pack, and the admission, which writes that pack's row, must decide again.
+    """
+    synced(engines[1])
+    gate = Gate(monkeypatch)
+    gate.hold("arm fence")
+    gate.hold("admission")
+    armed = gate.run("arm fence", lambda: fences.arm_fence(engines[0], "acme"))  # node 1: written, not committed
+    pack = lifecycle.install_pack(engines[1], "acme", "crm", "1").pack_install_id  # node 2, committed
+    lifecycle.activate_pack(engines[1], pack)
+    admitted = gate.run("admission", lambda: Connectors(engines[1]).ingest(pack, items=[delivery(lane="a")]))
+    armed()  # the fence commits first ...
+    [result] = admitted()  # ... then the admission, which read the fences before it
+    assert gate.attempts["arm fence"] >= 2, "the arm did not conflict with the install it could not see"
+    assert result.outcome is Outcome.FENCED, (
+        f"the admission of a pack installed while the fence was armed committed unfenced: {result.outcome}"
+    )
+    assert_invariants(engines[0])
+
+
 def test_a_legacy_admission_cannot_commit_beside_the_protocol_row(
     engines: list[sa.Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:

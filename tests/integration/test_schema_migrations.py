@@ -70,8 +70,14 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
 
     assert migrations.apply_schema(empty_engine) == (
         1,
-        5,
-        ["v2_projection_input_ranges", "v3_successor_links", "v4_pack_control_version", "v5_claimed_member_count"],
+        6,
+        [
+            "v2_projection_input_ranges",
+            "v3_successor_links",
+            "v4_pack_control_version",
+            "v5_claimed_member_count",
+            "v6_namespace_control",
+        ],
     )
 
     with empty_engine.connect() as connection:
@@ -90,6 +96,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
     assert set(verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)) == set(tables.metadata.tables)
     migrations.apply_schema(empty_engine, 1)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+        "NamespaceControl",
         "PackInstall.ControlVersion",
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
@@ -98,17 +105,24 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
     ]
     migrations.apply_schema(empty_engine, 2)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+        "NamespaceControl",
         "PackInstall.ControlVersion",
         "WorkItem.SuccessorWorkId",
         "WorkItem.ClaimedMemberCount",
     ]
     migrations.apply_schema(empty_engine, 3)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+        "NamespaceControl",
         "PackInstall.ControlVersion",
         "WorkItem.ClaimedMemberCount",
     ]
     migrations.apply_schema(empty_engine, 4)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["WorkItem.ClaimedMemberCount"]
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+        "NamespaceControl",
+        "WorkItem.ClaimedMemberCount",
+    ]
+    migrations.apply_schema(empty_engine, 5)
+    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["NamespaceControl"]
     migrations.apply_schema(empty_engine)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == []
 
@@ -140,8 +154,9 @@ def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
         "v3_successor_links",
         "v4_pack_control_version",
         "v5_claimed_member_count",
+        "v6_namespace_control",
     ]
     described = verification.describe_schema(empty_engine)
-    assert migrations.apply_schema(empty_engine) == (5, 5, [])
+    assert migrations.apply_schema(empty_engine) == (6, 6, [])
     assert verification.describe_schema(empty_engine) == described
-    assert described.version == described.newest_version == 5
+    assert described.version == described.newest_version == 6

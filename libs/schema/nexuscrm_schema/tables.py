@@ -67,6 +67,18 @@ PackInstall = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 
+# Added by schema v6: one row per namespace that has had a pack installed or a namespace
+# fence armed or disarmed. Each of those writes (inserts or bumps) the row, so on a
+# multi-primary engine installing a pack and arming a namespace fence conflict at commit: the
+# fence's retry then sees, and bumps, the new pack (decision 107, amendment).
+NamespaceControl = sa.Table(
+    "NamespaceControl",
+    metadata,
+    sa.Column("Namespace", sa.String(NAMESPACE_LENGTH), primary_key=True),
+    sa.Column("ControlVersion", sa.BigInteger, nullable=False),
+    **MYSQL_TABLE_OPTIONS,
+)
+
 NAMESPACE_SCOPE = "*"  # AdmissionFence.Scope of a fence on a whole namespace
 
 AdmissionFence = sa.Table(

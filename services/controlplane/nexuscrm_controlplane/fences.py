@@ -142,8 +142,13 @@ def _fence_locked(connection: Connection, fence_id: str) -> Any:
 
 
 def _covered(connection: Connection, namespace: str, scope: str) -> None:
-    """Bump the ControlVersion of the packs a fence of ``scope`` covers (decision 107)."""
+    """Bump the ControlVersion of the packs a fence of ``scope`` covers (decision 107).
+
+    A namespace fence bumps the namespace's row first, which a pack install writes too: the
+    packs' bump then covers every pack installed before it, on every node.
+    """
     if scope == NAMESPACE_SCOPE:
+        queries.namespace_control_bump(connection, namespace)
         queries.packs_control_version_bump(connection, namespace=namespace)
     else:
         queries.packs_control_version_bump(connection, pack_install_ids=[scope])

@@ -102,6 +102,9 @@ def install_pack(
     """Create a new incarnation (``pk-`` + 32 hex digits) with LastOrdinal 0 and no protocol row.
 
     A reinstall of the same pack is another incarnation with its own ordinals and protocol.
+    The install writes its namespace's NamespaceControl row, as arming a namespace fence does,
+    so a fence armed concurrently on another node of a multi-primary engine covers the new
+    pack (decision 107, amendment).
     """
     validate_namespace(namespace)
     validate_text("pack_name", pack_name, PACK_NAME_LENGTH)
@@ -119,6 +122,7 @@ def install_pack(
 
     def insert(connection: Connection) -> PackInstallRow:
         queries.pack_insert(connection, row)
+        queries.namespace_control_bump(connection, namespace)
         return pack_get(connection, pack_install_id)
 
     return run_transaction(engine, insert, name="install pack")

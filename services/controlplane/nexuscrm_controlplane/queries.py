@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Connection, Row
 
 from nexuscrm_schema.tables import (
@@ -22,6 +23,7 @@ from nexuscrm_schema.tables import (
     AdmissionFenceOverride,
     ConnectorProjectionProtocol,
     Event,
+    NamespaceControl,
     PackInstall,
     WorkItem,
 )
@@ -116,6 +118,28 @@ def packs_control_version_bump(
     return connection.execute(
         statement.values(ControlVersion=sa.func.coalesce(PackInstall.c.ControlVersion, 0) + 1)
     ).rowcount
+
+
+def namespace_control_bump(connection: Connection, namespace: str) -> None:
+    """Insert the namespace's NamespaceControl row, or bump its ControlVersion (one upsert).
+
+    Installing a pack and arming or disarming a namespace fence run this, so the two write a
+    common row: on a multi-primary engine they conflict at commit, and the retried fence
+    bumps the new pack it could not see (decision 107, amendment); on one server the row lock
+    orders them. Run it before ``packs_control_version_bump`` of the namespace, so the
+    bump's statement reads every pack committed before the lock was granted. Primary key.
+    """
+    values = {"Namespace": namespace, "ControlVersion": 1}
+    bumped = NamespaceControl.c.ControlVersion + 1
+    if connection.dialect.name == "sqlite":
+        statement: sa.Executable = (
+            sqlite.insert(NamespaceControl)
+            .values(values)
+            .on_conflict_do_update(index_elements=[NamespaceControl.c.Namespace], set_={"ControlVersion": bumped})
+        )
+    else:
+        statement = mysql.insert(NamespaceControl).values(values).on_duplicate_key_update(ControlVersion=bumped)
+    connection.execute(statement)
 
 
 def pack_history_exists(connection: Connection, pack_install_id: str) -> bool:

@@ -5,7 +5,8 @@ InputStartOrdinal, and there is no protocol table. Version 2 is the additive upg
 specification: a nullable WorkItem.InputStartOrdinal and the immutable
 _System_ConnectorProjectionProtocol table. Version 3 adds WorkItem.SuccessorWorkId (decision
 106), version 4 PackInstall.ControlVersion (decision 107), version 5
-WorkItem.ClaimedMemberCount (decision 110). Steps only create tables, indexes and nullable
+WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table (decision
+107, amendment). Steps only create tables, indexes and nullable
 columns, each guarded so a repeated or concurrent run is a no-op; no step writes a data row
 other than its own _System_SchemaVersion record.
 """
@@ -30,13 +31,14 @@ V2_TABLES = (tables.ConnectorProjectionProtocol,)
 V3_COLUMN = "SuccessorWorkId"
 V4_COLUMN = "ControlVersion"
 V5_COLUMN = "ClaimedMemberCount"
+V6_TABLES = (tables.NamespaceControl,)
 
 
 def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES:
+        if table in V2_TABLES + V6_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
@@ -92,6 +94,10 @@ def _apply_v5(connection: Connection) -> None:
         operations.add_column(tables.WorkItem.name, tables.WorkItem.c[V5_COLUMN]._copy())
 
 
+def _apply_v6(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V6_TABLES), checkfirst=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One schema version and the additive DDL that reaches it."""
@@ -107,6 +113,7 @@ STEPS = (
     Step(3, "v3_successor_links", _apply_v3),
     Step(4, "v4_pack_control_version", _apply_v4),
     Step(5, "v5_claimed_member_count", _apply_v5),
+    Step(6, "v6_namespace_control", _apply_v6),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
