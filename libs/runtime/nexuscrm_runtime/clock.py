@@ -38,8 +38,12 @@ class _DatabaseNow(FunctionElement[dt.datetime]):
 def _mysql_now(element: _DatabaseNow, compiler: SQLCompiler, **kw: Any) -> str:
     if getattr(compiler.dialect, TIDB_DIALECT_FLAG, False):
         # TiDB: the transaction's start timestamp from PD's TSO (one clock for every SQL node),
-        # whose physical part is milliseconds since the epoch: arithmetic, no time zone.
-        now = "TIMESTAMPADD(MICROSECOND, (@@tidb_current_ts >> 18) * 1000, '1970-01-01 00:00:00.000000')"
+        # whose upper 46 bits are milliseconds since the epoch: arithmetic, no time zone. It is 0
+        # outside an active transaction; that statement falls back to the SQL node's own clock.
+        now = (
+            "IF(@@tidb_current_ts = 0, UTC_TIMESTAMP(6), "
+            "TIMESTAMPADD(MICROSECOND, (@@tidb_current_ts >> 18) * 1000, '1970-01-01 00:00:00.000000'))"
+        )
     else:
         now = "UTC_TIMESTAMP(6)"
     return f"({now} + INTERVAL {compiler.process(element.clauses, **kw)} MICROSECOND)"
