@@ -17,10 +17,10 @@ _counter = itertools.count(1)
 
 
 class FakeClock(DatabaseClock):
-    """The database's clock shifted by an offset that moves only when told to (decision 118).
+    """The database's clock plus an offset that the test moves with ``advance`` (decision 118).
 
-    Every instant still comes from the database in the statement that decides with it; the
-    test moves the database's time, never a process's.
+    Every instant still comes from the database in the statement that decides with it (so it
+    also moves with real time); the test moves the database's time, never a process's.
     """
 
     def advance(self, seconds: float) -> None:
