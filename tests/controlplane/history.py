@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -14,26 +13,13 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.legacy import LegacyRuntime
 from nexuscrm_controlplane import cutover, fences, lifecycle
-from nexuscrm_runtime.clock import utcnow
 from tests.support.checksums import Checksums, database_checksums
+from tests.support.factories import FakeClock as FakeClock  # the controlplane tests share one clock type
 from workqueue.values import IngestItem, Route
 
 NAMESPACE = "acme"
 HISTORY_TABLES = ("Event", "WorkItem")
 BIN = Path(sys.executable).parent
-
-
-class FakeClock:
-    """A settable clock (naive UTC), shared by the runtime and the cutover under test."""
-
-    def __init__(self) -> None:
-        self.now = utcnow()
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
 
 
 def route(lane: str = "lane-a") -> Route:

@@ -202,7 +202,7 @@ def add_ordinal_zero(engine: sa.Engine, pack: str, clock: FakeClock) -> None:
                 PayloadHash="0" * 64,
                 Payload=b"zero",
                 Status=EventStatus.PROCESSED,
-                CreatedAt=clock(),
+                CreatedAt=clock.now(),
             )
         )
         connection.execute(
@@ -216,8 +216,8 @@ def add_ordinal_zero(engine: sa.Engine, pack: str, clock: FakeClock) -> None:
                 Status=WorkStatus.COMPLETED,
                 Attempt=0,
                 MaxAttempts=3,
-                CreatedAt=clock(),
-                FinishedAt=clock(),
+                CreatedAt=clock.now(),
+                FinishedAt=clock.now(),
             )
         )
 
@@ -373,7 +373,7 @@ def test_an_incomplete_schema_refuses_the_cutover(empty_engine: sa.Engine, clock
     with empty_engine.begin() as connection:
         connection.execute(
             sa.insert(PackInstall).values(
-                PackInstallId="pk-old", Namespace=NAMESPACE, PackName="p", PackVersion="1", CreatedAt=clock()
+                PackInstallId="pk-old", Namespace=NAMESPACE, PackName="p", PackVersion="1", CreatedAt=clock.now()
             )
         )
     result = cut(empty_engine, "pk-old", clock)

@@ -25,6 +25,7 @@ from nexuscrm_controlplane import cutover
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import PackInstall, WorkItem
 from tests.controlplane.history import FakeClock, arm, install, route
+from tests.support.factories import START
 
 pytestmark = pytest.mark.database
 
@@ -164,7 +165,7 @@ def write(engine: sa.Engine, pack: str, other: str, history: dict[str, Any], clo
                     "b": b"x",
                     "s": status,
                     "i": False,
-                    "c": clock(),
+                    "c": START,
                 },
             )
         for lane, key, status, start in history["work"]:
@@ -177,7 +178,7 @@ def write(engine: sa.Engine, pack: str, other: str, history: dict[str, Any], clo
                     "s0": start,
                     "l": lane,
                     "s": status,
-                    "c": clock(),
+                    "c": START,
                 },
             )
 

@@ -34,6 +34,7 @@ from tests.controlplane.history import (
     run_cli,
     run_old_workers,
 )
+from tests.support.factories import START
 from workqueue import EventStatus, WorkStatus
 
 pytestmark = pytest.mark.database
@@ -102,7 +103,7 @@ def add_event(
                 "b": b"raw",
                 "s": status,
                 "i": False,
-                "c": clock(),
+                "c": START,
             },
         )
         if direct_task is None:
@@ -119,8 +120,8 @@ def add_event(
                 Status=direct_task,
                 Attempt=0,
                 MaxAttempts=3,
-                CreatedAt=clock(),
-                FinishedAt=clock(),
+                CreatedAt=clock.now(),
+                FinishedAt=clock.now(),
             )
         )
     return work_id

@@ -89,7 +89,8 @@ def test_the_legacy_runtime_refuses_a_cut_over_pack(engine: sa.Engine, clock: Fa
 
 def fenced(engine: sa.Engine, pack: str, clock: FakeClock) -> bool:
     with engine.connect() as connection:
-        return packs.fence_active(connection, packs.pack_lock(connection, pack), clock())
+        locked = packs.pack_lock(connection, pack, clock)
+        return packs.fence_active(connection, locked, locked.now)
 
 
 def test_fences_and_overrides_as_connectors_admission_sees_them(engine: sa.Engine, clock: FakeClock) -> None:

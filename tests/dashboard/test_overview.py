@@ -9,6 +9,7 @@ as the database holds it. ``search`` and ``receipts`` ask a real ConnectorsServi
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import urllib.error
 import urllib.request
@@ -26,7 +27,7 @@ from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_controlplane.dashboard.server import DashboardServer
-from nexuscrm_schema.tables import WorkItem
+from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import decode_projection_key
@@ -54,6 +55,16 @@ def lane_of(projection_key: str) -> str:
 
 def counters() -> dict[str, float]:
     return {name: REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in COUNTERS}
+
+
+def stored_times(engine: sa.Engine, pack: str, work_id: str) -> tuple[dt.datetime, dt.datetime]:
+    """The ClaimableAt of ``work_id`` and the CreatedAt of the pack's first input."""
+    with engine.connect() as connection:
+        claimable = connection.execute(sa.select(WorkItem.c.ClaimableAt).where(WorkItem.c.WorkId == work_id))
+        created = connection.execute(
+            sa.select(Event.c.CreatedAt).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == 1)
+        )
+        return claimable.scalar_one(), created.scalar_one()
 
 
 def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine, connectors: ConnectorsReads) -> None:
@@ -100,15 +111,21 @@ def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine
             ).all()
         )
     old_protocol = install_pack(engine, legacy_max_ordinal=None)
-    cards = {c["pack_install_id"]: c for c in overview.packs_overview(engine, clock)["packs"]}
+    view = overview.packs_overview(engine, clock)
+    cards = {c["pack_install_id"]: c for c in view["packs"]}
     assert cards[old_protocol]["protocol"]["state"] == "none" and cards[old_protocol]["drain"]["drained"]
     card = cards[pack]
     queue = card["queue"]
     assert queue["depth"] == {s: statuses.get(s, 0) for s in overview.QUEUE_STATES}
     assert queue["depth"] == {"pending": 1, "blocked": 0, "processing": 1, "retry": 1}
     assert queue["receipts_waiting"] == 1 and queue["receipts_coverage_missing"] == 0 and queue["failed"] == 0
-    assert queue["oldest_unclaimed_work_id"] == waiting.work_id and queue["oldest_unclaimed_age_seconds"] == 60
-    assert queue["end_to_end_lag_seconds"] == 65 and queue["oldest_open_ordinal"] == 1  # lane a's first input
+    # Ages on the database's clock, which the test moved 60 s (and 5 s before that) past the rows' times.
+    now = dt.datetime.fromisoformat(view["now"].removesuffix("Z"))
+    waiting_since, first_input = stored_times(engine, pack, str(waiting.work_id))
+    assert queue["oldest_unclaimed_work_id"] == waiting.work_id
+    assert queue["oldest_unclaimed_age_seconds"] == (now - waiting_since).total_seconds() >= 60
+    assert queue["end_to_end_lag_seconds"] == (now - first_input).total_seconds() >= 65
+    assert queue["oldest_open_ordinal"] == 1  # lane a's first input
     assert queue["leases_expired"] == 1  # lane b's
     assert card["protocol"]["state"] == "greenfield" and card["drain"] is None  # only before the protocol row
     assert [(f["fence_id"], f["holds_pack"], f["reason"]) for f in card["fences"]] == [
@@ -151,7 +168,11 @@ def test_overview_timeline_search_and_gauges_show_the_database(engine: sa.Engine
     }
     for state in overview.QUEUE_STATES:
         assert samples[("nexuscrm_queue_depth", (("pack", pack), ("state", state)))] == statuses.get(state, 0)
-    assert samples[("nexuscrm_oldest_unclaimed_generation_age_seconds", (("pack", pack),))] == 60
+    # Read later on the same database clock: at least the age the page showed.
+    assert (
+        samples[("nexuscrm_oldest_unclaimed_generation_age_seconds", (("pack", pack),))]
+        >= (queue["oldest_unclaimed_age_seconds"])
+    )
     assert samples[("nexuscrm_leases_expired", (("pack", pack),))] == 1
     assert samples[("nexuscrm_receipts", (("pack", pack), ("state", "stored")))] == 1
     assert_invariants(engine)

@@ -249,18 +249,23 @@ def test_a_worker_runs_a_batch_in_turn_and_keeps_the_waiting_leases(
     def flow(generation: Generation) -> None:
         list(generation.inputs)
         if not ran:  # while the first runs, the two others wait their turn: their leases are renewed
-            clock.advance(0.5)  # less than the lease: the leases are still held
-            renewed = clock() + dt.timedelta(seconds=1)
-            wait_until(lambda: _lease_expiries(engine, pack).count(renewed) == 3, "every lease of the batch renewed")
+            claimed = max(_lease_expiries(engine, pack))  # one claim statement: one expiry for all three
+            clock.advance(2)  # less than the lease: the leases are still held
+            renewed = claimed + dt.timedelta(seconds=2)  # a renewal after the advance reaches at least this
+            wait_until(lambda: _renewed(_lease_expiries(engine, pack), renewed), "every lease of the batch renewed")
         ran.append(generation.work.work_id)
 
     worker = Worker(
-        connectors, flow, worker_id="w", pack_install_ids=[pack], lease=dt.timedelta(seconds=1), batch_size=3
+        connectors, flow, worker_id="w", pack_install_ids=[pack], lease=dt.timedelta(seconds=6), batch_size=3
     )
     assert worker.run_once()
     assert sorted(ran) == sorted(str(r.work_id) for r in admitted)
     assert worker.stats.completed == 3 and not worker.run_once()
     assert_invariants(engine)
+
+
+def _renewed(expiries: list[dt.datetime], renewed: dt.datetime) -> bool:
+    return len(expiries) == 3 and all(expiry >= renewed for expiry in expiries)
 
 
 def _lease_expiries(engine: sa.Engine, pack: str) -> list[dt.datetime]:

@@ -26,6 +26,7 @@ from nexuscrm_connectors.admission import generation_row
 from nexuscrm_connectors.leases import lease_grant
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import queries as cp_queries
+from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_runtime.database import is_sqlite
 from tests.support.factories import START, FakeClock, delivery, install_pack, route
 from workqueue import EventStatus, ReceiptState, WorkStatus
@@ -227,7 +228,9 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         ),
         "work_items_get": lambda c: queries.work_items_get(c, [seeded.claimed_work_id]),
         "work_item_successor": lambda c: queries.work_item_successor(c, pack, key, seeded.start),
-        "work_items_claimable": lambda c: queries.work_items_claimable(c, [pack, legacy], ["project"], now, 10),
+        "work_items_claimable": lambda c: queries.work_items_claimable(
+            c, [pack, legacy], ["project"], DATABASE_CLOCK.now(), 10
+        ),
         "work_items_claim": lambda c: queries.work_items_claim(
             c, [seeded.claimed_work_id, "no-such-work"], now, lease_grant("plan", "token", now)
         ),
@@ -239,7 +242,7 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500),
         "receipt_packs_stored": lambda c: queries.receipt_packs_stored(c),
         # the allocation UPDATE proves no Event sits above the counter (rolled back here)
-        "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack), 1),
+        "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack, DATABASE_CLOCK), 1),
         "receipts_stored_list": lambda c: queries.receipts_stored_list(c, pack, 500),
         # Connectors: ListReceipts pages after the first (the dashboard test covers the first).
         "receipts_in_state": lambda c: queries.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),

@@ -261,7 +261,7 @@ def test_a_refused_lease_token_says_whether_it_was_ever_issued_for_the_work(
     assert taken.work.work_id == first.work.work_id
     with pytest.raises(LeaseLost, match=r"stale: work .* was claimed again by another worker"):
         connectors.complete(first.work.work_id, lease_token=first.lease_token)
-    future = leases.new_lease_token(clock() + dt.timedelta(days=1))
+    future = leases.new_lease_token(taken.work.lease_expires_at + dt.timedelta(days=1))
     with pytest.raises(LeaseLost, match="was not issued for work"):
         connectors.complete(taken.work.work_id, lease_token=future)
     pending = connectors.ingest(pack, items=[delivery("r-3", lane="c")])[0].work_id

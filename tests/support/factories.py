@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import itertools
 import uuid
 
 import sqlalchemy as sa
 
+from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue.values import IngestItem, Route
 
@@ -16,17 +16,15 @@ START = dt.datetime(2026, 3, 1, 12, 0, 0)
 _counter = itertools.count(1)
 
 
-@dataclasses.dataclass
-class FakeClock:
-    """A clock that only moves when told to."""
+class FakeClock(DatabaseClock):
+    """The database's clock plus an offset that the test moves with ``advance`` (decision 118).
 
-    now: dt.datetime = START
-
-    def __call__(self) -> dt.datetime:
-        return self.now
+    Every instant still comes from the database in the statement that decides with it (so it
+    also moves with real time); the test moves the database's time, never a process's.
+    """
 
     def advance(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
+        self.offset += dt.timedelta(seconds=seconds)
 
 
 def install_pack(

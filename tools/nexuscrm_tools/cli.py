@@ -379,10 +379,20 @@ def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
     """The host's workers and what they are doing."""
     response = clients.integration.ListWorkers(in_pb.ListWorkersRequest(), timeout=RPC_TIMEOUT)
     rows = [
-        (w.worker_id, w.pack_install_id, w.work_type, w.flow, w.state, w.current_work_id, w.executions)
+        (
+            w.worker_id,
+            w.pack_install_id,
+            w.work_type,
+            w.flow,
+            w.state,
+            w.current_work_id,
+            w.executions,
+            f"{w.clock_skew_seconds:+.3f}" if w.HasField("clock_skew_seconds") else "",
+        )
         for w in response.workers
     ]
-    table = _table("workers", ("worker", "pack", "work type", "flow", "state", "work", "executions"), rows)
+    columns = ("worker", "pack", "work type", "flow", "state", "work", "executions", "clock skew s")
+    table = _table("workers", columns, rows)
     return Outcome(data=[_dict(w) for w in response.workers], view=table)
 
 

@@ -18,6 +18,12 @@ the generations it returned); it does not drain the durable queue.
 A Flow sees timezone-aware UTC datetimes whichever source it runs on: the client returns
 aware ones, the in-process facade the naive UTC the services store, and the worker makes the
 latter aware before handing a generation to the Flow (docs/decisions/104-connectors-sdk.md).
+
+Leases are judged on the database's clock, never this host's (decision 118): the heartbeat
+renews every third of the lease it was granted (a duration: the service grants the lease
+asked for, or refuses), whatever this host's clock says about the expiry. The worker only
+measures how far its wall clock is from the database's, from each grant's expiry less its
+lease, and reports it (``WorkerStats.clock_skew``, decision 119).
 """
 
 from __future__ import annotations
@@ -101,6 +107,9 @@ class WorkerStats:
     completed: int = 0
     failed_attempts: int = 0
     current_work_id: str | None = None
+    # This host's wall clock minus the database's, from the last claim or heartbeat (None: none
+    # yet); exact to within that call's round trip. Reported, never used to judge a lease.
+    clock_skew: dt.timedelta | None = None
 
 
 class Worker:
@@ -109,6 +118,7 @@ class Worker:
     ``lease``: how long each claim is held; a heartbeat renews it every third of it.
     ``claim_wait``: how long each claim asks the service to wait for work when there is none.
     ``poll_interval``: the least time between two claims that both came back empty.
+    ``wall_clock``: this host's clock (timezone-aware), read only to measure its skew.
     """
 
     def __init__(
@@ -124,6 +134,7 @@ class Worker:
         batch_size: int = 1,
         claim_wait: dt.timedelta = dt.timedelta(seconds=1),
         poll_interval: dt.timedelta = dt.timedelta(milliseconds=200),
+        wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self._source = source
         self._flow = flow
@@ -135,6 +146,7 @@ class Worker:
         self._batch_size = batch_size
         self._claim_wait = claim_wait
         self._poll_interval = poll_interval
+        self._wall_clock = wall_clock
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = WorkerStats()
@@ -152,6 +164,8 @@ class Worker:
             lease=self._lease,
             wait=wait,
         )
+        if claims:  # a claim that waited for work answers right after its grant: time it on arrival
+            self._observe_skew(self._wall_clock(), claims[0].work.lease_expires_at)
         # Every lease is renewed from the claim on: the batch's later generations wait their turn.
         heartbeats = [self._start_heartbeat(claim) for claim in claims]
         for claim, stop_heartbeat in zip(claims, heartbeats, strict=True):
@@ -211,13 +225,20 @@ class Worker:
         return True
 
     def _heartbeat(self, work_id: str, token: str, stop: threading.Event) -> None:
-        interval = max(0.05, self._lease.total_seconds() / 3)
+        interval = max(0.05, self._lease.total_seconds() / 3)  # from the granted duration, not a local expiry
         while not stop.wait(interval):
             try:
-                self._source.heartbeat(work_id, lease_token=token, lease=self._lease)
+                sent = self._wall_clock()
+                expires = self._source.heartbeat(work_id, lease_token=token, lease=self._lease)
+                self._observe_skew(sent + (self._wall_clock() - sent) / 2, expires)
             except Exception as error:
                 log.warning("heartbeat of %s refused: %s", work_id, error)
                 return
+
+    def _observe_skew(self, local: dt.datetime, expires: dt.datetime | None) -> None:
+        """Record the skew: ``local``, when this host saw a grant, less the database's grant time (expiry - lease)."""
+        if expires is not None:
+            self.stats.clock_skew = local - (aware_utc(expires) - self._lease)
 
     def run(self) -> None:
         """Claim and run work until ``run_until_drained`` (or ``stop``) is called."""

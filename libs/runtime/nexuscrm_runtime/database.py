@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
 from nexuscrm_runtime.faults import fault_point
 from workqueue.errors import DomainError, ErrorKind
 
@@ -104,6 +105,12 @@ def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
         max_overflow=pool_size,
     )
     event.listen(engine, "handle_error", _unavailable_on_connection_loss)
+
+    @event.listens_for(engine, "first_connect")
+    def _detect_tidb(dbapi_connection: Any, _record: Any) -> None:
+        # TiDB's SQL nodes each have their own clock: the database clock reads PD's instead.
+        setattr(engine.dialect, TIDB_DIALECT_FLAG, "TiDB" in dbapi_connection.get_server_info())
+
     return engine
 
 

@@ -33,7 +33,7 @@ from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import follow_up, run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
 from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
@@ -64,7 +64,7 @@ class Delivery:
 
 
 def ingest(
-    engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, items: Sequence[IngestItem]
+    engine: Engine, settings: Settings, clock: DatabaseClock, pack_install_id: str, items: Sequence[IngestItem]
 ) -> list[IngestResult]:
     """Store and admit a batch of deliveries of one pack; one result per item, in order.
 
@@ -185,14 +185,13 @@ class _Admitted:
 
 
 def admit(
-    engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, deliveries: Sequence[Delivery]
+    engine: Engine, settings: Settings, clock: DatabaseClock, pack_install_id: str, deliveries: Sequence[Delivery]
 ) -> dict[str, IngestResult]:
     """Run the admission transaction (receipts written with their verdicts); results by key."""
-    now = clock()
     newest = _NEWEST.setdefault(engine, NewestGenerations())
     admitted = run_transaction(
         engine,
-        lambda connection: _admission(connection, settings, newest, pack_install_id, deliveries, now),
+        lambda connection: _admission(connection, settings, clock, newest, pack_install_id, deliveries),
         name="admission",
     )
     if admitted.ordinals:  # committed: a failure here only costs the next admission its seeks
@@ -204,12 +203,13 @@ def admit(
 def _admission(
     connection: Connection,
     settings: Settings,
+    clock: DatabaseClock,
     newest: NewestGenerations,
     pack_install_id: str,
     deliveries: Sequence[Delivery],
-    now: dt.datetime,
 ) -> _Admitted:
-    pack = packs.pack_lock(connection, pack_install_id)
+    pack = packs.pack_lock(connection, pack_install_id, clock)
+    now = pack.now  # the database's time: every instant this admission stores or decides with
     fenced = packs.fence_active(connection, pack, now)
     protocol = packs.protocol_get(connection, pack_install_id)
     if protocol is None and not fenced:
@@ -475,7 +475,7 @@ def generation_row(
     }
 
 
-def materialize(engine: Engine, settings: Settings, clock: Clock, limit: int = 500) -> int:
+def materialize(engine: Engine, settings: Settings, clock: DatabaseClock, limit: int = 500) -> int:
     """Admit stored, unconfirmed receipts (left by a fence or a crash); return how many were acknowledged.
 
     Each pack with such receipts gets its oldest ``limit`` admitted in one batch, so a pack

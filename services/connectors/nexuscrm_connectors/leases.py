@@ -12,6 +12,9 @@ generation's bounds against a concurrent admission, which only extends unclaimed
 attempt-zero rows. A leased generation whose selected Event is missing is damaged: the claim
 fails it in the same transaction, with its reason (decision 110), so it never holds the
 candidate window.
+Every instant is the database's (decision 118): the candidate read carries the database
+clock, and the transaction decides and stores with that one instant; Heartbeat, Complete,
+Fail and LoadInputs read it with the WorkItem they check. No process clock decides.
 Every later call presents the lease token of the claim: a stale token changes nothing. A
 generation that becomes terminal unblocks its successor in the same transaction, so per
 identity at most one generation runs, in LaneOrdinal order.
@@ -38,7 +41,7 @@ from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import Clock, iso_utc
+from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
@@ -50,8 +53,9 @@ log = logging.getLogger(__name__)
 
 WORKER_ID_MAX_LENGTH = 128
 CLAIM_PASSES = 3  # candidate reads per claim transaction, and transactions per claim attempt
-# How far the clocks of two Connectors instances may differ when a refusal judges a lease
-# token's issue time against the work's creation and now (a message only: never a fence).
+# How far the database clock may have moved backwards (a Galera node or TiDB SQL node with a
+# clock behind another's) when a refusal judges a lease token's issue time against the work's
+# creation and now (a message only: never a fence).
 LEASE_CLOCK_SLACK = dt.timedelta(seconds=60)
 
 
@@ -100,7 +104,7 @@ class _Request:
 def claim(
     engine: Engine,
     settings: Settings,
-    clock: Clock,
+    clock: DatabaseClock,
     claimers: Claimers,
     *,
     worker_id: str,
@@ -149,7 +153,7 @@ def claim(
     batch = ClaimBatch()
     while True:
         seen = claimers.version()
-        attempt = _claim_attempt(engine, claimers, request, clock())
+        attempt = _claim_attempt(engine, claimers, request, clock)
         batch.add(attempt)
         remaining = deadline - time.monotonic()
         if batch.claims or remaining <= 0:
@@ -160,7 +164,7 @@ def claim(
             return batch
 
 
-def _claim_attempt(engine: Engine, claimers: Claimers, request: _Request, now: dt.datetime) -> ClaimBatch:
+def _claim_attempt(engine: Engine, claimers: Claimers, request: _Request, clock: DatabaseClock) -> ClaimBatch:
     """One claim transaction; run again (a bounded number of times) when it claimed nothing.
 
     It runs again when other claims had leased every generation it chose first, and when
@@ -171,7 +175,7 @@ def _claim_attempt(engine: Engine, claimers: Claimers, request: _Request, now: d
         with claimers.reserving() as take:  # held until the transaction has ended
             batch = run_transaction(
                 engine,
-                functools.partial(_claim_transaction, request=request, now=now, claimers=claimers, take=take),
+                functools.partial(_claim_transaction, request=request, clock=clock, claimers=claimers, take=take),
                 name="claim",
             )
         total.add(batch)
@@ -184,7 +188,7 @@ def _claim_transaction(
     connection: Connection,
     *,
     request: _Request,
-    now: dt.datetime,
+    clock: DatabaseClock,
     claimers: Claimers,
     take: Callable[[Sequence[str], int], list[str]],
 ) -> ClaimBatch:
@@ -196,10 +200,11 @@ def _claim_transaction(
     batch = ClaimBatch()
     served = _native_packs(connection, request.pack_install_ids)
     window = request.max_items + claimers.held()
-    candidates = {c.WorkId: c for c in _live_candidates(connection, request, served, now, window, batch)}
+    live, now = _live_candidates(connection, request, served, clock, window, batch)
+    candidates = {c.WorkId: c for c in live}
     open_ids = list(candidates)
     chosen = [candidates[work_id] for work_id in take(open_ids, request.max_items)]
-    if not chosen:
+    if not chosen or now is None:
         batch.lost = len(open_ids)  # claims that started after the read took them: read again
         return batch
     token = new_lease_token(now)  # one fresh token per claim: fencing checks it together with the WorkId
@@ -236,21 +241,25 @@ def _live_candidates(
     connection: Connection,
     request: _Request,
     served: Sequence[str],
-    now: dt.datetime,
+    clock: DatabaseClock,
     window: int,
     batch: ClaimBatch,
-) -> list[DbRow]:
+) -> tuple[list[DbRow], dt.datetime | None]:
     """The window's candidates that may be claimed, after failing those whose expired lease was the last attempt.
 
-    Failing exhausted work unblocks successors that the candidate read could not see: read
-    again then, a bounded number of times. Old-protocol work (no InputStartOrdinal) is refused.
+    Also the database's time the candidates were read at (None when there were none): the
+    instant the claim transaction decides and stores with. Failing exhausted work unblocks
+    successors that the candidate read could not see: read again then, a bounded number of
+    times. Old-protocol work (no InputStartOrdinal) is refused.
     """
+    now: dt.datetime | None = None
     for _ in range(CLAIM_PASSES):
-        candidates = queries.work_items_claimable(connection, served, request.work_types, now, window)
+        candidates = queries.work_items_claimable(connection, served, request.work_types, clock.now(), window)
+        now = candidates[0].Now if candidates else now
         exhausted = {c.WorkId for c in candidates if _last_attempt_expired(c)}
         for candidate in candidates:
             if candidate.WorkId in exhausted:
-                batch.expired_failed += _retire(connection, candidate, now)
+                batch.expired_failed += _retire(connection, candidate, candidate.Now)
         if not exhausted:
             break
     live = []
@@ -259,7 +268,7 @@ def _live_candidates(
             log.error("not claiming %s: it has no InputStartOrdinal: it is not native range work", candidate.WorkId)
         elif candidate.WorkId not in exhausted:
             live.append(candidate)
-    return live
+    return live, now
 
 
 def _last_attempt_expired(candidate: DbRow) -> bool:
@@ -409,13 +418,16 @@ def _finish(connection: Connection, row: DbRow, event_status: EventStatus, now: 
         queries.work_item_unblock(connection, successor_id, now)
 
 
-def current_lease(connection: Connection, work_id: str, lease_token: str, now: dt.datetime) -> DbRow:
-    """The WorkItem if ``lease_token`` is its current, unexpired lease; else why not."""
+def current_lease(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> DbRow:
+    """The WorkItem if ``lease_token`` is its current lease, unexpired on the database clock; else why not.
+
+    The row carries the database's time it was read at (``Now``): the caller's instant.
+    """
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
     if not lease_token:
         raise InvalidArgument("lease_token is required", field="lease_token")
-    row = queries.work_item_get(connection, work_id)
+    row = queries.work_item_get(connection, work_id, now=clock.now())
     if row is None:
         raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
     if row.Status == WorkStatus.PENDING and row.Attempt == 0:
@@ -426,14 +438,14 @@ def current_lease(connection: Connection, work_id: str, lease_token: str, now: d
     if row.Status != WorkStatus.PROCESSING:
         raise LeaseLost(f"lease of work {work_id} is no longer held: the work is {row.Status}", field="lease_token")
     if row.LeaseToken != lease_token:
-        raise _not_current(row, work_id, lease_token, now)
-    if row.LeaseExpiresAt <= now:
+        raise _not_current(row, work_id, lease_token, row.Now)
+    if row.LeaseExpiresAt <= row.Now:
         raise LeaseLost(f"lease of work {work_id} expired at {iso_utc(row.LeaseExpiresAt)}", field="lease_token")
     return row
 
 
-def _held(connection: Connection, work_id: str, lease_token: str, now: dt.datetime) -> tuple[DbRow, dict[str, Any]]:
-    row = current_lease(connection, work_id, lease_token, now)
+def _held(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> tuple[DbRow, dict[str, Any]]:
+    row = current_lease(connection, work_id, lease_token, clock)
     return row, {"Status": WorkStatus.PROCESSING, "LeaseToken": lease_token, "LeaseExpiresAt": row.LeaseExpiresAt}
 
 
@@ -442,15 +454,14 @@ def _lost(work_id: str) -> LeaseLost:
 
 
 def heartbeat(
-    engine: Engine, settings: Settings, clock: Clock, work_id: str, lease_token: str, lease_seconds: int = 0
+    engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str, lease_token: str, lease_seconds: int = 0
 ) -> dt.datetime:
-    """Extend a held lease; return its new expiry."""
+    """Extend a held lease to the database's now plus the lease; return its new expiry."""
     lease = dt.timedelta(seconds=check_lease_seconds(settings, lease_seconds))
 
     def extend(connection: Connection) -> dt.datetime:
-        now = clock()
-        _, expect = _held(connection, work_id, lease_token, now)
-        expires = now + lease
+        row, expect = _held(connection, work_id, lease_token, clock)
+        expires: dt.datetime = row.Now + lease
         if (
             queries.work_item_update_if(
                 connection, work_id, expect, {"LeaseExpiresAt": expires, "ClaimableAt": expires}
@@ -463,12 +474,12 @@ def heartbeat(
     return run_transaction(engine, extend, name="heartbeat")
 
 
-def complete(engine: Engine, clock: Clock, work_id: str, lease_token: str) -> WorkItemRow:
+def complete(engine: Engine, clock: DatabaseClock, work_id: str, lease_token: str) -> WorkItemRow:
     """Finish a held generation; its successor becomes claimable in the same transaction."""
 
     def finish(connection: Connection) -> WorkItemRow:
-        now = clock()
-        row, expect = _held(connection, work_id, lease_token, now)
+        row, expect = _held(connection, work_id, lease_token, clock)
+        now = row.Now
         values = {"Status": WorkStatus.COMPLETED, "ClaimableAt": None, "FinishedAt": now}
         if queries.work_item_update_if(connection, work_id, expect, values) != 1:
             raise _lost(work_id)
@@ -481,7 +492,7 @@ def complete(engine: Engine, clock: Clock, work_id: str, lease_token: str) -> Wo
 def fail(
     engine: Engine,
     settings: Settings,
-    clock: Clock,
+    clock: DatabaseClock,
     work_id: str,
     lease_token: str,
     error: str,
@@ -491,8 +502,8 @@ def fail(
     """Record a failed attempt: retry after backoff (both bounds kept), or failed for good."""
 
     def record(connection: Connection) -> WorkItemRow:
-        now = clock()
-        row, expect = _held(connection, work_id, lease_token, now)
+        row, expect = _held(connection, work_id, lease_token, clock)
+        now = row.Now
         attempt = row.Attempt + 1
         common = {"Attempt": attempt, "LastError": error[:4000], "LeaseToken": None, "LeaseExpiresAt": None}
         if retryable and attempt < row.MaxAttempts:
@@ -514,4 +525,6 @@ def fail(
 
 def _written(row: DbRow, values: dict[str, Any]) -> WorkItemRow:
     """The WorkItem as a compare-and-set left it: the row it read, with the values it wrote (no re-read)."""
-    return queries.work_item_value(types.SimpleNamespace(**{**row._asdict(), **values}))
+    written = {**row._asdict(), **values}
+    written.pop("Now", None)
+    return queries.work_item_value(types.SimpleNamespace(**written))

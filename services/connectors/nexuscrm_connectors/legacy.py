@@ -36,7 +36,7 @@ from nexuscrm_connectors.admission import Delivery, event_rows, payload_hash, re
 from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
 from nexuscrm_connectors.leases import lease_values
 from nexuscrm_connectors.queries import DbRow
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH, PackInstall, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
@@ -101,7 +101,9 @@ def legacy_work_live(connection: Connection, pack_install_id: str, projection_ke
     return connection.execute(statement.limit(1)).first() is not None
 
 
-def legacy_work_claimable(connection: Connection, pack_install_id: str, now: dt.datetime, limit: int) -> list[DbRow]:
+def legacy_work_claimable(
+    connection: Connection, pack_install_id: str, now: queries.Instant, limit: int
+) -> list[DbRow]:
     """Old-protocol claim candidates of a pack: pending, due retries, expired leases (ix_workitem_claim)."""
     return list(
         connection.execute(
@@ -154,7 +156,7 @@ def _refuse_if_cut_over(connection: Connection, pack_install_id: str, action: st
 class LegacyRuntime:
     """The old-protocol writer and worker over one database (see the module docstring)."""
 
-    def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
+    def __init__(self, engine: Engine, clock: DatabaseClock = DATABASE_CLOCK) -> None:
         self.engine = engine
         self.clock = clock
 
@@ -165,9 +167,9 @@ class LegacyRuntime:
         """
 
         def record(connection: Connection) -> dt.datetime:
-            pack = packs.pack_lock(connection, pack_install_id)
+            pack = packs.pack_lock(connection, pack_install_id, self.clock)
             _refuse_if_cut_over(connection, pack.pack_install_id, "record a handoff")
-            legacy_handoff_set(connection, pack.pack_install_id, self.clock())
+            legacy_handoff_set(connection, pack.pack_install_id, pack.now)
             recorded = legacy_handoff_get(connection, pack.pack_install_id)
             if recorded is None:  # set in this transaction or before
                 raise RuntimeError(f"the legacy handoff of {pack.pack_install_id} vanished inside its transaction")
@@ -198,8 +200,8 @@ class LegacyRuntime:
         )
 
     def _admit(self, connection: Connection, pack_install_id: str, deliveries: list[Delivery]) -> list[IngestResult]:
-        now = self.clock()
-        pack = packs.pack_lock(connection, pack_install_id)
+        pack = packs.pack_lock(connection, pack_install_id, self.clock)
+        now = pack.now
         _refuse_if_cut_over(connection, pack.pack_install_id, "admit")
         fenced = packs.fence_active(connection, pack, now)
         work_item_only = legacy_handoff_get(connection, pack.pack_install_id) is not None
@@ -282,15 +284,14 @@ class LegacyRuntime:
         to processing. Raises ``LegacyRefused`` for a cut-over pack.
         """
         validate_text("worker_id", worker_id, 128)
-        now = self.clock()
         with self.engine.connect() as connection:
             _refuse_if_cut_over(connection, pack_install_id, "claim")
-            candidates = legacy_work_claimable(connection, pack_install_id, now, 10)
+            candidates = legacy_work_claimable(connection, pack_install_id, self.clock.now(), 10)
         for candidate in candidates:
             claimed = run_transaction(
                 self.engine,
                 functools.partial(
-                    self._claim_one, candidate=candidate, worker_id=worker_id, now=now, lease_seconds=lease_seconds
+                    self._claim_one, candidate=candidate, worker_id=worker_id, lease_seconds=lease_seconds
                 ),
                 name="legacy claim",
             )
@@ -299,11 +300,12 @@ class LegacyRuntime:
         return None
 
     def _claim_one(
-        self, connection: Connection, *, candidate: DbRow, worker_id: str, now: dt.datetime, lease_seconds: int
+        self, connection: Connection, *, candidate: DbRow, worker_id: str, lease_seconds: int
     ) -> Claim | None:
-        row = queries.work_item_get(connection, candidate.WorkId, lock=True)
+        row = queries.work_item_get(connection, candidate.WorkId, lock=True, now=self.clock.now())
         if row is None:
             return None
+        now = row.Now
         _refuse_if_cut_over(connection, row.PackInstallId, "claim")
         expect = {"Status": candidate.Status, "LeaseToken": candidate.LeaseToken, "ClaimableAt": candidate.ClaimableAt}
         attempt = row.Attempt + (1 if candidate.Status == WorkStatus.PROCESSING else 0)
@@ -393,7 +395,7 @@ class LegacyRuntime:
                 connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal
             ):
                 raise LeaseLost(f"work {work_id} is not waiting for a dependency ({row.Status})", field="work_id")
-            if queries.work_item_unblock(connection, work_id, self.clock()) != 1:
+            if queries.work_item_unblock(connection, work_id, self.clock.now()) != 1:
                 raise LeaseLost(f"work {work_id} changed concurrently", field="work_id")
             return self._reread(connection, work_id)
 
@@ -402,7 +404,7 @@ class LegacyRuntime:
     # --- helpers -------------------------------------------------------------------------
 
     def _held(self, connection: Connection, work_id: str, lease_token: str) -> DbRow:
-        row = queries.work_item_get(connection, work_id)
+        row = queries.work_item_get(connection, work_id, now=self.clock.now())
         if row is None:
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
         if row.Status != WorkStatus.PROCESSING or row.LeaseToken != lease_token:
@@ -415,8 +417,8 @@ class LegacyRuntime:
         """Move a held WorkItem out of processing to the values ``decide`` returns, releasing the lease."""
 
         def move(connection: Connection) -> WorkItemRow:
-            now = self.clock()
             row = self._held(connection, work_id, lease_token)
+            now = row.Now
             _refuse_if_cut_over(connection, row.PackInstallId, "finish work")
             values = decide(row, now)
             expect = {"Status": WorkStatus.PROCESSING, "LeaseToken": lease_token}

@@ -20,7 +20,7 @@ import threading
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import queries
-from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
@@ -37,7 +37,7 @@ class StrandedSweep:
         self._after: dict[str, str] = {}  # pack -> last WorkId read
         self._lock = threading.Lock()  # one pass at a time
 
-    def run(self, engine: Engine, clock: Clock) -> int:
+    def run(self, engine: Engine, clock: DatabaseClock) -> int:
         """One pass over every pack; returns how many generations it made claimable."""
         with self._lock:
             with engine.connect() as connection:
@@ -51,14 +51,16 @@ class StrandedSweep:
                 healed += count
             return healed
 
-    def _page(self, connection: Connection, *, clock: Clock, pack_install_id: str, after: str) -> tuple[int, str]:
+    def _page(
+        self, connection: Connection, *, clock: DatabaseClock, pack_install_id: str, after: str
+    ) -> tuple[int, str]:
         page = queries.work_items_blocked_page(connection, pack_install_id, after, self._limit)
         stranded = [
             row.WorkId
             for row in page
             if row.PredecessorStatus is None or row.PredecessorStatus in TERMINAL_WORK_STATUSES
         ]
-        healed = queries.work_items_unblock(connection, stranded, clock())
+        healed = queries.work_items_unblock(connection, stranded, clock.now())
         if healed:
             log.warning(
                 "made %d blocked generations of pack %s claimable: their predecessor is terminal or missing: %s",

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import OrdinalCollision, UnknownPack
+from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_schema.tables import (
     NAMESPACE_SCOPE,
     AdmissionFence,
@@ -30,11 +31,15 @@ REPAIR = "docs/runbook-cutover.md, 'Ordinal counter behind the history'"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LockedPack:
-    """A PackInstall row read under its row lock (held until the transaction ends)."""
+    """A PackInstall row read under its row lock (held until the transaction ends).
+
+    ``now``: the database's time at the lock, the instant the transaction decides with.
+    """
 
     pack_install_id: str
     namespace: str
     last_ordinal: int
+    now: dt.datetime
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,19 +51,23 @@ class Protocol:
     legacy_max_ordinal: int
 
 
-def pack_lock(connection: Connection, pack_install_id: str) -> LockedPack:
-    """Lock the PackInstall row: serializes admission and replay of one pack.
+def pack_lock(connection: Connection, pack_install_id: str, clock: DatabaseClock) -> LockedPack:
+    """Lock the PackInstall row: serializes admission and replay of one pack; read the database clock with it.
 
     Raises ``UnknownPack``. On SQLite the transaction already holds the write lock.
     """
     row = connection.execute(
-        sa.select(PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal)
+        sa.select(
+            PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal, clock.now().label("Now")
+        )
         .where(PackInstall.c.PackInstallId == pack_install_id)
         .with_for_update()
     ).first()
     if row is None:
         raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-    return LockedPack(pack_install_id=row.PackInstallId, namespace=row.Namespace, last_ordinal=row.LastOrdinal)
+    return LockedPack(
+        pack_install_id=row.PackInstallId, namespace=row.Namespace, last_ordinal=row.LastOrdinal, now=row.Now
+    )
 
 
 def ordinals_allocate(connection: Connection, pack: LockedPack, count: int) -> range:

@@ -18,13 +18,13 @@ from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.leases import current_lease
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.clock import DatabaseClock
 from workqueue.errors import InvalidArgument
 from workqueue.values import InputPage, InputRow
 
 
 def load_inputs(
-    engine: Engine, settings: Settings, clock: Clock, work_id: str, lease_token: str, page_size: int = 0
+    engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str, lease_token: str, page_size: int = 0
 ) -> Iterator[InputPage]:
     """Stream the members of a held generation in pages of ``page_size`` (0 = default).
 
@@ -42,7 +42,7 @@ def load_inputs(
     # The first page shares the lease check and the count's connection: most generations
     # fit in one page, and each checkout costs the pool's liveness ping.
     with engine.connect() as connection:
-        row = current_lease(connection, work_id, lease_token, clock())
+        row = current_lease(connection, work_id, lease_token, clock)
         start, end = row.InputStartOrdinal, row.LaneOrdinal
         if start is None:
             raise MembershipMissing(f"work {work_id} has no InputStartOrdinal: its membership was never recorded")
@@ -81,7 +81,7 @@ def load_inputs(
         if last:
             return
         with engine.connect() as connection:
-            current_lease(connection, work_id, lease_token, clock())
+            current_lease(connection, work_id, lease_token, clock)
             rows = queries.event_range_page(
                 connection, row.PackInstallId, row.ProjectionKey, rows[-1].EnqueueOrdinal, end, size
             )

@@ -26,6 +26,9 @@ DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 # The Payload of a receipt whose input has an Event: the payload is stored once, in the Event
 # (the column is NOT NULL; the receipt's State says which receipts still carry theirs).
 ADMITTED_RECEIPT_PAYLOAD = b""
+# An instant to store or compare with: one the database clock gave this transaction, or the
+# database clock itself (``DatabaseClock.now()``) for a statement that reads none first.
+Instant = dt.datetime | sa.ColumnElement[dt.datetime]
 
 
 def pack_namespace(connection: Connection, pack_install_id: str) -> str | None:
@@ -491,9 +494,12 @@ def work_items_link_successors(connection: Connection, successors: Mapping[str, 
     return connection.execute(_link_statement(size), parameters).rowcount
 
 
-def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -> DbRow | None:
-    """One WorkItem by primary key, optionally locked."""
-    statement = sa.select(WorkItem).where(WorkItem.c.WorkId == work_id)
+def work_item_get(
+    connection: Connection, work_id: str, *, lock: bool = False, now: sa.ColumnElement[dt.datetime] | None = None
+) -> DbRow | None:
+    """One WorkItem by primary key, optionally locked; with ``now`` (the database clock) as column ``Now``."""
+    columns: list[Any] = [WorkItem] if now is None else [WorkItem, now.label("Now")]
+    statement = sa.select(*columns).where(WorkItem.c.WorkId == work_id)
     if lock:
         statement = statement.with_for_update()
     return connection.execute(statement).first()
@@ -568,7 +574,7 @@ def work_items_blocked_page(connection: Connection, pack_install_id: str, after:
     )
 
 
-def work_items_unblock(connection: Connection, work_ids: Sequence[str], now: dt.datetime) -> int:
+def work_items_unblock(connection: Connection, work_ids: Sequence[str], now: Instant) -> int:
     """Make blocked generations claimable (one UPDATE by primary key); returns how many moved."""
     if not work_ids:
         return 0
@@ -586,7 +592,7 @@ def packs_list(connection: Connection) -> list[str]:
     )
 
 
-def work_item_unblock(connection: Connection, work_id: str, now: dt.datetime) -> int:
+def work_item_unblock(connection: Connection, work_id: str, now: Instant) -> int:
     """Make a blocked generation claimable: its predecessor became terminal."""
     return connection.execute(
         sa.update(WorkItem)
@@ -599,10 +605,13 @@ def work_items_claimable(
     connection: Connection,
     pack_install_ids: Sequence[str],
     work_types: Sequence[str],
-    now: dt.datetime,
+    now: sa.ColumnElement[dt.datetime],
     limit: int,
 ) -> list[DbRow]:
     """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
+
+    Due at ``now``, the database clock, which each row carries as column ``Now``: the instant
+    the claim transaction decides with.
 
     One ordered, limited range scan of ix_workitem_claim per (pack, status), combined with
     UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
@@ -625,6 +634,7 @@ def work_items_claimable(
                     WorkItem.c.InputStartOrdinal,
                     WorkItem.c.LaneOrdinal,
                     WorkItem.c.SuccessorWorkId,
+                    now.label("Now"),
                 )
                 .where(
                     WorkItem.c.PackInstallId == pack_install_id,

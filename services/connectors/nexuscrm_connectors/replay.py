@@ -16,7 +16,7 @@ from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused, WorkNotFound
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
@@ -24,7 +24,7 @@ from workqueue.statuses import TERMINAL_WORK_STATUSES
 from workqueue.values import ReplayResult
 
 
-def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> ReplayResult:
+def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str) -> ReplayResult:
     """Queue a replay of terminal ``work_id``; return the new generation and its Event's ordinal.
 
     Refuses unknown work (``WorkNotFound``), nonterminal work and work whose earlier replay
@@ -37,7 +37,7 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> Re
         found = queries.work_item_get(connection, work_id)
         if found is None:
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
-        pack = packs.pack_lock(connection, found.PackInstallId)
+        pack = packs.pack_lock(connection, found.PackInstallId, clock)
         target = queries.work_item_get(connection, work_id, lock=True)
         if target is None:  # WorkItems are never deleted
             raise RuntimeError(f"work {work_id} vanished between its read and its row lock")
@@ -48,7 +48,7 @@ def replay(engine: Engine, settings: Settings, clock: Clock, work_id: str) -> Re
         live = queries.work_item_live_replay(connection, work_id)
         if live is not None:
             raise ReplayRefused(f"work {work_id} already has a live replay {live.WorkId} ({live.Status})")
-        now = clock()
+        now = pack.now
         (ordinal,) = packs.ordinals_allocate(connection, pack, 1)
         payload = json.dumps(
             {

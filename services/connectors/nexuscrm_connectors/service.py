@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from nexuscrm_connectors import admission, inspection, leases, liveness, metrics, payloads, replay
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
 from workqueue import WorkStatus
 from workqueue.values import (
@@ -45,7 +45,7 @@ class Connectors:
     client's, the datetimes it returns are naive UTC, as the services store them.
     """
 
-    def __init__(self, engine: Engine, settings: Settings | None = None, clock: Clock = utcnow) -> None:
+    def __init__(self, engine: Engine, settings: Settings | None = None, clock: DatabaseClock = DATABASE_CLOCK) -> None:
         self.engine = engine
         self.settings = settings or Settings()
         self.clock = clock

@@ -43,7 +43,7 @@ from nexuscrm_controlplane.lifecycle import (
     protocol_write,
     validate_pack_id,
 )
-from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock, iso_utc
 from nexuscrm_runtime.database import is_sqlite, run_transaction
 from nexuscrm_schema.verification import NATIVE_PROJECTION, verify_schema
 
@@ -174,7 +174,7 @@ def _checkpoint(
     dry_run: bool,
     deadline: float | None,
     progress: Progress | None,
-    clock: Clock,
+    clock: DatabaseClock,
 ) -> CutoverResult:
     check_deadline(deadline)
     namespace = pack_get(connection, pack_install_id).namespace
@@ -198,7 +198,8 @@ def _checkpoint(
                 )
             ],
         )
-    gates = fence_findings(fences, clock()) + drain_findings(
+    now = clock.read(connection)  # the database's time decides fence expiry and stamps the row
+    gates = fence_findings(fences, now) + drain_findings(
         drain.drain_status_read(connection, pack.pack_install_id, clock)
     )
     if gates:
@@ -217,7 +218,7 @@ def _checkpoint(
         legacy_max_ordinal=pack.last_ordinal,
         origin=ORIGIN_CUTOVER,
         audit_report=report.to_json(),
-        now=clock(),
+        now=now,
     )
     if not written:
         return _already_written(row, pack)
@@ -239,7 +240,7 @@ def run_cutover(
     deadline: float,
     dry_run: bool = False,
     progress: Progress | None = None,
-    clock: Clock = utcnow,
+    clock: DatabaseClock = DATABASE_CLOCK,
 ) -> CutoverResult:
     """Audit a pack and, unless ``dry_run``, write its cutoff once; see the module docstring.
 

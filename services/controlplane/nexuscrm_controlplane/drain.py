@@ -23,7 +23,7 @@ from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.errors import CutoverTimeout
 from nexuscrm_controlplane.lifecycle import pack_get
-from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock, iso_utc
 from nexuscrm_runtime.polling import poll_until
 from workqueue import WorkStatus
 
@@ -101,9 +101,11 @@ class DrainStatus:
         }
 
 
-def drain_status_read(connection: Connection, pack_install_id: str, clock: Clock = utcnow) -> DrainStatus:
+def drain_status_read(
+    connection: Connection, pack_install_id: str, clock: DatabaseClock = DATABASE_CLOCK
+) -> DrainStatus:
     """The drain status of a pack read on ``connection`` (the cutover reads it under its locks)."""
-    now = clock()
+    now = clock.read(connection)
     counts = queries.legacy_work_counts(connection, pack_install_id)
     holds: list[DrainHold] = []
     retry_waits = queries.legacy_retry_waits(connection, pack_install_id, now, SAMPLE_LIMIT)
@@ -158,7 +160,7 @@ def _quoted(status: object) -> str:
     return text if len(text) <= STATUS_TEXT_LIMIT else text[: STATUS_TEXT_LIMIT - 3] + "..."
 
 
-def drain_status(engine: Engine, pack_install_id: str, clock: Clock = utcnow) -> DrainStatus:
+def drain_status(engine: Engine, pack_install_id: str, clock: DatabaseClock = DATABASE_CLOCK) -> DrainStatus:
     """The drain status of an installed pack; raises ``UnknownPack``. Read-only."""
     with engine.connect() as connection:
         pack = pack_get(connection, pack_install_id)
@@ -173,7 +175,7 @@ def wait_drained(
     interval: dt.timedelta = POLL_INTERVAL,
     on_poll: Callable[[DrainStatus], None] | None = None,
     stop: threading.Event | None = None,
-    clock: Clock = utcnow,
+    clock: DatabaseClock = DATABASE_CLOCK,
 ) -> DrainStatus:
     """Poll until the pack's old projection work is drained; return the drained status.
 

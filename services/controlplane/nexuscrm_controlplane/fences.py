@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.errors import UnknownFence
 from nexuscrm_controlplane.lifecycle import pack_get, validate_namespace, validate_pack_id
-from nexuscrm_runtime.clock import Clock, iso_utc, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock, iso_utc
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from workqueue.errors import InvalidArgument
@@ -116,11 +116,15 @@ class FenceRow:
         )
 
 
-def _expiry(field: str, expires_in_seconds: int, now: dt.datetime) -> dt.datetime | None:
+def _check_expires_in(field: str, expires_in_seconds: int) -> None:
     if not 0 <= expires_in_seconds <= MAX_EXPIRES_IN_SECONDS:
         raise InvalidArgument(
             f"{field} must be between 0 (never) and {MAX_EXPIRES_IN_SECONDS}, got {expires_in_seconds}", field=field
         )
+
+
+def _expiry(expires_in_seconds: int, now: dt.datetime) -> dt.datetime | None:
+    """When a fence or override armed at ``now`` (the database's time) expires; None: never."""
     return None if expires_in_seconds == 0 else now + dt.timedelta(seconds=expires_in_seconds)
 
 
@@ -168,7 +172,7 @@ def arm_fence(
     *,
     expires_in_seconds: int = 0,
     reason: str = "",
-    clock: Clock = utcnow,
+    clock: DatabaseClock = DATABASE_CLOCK,
 ) -> FenceRow:
     """Arm a fence on ``namespace``: scope ``*`` (or empty) for every pack, else one pack of it.
 
@@ -179,10 +183,10 @@ def arm_fence(
     scope = scope or NAMESPACE_SCOPE
     if len(reason) > REASON_LENGTH:
         raise InvalidArgument(f"reason is longer than {REASON_LENGTH} characters", field="reason")
-    now = clock()
-    expires_at = _expiry("expires_in_seconds", expires_in_seconds, now)
+    _check_expires_in("expires_in_seconds", expires_in_seconds)
 
     def arm(connection: Connection) -> FenceRow:
+        now = clock.read(connection)
         if scope != NAMESPACE_SCOPE:
             pack = pack_get(connection, scope)
             if pack.namespace != namespace:
@@ -196,7 +200,7 @@ def arm_fence(
                 "FenceId": fence_id,
                 "Namespace": namespace,
                 "Scope": scope,
-                "ExpiresAt": expires_at,
+                "ExpiresAt": _expiry(expires_in_seconds, now),
                 "Reason": reason,
                 "CreatedAt": now,
             },
@@ -231,16 +235,21 @@ def list_fences(engine: Engine, namespace: str) -> list[FenceRow]:
 
 
 def add_override(
-    engine: Engine, fence_id: str, pack_install_id: str, *, expires_in_seconds: int = 0, clock: Clock = utcnow
+    engine: Engine,
+    fence_id: str,
+    pack_install_id: str,
+    *,
+    expires_in_seconds: int = 0,
+    clock: DatabaseClock = DATABASE_CLOCK,
 ) -> FenceRow:
     """Release one pack of the fence's namespace from the fence; replaces an earlier override.
 
     ``expires_in_seconds`` 0 means until removed. Raises ``UnknownFence``, ``UnknownPack``.
     """
-    now = clock()
-    expires_at = _expiry("expires_in_seconds", expires_in_seconds, now)
+    _check_expires_in("expires_in_seconds", expires_in_seconds)
 
     def add(connection: Connection) -> FenceRow:
+        now = clock.read(connection)
         fence = _fence_locked(connection, fence_id)
         pack = pack_get(connection, pack_install_id)
         if pack.namespace != fence.Namespace:
@@ -251,7 +260,12 @@ def add_override(
         queries.override_delete(connection, fence_id, pack_install_id)
         queries.override_insert(
             connection,
-            {"FenceId": fence_id, "PackInstallId": pack_install_id, "ExpiresAt": expires_at, "CreatedAt": now},
+            {
+                "FenceId": fence_id,
+                "PackInstallId": pack_install_id,
+                "ExpiresAt": _expiry(expires_in_seconds, now),
+                "CreatedAt": now,
+            },
         )
         queries.packs_control_version_bump(connection, pack_install_ids=[pack.pack_install_id])
         return _fence_reread(connection, fence_id)

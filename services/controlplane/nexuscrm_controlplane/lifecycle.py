@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.errors import PackHasHistory, UnknownPack
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import NAMESPACE_LENGTH, NAMESPACE_SCOPE, PACK_ID_LENGTH
 from workqueue.errors import InvalidArgument
@@ -97,7 +97,7 @@ def validate_pack_id(pack_install_id: str) -> str:
 
 
 def install_pack(
-    engine: Engine, namespace: str, pack_name: str, pack_version: str, clock: Clock = utcnow
+    engine: Engine, namespace: str, pack_name: str, pack_version: str, clock: DatabaseClock = DATABASE_CLOCK
 ) -> PackInstallRow:
     """Create a new incarnation (``pk-`` + 32 hex digits) with LastOrdinal 0 and no protocol row.
 
@@ -117,7 +117,7 @@ def install_pack(
         "PackVersion": pack_version,
         "LastOrdinal": 0,
         "WorkItemHandoffAt": None,
-        "CreatedAt": clock(),
+        "CreatedAt": clock.now(),  # evaluated by the INSERT
     }
 
     def insert(connection: Connection) -> PackInstallRow:
@@ -191,7 +191,9 @@ def protocol_write(
     return written, True
 
 
-def activate_pack(engine: Engine, pack_install_id: str, clock: Clock = utcnow) -> tuple[ProtocolRow, bool]:
+def activate_pack(
+    engine: Engine, pack_install_id: str, clock: DatabaseClock = DATABASE_CLOCK
+) -> tuple[ProtocolRow, bool]:
     """Greenfield activation: protocol 1 with LegacyMaxOrdinal 0, in its own transaction.
 
     Returns (row, already_active). An existing row (greenfield or cutover) is returned
@@ -217,7 +219,7 @@ def activate_pack(engine: Engine, pack_install_id: str, clock: Clock = utcnow) -
             legacy_max_ordinal=0,
             origin=ORIGIN_GREENFIELD,
             audit_report=None,
-            now=clock(),
+            now=clock.read(connection),
         )
         return row, not written
 

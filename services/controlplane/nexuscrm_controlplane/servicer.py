@@ -14,7 +14,7 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
 from nexuscrm_controlplane import authorization, cutover, drain, fences, lifecycle
 from nexuscrm_controlplane.audit import CutoverReport
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.server import Registration
 from nexuscrm_sdk.timestamps import to_timestamp
 from workqueue.errors import InvalidArgument
@@ -86,7 +86,7 @@ def _deadline(timeout_seconds: int) -> float:
 class ControlplaneServicer(pb_grpc.ControlplaneServiceServicer):
     """Thin servicer over the lifecycle, fences, drain and cutover modules."""
 
-    def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
+    def __init__(self, engine: Engine, clock: DatabaseClock = DATABASE_CLOCK) -> None:
         self._engine = engine
         self._clock = clock
 
@@ -183,7 +183,7 @@ class ControlplaneServicer(pb_grpc.ControlplaneServiceServicer):
         )
 
 
-def registration(engine: Engine, clock: Clock = utcnow) -> Registration:
+def registration(engine: Engine, clock: DatabaseClock = DATABASE_CLOCK) -> Registration:
     """ControlplaneService over ``engine``, with its authorization rules."""
     return Registration(
         servicer=ControlplaneServicer(engine, clock),

@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkerInfo:
-    """One worker as ListWorkers reports it; ``state`` is "idle", "working" or "stopped"."""
+    """One worker as ListWorkers reports it; ``state`` is "idle", "working" or "stopped".
+
+    ``clock_skew_seconds``: this host's wall clock minus the database's, as the worker last
+    measured it (None before its first grant); reported only, leases never depend on it.
+    """
 
     worker_id: str
     pack_install_id: str
@@ -39,6 +43,7 @@ class WorkerInfo:
     state: str
     current_work_id: str | None
     executions: int
+    clock_skew_seconds: float | None
 
 
 def standalone_worker(
@@ -152,6 +157,7 @@ class WorkerHost:
         infos = []
         for member in self._members:
             current = member.worker.stats.current_work_id
+            skew = member.worker.stats.clock_skew
             state = "working" if current else ("stopped" if self._stopped else "idle")
             infos.append(
                 WorkerInfo(
@@ -162,6 +168,7 @@ class WorkerHost:
                     state=state,
                     current_work_id=current,
                     executions=member.worker.stats.executions,
+                    clock_skew_seconds=None if skew is None else skew.total_seconds(),
                 )
             )
         return infos

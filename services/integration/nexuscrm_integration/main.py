@@ -25,10 +25,13 @@ import sys
 import threading
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from nexuscrm_integration.activation import remote_gate, wait_for_activation
 from nexuscrm_integration.config import HostConfig
 from nexuscrm_integration.errors import ActivationRefused, IntegrationError
 from nexuscrm_integration.host import HostStatus, WorkerHost
+from nexuscrm_integration.metrics import WorkerClockCollector
 from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.config import ConfigError, ServiceConfig
 from nexuscrm_runtime.database import create_engine
@@ -71,6 +74,8 @@ def serve(
 ) -> int:
     """Serve, gate, host the pools until signalled; return the exit code."""
     status = HostStatus(host_config.pack_install_ids)
+    if config.metrics_address:
+        REGISTRY.register(WorkerClockCollector(status))
     running = create_server(
         [registration(status)],
         config.address,

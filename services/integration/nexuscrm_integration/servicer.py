@@ -38,6 +38,7 @@ class IntegrationServicer(pb_grpc.IntegrationServiceServicer):
                     state=w.state,
                     current_work_id=w.current_work_id or "",
                     executions=w.executions,
+                    clock_skew_seconds=w.clock_skew_seconds,
                 )
                 for w in self._status.workers()
             ]

@@ -21,7 +21,7 @@ from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_runtime.clock import utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema import tables
 from nexuscrm_schema.verification import NEWEST_VERSION, current_version
 from workqueue.errors import InvalidArgument
@@ -153,6 +153,6 @@ def _record(connection: Connection, step: Step) -> None:
             tables.SchemaVersion.insert().values(
                 Version=step.version,
                 Step=step.name,
-                AppliedAt=utcnow(),
+                AppliedAt=DATABASE_CLOCK.now(),
             )
         )

@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 from nexuscrm_controlplane.dashboard import overview
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, ConnectorsRefused, ConnectorsUnavailable
 from nexuscrm_controlplane.lifecycle import validate_pack_id
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from workqueue.errors import DomainError
 
 STATIC = Path(__file__).with_name("static")
@@ -60,7 +60,7 @@ def create_app(
     engine: Engine,
     *,
     connectors: ConnectorsReads,
-    clock: Clock = utcnow,
+    clock: DatabaseClock = DATABASE_CLOCK,
     middleware: Sequence[Middleware] = (),
 ) -> Starlette:
     """The dashboard over ``engine`` and ``connectors``; it only ever reads.

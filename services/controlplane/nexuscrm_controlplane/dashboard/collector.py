@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from nexuscrm_controlplane.dashboard import overview, queries
-from nexuscrm_runtime.clock import Clock, utcnow
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class QueueCollector(Collector):
     """Queue depth per pack and state, oldest unclaimed generation age, end-to-end lag, stranded work and more."""
 
-    def __init__(self, engine: Engine, clock: Clock = utcnow) -> None:
+    def __init__(self, engine: Engine, clock: DatabaseClock = DATABASE_CLOCK) -> None:
         self._engine = engine
         self._clock = clock
 
@@ -64,8 +64,8 @@ class QueueCollector(Collector):
             labels=["pack", "state"],
         )
         try:
-            now = self._clock()
             with self._engine.connect() as connection:
+                now = self._clock.read(connection)  # ages and lag on the database's clock
                 for row in queries.packs_list(connection, overview.PACK_LIMIT):
                     pack = row.PackInstallId
                     stats = overview.pack_queue(connection, pack, now)

@@ -25,7 +25,7 @@ from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.dashboard import queries
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
-from nexuscrm_runtime.clock import Clock
+from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.clock import iso_utc as iso
 from nexuscrm_schema.tables import NAMESPACE_SCOPE, WORK_ID_LENGTH
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
@@ -107,10 +107,10 @@ def _fence(fence: fences.FenceRow, pack_install_id: str, now: dt.datetime) -> di
     return {**fence.to_dict(now), "holds_pack": fence.active(now) and not released}
 
 
-def packs_overview(engine: Engine, clock: Clock) -> dict[str, Any]:
-    """Everything the page's pack cards show, for the newest ``PACK_LIMIT`` packs."""
-    now = clock()
+def packs_overview(engine: Engine, clock: DatabaseClock) -> dict[str, Any]:
+    """Everything the page's pack cards show, for the newest ``PACK_LIMIT`` packs; ages on the database's clock."""
     with engine.connect() as connection:
+        now = clock.read(connection)
         packs = queries.packs_list(connection, PACK_LIMIT)
         namespace_fences = {
             namespace: fences.with_overrides(connection, cp_queries.fences_list(connection, namespace))
