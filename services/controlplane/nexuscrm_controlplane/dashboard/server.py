@@ -51,6 +51,12 @@ class DashboardServer:
                 raise RuntimeError("the dashboard did not start; see the log")
             time.sleep(STARTUP_POLL)
 
+    def follow(self, tls: TlsFiles) -> None:
+        """Present the rotated certificate on new connections (``Security.on_reload``)."""
+        context = self._server.config.ssl
+        if context is not None:
+            context.load_cert_chain(tls.cert_path, tls.key_path)
+
     def stop(self) -> None:
         """Stop serving and wait for the server thread."""
         self._server.should_exit = True
