@@ -22,14 +22,21 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration as connectors_registration
+from nexuscrm_controlplane.dashboard.access import token_middleware
+from nexuscrm_controlplane.dashboard.app import create_app
+from nexuscrm_controlplane.dashboard.connectors import connectors_reads
+from nexuscrm_controlplane.dashboard.headers import security_headers
+from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_controlplane.servicer import registration as controlplane_registration
 from nexuscrm_runtime.metrics_endpoint import metrics_server
 from nexuscrm_runtime.server import RunningServer, create_server
+from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import TlsFiles, open_channel
 from nexuscrm_schema import tables
 from tests.support.certificates import Issuer, Leaf
 from tests.support.checksums import database_checksums
-from tests.support.pki import Pki, identity
+from tests.support.https import scrape_metrics
+from tests.support.pki import TOKENS, Pki, identity
 
 pytestmark = pytest.mark.database
 
@@ -86,21 +93,6 @@ def test_a_certificate_the_ca_should_not_have_signed_is_refused_after_the_handsh
     assert _checksums(engine) == before
 
 
-def _scrape(port: int, pki: Pki, client: TlsFiles | None, *, https: bool = True) -> tuple[int, str]:
-    """GET /metrics; (status, body), or (0, why) when no HTTP exchange happened."""
-    context = ssl.create_default_context(cafile=pki.env("acme")["NEXUSCRM_TLS_CA"])
-    if client is not None:
-        context.load_cert_chain(client.cert_path, client.key_path)
-    url = f"{'https' if https else 'http'}://127.0.0.1:{port}/metrics"
-    try:
-        with urllib.request.urlopen(url, context=context if https else None, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except (urllib.error.URLError, ConnectionError, ssl.SSLError) as error:
-        return 0, str(error)
-
-
 def _client_files(pki: Pki, client: str) -> TlsFiles | None:
     if client in ("plaintext", "no certificate"):
         return None
@@ -127,7 +119,57 @@ def test_the_metrics_endpoint_speaks_mutual_tls_to_principals_of_every_namespace
 ) -> None:
     files = _client_files(pki, client)
     with metrics_server("127.0.0.1:0", security=pki.security()) as port:
-        status, body = _scrape(port, pki, files, https=client != "plaintext")
+        status, body = scrape_metrics(port, pki, files, https=client != "plaintext")
     assert status == expected, body
     if expected == 200:
         assert "nexuscrm_rpc_server_duration_seconds" in body
+
+
+@pytest.fixture
+def secure_dashboard(engine: sa.Engine, pki: Pki) -> Iterator[int]:
+    """The dashboard over HTTPS behind the policy's tokens, in this process; yields its port."""
+    security = pki.security()
+    with connectors_reads(Targets(connectors="127.0.0.1:1"), None) as connectors:  # search is not asked here
+        app = create_app(
+            engine, connectors=connectors, middleware=[token_middleware(lambda: security.policy)], https=True
+        )
+        dashboard = DashboardServer(app, "127.0.0.1:0", security.tls, grace=1)
+        dashboard.start()
+        yield dashboard.port
+        dashboard.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "token", "expected"),
+    [
+        ("/", "operator", 200),
+        ("/api/overview", "operator", 200),
+        ("/static/app.js", "operator", 200),
+        ("/no/such/page", "operator", 404),
+        ("/api/overview", None, 401),
+        ("/api/overview", "acme", 403),
+    ],
+)
+def test_every_dashboard_answer_carries_the_browser_security_headers(
+    secure_dashboard: int, pki: Pki, path: str, token: str | None, expected: int
+) -> None:
+    context = ssl.create_default_context(cafile=pki.env("acme")["NEXUSCRM_TLS_CA"])
+    request = urllib.request.Request(f"https://127.0.0.1:{secure_dashboard}{path}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {TOKENS[token]}")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            status, headers = response.status, response.headers
+    except urllib.error.HTTPError as error:
+        status, headers = error.code, error.headers
+    assert status == expected
+    for name, value in security_headers(https=True):
+        assert headers.get(name.decode()) == value.decode(), name
+    assert "max-age=" in headers["Strict-Transport-Security"]
+    assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+
+
+def test_hsts_is_sent_over_https_only() -> None:
+    names = {name for name, _ in security_headers(https=False)}
+    assert b"strict-transport-security" not in names and b"x-frame-options" in names

@@ -37,6 +37,7 @@ from nexuscrm_runtime.telemetry import Tracing, configure_tracing
 
 log = logging.getLogger(__name__)
 SHUTDOWN_MARGIN = 5.0  # seconds past a service's own bounds for the rest of its shutdown
+SIGNAL_POLL = 0.2  # seconds between the main thread's looks at a pending signal
 EXIT_NOT_STOPPED = 1  # the process did not stop within its bound and was ended
 
 
@@ -152,6 +153,17 @@ class Signals:
         if security is not None:
             signal.signal(signal.SIGHUP, self._reload)
 
+    def wait(self) -> None:
+        """Block until a stop is requested.
+
+        Polls: the kernel may deliver the signal to another thread (gRPC's, uvicorn's), and
+        Python runs its handler only when the main thread next runs bytecode; a main thread
+        blocked in a plain ``Event.wait()`` would not notice it until woken by chance (a
+        Controlplane once took over 20 s to see SIGTERM).
+        """
+        while not self.stop_requested.wait(SIGNAL_POLL):
+            pass
+
     def _request_stop(self, signum: int, _frame: object) -> None:
         if self.stop_requested.is_set():
             return
@@ -174,11 +186,17 @@ class Signals:
 def serve_until_signalled(
     running: RunningServer, signals: Signals, *, grace: float, on_stop: Callable[[], None] | None = None
 ) -> None:
-    """Block until ``signals`` asks to stop, then stop gracefully and run ``on_stop``."""
-    signals.stop_requested.wait()
-    running.stop(grace)
+    """Block until ``signals`` asks to stop, then stop gracefully.
+
+    ``on_stop`` (side servers, background loops) runs while the gRPC server waits up to
+    ``grace`` for its in-flight calls, not after, so that the two waits do not add up.
+    """
+    signals.wait()
+    grpc_stop = threading.Thread(target=running.stop, args=(grace,), name="grpc-stop")
+    grpc_stop.start()
     if on_stop is not None:
         on_stop()
+    grpc_stop.join()
     log.info("stopped")
 
 
@@ -238,8 +256,8 @@ def run_service(
     disposes the engine. ``on_serving`` gets the started server (to report the health of
     a background part, for instance).
     """
-    configure_logging()
     with refusing_bad_configuration():
+        configure_logging()
         config = ServiceConfig.from_env(env_name, default_port)
         security = Security.from_env()
         signals = Signals(deadline=config.grace_seconds + SHUTDOWN_MARGIN, security=security)
@@ -280,9 +298,5 @@ def _serve(
         if config.port_file:
             write_port_file(Path(config.port_file), running.port)
 
-        def _stop() -> None:
-            if on_stop is not None:
-                on_stop()
-            engine.dispose()
-
-        serve_until_signalled(running, signals, grace=config.grace_seconds, on_stop=_stop)
+        serve_until_signalled(running, signals, grace=config.grace_seconds, on_stop=on_stop)
+        engine.dispose()

@@ -46,11 +46,12 @@ def main() -> None:
             tls = security.tls if security else None
             connectors = channels.enter_context(connectors_reads(Targets.from_env(), tls))
             if security is None:
-                dashboard = DashboardServer(create_app(engine, connectors=connectors), dashboard_address)
+                app = create_app(engine, connectors=connectors)
+                dashboard = DashboardServer(app, dashboard_address, grace=config.grace_seconds)
             else:
                 access = token_middleware(lambda: security.policy)
                 app = create_app(engine, connectors=connectors, middleware=[access], https=True)
-                dashboard = DashboardServer(app, dashboard_address, security.tls)
+                dashboard = DashboardServer(app, dashboard_address, security.tls, grace=config.grace_seconds)
                 security.on_reload(dashboard.follow)
             dashboard.start()
             dashboards.append(dashboard)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from pathlib import Path
 
 from nexuscrm_integration.activation import remote_gate, wait_for_activation
@@ -49,8 +48,8 @@ EXIT_NOT_DRAINED = 4
 
 def main() -> None:
     """Run the worker host until SIGTERM; exit with one of the module's exit codes."""
-    configure_logging()
     with refusing_bad_configuration():
+        configure_logging()
         config = ServiceConfig.from_env("INTEGRATION", DEFAULT_PORT)
         try:
             host_config = HostConfig.from_env()
@@ -60,7 +59,7 @@ def main() -> None:
         deadline = host_config.drain_timeout_seconds + config.grace_seconds + SHUTDOWN_MARGIN
         signals = Signals(deadline=deadline, security=security)
         with observability("INTEGRATION", config, security) as tracing:
-            code = serve(config, host_config, Targets.from_env(), tracing, security, signals.stop_requested)
+            code = serve(config, host_config, Targets.from_env(), tracing, security, signals)
     sys.exit(code)
 
 
@@ -70,9 +69,10 @@ def serve(
     targets: Targets,
     tracing: Tracing,
     security: Security | None,
-    stop: threading.Event,
+    signals: Signals,
 ) -> int:
-    """Serve, gate, host the pools until ``stop`` is set; return the exit code."""
+    """Serve, gate, host the pools until ``signals`` asks to stop; return the exit code."""
+    stop = signals.stop_requested
     status = HostStatus(host_config.pack_install_ids)
     running = create_server(
         [registration(status)],
@@ -118,7 +118,7 @@ def serve(
         status.activated(host)
         running.set_serving(True)
         log.info("activation passed; serving %d workers", len(host.workers()))
-        stop.wait()
+        signals.wait()
         running.set_serving(False)
         drained = host.run_until_drained(host_config.drain_timeout_seconds)
         if not drained:
