@@ -71,7 +71,8 @@ class ServiceConfig:
 
     ``dsn``: database URL (``NEXUSCRM_DSN``; default: embedded SQLite under ``var/``).
     ``address``: host:port to listen on (``NEXUSCRM_<SERVICE>_ADDRESS``; port 0 = any free port).
-    ``grace_seconds``: how long SIGTERM waits for in-flight RPCs (``NEXUSCRM_GRACE_SECONDS``).
+    ``grace_seconds``: how long SIGTERM waits for in-flight RPCs and side servers' requests
+    (``NEXUSCRM_GRACE_SECONDS``); the process ends within this plus ``server.SHUTDOWN_MARGIN``.
     ``max_workers``: RPC handler threads (``NEXUSCRM_MAX_WORKERS``).
     ``port_file``: where to write the bound port once serving (``NEXUSCRM_PORT_FILE``; for
     launchers and tests that bind port 0). Side servers (metrics, dashboard) publish theirs

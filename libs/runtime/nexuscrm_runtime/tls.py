@@ -5,8 +5,7 @@
 key, PEM). All three or none: with none, servers and clients speak plaintext (local
 development, tests); with all three, a server accepts only clients whose certificate the CA
 signed, and a client verifies the server against the same CA and presents its own
-certificate, whose identity (subject alternative names, else common name) is what
-``authorization`` authorizes.
+certificate, whose identities (read by ``identity``) are what ``authorization`` authorizes.
 """
 
 from __future__ import annotations
