@@ -108,7 +108,6 @@ def claim(
     max_items: int = 1,
     lease_seconds: int = 0,
     wait: dt.timedelta = dt.timedelta(0),
-    waiting: Callable[[], bool] = lambda: True,
 ) -> ClaimBatch:
     """Lease up to ``max_items`` claimable native generations to ``worker_id``.
 
@@ -123,8 +122,7 @@ def claim(
     ``settings.max_claim_wait_ms``) and returns as soon as it claimed something: woken by
     ``claimers.notify`` for work of this process, else polling every
     ``settings.claim_poll_ms``. It returns at once when ``settings.max_claim_waiters`` other
-    claims are waiting already, and stops waiting once ``waiting()`` is false (the caller went
-    away, or the server is stopping: a claim must not hold its service past its grace period).
+    claims are waiting already.
     """
     validate_text("worker_id", worker_id, WORKER_ID_MAX_LENGTH)
     if not 1 <= max_items <= settings.max_claim_items:
@@ -153,7 +151,7 @@ def claim(
         attempt = _claim_attempt(engine, claimers, request, clock())
         batch.add(attempt)
         remaining = deadline - time.monotonic()
-        if batch.claims or remaining <= 0 or not waiting():
+        if batch.claims or remaining <= 0:
             return batch
         # Work that other claims took first: look again at once; none at all: wait for some.
         # Damaged work failed: the window moved past it, look again at once too.

@@ -12,7 +12,7 @@ so an answer never hides committed work; waiting claims poll anyway
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from sqlalchemy.engine import Engine
 
@@ -91,7 +91,6 @@ class Connectors:
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
-        waiting: Callable[[], bool] = lambda: True,
     ) -> list[Claim]:
         """See ``leases.claim``."""
         batch = leases.claim(
@@ -105,7 +104,6 @@ class Connectors:
             max_items=max_items,
             lease_seconds=lease_seconds(lease),
             wait=wait,
-            waiting=waiting,
         )
         follow_up("claim", lambda: metrics.record_claim(batch))  # the leases are the caller's: never lose them
         return batch.claims

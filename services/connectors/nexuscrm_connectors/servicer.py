@@ -53,7 +53,6 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             max_items=request.max_items if request.HasField("max_items") else 1,  # 0 is refused, unset is 1
             lease=_lease(request.lease_seconds),
             wait=dt.timedelta(milliseconds=request.wait_ms),
-            waiting=context.is_active,  # false once the caller cancels or the server's grace has passed
         )
         return pb.ClaimResponse(claims=[convert.claim_to_proto(c) for c in claims])
 
