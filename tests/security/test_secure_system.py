@@ -25,8 +25,9 @@ from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import demo
-from nexuscrm_tools.launcher import CONNECTORS, CONTROLPLANE, ServiceProcess, stop_services
+from nexuscrm_tools.launcher import ALL_SERVICES, CONNECTORS, CONTROLPLANE, ServiceProcess, stop_services
 from nexuscrm_tools.run import start_system
+from tests.support.https import scrape_metrics
 from tests.support.invariants import assert_invariants
 from tests.support.pki import TOKENS, Pki
 from tests.support.waiting import wait_until
@@ -92,6 +93,7 @@ def test_a_secured_system_projects_and_never_logs_secrets(
         "NEXUSCRM_DASHBOARD_ADDRESS": "127.0.0.1:0",
         "NEXUSCRM_MAX_ATTEMPTS": "2",
         "NEXUSCRM_RETRY_BASE_SECONDS": "1",
+        **{f"NEXUSCRM_{spec.env_name}_METRICS_ADDRESS": "127.0.0.1:0" for spec in ALL_SERVICES},
     }
     services, pack = start_system(dsn, tmp_path / "run", namespace="acme", workers=2, extra_env=env)
     seen_errors: list[str] = []
@@ -137,6 +139,15 @@ def test_a_secured_system_projects_and_never_logs_secrets(
         assert status == 200 and {r["pack_install_id"] for r in json.loads(body)} == {pack}, body
         assert _dashboard(port, pki, f"Bearer {TOKENS['acme']}", "/api/search?q=poison")[0] == 403
         seen_errors += [body]
+        # Every service's metrics endpoint: mutual TLS, and only for principals of every namespace.
+        for service in services:
+            metrics = service.side_port("metrics")
+            assert metrics is not None, service.spec.name
+            assert scrape_metrics(metrics, pki, None, https=False)[0] == 0
+            assert scrape_metrics(metrics, pki, None)[0] == 0
+            assert scrape_metrics(metrics, pki, pki.tls("acme"))[0] == 403
+            status, text = scrape_metrics(metrics, pki, pki.tls("operator"))
+            assert status == 200 and "nexuscrm_rpc_server_duration_seconds" in text, service.spec.name
     finally:
         codes = stop_services(services)
     assert set(codes.values()) == {0}, codes

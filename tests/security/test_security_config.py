@@ -12,6 +12,7 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime.authorization import Policy, token_digest
 from nexuscrm_runtime.config import ConfigError
+from nexuscrm_runtime.identity import Identity
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import create_server
 from nexuscrm_runtime.tls import TlsFiles
@@ -34,7 +35,7 @@ def test_both_settings_load(monkeypatch: pytest.MonkeyPatch, pki: Pki) -> None:
     _set_env(monkeypatch, pki.server_env())
     security = Security.from_env()
     assert security is not None
-    principal = security.policy.for_identities(["acme.nexuscrm.test"])
+    principal = security.policy.for_identities([Identity.parse("acme.nexuscrm.test")])
     assert principal is not None and principal.namespaces == {"acme"}
 
 
@@ -87,7 +88,7 @@ def test_tls_files_never_print_their_contents(pki: Pki) -> None:
                     {"name": "b", "namespaces": ["b"], "certificate_identities": ["x"]},
                 ]
             },
-            "certificate_identities 'x' already belongs to a",
+            "certificate identity 'x' already belongs to a",
         ),
         ({"principals": [{"name": "a", "namespaces": ["a"]}, {"name": "a", "namespaces": ["b"]}]}, "unique"),
     ],

@@ -17,6 +17,7 @@ import trustme
 from nexuscrm_runtime.authorization import Policy, token_digest
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.tls import TlsFiles
+from tests.support.certificates import Issuer, Leaf
 
 NAMESPACES = {"services": ["*"], "acme": ["acme"], "globex": ["globex"], "operator": ["*"]}
 TOKENS = {"operator": "operator-token-8f3c", "acme": "acme-token-51d0"}
@@ -60,6 +61,16 @@ class Pki:
         """The servers' ``Security``."""
         return Security(self.tls("services"), Policy.load(str(self.policy_path)))
 
+    def issuer(self) -> Issuer:
+        """The CA, to sign certificates of any shape (``certificates``)."""
+        return Issuer.load((self.directory / "ca.pem").read_bytes(), (self.directory / "ca.key").read_bytes())
+
+    def tls_of(self, leaf: Leaf, name: str) -> TlsFiles:
+        """Client files presenting ``leaf`` (written under ``name``), trusting this CA."""
+        (self.directory / f"{name}.pem").write_bytes(leaf.cert)
+        (self.directory / f"{name}.key").write_bytes(leaf.key)
+        return self.tls(name)
+
 
 def _write_leaf(directory: Path, name: str, ca: trustme.CA, *identities: str) -> None:
     leaf = ca.issue_cert(*identities, common_name=identities[0])
@@ -72,6 +83,7 @@ def make_pki(directory: Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()
     (directory / "ca.pem").write_bytes(ca.cert_pem.bytes())
+    (directory / "ca.key").write_bytes(ca.private_key_pem.bytes())
     _write_leaf(directory, "services", ca, identity("services"), "127.0.0.1", "localhost")
     for name in ("acme", "globex", "operator", "stranger"):
         _write_leaf(directory, name, ca, identity(name))

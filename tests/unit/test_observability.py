@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from nexuscrm_runtime.config import ConfigError, ServiceConfig
 from nexuscrm_runtime.logs import ContextFilter, JsonFormatter, configure_logging
-from nexuscrm_runtime.metrics import metrics_server
+from nexuscrm_runtime.metrics_endpoint import metrics_server
 from nexuscrm_runtime.server import create_server, side_port_file
 from nexuscrm_runtime.telemetry import configure_tracing
 from workqueue.logcontext import log_context

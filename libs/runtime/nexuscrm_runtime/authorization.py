@@ -10,8 +10,11 @@ The policy is a JSON file named by ``NEXUSCRM_AUTHZ_POLICY`` (docs/security.md):
     ]}
 
 A gRPC caller is the principal whose ``certificate_identities`` holds an identity of the
-client certificate the mutual TLS handshake verified (``tls``); nothing in a request names
-the caller. ``token_sha256`` lets the dashboard's HTTP callers authenticate with a bearer
+client certificate the mutual TLS handshake verified (``tls``), read from the certificate
+itself (``identity``: ``dns:NAME`` or a bare NAME match dNSName SANs, ``uri:URI`` URI SANs);
+a certificate whose identities belong to two principals is refused. Nothing in a request
+names the caller, and no refusal quotes a principal's name (it is the operator's label, not
+the caller's business). ``token_sha256`` lets the dashboard's HTTP callers authenticate with a bearer
 token; only its digest is stored. Namespace ``*`` grants every namespace and the operations
 that span namespaces (schema changes, lists over all packs).
 
@@ -29,17 +32,22 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import grpc
 
 from nexuscrm_runtime.config import ConfigError
+from nexuscrm_runtime.identity import CertificateRefused, Identity, certificate_identities
 from nexuscrm_runtime.metrics import wrap_rpc_handler
 from workqueue.errors import DomainError, ErrorKind, InvalidArgument
 
+log = logging.getLogger(__name__)
+_Key = TypeVar("_Key", Identity, str)
 ALL_NAMESPACES = "*"
 POLICY_VARIABLE = "NEXUSCRM_AUTHZ_POLICY"
 # Health checks and reflection need a verified certificate (mutual TLS) but no principal.
@@ -87,11 +95,37 @@ def _strings(entry: Mapping[str, Any], key: str, where: str) -> list[str]:
     return values
 
 
+def _identity(text: str, where: str) -> Identity:
+    try:
+        return Identity.parse(text)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def _claim(table: dict[_Key, Principal], key: _Key, principal: Principal, what: str) -> None:
+    if key in table:
+        raise ConfigError(f"{what} already belongs to {table[key].name}")
+    table[key] = principal
+
+
+def _check_owner_only_writable(path: str) -> None:
+    """Refuse a policy that anyone but its owner could rewrite (it decides who may do what)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise ConfigError(f"{POLICY_VARIABLE} names a file that cannot be read ({error.strerror})") from None
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(
+            f"{POLICY_VARIABLE} names a file that its group or others may write (mode {stat.S_IMODE(mode):o}); "
+            "make it writable by its owner only (chmod go-w)"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Principals by certificate identity and by token digest."""
 
-    by_identity: Mapping[str, Principal]
+    by_identity: Mapping[Identity, Principal]
     by_token_digest: Mapping[str, Principal]
 
     @classmethod
@@ -100,7 +134,7 @@ class Policy:
         principals = document.get("principals") if isinstance(document, dict) else None
         if not isinstance(principals, list) or not principals:
             raise ConfigError(f"{source}: expected an object with a non-empty 'principals' list")
-        by_identity: dict[str, Principal] = {}
+        by_identity: dict[Identity, Principal] = {}
         by_token: dict[str, Principal] = {}
         names: set[str] = set()
         for index, entry in enumerate(principals):
@@ -113,16 +147,16 @@ class Policy:
             if not namespaces:
                 raise ConfigError(f"{where}: namespaces must not be empty")
             principal = Principal(name, frozenset(namespaces))
-            for table, key in ((by_identity, "certificate_identities"), (by_token, "token_sha256")):
-                for value in _strings(entry, key, where):
-                    if value in table:
-                        raise ConfigError(f"{where}: {key} {value!r} already belongs to {table[value].name}")
-                    table[value] = principal
+            for text in _strings(entry, "certificate_identities", where):
+                _claim(by_identity, _identity(text, where), principal, f"{where}: certificate identity {text!r}")
+            for digest in _strings(entry, "token_sha256", where):
+                _claim(by_token, digest, principal, f"{where}: token_sha256 {digest!r}")
         return cls(by_identity, by_token)
 
     @classmethod
     def load(cls, path: str) -> Policy:
-        """Read and parse the policy file at ``path``."""
+        """Read and parse the policy file at ``path``, which only its owner may write."""
+        _check_owner_only_writable(path)
         try:
             document = json.loads(Path(path).read_text(encoding="utf-8"))
         except OSError as error:
@@ -134,21 +168,39 @@ class Policy:
     @classmethod
     def from_env(cls) -> Policy | None:
         """The policy ``NEXUSCRM_AUTHZ_POLICY`` names, None when unset."""
-        path = os.environ.get(POLICY_VARIABLE, "")
+        path = cls.path_from_env()
         return cls.load(path) if path else None
 
-    def for_identities(self, identities: Iterable[str]) -> Principal | None:
-        """The principal of the first certificate identity the policy knows."""
-        return next((self.by_identity[i] for i in identities if i in self.by_identity), None)
+    @staticmethod
+    def path_from_env() -> str | None:
+        """The file ``NEXUSCRM_AUTHZ_POLICY`` names, None when unset."""
+        return os.environ.get(POLICY_VARIABLE) or None
+
+    def for_identities(self, identities: Iterable[Identity]) -> Principal | None:
+        """The one principal the identities belong to; None for none, ``PermissionDenied`` for two or more."""
+        principals = {self.by_identity[i] for i in identities if i in self.by_identity}
+        if len(principals) > 1:
+            raise PermissionDenied("the client certificate names identities of more than one principal")
+        return next(iter(principals), None)
+
+    def for_certificate(self, certificate: bytes | None) -> Principal | None:
+        """The principal of a verified leaf certificate (PEM or DER); None without one or when unknown.
+
+        ``CertificateRefused`` (PERMISSION_DENIED) for a certificate that may speak for nobody.
+        """
+        if not certificate:
+            return None
+        return self.for_identities(certificate_identities(certificate))
 
     def for_token(self, token: str) -> Principal | None:
         """The principal a bearer token authenticates."""
         return self.by_token_digest.get(token_digest(token))
 
 
-def certificate_identities(context: grpc.ServicerContext) -> list[str]:
-    """The verified client certificate's identities (SANs, else CN); empty without mutual TLS."""
-    return [identity.decode() for identity in context.peer_identities() or ()]
+def peer_certificate(context: grpc.ServicerContext) -> bytes | None:
+    """The verified client certificate (PEM) of a call over mutual TLS; None in plaintext."""
+    certificates = cast("list[bytes] | None", context.auth_context().get("x509_pem_cert"))
+    return certificates[0] if certificates else None
 
 
 # What a rule gets: the caller and the deserialized request; it returns normally or raises.
@@ -162,13 +214,13 @@ def allow_any_principal(_principal: Principal, _request: object) -> None:
 def require_all_namespaces(principal: Principal, _request: object) -> None:
     """Rule of operations over every namespace (schema, host status, unscoped lists)."""
     if not principal.spans_namespaces:
-        raise PermissionDenied(f"{principal.name} may not do this: it needs access to every namespace ('*')")
+        raise PermissionDenied("the caller may not do this: it needs access to every namespace ('*')")
 
 
 def require_namespace(principal: Principal, namespace: str, field: str) -> None:
     """Refuse unless ``principal`` may act in ``namespace``, which the request's ``field`` names."""
     if not principal.may_act_in(namespace):
-        raise PermissionDenied(f"{principal.name} may not act in namespace {namespace!r}", field=field)
+        raise PermissionDenied(f"the caller may not act in namespace {namespace!r}", field=field)
 
 
 def require_visible(principal: Principal, namespace: str | None, field: str, value: str) -> None:
@@ -182,10 +234,11 @@ def require_visible(principal: Principal, namespace: str | None, field: str, val
 class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]  # generic only in stubs
     """Authenticates every call by its certificate and applies the method's rule before the handler.
 
-    ``rules`` maps full method names (``/package.Service/Method``) to their ``Rule``.
+    ``rules`` maps full method names (``/package.Service/Method``) to their ``Rule``;
+    ``policy()`` is the policy in force (it may be reloaded while serving).
     """
 
-    def __init__(self, policy: Policy, rules: Mapping[str, Rule]) -> None:
+    def __init__(self, policy: Callable[[], Policy], rules: Mapping[str, Rule]) -> None:
         self._policy = policy
         self._rules = rules
 
@@ -202,13 +255,23 @@ class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg
 
         @contextlib.contextmanager
         def authorized(request: Any, context: grpc.ServicerContext) -> Iterator[None]:
-            identities = certificate_identities(context)
-            principal = self._policy.for_identities(identities)
+            certificate = peer_certificate(context)
+            try:
+                principal = self._policy().for_certificate(certificate)
+            except (CertificateRefused, PermissionDenied) as error:
+                log.warning("refused a client certificate: %s", error)
+                raise
             if principal is None:  # verified by the CA, but not admitted by the policy
-                raise PermissionDenied(f"no principal of the authorization policy has the identities {identities}")
+                log.warning("refused a certificate no principal has: %s", _described(certificate))
+                raise PermissionDenied("the client certificate is not admitted by the authorization policy")
             if rule is None:
                 raise PermissionDenied(f"{method} has no authorization rule")
             rule(principal, request)
             yield
 
         return wrap_rpc_handler(handler, authorized)
+
+
+def _described(certificate: bytes | None) -> str:
+    """The identities of a certificate for a log line (``ascii``: no control character reaches the log)."""
+    return ascii([str(identity) for identity in certificate_identities(certificate)]) if certificate else "none"

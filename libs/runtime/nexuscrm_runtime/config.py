@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
+import sys
+from collections.abc import Iterator
 
 from sqlalchemy.engine import make_url
 
 DEFAULT_DSN = "sqlite:///var/nexuscrm.db"
+EXIT_CONFIG = 2  # a service refused its configuration at start (docs/security.md, "Exit codes")
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
     """A configuration variable is missing or malformed; the message names it."""
+
+
+@contextlib.contextmanager
+def refusing_bad_configuration() -> Iterator[None]:
+    """Turn a ``ConfigError`` inside into one log line naming the problem and exit ``EXIT_CONFIG``.
+
+    No traceback: the message is for an operator, and names the variable or file at fault.
+    """
+    try:
+        yield
+    except ConfigError as error:
+        log.error("configuration refused: %s", " ".join(str(error).split("\n")))
+        sys.exit(EXIT_CONFIG)
 
 
 def env_str(name: str, default: str) -> str:
@@ -52,7 +71,8 @@ class ServiceConfig:
 
     ``dsn``: database URL (``NEXUSCRM_DSN``; default: embedded SQLite under ``var/``).
     ``address``: host:port to listen on (``NEXUSCRM_<SERVICE>_ADDRESS``; port 0 = any free port).
-    ``grace_seconds``: how long SIGTERM waits for in-flight RPCs (``NEXUSCRM_GRACE_SECONDS``).
+    ``grace_seconds``: how long SIGTERM waits for in-flight RPCs and side servers' requests
+    (``NEXUSCRM_GRACE_SECONDS``); the process ends within this plus ``server.SHUTDOWN_MARGIN``.
     ``max_workers``: RPC handler threads (``NEXUSCRM_MAX_WORKERS``).
     ``port_file``: where to write the bound port once serving (``NEXUSCRM_PORT_FILE``; for
     launchers and tests that bind port 0). Side servers (metrics, dashboard) publish theirs

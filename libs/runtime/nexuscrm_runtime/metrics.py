@@ -1,7 +1,7 @@
-"""Prometheus metrics shared by every service: RPC latency, and the endpoint that serves them.
+"""Prometheus metrics shared by every service: RPC latency, and the wrapper every interceptor uses.
 
 Metric objects live in the process-wide ``prometheus_client`` registry, so counting costs the
-same whether or not an endpoint serves them; ``start_metrics_server`` exposes the registry on
+same whether or not an endpoint serves them; ``metrics_endpoint`` exposes the registry on
 the address of ``NEXUSCRM_<SERVICE>_METRICS_ADDRESS``. Label values are bounded: gRPC method
 names and status code names, never request fields.
 """
@@ -14,10 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from prometheus_client import REGISTRY, Histogram, start_http_server
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import Histogram
 
-from nexuscrm_runtime.config import check_address
 from workqueue.logcontext import log_context
 
 RPC_SECONDS = Histogram(
@@ -90,16 +88,3 @@ class RpcObservingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
                 RPC_SECONDS.labels(method, code.name).observe(time.perf_counter() - started)
 
         return wrap_rpc_handler(handler, observed)
-
-
-@contextlib.contextmanager
-def metrics_server(address: str, registry: CollectorRegistry = REGISTRY) -> Iterator[int]:
-    """Serve ``registry`` in Prometheus text format on ``address`` (host:port, 0 = any) while inside; yield the port."""
-    host, _, port = check_address("the metrics address", address).rpartition(":")
-    server, thread = start_http_server(int(port), host.strip("[]"), registry=registry)
-    try:
-        yield int(server.server_port)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()

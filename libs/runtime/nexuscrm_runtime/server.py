@@ -1,4 +1,10 @@
-"""The shared gRPC server bootstrap: health, reflection, status mapping, observability, graceful SIGTERM."""
+"""The shared gRPC server bootstrap: health, reflection, status mapping, observability, signals.
+
+Signals of every service: SIGTERM and SIGINT stop gracefully, within the grace period plus
+``SHUTDOWN_MARGIN`` whatever the service was doing (past that the process exits with
+``EXIT_NOT_STOPPED``); SIGHUP reloads the certificates and the authorization policy. A
+configuration refusal at start is one log line and exit code ``EXIT_CONFIG``.
+"""
 
 from __future__ import annotations
 
@@ -20,15 +26,19 @@ from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import Engine
 
 from nexuscrm_runtime.authorization import AuthorizationInterceptor, Rule
-from nexuscrm_runtime.config import ServiceConfig, dsn_backend
+from nexuscrm_runtime.config import ServiceConfig, dsn_backend, refusing_bad_configuration
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.logs import configure_logging
-from nexuscrm_runtime.metrics import RpcObservingInterceptor, metrics_server
+from nexuscrm_runtime.metrics import RpcObservingInterceptor
+from nexuscrm_runtime.metrics_endpoint import metrics_server
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.status import DomainErrorInterceptor
 from nexuscrm_runtime.telemetry import Tracing, configure_tracing
 
 log = logging.getLogger(__name__)
+SHUTDOWN_MARGIN = 5.0  # seconds past a service's own bounds for the rest of its shutdown
+SIGNAL_POLL = 0.2  # seconds between the main thread's looks at a pending signal
+EXIT_NOT_STOPPED = 1  # the process did not stop within its bound and was ended
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,7 +111,7 @@ def create_server(
         if unruled:
             raise ValueError(f"RPCs without an authorization rule: {', '.join(unruled)}")
         rules = {method: rule for registration in registrations for method, rule in registration.rules.items()}
-        chain.append(AuthorizationInterceptor(security.policy, rules))  # innermost: refusals map like any error
+        chain.append(AuthorizationInterceptor(lambda: security.policy, rules))  # innermost: refusals map like any error
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=chain)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -115,7 +125,7 @@ def create_server(
     if security is None:
         port = server.add_insecure_port(address)
     else:
-        port = server.add_secure_port(address, security.tls.server_credentials())
+        port = server.add_secure_port(address, security.server_credentials())
     if port == 0:
         raise OSError(f"could not bind {address}")
     server.start()
@@ -124,20 +134,69 @@ def create_server(
     return running
 
 
-def serve_until_signalled(running: RunningServer, *, grace: float, on_stop: Callable[[], None] | None = None) -> None:
-    """Block until SIGTERM or SIGINT, then stop gracefully and run ``on_stop``."""
-    stop_requested = threading.Event()
+class Signals:
+    """SIGTERM and SIGINT request a stop, bounded by a deadline; SIGHUP reloads ``security``.
 
-    def _request_stop(signum: int, _frame: object) -> None:
+    Installed before start-up, so a stop requested while starting is not lost: the service
+    stops as soon as it serves. ``deadline`` seconds after the first stop signal the process
+    exits with ``EXIT_NOT_STOPPED`` if it has not ended by then: a handler thread stuck in a
+    call (gRPC cannot cancel Python code) or a side server that does not stop must not keep a
+    stopped service alive.
+    """
+
+    def __init__(self, *, deadline: float, security: Security | None = None) -> None:
+        self.stop_requested = threading.Event()
+        self._deadline = deadline
+        self._security = security
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        if security is not None:
+            signal.signal(signal.SIGHUP, self._reload)
+
+    def wait(self) -> None:
+        """Block until a stop is requested.
+
+        Polls: the kernel may deliver the signal to another thread (gRPC's, uvicorn's), and
+        Python runs its handler only when the main thread next runs bytecode; a main thread
+        blocked in a plain ``Event.wait()`` would not notice it until woken by chance (a
+        Controlplane once took over 20 s to see SIGTERM).
+        """
+        while not self.stop_requested.wait(SIGNAL_POLL):
+            pass
+
+    def _request_stop(self, signum: int, _frame: object) -> None:
+        if self.stop_requested.is_set():
+            return
         log.info("received %s; shutting down gracefully", signal.Signals(signum).name)
-        stop_requested.set()
+        self.stop_requested.set()
+        watchdog = threading.Timer(self._deadline, self._end, args=(signal.Signals(signum).name,))
+        watchdog.daemon = True
+        watchdog.start()
 
-    signal.signal(signal.SIGTERM, _request_stop)
-    signal.signal(signal.SIGINT, _request_stop)
-    stop_requested.wait()
-    running.stop(grace)
+    def _reload(self, _signum: int, _frame: object) -> None:
+        if self._security is not None:
+            self._security.reload()
+
+    def _end(self, name: str) -> None:
+        log.error("did not stop within %.0fs of %s; exiting now", self._deadline, name)
+        logging.shutdown()
+        os._exit(EXIT_NOT_STOPPED)
+
+
+def serve_until_signalled(
+    running: RunningServer, signals: Signals, *, grace: float, on_stop: Callable[[], None] | None = None
+) -> None:
+    """Block until ``signals`` asks to stop, then stop gracefully.
+
+    ``on_stop`` (side servers, background loops) runs while the gRPC server waits up to
+    ``grace`` for its in-flight calls, not after, so that the two waits do not add up.
+    """
+    signals.wait()
+    grpc_stop = threading.Thread(target=running.stop, args=(grace,), name="grpc-stop")
+    grpc_stop.start()
     if on_stop is not None:
         on_stop()
+    grpc_stop.join()
     log.info("stopped")
 
 
@@ -165,16 +224,18 @@ def publish_side_port(config: ServiceConfig, name: str, port: int) -> None:
 
 
 @contextlib.contextmanager
-def observability(service: str, config: ServiceConfig) -> Iterator[Tracing]:
+def observability(service: str, config: ServiceConfig, security: Security | None = None) -> Iterator[Tracing]:
     """Tracing as ``NEXUSCRM_OTEL`` asks and, if configured, the metrics endpoint, while inside.
 
-    Yields the process's ``Tracing`` (its server interceptors, engine instrumentation).
+    Yields the process's ``Tracing`` (its server interceptors, engine instrumentation). With
+    ``security`` the metrics endpoint speaks mutual TLS (``metrics_endpoint``).
     """
     tracing = configure_tracing(f"nexuscrm-{service.lower().replace('_', '-')}")
     try:
         with contextlib.ExitStack() as stack:
             if config.metrics_address:
-                publish_side_port(config, "metrics", stack.enter_context(metrics_server(config.metrics_address)))
+                endpoint = metrics_server(config.metrics_address, security=security)
+                publish_side_port(config, "metrics", stack.enter_context(endpoint))
             yield tracing
     finally:
         tracing.shutdown()
@@ -195,10 +256,24 @@ def run_service(
     disposes the engine. ``on_serving`` gets the started server (to report the health of
     a background part, for instance).
     """
-    configure_logging()
-    config = ServiceConfig.from_env(env_name, default_port)
-    security = Security.from_env()
-    with observability(env_name, config) as tracing:
+    with refusing_bad_configuration():
+        configure_logging()
+        config = ServiceConfig.from_env(env_name, default_port)
+        security = Security.from_env()
+        signals = Signals(deadline=config.grace_seconds + SHUTDOWN_MARGIN, security=security)
+        _serve(env_name, config, security, signals, build, on_stop, on_serving)
+
+
+def _serve(
+    env_name: str,
+    config: ServiceConfig,
+    security: Security | None,
+    signals: Signals,
+    build: Callable[[ServiceConfig, Engine, Security | None], Sequence[Registration]],
+    on_stop: Callable[[], None] | None,
+    on_serving: Callable[[RunningServer], None] | None,
+) -> None:
+    with observability(env_name, config, security) as tracing:
         # One pooled connection per RPC thread: a smaller pool closes its overflow connections
         # on every check-in, and each RPC past it would connect (and authenticate) anew.
         engine = create_engine(config.dsn, pool_size=config.max_workers)
@@ -223,9 +298,5 @@ def run_service(
         if config.port_file:
             write_port_file(Path(config.port_file), running.port)
 
-        def _stop() -> None:
-            if on_stop is not None:
-                on_stop()
-            engine.dispose()
-
-        serve_until_signalled(running, grace=config.grace_seconds, on_stop=_stop)
+        serve_until_signalled(running, signals, grace=config.grace_seconds, on_stop=on_stop)
+        engine.dispose()

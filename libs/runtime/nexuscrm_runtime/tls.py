@@ -5,14 +5,14 @@
 key, PEM). All three or none: with none, servers and clients speak plaintext (local
 development, tests); with all three, a server accepts only clients whose certificate the CA
 signed, and a client verifies the server against the same CA and presents its own
-certificate, whose identity (subject alternative names, else common name) is what
-``authorization`` authorizes.
+certificate, whose identities (read by ``identity``) are what ``authorization`` authorizes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -37,13 +37,14 @@ def _read_pem(variable: str, path: str) -> bytes:
 class TlsFiles:
     """The PEM contents of the CA bundle, certificate chain and private key (never printed).
 
-    ``cert_path`` and ``key_path`` are kept for servers that load files themselves (the
-    dashboard's HTTPS).
+    The paths are kept for servers that load files themselves (the dashboard's and the
+    metrics endpoint's HTTPS) and for ``reread``.
     """
 
     ca: bytes
     cert: bytes
     key: bytes
+    ca_path: str
     cert_path: str
     key_path: str
 
@@ -58,11 +59,45 @@ class TlsFiles:
             missing = ", ".join(name for name in TLS_VARIABLES if name not in given)
             raise ConfigError(f"{missing} must be set too: TLS needs all of {', '.join(TLS_VARIABLES)}")
         ca, cert, key = (_read_pem(name, paths[name]) for name in TLS_VARIABLES)
-        return cls(ca=ca, cert=cert, key=key, cert_path=paths["NEXUSCRM_TLS_CERT"], key_path=paths["NEXUSCRM_TLS_KEY"])
+        return cls(
+            ca=ca,
+            cert=cert,
+            key=key,
+            ca_path=paths["NEXUSCRM_TLS_CA"],
+            cert_path=paths["NEXUSCRM_TLS_CERT"],
+            key_path=paths["NEXUSCRM_TLS_KEY"],
+        )
 
-    def server_credentials(self) -> grpc.ServerCredentials:
-        """Server side: present our certificate, require a client certificate signed by the CA."""
-        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True)
+    def reread(self) -> TlsFiles:
+        """The same three files read again (after a rotation); ``ConfigError`` if they are unusable.
+
+        The new key must match the new certificate, so that a rotation caught half-written
+        is refused instead of breaking every handshake.
+        """
+        files = TlsFiles.from_env(dict(zip(TLS_VARIABLES, (self.ca_path, self.cert_path, self.key_path), strict=True)))
+        if files is None:  # the paths are never empty
+            raise RuntimeError("TLS paths vanished")
+        files.server_context()
+        return files
+
+    def server_context(self, *, require_client_certificate: bool = False) -> ssl.SSLContext:
+        """A TLS server context presenting our certificate (HTTPS side servers); ``ConfigError`` if unusable.
+
+        ``require_client_certificate``: only clients with a certificate the CA signed may connect.
+        """
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(self.cert_path, self.key_path)
+            if require_client_certificate:
+                context.load_verify_locations(cadata=self.ca.decode("ascii", "replace"))
+                context.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as error:
+            raise ConfigError(f"NEXUSCRM_TLS_CERT and NEXUSCRM_TLS_KEY cannot be used together ({error})") from None
+        return context
+
+    def server_certificate_configuration(self) -> grpc.ServerCertificateConfiguration:
+        """Server side: our certificate and the CA that must have signed every client's."""
+        return grpc.ssl_server_certificate_configuration([(self.key, self.cert)], root_certificates=self.ca)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Client side: verify the server against the CA and present our certificate."""

@@ -32,6 +32,7 @@ class Claimers:
         self._version = 0  # bumped by every notify: a waiter compares it with what it saw
         self._reservations = _Reservations()  # guarded by self._changed
         self._waiters = threading.BoundedSemaphore(max_waiters)
+        self._closed = False  # guarded by self._changed; set once the service stops
 
     def held(self) -> int:
         """How many rows are reserved now: a candidate read skips at most that many."""
@@ -72,17 +73,32 @@ class Claimers:
             self._version += 1
             self._changed.notify_all()
 
+    def close(self) -> None:
+        """End every wait, now and later: the service is stopping.
+
+        A Claim waiting for work would otherwise keep its handler thread, and so the process,
+        past the grace period (gRPC cannot cancel Python code); it answers what it has instead.
+        """
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
     def wait(self, seen: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a ``notify`` after the version ``seen`` was read.
 
         A notify between reading ``seen`` and this call is not lost: it returns at once.
-        Returns False at once, without waiting, when ``max_waiters`` claims are waiting already.
+        Returns False at once, without waiting, when ``max_waiters`` claims are waiting already
+        or once ``close`` was called (then also ending waits in progress).
         """
         if not self._waiters.acquire(blocking=False):
             return False
         try:
             with self._changed:
-                self._changed.wait_for(lambda: self._version != seen, timeout)
+                if self._closed:
+                    return False
+                self._changed.wait_for(lambda: self._version != seen or self._closed, timeout)
+                if self._closed:
+                    return False
         finally:
             self._waiters.release()
         return True

@@ -35,8 +35,6 @@ DEFAULT_PORT = 50052
 def main() -> None:
     """Serve ControlplaneService (and the dashboard, when configured) until SIGTERM."""
     dashboard_address = env_str("NEXUSCRM_DASHBOARD_ADDRESS", "")
-    if dashboard_address:
-        check_address("NEXUSCRM_DASHBOARD_ADDRESS", dashboard_address)
     dashboards: list[DashboardServer] = []
     channels = contextlib.ExitStack()
 
@@ -44,13 +42,17 @@ def main() -> None:
         if config.metrics_address:
             REGISTRY.register(QueueCollector(engine))
         if dashboard_address:
+            check_address("NEXUSCRM_DASHBOARD_ADDRESS", dashboard_address)
             tls = security.tls if security else None
             connectors = channels.enter_context(connectors_reads(Targets.from_env(), tls))
             if security is None:
-                dashboard = DashboardServer(create_app(engine, connectors=connectors), dashboard_address)
+                app = create_app(engine, connectors=connectors)
+                dashboard = DashboardServer(app, dashboard_address, grace=config.grace_seconds)
             else:
-                app = create_app(engine, connectors=connectors, middleware=[token_middleware(security.policy)])
-                dashboard = DashboardServer(app, dashboard_address, security.tls)
+                access = token_middleware(lambda: security.policy)
+                app = create_app(engine, connectors=connectors, middleware=[access], https=True)
+                dashboard = DashboardServer(app, dashboard_address, security.tls, grace=config.grace_seconds)
+                security.on_reload(dashboard.follow)
             dashboard.start()
             dashboards.append(dashboard)
             publish_side_port(config, "dashboard", dashboard.port)

@@ -13,16 +13,16 @@ NEXUSCRM_OTEL, NEXUSCRM_LOG_FORMAT; see docs/observability.md), and the security
 (NEXUSCRM_TLS_CA / _CERT / _KEY, NEXUSCRM_AUTHZ_POLICY; docs/security.md): the host's
 certificate then serves IntegrationService and authenticates it to the other services.
 
-Exit codes: 0 stopped cleanly; 2 configuration error; 3 the activation gate refused (the log
-names what is missing); 4 in-flight work did not finish within the drain timeout.
+Exit codes: 0 stopped cleanly; 1 did not stop within the drain timeout, the grace period and
+the shutdown margin together; 2 configuration refused (one log line names the problem); 3 the
+activation gate refused (the log names what is missing); 4 in-flight work did not finish
+within the drain timeout. SIGHUP reloads the certificates and the authorization policy.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from prometheus_client import REGISTRY
@@ -33,11 +33,11 @@ from nexuscrm_integration.errors import ActivationRefused, IntegrationError
 from nexuscrm_integration.host import HostStatus, WorkerHost
 from nexuscrm_integration.metrics import WorkerClockCollector
 from nexuscrm_integration.servicer import registration
-from nexuscrm_runtime.config import ConfigError, ServiceConfig
+from nexuscrm_runtime.config import EXIT_CONFIG, ConfigError, ServiceConfig, refusing_bad_configuration
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.security import Security
-from nexuscrm_runtime.server import create_server, observability, write_port_file
+from nexuscrm_runtime.server import SHUTDOWN_MARGIN, Signals, create_server, observability, write_port_file
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.telemetry import Tracing
 from nexuscrm_runtime.tls import open_channel
@@ -45,34 +45,37 @@ from nexuscrm_sdk.client import ConnectorsClient
 
 log = logging.getLogger("nexuscrm_integration")
 DEFAULT_PORT = 50054
-EXIT_CONFIG = 2
 EXIT_REFUSED = 3
 EXIT_NOT_DRAINED = 4
 
 
 def main() -> None:
     """Run the worker host until SIGTERM; exit with one of the module's exit codes."""
-    configure_logging()
-    try:
+    with refusing_bad_configuration():
+        configure_logging()
         config = ServiceConfig.from_env("INTEGRATION", DEFAULT_PORT)
-        host_config = HostConfig.from_env()
+        try:
+            host_config = HostConfig.from_env()
+        except IntegrationError as error:
+            raise ConfigError(str(error)) from None
         security = Security.from_env()
-    except (ConfigError, IntegrationError) as error:
-        log.error("configuration error: %s", error)
-        sys.exit(EXIT_CONFIG)
-    try:
-        with observability("INTEGRATION", config) as tracing:
-            code = serve(config, host_config, Targets.from_env(), tracing, security)
-    except ConfigError as error:  # NEXUSCRM_OTEL or the metrics address
-        log.error("configuration error: %s", error)
-        sys.exit(EXIT_CONFIG)
+        deadline = host_config.drain_timeout_seconds + config.grace_seconds + SHUTDOWN_MARGIN
+        signals = Signals(deadline=deadline, security=security)
+        with observability("INTEGRATION", config, security) as tracing:
+            code = serve(config, host_config, Targets.from_env(), tracing, security, signals)
     sys.exit(code)
 
 
 def serve(
-    config: ServiceConfig, host_config: HostConfig, targets: Targets, tracing: Tracing, security: Security | None
+    config: ServiceConfig,
+    host_config: HostConfig,
+    targets: Targets,
+    tracing: Tracing,
+    security: Security | None,
+    signals: Signals,
 ) -> int:
-    """Serve, gate, host the pools until signalled; return the exit code."""
+    """Serve, gate, host the pools until ``signals`` asks to stop; return the exit code."""
+    stop = signals.stop_requested
     status = HostStatus(host_config.pack_install_ids)
     if config.metrics_address:
         REGISTRY.register(WorkerClockCollector(status))
@@ -87,14 +90,6 @@ def serve(
     log.info("listening on port %d; checking activation of %s", running.port, list(host_config.pack_install_ids))
     if config.port_file:
         write_port_file(Path(config.port_file), running.port)
-    stop = threading.Event()
-
-    def _request_stop(signum: int, _frame: object) -> None:
-        log.info("received %s; shutting down gracefully", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _request_stop)
-    signal.signal(signal.SIGINT, _request_stop)
     with (
         open_channel(targets.schema_catalog) as catalog,
         open_channel(targets.controlplane) as controlplane,
@@ -128,7 +123,7 @@ def serve(
         status.activated(host)
         running.set_serving(True)
         log.info("activation passed; serving %d workers", len(host.workers()))
-        stop.wait()
+        signals.wait()
         running.set_serving(False)
         drained = host.run_until_drained(host_config.drain_timeout_seconds)
         if not drained:

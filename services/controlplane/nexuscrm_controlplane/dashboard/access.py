@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 
 from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError, SimpleUser
 from starlette.middleware import Middleware
@@ -44,17 +45,17 @@ def _token(authorization: str) -> tuple[str, str | None]:
 class TokenBackend(AuthenticationBackend):
     """Authenticates a request by its token and admits only principals of every namespace."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Callable[[], Policy]) -> None:
         self._policy = policy
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, SimpleUser]:
         """The principal as the request's user; ``AuthenticationError`` refuses the request."""
         token, claimed = _token(conn.headers.get("Authorization", ""))
-        principal = self._policy.for_token(token)
+        principal = self._policy().for_token(token)
         if principal is None or claimed not in (None, principal.name):
             raise AuthenticationError("unknown token")
         if not principal.spans_namespaces:
-            raise NotAllowed(f"{principal.name} may not see every namespace ('*'), which the dashboard shows")
+            raise NotAllowed("this principal may not see every namespace ('*'), which the dashboard shows")
         return AuthCredentials(["dashboard"]), SimpleUser(principal.name)
 
 
@@ -64,6 +65,6 @@ def _refuse(conn: HTTPConnection, error: AuthenticationError) -> Response:
     return PlainTextResponse(f"authentication required: {error}", status_code=401, headers={"WWW-Authenticate": REALM})
 
 
-def token_middleware(policy: Policy) -> Middleware:
-    """The middleware that puts the whole dashboard behind ``policy``'s tokens."""
+def token_middleware(policy: Callable[[], Policy]) -> Middleware:
+    """The middleware that puts the whole dashboard behind the tokens of ``policy()``, the policy in force."""
     return Middleware(AuthenticationMiddleware, backend=TokenBackend(policy), on_error=_refuse)

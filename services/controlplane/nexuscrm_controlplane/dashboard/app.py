@@ -34,6 +34,7 @@ from starlette.staticfiles import StaticFiles
 
 from nexuscrm_controlplane.dashboard import overview
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, ConnectorsRefused, ConnectorsUnavailable
+from nexuscrm_controlplane.dashboard.headers import security_headers_middleware
 from nexuscrm_controlplane.lifecycle import validate_pack_id
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from workqueue.errors import DomainError
@@ -62,11 +63,13 @@ def create_app(
     connectors: ConnectorsReads,
     clock: DatabaseClock = DATABASE_CLOCK,
     middleware: Sequence[Middleware] = (),
+    https: bool = False,
 ) -> Starlette:
     """The dashboard over ``engine`` and ``connectors``; it only ever reads.
 
     ``connectors``: the Connectors RPCs behind search and the receipt lists.
-    ``middleware``: its access control, if any.
+    ``middleware``: its access control, if any, inside the security headers (``headers``).
+    ``https``: it is served over HTTPS (the headers then include HSTS).
     """
 
     def page(request: Request) -> FileResponse:
@@ -93,5 +96,5 @@ def create_app(
             Route("/api/search", _json(search)),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
-        middleware=middleware,
+        middleware=[security_headers_middleware(https=https), *middleware],
     )

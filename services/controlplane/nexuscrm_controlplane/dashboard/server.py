@@ -22,9 +22,12 @@ STARTUP_POLL = 0.01  # seconds
 
 
 class DashboardServer:
-    """Serves ``app`` on ``address`` (host:port, 0 = any free port) until ``stop``; HTTPS with ``tls``."""
+    """Serves ``app`` on ``address`` (host:port, 0 = any free port) until ``stop``; HTTPS with ``tls``.
 
-    def __init__(self, app: Starlette, address: str, tls: TlsFiles | None = None) -> None:
+    ``stop`` waits up to ``grace`` seconds for requests in progress (the service's grace period).
+    """
+
+    def __init__(self, app: Starlette, address: str, tls: TlsFiles | None = None, *, grace: int = 5) -> None:
         host, _, port = check_address("NEXUSCRM_DASHBOARD_ADDRESS", address).rpartition(":")
         self._socket = socket.create_server((host.strip("[]"), int(port)))
         self.port: int = self._socket.getsockname()[1]
@@ -33,7 +36,7 @@ class DashboardServer:
             log_config=None,
             access_log=False,
             lifespan="off",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=grace,  # seconds for open requests once stopping
             ssl_certfile=tls.cert_path if tls else None,
             ssl_keyfile=tls.key_path if tls else None,
         )
@@ -50,6 +53,12 @@ class DashboardServer:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the dashboard did not start; see the log")
             time.sleep(STARTUP_POLL)
+
+    def follow(self, tls: TlsFiles) -> None:
+        """Present the rotated certificate on new connections (``Security.on_reload``)."""
+        context = self._server.config.ssl
+        if context is not None:
+            context.load_cert_chain(tls.cert_path, tls.key_path)
 
     def stop(self) -> None:
         """Stop serving and wait for the server thread."""
