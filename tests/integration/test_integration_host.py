@@ -21,7 +21,7 @@ from nexuscrm_sdk.worker import WorkSource
 from nexuscrm_tools import demo
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.simulator import WorkloadConfig, workload
-from tests.support.factories import install_pack
+from tests.support.factories import install_pack, processing_work
 from tests.support.invariants import assert_invariants
 from workqueue.values import InputRow
 
@@ -145,7 +145,7 @@ def test_demo_flow_is_idempotent_per_generation_and_equals_the_fold(engine: sa.E
 
     def apply(batch: list[InputRow]) -> int:
         with engine.begin() as connection:
-            return demo.apply_generation(connection, pack, "w-1", batch)
+            return demo.apply_generation(connection, processing_work(pack), batch)
 
     def snapshot() -> list[tuple[object, ...]]:
         with engine.connect() as connection:
