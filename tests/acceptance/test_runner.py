@@ -30,15 +30,12 @@ def nexuscrm_run(*args: str, dsn: str | None = None) -> subprocess.CompletedProc
     env = {k: v for k, v in os.environ.items() if k != "NEXUSCRM_DSN"} | {"COLUMNS": "80"}
     if dsn is not None:
         env["NEXUSCRM_DSN"] = dsn
-    return subprocess.run(
-        [sys.executable, "-m", "nexuscrm_tools.run", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        check=False,
-    )
+    return run_command([sys.executable, "-m", "nexuscrm_tools.run", *args], env)
+
+
+def run_command(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run to the end from the repository root; the caller checks the exit code."""
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE)
 
 
 def packs_in(database: Path) -> int:
@@ -109,14 +106,7 @@ def test_a_flow_without_the_simulator_serves_until_stopped(tmp_path: Path) -> No
             for line in output.read_text().splitlines()
             if line.strip().startswith("export ")
         )
-        workers = subprocess.run(
-            [sys.executable, "-m", "nexuscrm_tools.cli", "workers", "--json"],
-            env={**env, **exports},
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE,
-            check=False,
-        )
+        workers = run_command([sys.executable, "-m", "nexuscrm_tools.cli", "workers", "--json"], env | exports)
         assert workers.returncode == ExitCode.OK, workers.stderr
         assert f'"flow": "{EXAMPLE_FLOW}"' in workers.stdout
         process.send_signal(2)  # Ctrl-C
