@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> ExitCode:
             elif summary.problems:
                 code = ExitCode.CHECK_FAILED
         if args.serve and not stop.is_set():
-            console.print("serving; for the operator CLI (nexuscrm --help):")
+            console.print(f"serving; for the operator CLI ({operator_cli()} --help), in another shell:")
             for name, value in target_env(services).items():
                 console.print(f"  export {name}={value}")
             if own_database:  # never print a DSN the caller named: it may hold a password
@@ -517,6 +517,15 @@ def main(argv: list[str] | None = None) -> ExitCode:
     if any(codes.values()):
         return code or ExitCode.FAILURE
     return code
+
+
+def operator_cli() -> str:
+    """How to call ``nexuscrm`` from here: beside this interpreter (``.venv/bin``), relative when under the cwd."""
+    path = Path(sys.executable).parent / "nexuscrm"
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def run_state_lines(workdir: Path, dsn: str, own_database: bool) -> str:
