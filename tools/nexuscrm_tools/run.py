@@ -512,7 +512,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
             stop.wait()
     finally:
         codes = stop_services(services)
-        console.print("stopped: " + ", ".join(f"{name} exit {exit_code}" for name, exit_code in codes.items()))
+        stopped = ", ".join(f"{name} exit {exit_code}" for name, exit_code in codes.items())
+        console.print(f"stopped: {stopped}", soft_wrap=True)
         console.print(run_state_lines(args.workdir, dsn, own_database), highlight=False, soft_wrap=True)
     if any(codes.values()):
         return code or ExitCode.FAILURE
