@@ -13,8 +13,12 @@ FENCE = "fc-0402ee9840bf4219a4584e63dfb47037"
 PACK = "pk-6fc5bc72c8af4e3987abea21e348bbf2"
 
 
+@pytest.mark.parametrize("term", ["xterm-256color", "dumb"])
 @pytest.mark.parametrize("terminal", [False, True])
-def test_a_table_wider_than_80_columns_keeps_every_id_whole(terminal: bool) -> None:
+def test_a_table_wider_than_80_columns_keeps_every_id_whole(
+    terminal: bool, term: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TERM", term)
     out = io.StringIO()
     console = Console(file=out, width=80, force_terminal=terminal, color_system=None)
     row = (FENCE, "demo", PACK, "2026-11-30T18:00:00+00:00", "maintenance window for the vendor")

@@ -32,6 +32,7 @@ def print_whole(console: Console, renderable: Table) -> None:
     natural = Measurement.get(console, console.options.update_width(UNBOUNDED), renderable).maximum
     wide = Console(
         width=max(console.width, natural),
+        height=console.height,  # with a width alone, a dumb terminal (TERM=dumb) falls back to 80x25
         file=console.file,
         force_terminal=console.is_terminal,
         color_system=console.color_system,  # type: ignore[arg-type]
