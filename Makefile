@@ -5,19 +5,27 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := protos/python libs/workqueue libs/runtime libs/schema libs/connectors_sdk services/schema_catalog services/controlplane services/connectors services/integration tools
 STAMP := $(VENV)/.setup-stamp
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup protos test run lint typecheck fmt clean bench bench-quick reliability deps
+.PHONY: setup runtime protos test run lint typecheck fmt clean bench bench-quick reliability deps
 
+# runtime: what running needs (every package editable, the protos generated); setup adds the
+# development and test tools of requirements/dev.txt.
+runtime: $(RUNTIME_STAMP)
 setup: $(STAMP)
 
-$(STAMP): requirements/constraints.txt requirements/dev.txt $(PYPROJECTS) $(PROTOS) protos/generate.py
+$(RUNTIME_STAMP): requirements/constraints.txt $(PYPROJECTS) $(PROTOS) protos/generate.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt grpcio-tools protobuf
 	$(BIN)/python protos/generate.py > /dev/null
-	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -r requirements/dev.txt $(addprefix -e ,$(PACKAGES))
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt $(addprefix -e ,$(PACKAGES))
+	touch $@
+
+$(STAMP): $(RUNTIME_STAMP) requirements/dev.txt
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -r requirements/dev.txt
 	touch $@
 
 protos: setup
@@ -37,8 +45,12 @@ reliability: setup
 # Extra flags for nexuscrm-run, e.g. make run ARGS="--serve" or ARGS="--lanes 50 --inputs 1000".
 ARGS ?=
 
-run: setup
-	$(BIN)/nexuscrm-run $(ARGS)
+# GNU make exits 2 whenever a recipe fails, whatever its code: the last line says the runner's
+# own code, and `make runtime && .venv/bin/nexuscrm-run ...` returns it (decision 113).
+run: runtime
+	@$(BIN)/nexuscrm-run $(ARGS); code=$$?; \
+	if [ $$code -ne 0 ]; then echo "nexuscrm-run exited with $$code (README: exit codes); make itself exits 2" >&2; fi; \
+	exit $$code
 
 # Benchmarks, separate from the tests (docs/performance.md). QUICK=1 or bench-quick: the short run.
 bench: setup
@@ -59,7 +71,7 @@ deps: setup
 	$(BIN)/python -m tests.architecture.packages
 
 typecheck: setup
-	$(BIN)/mypy libs services tools tests bench protos/generate.py
+	$(BIN)/mypy libs services tools tests bench examples protos/generate.py
 
 fmt: setup
 	$(BIN)/ruff format .

@@ -1,8 +1,10 @@
 """Database harness: every database test runs on SQLite and on a MySQL-protocol server.
 
 NEXUSCRM_TIDB_DSN names a MySQL-protocol server (TiDB, MariaDB, MySQL); each test gets its
-own uniquely named database, created and dropped around it. Without a DSN, testcontainers
-starts MariaDB when Docker works. NEXUSCRM_TIDB_REQUIRED=1 turns the skip of a database test
+own uniquely named database, created and dropped around it. Without a DSN, the session starts
+a throwaway private MariaDB server when one is installed (``mariadbd``; its datadir in the
+session's temporary directory, gone afterwards), else testcontainers' MariaDB when Docker
+works. NEXUSCRM_TIDB_REQUIRED=1 turns the skip of a database test
 into a failure. NEXUSCRM_REPO_ROOT names the Core checkout whose canonical schema is applied.
 """
 
@@ -26,6 +28,7 @@ sys.path.insert(0, str(CATALOG_DIR))
 from nexuscrm_runtime.database import create_engine, normalize_dsn  # noqa: E402
 from nexuscrm_schema_catalog import migrations  # noqa: E402
 from tests.support.pki import Pki, make_pki  # noqa: E402
+from tests.support.private_mariadb import PrivateMariaDB, PrivateServerError  # noqa: E402
 
 BACKENDS = ("sqlite", "mysql")
 REQUIRED = os.environ.get("NEXUSCRM_TIDB_REQUIRED") == "1"
@@ -35,17 +38,33 @@ def pytest_report_header() -> list[str]:
     return [
         f"canonical schema from {migrations.__file__}",
         "MySQL-protocol backend: "
-        + ("NEXUSCRM_TIDB_DSN" if os.environ.get("NEXUSCRM_TIDB_DSN") else "testcontainers if Docker works")
+        + (
+            "NEXUSCRM_TIDB_DSN"
+            if os.environ.get("NEXUSCRM_TIDB_DSN")
+            else "a private MariaDB server if installed, else testcontainers if Docker works"
+        )
         + (" (required)" if REQUIRED else ""),
     ]
 
 
 @pytest.fixture(scope="session")
-def mysql_server_dsn() -> Iterator[str]:
+def mysql_server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The DSN of a MySQL-protocol server, without a database name."""
     dsn = os.environ.get("NEXUSCRM_TIDB_DSN")
     if dsn:
         yield dsn
+        return
+    server = PrivateMariaDB(tmp_path_factory.mktemp("mariadb"))
+    try:
+        server.install()
+        server.start()
+    except PrivateServerError:  # not installed, or it cannot run here: try Docker
+        server.close()
+    else:
+        try:
+            yield server.dsn
+        finally:
+            server.stop()
         return
     try:
         from testcontainers.mysql import MySqlContainer

@@ -56,7 +56,8 @@ def verdicts(output: str) -> dict[str, str]:
     """Each contract's KEPT or BROKEN from lint-imports' summary."""
     found = {}
     for name in CONTRACTS:
-        match = re.search(rf"^{re.escape(name)} (KEPT|BROKEN)$", output, re.MULTILINE)
+        # A contract with ignore_imports says how many it ignored: "KEPT (1 ignored import)".
+        match = re.search(rf"^{re.escape(name)} (KEPT|BROKEN)(?: \(\d+ ignored imports?\))?$", output, re.MULTILINE)
         assert match, f"lint-imports did not report the contract {name!r}:\n{output}"
         found[name] = match.group(1)
     return found

@@ -22,7 +22,7 @@ step "ruff"
 step "lint-imports (the package graph: docs/decisions/103-package-graph-enforced.md)"
 "$BIN/lint-imports" || exit 1
 step "mypy"
-"$BIN/mypy" libs services tools tests bench protos/generate.py || exit 1
+"$BIN/mypy" libs services tools tests bench examples protos/generate.py || exit 1
 
 step "pytest"
 "$BIN/pytest" "$@"

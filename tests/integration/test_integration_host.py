@@ -16,12 +16,12 @@ from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVA
 from nexuscrm_integration.errors import ActivationRefused, FlowNotFound, HostConfigError, NotGranted
 from nexuscrm_integration.flows import resolve_flow
 from nexuscrm_integration.host import WorkerHost, standalone_worker
-from nexuscrm_sdk.flows import FlowContext
+from nexuscrm_sdk.flows import Flow, FlowContext
 from nexuscrm_sdk.worker import WorkSource
 from nexuscrm_tools import demo
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.simulator import WorkloadConfig, workload
-from tests.support.factories import install_pack
+from tests.support.factories import install_pack, processing_work
 from tests.support.invariants import assert_invariants
 from workqueue.values import InputRow
 
@@ -145,7 +145,7 @@ def test_demo_flow_is_idempotent_per_generation_and_equals_the_fold(engine: sa.E
 
     def apply(batch: list[InputRow]) -> int:
         with engine.begin() as connection:
-            return demo.apply_generation(connection, pack, "w-1", batch)
+            return demo.apply_generation(connection, processing_work(pack), batch)
 
     def snapshot() -> list[tuple[object, ...]]:
         with engine.connect() as connection:
@@ -176,4 +176,29 @@ def test_worker_host_needs_a_grant_for_every_pool(engine: sa.Engine) -> None:
         WorkerHost(grant, config.pools, NoWork(), engine, host_id="h")
     context = FlowContext(pack_install_id="pk-a", work_type="t", engine=engine)
     assert callable(demo.contact_projection(context))
+    assert_invariants(engine)
+
+
+SEEN: list[FlowContext] = []
+
+
+def recording_flow(context: FlowContext) -> Flow:
+    """A Flow factory that records the context it was built with (``test_pool_settings_reach_the_flow``)."""
+    SEEN.append(context)
+    return lambda _generation: None
+
+
+@pytest.mark.database
+def test_pool_settings_reach_the_flow_and_must_map_strings_to_strings(engine: sa.Engine) -> None:
+    grant = check_activation(FakeSchema([]), FakeProtocols({"pk-a"}), ["pk-a"])
+    flow = f"{__name__}:recording_flow"
+    pool = {"pack_install_id": "pk-a", "work_type": "t", "flow": flow, "settings": {"database": "sqlite:///x.db"}}
+    config = HostConfig.from_env({"NEXUSCRM_INTEGRATION_POOLS": json.dumps([pool])})
+    SEEN.clear()
+    WorkerHost(grant, config.pools, NoWork(), engine, host_id="h")
+    assert [(c.pack_install_id, dict(c.settings)) for c in SEEN] == [("pk-a", {"database": "sqlite:///x.db"})]
+    for settings in ({"database": 1}, ["database"], {"": None}):
+        with pytest.raises(HostConfigError, match="settings must map strings to strings"):
+            PoolConfig.from_mapping({**pool, "settings": settings}, "test")
+    assert PoolConfig.from_mapping({k: v for k, v in pool.items() if k != "settings"}, "test").settings == {}
     assert_invariants(engine)

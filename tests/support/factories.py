@@ -10,7 +10,8 @@ import sqlalchemy as sa
 
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
-from workqueue.values import IngestItem, Route
+from workqueue.statuses import WorkStatus
+from workqueue.values import IngestItem, Route, WorkItemRow
 
 START = dt.datetime(2026, 3, 1, 12, 0, 0)
 _counter = itertools.count(1)
@@ -75,4 +76,27 @@ def delivery(
         route=route(lane),
         payload=payload if payload is not None else f"payload of {key}".encode(),
         source_time=source_time,
+    )
+
+
+def processing_work(pack_install_id: str, work_id: str = "w-1", *, projection_key: str = "key") -> WorkItemRow:
+    """A generation as a worker holds it (processing, first attempt), for code that takes a claimed one."""
+    return WorkItemRow(
+        work_id=work_id,
+        pack_install_id=pack_install_id,
+        projection_key=projection_key,
+        work_type="project",
+        input_start_ordinal=1,
+        lane_ordinal=1,
+        replay_of_work_id=None,
+        status=WorkStatus.PROCESSING,
+        attempt=0,
+        max_attempts=3,
+        claimable_at=None,
+        lease_owner="worker",
+        lease_token="token",
+        lease_expires_at=None,
+        last_error=None,
+        created_at=START,
+        finished_at=None,
     )

@@ -8,7 +8,7 @@ from sqlalchemy.pool import StaticPool
 from nexuscrm_sdk.flows import FlowContext
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from nexuscrm_sdk.worker import Worker
-from nexuscrm_tools import demo
+from nexuscrm_tools import demo, demo_tables
 from nexuscrm_tools import demo_queries as queries
 from workqueue import WorkStatus
 
@@ -42,7 +42,7 @@ def test_the_demo_flow_folds_each_generation_in_ordinal_order_and_a_bad_payload_
     ]
     with engine.connect() as connection:
         contacts = {row.ContactId: row for row in queries.demo_contacts_get(connection, PACK)}
-        applied = queries.demo_applied_ordinals(connection, PACK)
+        applied = demo_tables.applied.applied(connection, PACK)
     assert (contacts["c-1"].Name, contacts["c-1"].Email, contacts["c-1"].Updates, contacts["c-1"].LastOrdinal) == (
         "Ada L.",
         "ada@example.com",

@@ -43,6 +43,7 @@ from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
+from nexuscrm_tools import tables
 from nexuscrm_tools.durations import parse_duration, whole_seconds
 from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from workqueue import ReceiptState
@@ -70,12 +71,7 @@ def _dict(message: Message) -> dict[str, Any]:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if value is None else str(value) for value in row))
-    return table
+    return tables.table(title, columns, rows)
 
 
 def _fields(title: str, data: dict[str, Any]) -> Table:
@@ -416,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         sub.set_defaults(handler=handler)
+        # Also after the subcommand; SUPPRESS keeps an absent flag here from undoing one given before it.
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables")
         return sub
 
     packs = commands.add_parser("packs", help="pack incarnations").add_subparsers(dest="action", required=True)
@@ -491,6 +489,8 @@ def main(argv: list[str] | None = None) -> ExitCode:
         clients.close()
     if args.json:
         print(json.dumps(outcome.data, indent=2, sort_keys=True))
+    elif isinstance(outcome.view, Table):
+        tables.print_whole(console, outcome.view)
     else:
         console.print(outcome.view)
     return outcome.code

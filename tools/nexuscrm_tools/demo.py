@@ -6,10 +6,11 @@ Each input's payload is a JSON contact update from one source lane::
 
 The Flow folds a generation's inputs, in ordinal order, into ``DemoContactProjection`` (one
 row per contact: the latest value of every field and how many updates it absorbed) and
-records each applied input in ``DemoContactApplied``. Both writes share one transaction and
-skip inputs already recorded, so running a generation again (a retry after a lost lease)
-leaves the same result. Replay inputs carry no contact data and are skipped. These tables
-belong to the demo, not to the canonical schema; the Flow factory creates them.
+records each applied input in the SDK's ledger (``nexuscrm_sdk.applied``, table
+``DemoContactApplied``). Both writes share one transaction and skip inputs already recorded,
+so running a generation again (a retry after a lost lease) leaves the same result. Replay
+inputs carry no contact data and are skipped. These tables belong to the demo, not to the
+canonical schema; the Flow factory creates them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,9 +27,9 @@ from nexuscrm_runtime.database import run_transaction
 from nexuscrm_sdk.flows import FlowContext
 from nexuscrm_sdk.worker import Flow, Generation
 from nexuscrm_tools import demo_queries as queries
-from nexuscrm_tools.demo_tables import metadata
+from nexuscrm_tools.demo_tables import applied, metadata
 from nexuscrm_tools.invariants import check_invariants
-from workqueue.values import InputRow, Route
+from workqueue.values import InputRow, Route, WorkItemRow
 
 EVENT_KIND = "contact.upsert"
 ROUTE_VERSION = "1"
@@ -110,16 +110,16 @@ def create_tables(engine: Engine) -> None:
     metadata.create_all(engine, checkfirst=True)
 
 
-def apply_generation(connection: Connection, pack_install_id: str, work_id: str, inputs: Iterable[InputRow]) -> int:
+def apply_generation(connection: Connection, work: WorkItemRow, inputs: Iterable[InputRow]) -> int:
     """Fold a generation's inputs into the projection in ``connection``'s transaction; return how many were new.
 
-    Inputs already in ``DemoContactApplied`` are skipped, so applying a generation twice
-    changes nothing the second time. Raises ``ValueError`` for a payload that is not a contact
-    update (the attempt fails and is retried, then fails for good: never skipped silently).
+    Inputs already in the ledger are skipped, so applying a generation twice changes nothing
+    the second time. Raises ``ValueError`` for a payload that is not a contact update (the
+    attempt fails and is retried, then fails for good: never skipped silently).
     """
-    decoded = [(row.enqueue_ordinal, ContactUpdate.decode(row.payload)) for row in inputs if not row.is_replay]
-    done = queries.demo_applied_ordinals(connection, pack_install_id, [ordinal for ordinal, _ in decoded])
-    fresh = [(ordinal, update) for ordinal, update in decoded if ordinal not in done]
+    pack_install_id = work.pack_install_id
+    new_inputs = applied.fresh(connection, pack_install_id, (row for row in inputs if not row.is_replay))
+    fresh = [(row.enqueue_ordinal, ContactUpdate.decode(row.payload)) for row in new_inputs]
     if not fresh:
         return 0
     existing = queries.demo_contacts_get(connection, pack_install_id, {update.contact_id for _, update in fresh})
@@ -132,7 +132,6 @@ def apply_generation(connection: Connection, pack_install_id: str, work_id: str,
         for row in existing
     }
     touched = fold(fresh, states)
-    now = time.time()
     for contact_id in {update.contact_id for _, update in fresh}:
         state = touched[contact_id]
         values: dict[str, Any] = {column: state.fields[field] for field, column in COLUMNS.items()}
@@ -141,20 +140,7 @@ def apply_generation(connection: Connection, pack_install_id: str, work_id: str,
             queries.demo_contact_update(connection, pack_install_id, contact_id, values)
         else:
             queries.demo_contact_insert(connection, pack_install_id, contact_id, values)
-    queries.demo_applied_insert(
-        connection,
-        [
-            {
-                "PackInstallId": pack_install_id,
-                "EnqueueOrdinal": ordinal,
-                "ContactId": update.contact_id,
-                "WorkId": work_id,
-                "SentAt": update.sent_at,
-                "AppliedAt": now,
-            }
-            for ordinal, update in fresh
-        ],
-    )
+    applied.record(connection, work, new_inputs)
     return len(fresh)
 
 
@@ -171,12 +157,7 @@ def contact_projection(context: FlowContext) -> Flow:
         inputs = list(generation.inputs)
         run_transaction(
             engine,
-            functools.partial(
-                apply_generation,
-                pack_install_id=generation.work.pack_install_id,
-                work_id=generation.work.work_id,
-                inputs=inputs,
-            ),
+            functools.partial(apply_generation, work=generation.work, inputs=inputs),
             name="demo contact projection",
         )
 
@@ -193,11 +174,11 @@ def verify_projection(engine: Engine, pack_install_id: str) -> list[str]:
     problems = check_invariants(engine)
     with engine.connect() as connection:
         events = queries.event_payloads(connection, pack_install_id)
-        applied = queries.demo_applied_ordinals(connection, pack_install_id)
+        done = applied.applied(connection, pack_install_id)
         projected = {row.ContactId: row for row in queries.demo_contacts_get(connection, pack_install_id)}
     admitted = {ordinal for ordinal, _ in events}
-    problems += [f"input {o} was admitted but never projected" for o in sorted(admitted - applied)[:20]]
-    problems += [f"input {o} was projected but never admitted" for o in sorted(applied - admitted)[:20]]
+    problems += [f"input {o} was admitted but never projected" for o in sorted(admitted - done)[:20]]
+    problems += [f"input {o} was projected but never admitted" for o in sorted(done - admitted)[:20]]
     expected = fold((ordinal, ContactUpdate.decode(payload)) for ordinal, payload in events)
     for contact_id in sorted(set(expected) | set(projected)):
         problem = _contact_problem(contact_id, expected.get(contact_id), projected.get(contact_id))

@@ -1,6 +1,6 @@
-"""Every SQL statement the Integration package runs, named noun + verb.
+"""Every SQL statement of the demo and the runner, named noun + verb (the ledger's are the SDK's).
 
-Most touch only the demo's own read-model tables. The ``event_*`` and ``work_item_*`` reads
+The ``demo_*`` statements touch only the demo's own read-model table. The ``event_*`` and ``work_item_*`` reads
 look at canonical tables for the demo's verification and summary; none of them writes a
 canonical table.
 """
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_schema.tables import Event, WorkItem
-from nexuscrm_tools.demo_tables import DemoContactApplied, DemoContactProjection
+from nexuscrm_tools.demo_tables import DemoContactProjection
 
 IN_CHUNK = 500  # values per IN list: bounded statements on every backend
 
@@ -23,21 +23,6 @@ def _chunks(values: Collection[Any]) -> Iterable[list[Any]]:
     ordered = sorted(values)
     for start in range(0, len(ordered), IN_CHUNK):
         yield ordered[start : start + IN_CHUNK]
-
-
-def demo_applied_ordinals(
-    connection: Connection, pack_install_id: str, ordinals: Collection[int] | None = None
-) -> set[int]:
-    """Ordinals of the pack already applied to the demo projection (only among ``ordinals`` when given)."""
-    statement = sa.select(DemoContactApplied.c.EnqueueOrdinal).where(
-        DemoContactApplied.c.PackInstallId == pack_install_id
-    )
-    if ordinals is None:
-        return set(connection.execute(statement).scalars())
-    found: set[int] = set()
-    for chunk in _chunks(ordinals):
-        found.update(connection.execute(statement.where(DemoContactApplied.c.EnqueueOrdinal.in_(chunk))).scalars())
-    return found
 
 
 def demo_contacts_get(
@@ -77,33 +62,6 @@ def demo_contact_update(
         raise RuntimeError(f"projection row of contact {contact_id} vanished during its update")
 
 
-def demo_applied_insert(connection: Connection, rows: list[dict[str, Any]]) -> None:
-    """Record applied inputs; the primary key refuses recording one twice."""
-    if rows:
-        connection.execute(sa.insert(DemoContactApplied), rows)
-
-
-def demo_lags(connection: Connection, pack_install_id: str) -> list[float]:
-    """End-to-end lag of every applied input of the pack, seconds from send to projection commit."""
-    lag = DemoContactApplied.c.AppliedAt - DemoContactApplied.c.SentAt
-    return [
-        float(v)
-        for v in connection.execute(
-            sa.select(lag).where(DemoContactApplied.c.PackInstallId == pack_install_id)
-        ).scalars()
-    ]
-
-
-def demo_applied_count(connection: Connection, pack_install_id: str) -> int:
-    """How many inputs of the pack the demo projection has applied."""
-    count = (
-        sa.select(sa.func.count())
-        .select_from(DemoContactApplied)
-        .where(DemoContactApplied.c.PackInstallId == pack_install_id)
-    )
-    return int(connection.execute(count).scalar_one())
-
-
 def event_payloads(connection: Connection, pack_install_id: str) -> list[tuple[int, bytes]]:
     """(ordinal, payload) of every non-replay Event of the pack, in ordinal order."""
     rows = connection.execute(
@@ -122,3 +80,11 @@ def work_item_status_counts(connection: Connection, pack_install_id: str) -> dic
         .group_by(WorkItem.c.Status)
     )
     return {str(row[0]): int(row[1]) for row in rows}
+
+
+def work_item_inputs_finished(connection: Connection, pack_install_id: str) -> int:
+    """Inputs of the pack in completed generations (each counted as its claim froze it), any Flow."""
+    total = sa.select(sa.func.coalesce(sa.func.sum(WorkItem.c.ClaimedMemberCount), 0)).where(
+        WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == "completed"
+    )
+    return int(connection.execute(total).scalar_one())

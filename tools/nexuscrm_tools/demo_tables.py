@@ -1,7 +1,8 @@
-"""The Integration package's own tables: the demo's read model (not canonical tables).
+"""The demo's own tables: its read model (not canonical tables).
 
-``DemoContactProjection`` holds one row per contact; ``DemoContactApplied`` records each input
-the demo Flow applied (its idempotency guard and the source of end-to-end lag).
+``DemoContactProjection`` holds one row per contact; ``applied`` is the SDK's ledger
+(``nexuscrm_sdk.applied``) in table ``DemoContactApplied``: each input the demo Flow applied,
+its idempotency guard and the source of end-to-end lag.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from nexuscrm_schema.tables import MYSQL_TABLE_OPTIONS, PACK_ID_LENGTH
+from nexuscrm_sdk.applied import AppliedInputs
 
 CONTACT_ID_LENGTH = 192
 
@@ -28,14 +30,4 @@ DemoContactProjection = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 
-DemoContactApplied = sa.Table(
-    "DemoContactApplied",
-    metadata,
-    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
-    sa.Column("EnqueueOrdinal", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("ContactId", sa.String(CONTACT_ID_LENGTH), nullable=False),
-    sa.Column("WorkId", sa.String(36), nullable=False),
-    sa.Column("SentAt", sa.Float(precision=53), nullable=False),  # the source's send time, epoch seconds
-    sa.Column("AppliedAt", sa.Float(precision=53), nullable=False),  # commit time of the projection, epoch seconds
-    **MYSQL_TABLE_OPTIONS,
-)
+applied = AppliedInputs("DemoContactApplied", metadata)

@@ -1,20 +1,28 @@
-"""``nexuscrm-run``: the whole system on one machine, with the demo, stopped cleanly with Ctrl-C.
+"""``nexuscrm-run``: the whole system on one machine, with a Flow, stopped cleanly with Ctrl-C.
 
 Starts the four services as separate processes, installs and activates a demo pack through
-Controlplane, starts the Integration host with the demo Flow, drives a source simulator
-(400 lanes, a walking workload with bursts and about 5% duplicate deliveries by default),
-waits until the host has projected every admitted input, and prints a summary with the
-invariant check over the database. ``--serve`` then keeps the services up for real clients
+Controlplane, starts the Integration host with a Flow (``--flow``: ``module:function`` or an
+entry point of group ``nexuscrm.flows``; default the demo's ``demo-contacts``), drives a
+source simulator (400 lanes, a walking workload with bursts and about 5% duplicate deliveries
+by default), waits until every admitted input is in a finished generation, and prints a
+summary with the invariant check over the database (and, for the demo Flow, that its
+projection equals the inputs). ``--serve`` then keeps the services up for real clients
 (``--inputs 0`` skips the simulator).
 
-Environment: NEXUSCRM_DSN (default: embedded SQLite at var/nexuscrm.db; set it to a
-``mysql://`` URL to run against MariaDB, MySQL or TiDB); NEXUSCRM_DASHBOARD_ADDRESS (where
+Every run starts from a fresh run state: the logs and port files in ``--workdir`` and, unless
+NEXUSCRM_DSN names a database, the embedded SQLite file ``WORKDIR/nexuscrm.db`` are removed
+first; ``--keep`` reuses them. A database named by NEXUSCRM_DSN is never emptied.
+
+Environment: NEXUSCRM_DSN (default: embedded SQLite in the workdir; set it to a
+``mysql://user:password@host:3306/database`` URL to run against MariaDB, MySQL or TiDB; a URL
+that cannot serve ends the run at once, saying why); NEXUSCRM_DASHBOARD_ADDRESS (where
 Controlplane serves the operator dashboard; default 127.0.0.1:0, a free port, printed at start).
 
 Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
 list below ``--help``): 0 every check passed; 1 a service did not stop cleanly; 2 usage error;
 3 a service did not start; 9 a check failed (projection or invariants); 130 interrupted
-before the summary (SIGINT, SIGTERM or SIGHUP, start-up included). Every service stops with
+before the summary (SIGINT, SIGTERM or SIGHUP, start-up included). An unknown ``--flow`` is a
+usage error (2); a database that cannot serve is 3. Every service stops with
 the runner, whatever ends it (``nexuscrm_tools.launcher``). ``--timeout`` is a Go duration (``10m``, ``90s``).
 """
 
@@ -24,10 +32,12 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -40,14 +50,18 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
-from nexuscrm_runtime.config import DEFAULT_DSN, dsn_backend, env_str
+from nexuscrm_integration.errors import FlowNotFound
+from nexuscrm_integration.flows import resolve_flow
+from nexuscrm_runtime.config import dsn_backend, env_str
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_tools import demo
+from nexuscrm_tools import demo, demo_tables, tables
 from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.database_check import DatabaseUnusable, check_database
 from nexuscrm_tools.durations import parse_duration
 from nexuscrm_tools.exits import ExitCode, help_epilog
+from nexuscrm_tools.invariants import check_invariants
 from nexuscrm_tools.launcher import (
     CONNECTORS,
     CONTROLPLANE,
@@ -61,11 +75,15 @@ from nexuscrm_tools.launcher import (
     target_env,
 )
 from nexuscrm_tools.simulator import Simulator, SimulatorStats, WorkloadConfig
-from workqueue.statuses import NONTERMINAL_WORK_STATUSES
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES, WorkStatus
 
 POLL_INTERVAL = dt.timedelta(milliseconds=250)  # between progress reads of the database
 RPC_TIMEOUT = 30.0  # seconds per set-up RPC
 INVARIANT_PREFIXES = ("M:", "O:", "B:", "D:", "X:", "P:")  # how check_invariants names violations
+DATABASE_FILE = "nexuscrm.db"  # the run's embedded SQLite database, in the workdir
+# What a run leaves in its workdir: service logs, (side) port files, the SQLite file with its
+# WAL and shared-memory files. Only these are removed: the workdir may hold anything else.
+RUN_STATE = ("*.log", "*.port", DATABASE_FILE, f"{DATABASE_FILE}-*")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,6 +91,7 @@ class Summary:
     """The outcome of one demo run, as the summary table shows it."""
 
     pack_install_id: str
+    flow: str
     stats: SimulatorStats
     generations: int
     executions: int
@@ -95,7 +114,13 @@ def install_demo_pack(controlplane: grpc.Channel, namespace: str) -> str:
     return pack_install_id
 
 
-def demo_pools(pack_install_id: str, workers: int, flow: str = demo.FLOW_NAME, batch_size: int = 1) -> str:
+def demo_pools(
+    pack_install_id: str,
+    workers: int,
+    flow: str = demo.FLOW_NAME,
+    batch_size: int = 1,
+    settings: Mapping[str, str] | None = None,
+) -> str:
     """NEXUSCRM_INTEGRATION_POOLS for ``flow`` (default: the demo Flow) on ``pack_install_id``."""
     pool = {
         "pack_install_id": pack_install_id,
@@ -103,6 +128,7 @@ def demo_pools(pack_install_id: str, workers: int, flow: str = demo.FLOW_NAME, b
         "flow": flow,
         "size": workers,
         "batch_size": batch_size,
+        "settings": dict(settings or {}),
     }
     return json.dumps([pool])
 
@@ -116,9 +142,10 @@ def start_host(
     workers: int,
     flow: str = demo.FLOW_NAME,
     batch_size: int = 1,
+    settings: Mapping[str, str] | None = None,
 ) -> ServiceProcess:
-    """Start the Integration host serving ``flow`` on the pack, wired to the ``core`` services."""
-    pools = demo_pools(pack_install_id, workers, flow, batch_size)
+    """Start the Integration host serving ``flow`` (with its pool ``settings``) on the pack, wired to ``core``."""
+    pools = demo_pools(pack_install_id, workers, flow, batch_size, settings)
     host_env = {**env, **target_env(core), "NEXUSCRM_INTEGRATION_POOLS": pools}
     return start_services((INTEGRATION,), env=host_env, workdir=workdir)[0]
 
@@ -131,6 +158,7 @@ def start_system(
     workers: int,
     flow: str = demo.FLOW_NAME,
     batch_size: int = 1,
+    settings: Mapping[str, str] | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> tuple[list[ServiceProcess], str]:
     """Start the services, install and activate a demo pack, then start the host serving it.
@@ -146,7 +174,16 @@ def start_system(
         with controlplane.channel() as channel:
             pack_install_id = install_demo_pack(channel, namespace)
         services.append(
-            start_host(services, pack_install_id, workdir, env=env, workers=workers, flow=flow, batch_size=batch_size)
+            start_host(
+                services,
+                pack_install_id,
+                workdir,
+                env=env,
+                workers=workers,
+                flow=flow,
+                batch_size=batch_size,
+                settings=settings,
+            )
         )
     except BaseException:
         stop_services(services)
@@ -170,11 +207,11 @@ def executions(integration: ServiceProcess) -> int:
 
 
 def settled(engine: Engine, pack_install_id: str, stats: SimulatorStats) -> bool:
-    """True once the simulator is done, every admitted input is projected and no generation is open."""
+    """True once the simulator is done, every admitted input is in a finished generation and none is open."""
     with engine.connect() as connection:
-        applied = queries.demo_applied_count(connection, pack_install_id)
+        finished = queries.work_item_inputs_finished(connection, pack_install_id)
         counts = queries.work_item_status_counts(connection, pack_install_id)
-    return stats.done and applied >= stats.admitted and not any(counts.get(s, 0) for s in NONTERMINAL_WORK_STATUSES)
+    return stats.done and finished >= stats.admitted and not any(counts.get(s, 0) for s in NONTERMINAL_WORK_STATUSES)
 
 
 def run_demo(
@@ -186,8 +223,13 @@ def run_demo(
     stop: threading.Event,
     timeout: dt.timedelta,
     console: Console | None = None,
+    flow: str = demo.FLOW_NAME,
 ) -> Summary:
-    """Drive the simulator, show progress, wait until projected (or ``timeout``/``stop``), summarize."""
+    """Drive the simulator, show progress, wait until projected (or ``timeout``/``stop``), summarize.
+
+    The check is the invariants over the database and that no generation failed; for the demo
+    Flow also that its projection equals the fold of the inputs (``demo.verify_projection``).
+    """
     by_name = {s.spec.name: s for s in services}
     started = time.monotonic()
     with by_name[CONNECTORS.name].channel() as channel:
@@ -209,7 +251,7 @@ def run_demo(
             def observe() -> bool:
                 stats = simulator.stats
                 with engine.connect() as connection:
-                    applied = queries.demo_applied_count(connection, pack_install_id)
+                    applied = queries.work_item_inputs_finished(connection, pack_install_id)
                 progress.update(sent, completed=stats.fresh_sent)
                 progress.update(
                     projected, completed=applied, total=max(stats.admitted, applied) if stats.done else None
@@ -221,14 +263,19 @@ def run_demo(
     stats = simulator.stats
     complete = settled(engine, pack_install_id, stats)
     seconds = time.monotonic() - started
+    is_demo = flow == demo.FLOW_NAME
     with engine.connect() as connection:
-        lags = queries.demo_lags(connection, pack_install_id)
-        generations = sum(queries.work_item_status_counts(connection, pack_install_id).values())
-    problems = demo.verify_projection(engine, pack_install_id)
+        lags = demo_tables.applied.lags(connection, pack_install_id) if is_demo else []
+        counts = queries.work_item_status_counts(connection, pack_install_id)
+    generations = sum(counts.values())
+    problems = demo.verify_projection(engine, pack_install_id) if is_demo else check_invariants(engine)
+    if counts.get(WorkStatus.FAILED, 0):
+        problems.append(f"{counts[WorkStatus.FAILED]} generations failed for good (nexuscrm work show WORK_ID)")
     if not complete:
         problems.insert(0, "stopped before every admitted input was projected")
     return Summary(
         pack_install_id=pack_install_id,
+        flow=flow,
         stats=stats,
         generations=generations,
         executions=executions(by_name[INTEGRATION.name]),
@@ -243,7 +290,7 @@ def run_demo(
 def summary_table(summary: Summary, lanes: int) -> Table:
     """The summary as a rich table."""
     stats = summary.stats
-    table = Table(title=f"demo pack {summary.pack_install_id}", show_header=False)
+    table = Table(title=f"pack {summary.pack_install_id}, flow {summary.flow}", show_header=False)
     table.add_column("measure")
     table.add_column("value", justify="right")
     ok = "[green]OK[/green]"
@@ -257,13 +304,21 @@ def summary_table(summary: Summary, lanes: int) -> Table:
         ("generations", f"{summary.generations}"),
         ("executions", f"{summary.executions}"),
         ("inputs per execution", f"{stats.admitted / summary.executions:.2f}" if summary.executions else "-"),
-        ("end-to-end lag p50 / p99", f"{summary.lag_p50 * 1000:.0f} ms / {summary.lag_p99 * 1000:.0f} ms"),
+        (
+            "end-to-end lag p50 / p99",
+            f"{summary.lag_p50 * 1000:.0f} ms / {summary.lag_p99 * 1000:.0f} ms"
+            if summary.flow == demo.FLOW_NAME
+            else "-",
+        ),
         ("wall time", f"{summary.seconds:.1f} s"),
         (
             "invariants M O B D X P (every input in one generation)",
             ok if not invariants else f"[red]{len(invariants)} violations[/red]",
         ),
-        ("projection equals the inputs", ok if not projection else f"[red]{len(projection)} problems[/red]"),
+        (
+            "projection equals the inputs" if summary.flow == demo.FLOW_NAME else "every generation completed",
+            ok if not projection else f"[red]{len(projection)} problems[/red]",
+        ),
     ]
     others = {o.value: n for o, n in stats.outcomes.items() if o.value not in ("admitted", "duplicate_covered")}
     if others:
@@ -297,7 +352,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--duplicates", type=float, default=defaults.duplicate_ratio, help="duplicate share (default %(default)s)"
     )
-    parser.add_argument("--workers", type=int, default=4, help="demo Flow workers in the host (default %(default)s)")
+    parser.add_argument(
+        "--flow",
+        default=demo.FLOW_NAME,
+        help="the Flow the host runs: module:function (importable from the current directory) or an entry point "
+        "of group nexuscrm.flows (default %(default)s)",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        type=_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the Flow's pool (FlowContext.settings); repeatable",
+    )
+    parser.add_argument("--workers", type=int, default=4, help="Flow workers in the host (default %(default)s)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="workload seed (default %(default)s)")
     parser.add_argument(
         "--timeout",
@@ -308,9 +377,46 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--serve", action="store_true", help="keep the services up after the demo until Ctrl-C")
     parser.add_argument(
-        "--workdir", type=Path, default=Path("var/run"), help="logs and port files (default %(default)s)"
+        "--workdir",
+        type=Path,
+        default=Path("var/run"),
+        help="logs, port files and the SQLite database (default %(default)s)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="reuse the run state of the workdir instead of starting fresh"
     )
     return parser
+
+
+def _setting(raw: str) -> tuple[str, str]:
+    key, equals, value = raw.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"a setting is KEY=VALUE, got {raw!r}")
+    return key, value
+
+
+def fresh_run_state(workdir: Path) -> None:
+    """Remove what an earlier run left in ``workdir`` (``RUN_STATE``), and nothing else."""
+    for pattern in RUN_STATE:
+        for path in workdir.glob(pattern):
+            path.unlink()
+
+
+def run_dsn(workdir: Path) -> tuple[str, bool]:
+    """The database of the run and whether it is the run's own (the workdir's SQLite file, not NEXUSCRM_DSN)."""
+    named = os.environ.get("NEXUSCRM_DSN")
+    return (named, False) if named else (f"sqlite:///{workdir / DATABASE_FILE}", True)
+
+
+def check_flow(reference: str) -> None:
+    """Raise ``FlowNotFound`` unless the host will find ``reference``, as it imports it.
+
+    The host's interpreter starts with the working directory on ``sys.path`` (``launcher``),
+    so a ``module:function`` beside the caller is found there; the check looks there too.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    resolve_flow(reference)
 
 
 def main(argv: list[str] | None = None) -> ExitCode:
@@ -322,6 +428,12 @@ def main(argv: list[str] | None = None) -> ExitCode:
         )
     except ValueError as error:
         _parser().error(str(error))
+    try:
+        check_flow(args.flow)
+    except FlowNotFound as error:
+        _parser().error(str(error))
+    if not args.keep:
+        fresh_run_state(args.workdir)
     console = Console()
     stop = threading.Event()
     starting = True
@@ -334,14 +446,24 @@ def main(argv: list[str] | None = None) -> ExitCode:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, _on_signal)
-    dsn = env_str("NEXUSCRM_DSN", DEFAULT_DSN)
+    dsn, own_database = run_dsn(args.workdir)
     dashboard = {"NEXUSCRM_DASHBOARD_ADDRESS": env_str("NEXUSCRM_DASHBOARD_ADDRESS", "127.0.0.1:0")}
-    console.print(f"starting the NexusCRM services on the {dsn_backend(dsn)} database ...")
     try:
+        check_database(dsn)
+        console.print(f"starting the NexusCRM services on the {dsn_backend(dsn)} database ...")
         services, pack_install_id = start_system(
-            dsn, args.workdir, namespace="demo", workers=args.workers, extra_env=dashboard
+            dsn,
+            args.workdir,
+            namespace="demo",
+            workers=args.workers,
+            flow=args.flow,
+            settings=dict(args.setting),
+            extra_env=dashboard,
         )
         starting = False
+    except DatabaseUnusable as error:
+        print(f"nexuscrm-run: the database cannot be used: {error}", file=sys.stderr)
+        return ExitCode.UNREACHABLE
     except Interrupted as signalled:
         console.print(
             f"[red]interrupted ({signalled}) during start-up:[/red] the services that had started were stopped"
@@ -361,11 +483,18 @@ def main(argv: list[str] | None = None) -> ExitCode:
             engine = create_engine(dsn)
             try:
                 summary = run_demo(
-                    engine, services, pack_install_id, workload, stop=stop, timeout=args.timeout, console=console
+                    engine,
+                    services,
+                    pack_install_id,
+                    workload,
+                    stop=stop,
+                    timeout=args.timeout,
+                    console=console,
+                    flow=args.flow,
                 )
             finally:
                 engine.dispose()
-            console.print(summary_table(summary, workload.lanes))
+            tables.print_whole(console, summary_table(summary, workload.lanes))
             for problem in summary.problems[: 20 if summary.complete else 1]:
                 console.print(f"[red]{problem}[/red]")
             if stop.is_set() and not summary.complete:
@@ -373,18 +502,41 @@ def main(argv: list[str] | None = None) -> ExitCode:
             elif summary.problems:
                 code = ExitCode.CHECK_FAILED
         if args.serve and not stop.is_set():
-            console.print("serving; for the operator CLI (nexuscrm --help):")
+            console.print(f"serving; for the operator CLI ({operator_cli()} --help), in another shell:")
             for name, value in target_env(services).items():
                 console.print(f"  export {name}={value}")
+            if own_database:  # never print a DSN the caller named: it may hold a password
+                console.print(f"  export NEXUSCRM_DSN={dsn}")
             console.print(f"  demo pack: {pack_install_id}")
             console.print(f"operator dashboard: {dashboard_url(services)}\npress Ctrl-C to stop")
             stop.wait()
     finally:
         codes = stop_services(services)
-        console.print("stopped: " + ", ".join(f"{name} exit {exit_code}" for name, exit_code in codes.items()))
+        stopped = ", ".join(f"{name} exit {exit_code}" for name, exit_code in codes.items())
+        console.print(f"stopped: {stopped}", soft_wrap=True)
+        console.print(run_state_lines(args.workdir, dsn, own_database), highlight=False, soft_wrap=True)
     if any(codes.values()):
         return code or ExitCode.FAILURE
     return code
+
+
+def operator_cli() -> str:
+    """How to call ``nexuscrm`` from here: beside this interpreter (``.venv/bin``), relative when under the cwd."""
+    path = Path(sys.executable).parent / "nexuscrm"
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def run_state_lines(workdir: Path, dsn: str, own_database: bool) -> str:
+    """Where the run's database and logs are, and how the next run treats them."""
+    database = (
+        f"{workdir / DATABASE_FILE} (SQLite; the next run starts afresh, --keep reuses it)"
+        if own_database
+        else f"the {dsn_backend(dsn)} database of NEXUSCRM_DSN (never emptied by a run)"
+    )
+    return f"database: {database}\nlogs: {workdir}/*.log"
 
 
 def dashboard_url(services: Sequence[ServiceProcess]) -> str:
@@ -394,13 +546,11 @@ def dashboard_url(services: Sequence[ServiceProcess]) -> str:
 
 
 def _print_services(console: Console, services: Sequence[ServiceProcess]) -> None:
-    table = Table(title="NexusCRM services")
-    for column in ("service", "pid", "address", "health", "log"):
-        table.add_column(column)
-    for service in services:
-        status = health_status(service.address, service.spec.service_name)
-        table.add_row(service.spec.name, str(service.process.pid), service.address, status, str(service.log_path))
-    console.print(table)
+    rows = [
+        (s.spec.name, s.process.pid, s.address, health_status(s.address, s.spec.service_name), s.log_path)
+        for s in services
+    ]
+    tables.print_whole(console, tables.table("NexusCRM services", ("service", "pid", "address", "health", "log"), rows))
     console.print(f"operator dashboard: {dashboard_url(services)}")
 
 

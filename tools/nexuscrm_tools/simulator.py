@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime as dt
 import logging
 import random
 import threading
@@ -108,7 +109,12 @@ def workload(config: WorkloadConfig, clock: Callable[[], float] = time.time) -> 
                 fields=_fields(rng),
                 sent_at=now,
             )
-            item = IngestItem(receipt_key=f"r-{fresh:08d}", route=demo.route(lane_name(lane)), payload=update.encode())
+            item = IngestItem(
+                receipt_key=f"r-{fresh:08d}",
+                route=demo.route(lane_name(lane)),
+                payload=update.encode(),
+                source_time=dt.datetime.fromtimestamp(now, dt.UTC),  # the ledger's lag starts here
+            )
             batch.append(Delivery(item=item, duplicate=False))
         history.extend(d.item for d in batch if not d.duplicate)
         tick += 1

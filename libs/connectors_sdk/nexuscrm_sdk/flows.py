@@ -8,7 +8,7 @@ A Flow takes one claimed generation and consumes its complete ordered input set
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from nexuscrm_sdk.worker import Flow
@@ -21,15 +21,20 @@ __all__ = ["Flow", "FlowContext", "FlowFactory"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FlowContext:
-    """What a Flow factory gets: the pool it serves and the host's database.
+    """What a Flow factory gets: the pool it serves, the host's database and the pool's settings.
 
-    ``engine`` is the database of NEXUSCRM_DSN, for read models the Flow owns; canonical tables
-    are not the Flow's to write.
+    ``engine`` is the database of the host's NEXUSCRM_DSN, for read models the Flow keeps
+    there; canonical tables are not the Flow's to write. ``settings`` are the pool's own
+    strings (its ``settings`` table in the host configuration), for whatever the Flow needs
+    configured: a Flow whose read model lives in a database of its own reads its URL from
+    them and opens its own engine (``examples/contacts_sqlite`` in the SDK's docs does).
+    For idempotent read-model writes see ``nexuscrm_sdk.applied``.
     """
 
     pack_install_id: str
     work_type: str
     engine: Engine
+    settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 FlowFactory = Callable[[FlowContext], Flow]

@@ -57,6 +57,8 @@ class PoolConfig:
     work when there is none; it answers as soon as it claimed some (0: answer at once; at most
     Connectors' NEXUSCRM_MAX_CLAIM_WAIT_MS; a drain waits for a waiting claim too).
     ``poll_interval_seconds``: the least time between two claims that both came back empty.
+    ``settings``: strings the Flow factory gets as ``FlowContext.settings`` (the Flow's own
+    configuration, such as the URL of a read-model database of its own).
     """
 
     pack_install_id: str
@@ -68,6 +70,7 @@ class PoolConfig:
     batch_size: int = 1
     claim_wait_seconds: float = DEFAULT_CLAIM_WAIT
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL
+    settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("pack_install_id", "work_type", "flow"):
@@ -82,6 +85,10 @@ class PoolConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise HostConfigError(f"pool {name} must be a number of seconds >= 0, got {value!r}", field=name)
+        if not isinstance(self.settings, Mapping) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in self.settings.items()
+        ):
+            raise HostConfigError(f"pool settings must map strings to strings, got {self.settings!r}", field="settings")
 
     @property
     def name(self) -> str:

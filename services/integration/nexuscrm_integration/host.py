@@ -114,7 +114,10 @@ class WorkerHost:
             raise NotGranted(f"packs {ungranted} have not passed the activation gate", field="pack_install_id")
         for pool in pools:
             factory = resolve_flow(pool.flow)
-            flow = factory(FlowContext(pack_install_id=pool.pack_install_id, work_type=pool.work_type, engine=engine))
+            context = FlowContext(
+                pack_install_id=pool.pack_install_id, work_type=pool.work_type, engine=engine, settings=pool.settings
+            )
+            flow = factory(context)
             for index in range(pool.size):
                 worker = standalone_worker(
                     grant,

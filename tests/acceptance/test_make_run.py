@@ -1,0 +1,29 @@
+"""``make run`` says the runner's own exit code; GNU make itself can only exit 2 for a failure (decision 113)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.acceptance
+
+TIMEOUT = 120.0  # seconds: no service starts, the database check refuses at once
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def test_make_run_names_the_runners_exit_code() -> None:
+    make = ["make", "--no-print-directory", "-C", str(REPO_ROOT)]
+    if subprocess.run([*make, "-q", "runtime"], check=False).returncode != 0:
+        pytest.skip("the runtime environment is not up to date: make run would install it first")
+    env = {**os.environ, "NEXUSCRM_DSN": "postgresql://someone@127.0.0.1/crm"}
+    done = subprocess.run(
+        [*make, "run", "ARGS=--inputs 0"], env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    assert done.returncode == 2, done.stdout + done.stderr  # make's own code for any failed recipe
+    assert "unsupported scheme 'postgresql'" in done.stderr
+    assert "nexuscrm-run exited with 3" in done.stderr

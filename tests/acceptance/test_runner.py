@@ -1,0 +1,155 @@
+"""``nexuscrm-run`` as a person runs it: fresh state by default, any Flow, and a wrong database said in one line.
+
+Real processes on OS-chosen ports, small unpaced workloads; no assertion on how fast.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nexuscrm_tools.exits import ExitCode
+from tests.conftest import REPO_ROOT
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.acceptance
+
+DEADLINE = 300.0  # seconds for one small run on a loaded machine
+EXAMPLE_FLOW = "examples.contact_stages:contact_stages"
+SMALL = ["--lanes", "3", "--inputs", "30", "--rate", "0"]
+
+
+def nexuscrm_run(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``nexuscrm-run`` from the repository root (as the README does), NEXUSCRM_DSN set only when given."""
+    env = {k: v for k, v in os.environ.items() if k != "NEXUSCRM_DSN"} | {"COLUMNS": "80"}
+    if dsn is not None:
+        env["NEXUSCRM_DSN"] = dsn
+    return run_command([sys.executable, "-m", "nexuscrm_tools.run", *args], env)
+
+
+def run_command(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run to the end from the repository root; the caller checks the exit code."""
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE)
+
+
+def packs_in(database: Path) -> int:
+    with sqlite3.connect(database) as connection:
+        return int(connection.execute("SELECT COUNT(*) FROM PackInstall").fetchone()[0])
+
+
+def test_each_run_starts_fresh_and_keep_reuses_the_state(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("not the run's")
+    for _ in range(2):
+        first = nexuscrm_run(*SMALL, "--workdir", str(workdir))
+        assert first.returncode == ExitCode.OK, first.stdout + first.stderr
+        assert packs_in(workdir / "nexuscrm.db") == 1
+        assert (workdir / "connectors.log").read_text().count("serving nexuscrm") == 1
+    assert f"database: {workdir / 'nexuscrm.db'} (SQLite" in first.stdout
+    assert f"logs: {workdir}/*.log" in first.stdout
+
+    kept = nexuscrm_run(*SMALL, "--workdir", str(workdir), "--keep")
+    assert kept.returncode == ExitCode.OK, kept.stdout + kept.stderr
+    assert packs_in(workdir / "nexuscrm.db") == 2
+    assert (workdir / "notes.txt").read_text() == "not the run's"
+
+
+def test_a_database_named_by_nexuscrm_dsn_is_never_emptied(tmp_path: Path) -> None:
+    database = tmp_path / "mine.db"
+    for expected in (1, 2):
+        done = nexuscrm_run(*SMALL, "--workdir", str(tmp_path / "run"), dsn=f"sqlite:///{database}")
+        assert done.returncode == ExitCode.OK, done.stdout + done.stderr
+        assert packs_in(database) == expected
+    assert "the sqlite database of NEXUSCRM_DSN" in done.stdout
+    assert not (tmp_path / "run" / "nexuscrm.db").exists()
+
+
+def test_a_flow_by_module_and_function_with_the_simulator(tmp_path: Path) -> None:
+    read_model = tmp_path / "stages.db"
+    done = nexuscrm_run(
+        *SMALL,
+        "--workdir",
+        str(tmp_path / "run"),
+        "--flow",
+        EXAMPLE_FLOW,
+        "--setting",
+        f"database=sqlite:///{read_model}",
+    )
+    assert done.returncode == ExitCode.OK, done.stdout + done.stderr
+    assert EXAMPLE_FLOW in done.stdout
+    with sqlite3.connect(read_model) as connection:
+        assert connection.execute("SELECT COUNT(*) FROM ContactStageApplied").fetchone()[0] == 30
+        assert connection.execute("SELECT COUNT(*) FROM ContactStage").fetchone()[0] > 0
+    with sqlite3.connect(tmp_path / "run" / "nexuscrm.db") as connection:  # nothing of the Flow's in the host's
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert not {"ContactStage", "ContactStageApplied", "DemoContactApplied"} & tables
+
+
+def test_a_flow_without_the_simulator_serves_until_stopped(tmp_path: Path) -> None:
+    output = tmp_path / "runner.out"
+    env = {k: v for k, v in os.environ.items() if k != "NEXUSCRM_DSN"} | {"COLUMNS": "80"}
+    command = [sys.executable, "-m", "nexuscrm_tools.run", "--inputs", "0", "--serve", "--flow", EXAMPLE_FLOW]
+    command += ["--setting", f"database=sqlite:///{tmp_path / 'stages.db'}", "--workdir", str(tmp_path / "run")]
+    with output.open("w") as sink:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: "press Ctrl-C to stop" in output.read_text(), "the system to serve", timeout=DEADLINE)
+        exports = dict(
+            line.strip().removeprefix("export ").split("=", 1)
+            for line in output.read_text().splitlines()
+            if line.strip().startswith("export ")
+        )
+        workers = run_command([sys.executable, "-m", "nexuscrm_tools.cli", "workers", "--json"], env | exports)
+        assert workers.returncode == ExitCode.OK, workers.stderr
+        assert f'"flow": "{EXAMPLE_FLOW}"' in workers.stdout
+        process.send_signal(2)  # Ctrl-C
+        assert process.wait(timeout=DEADLINE) == ExitCode.OK, output.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_an_unknown_flow_is_a_usage_error_before_anything_starts(tmp_path: Path) -> None:
+    done = nexuscrm_run("--flow", "no_such_module:factory", "--workdir", str(tmp_path / "run"))
+    assert done.returncode == ExitCode.USAGE
+    assert "flow 'no_such_module:factory' cannot be imported" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _dsn_cases(server: str) -> list[tuple[str, str]]:
+    host = server.split("@", 1)[1].split("/", 1)[0]
+    return [
+        (f"{server.rstrip('/')}/nxtest_no_such_database", "database 'nxtest_no_such_database' does not exist on"),
+        (f"mysql://root:not-the-password@{host}/mysql", "authentication failed for user 'root'"),
+        (f"mysql://root@127.0.0.1:{_closed_port()}/nexuscrm", "nothing is listening on 127.0.0.1:"),
+        (f"mysql://root@{host}", "NEXUSCRM_DSN names no database"),
+        ("postgresql://root@127.0.0.1/nexuscrm", "unsupported scheme 'postgresql'"),
+    ]
+
+
+@pytest.mark.database
+def test_a_wrong_dsn_is_said_in_one_line_and_nothing_starts(mysql_server_dsn: str, tmp_path: Path) -> None:
+    if "@" not in mysql_server_dsn or ":" in mysql_server_dsn.split("@", 1)[0].removeprefix("mysql://"):
+        pytest.skip("needs a server whose root has no password (as the test machines' have)")
+    for dsn, cause in _dsn_cases(mysql_server_dsn):
+        done = nexuscrm_run("--workdir", str(tmp_path / "run"), dsn=dsn)
+        said = done.stdout + done.stderr
+        assert done.returncode == ExitCode.UNREACHABLE, said
+        assert cause in said, said
+        assert "Traceback" not in said and "not-the-password" not in said
+        assert len([line for line in said.splitlines() if line.strip()]) == 1, said
+        assert not list((tmp_path / "run").glob("*.log"))  # no service was started
