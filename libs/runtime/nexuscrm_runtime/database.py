@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
 from workqueue.errors import DomainError, ErrorKind
 
@@ -49,12 +50,6 @@ CONFLICTS = Counter(
     ["transaction", "outcome"],
 )
 
-# Errors after which the whole transaction may run again: MySQL deadlock (1213) and lock wait
-# timeout (1205, after which MySQL keeps the transaction open, so we roll back first), TiDB
-# write conflicts (8002, 8022, 9007).
-RETRYABLE_MYSQL_CODES = frozenset({1205, 1213, 8002, 8022, 9007})
-# Errors that mean the server or connection went away: the caller may retry the request.
-UNAVAILABLE_MYSQL_CODES = frozenset({2003, 2006, 2013, 2014, 2055, 1927, 1053})
 # PyMySQL waits forever for a reply by default, so a partitioned connection would hold its
 # handler thread until the kernel gives up (hours). A DSN may set its own values
 # (``?read_timeout=5``); the default outlasts any lock wait we configure (MySQL's 50 s
@@ -72,6 +67,12 @@ class TransactionConflict(DomainError):
     """A transaction kept conflicting with concurrent ones after every retry."""
 
     kind = ErrorKind.ABORTED
+
+
+class DatabaseLimitExceeded(DomainError):
+    """A transaction or statement exceeded a server limit; the same work would fail again."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED
 
 
 def normalize_dsn(dsn: str) -> URL:
@@ -108,12 +109,13 @@ def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
 
 
 def _unavailable_on_connection_loss(context: sa.engine.ExceptionContext) -> None:
-    """Raise ``DatabaseUnavailable`` for a lost connection wherever it happens.
+    """Raise ``DatabaseUnavailable`` for a lost connection, ``DatabaseLimitExceeded`` for a limit, wherever.
 
     Reads outside ``run_transaction`` (claim candidates, payload pages, inspection) would
     otherwise surface a raw driver error, which the status table maps to INTERNAL instead of
-    a retryable UNAVAILABLE. The connection is invalidated either way. A failed pool
-    pre-ping is left alone: the pool reconnects after it by itself.
+    a retryable UNAVAILABLE or a RESOURCE_EXHAUSTED naming the limit. The connection is
+    invalidated after a loss. A failed pool pre-ping is left alone: the pool reconnects after
+    it by itself. Conflicts stay driver errors here, so that ``run_transaction`` retries them.
     """
     if context.is_pre_ping:
         return
@@ -121,6 +123,9 @@ def _unavailable_on_connection_loss(context: sa.engine.ExceptionContext) -> None
     if context.is_disconnect or (error is not None and is_unavailable(error)):
         context.is_disconnect = True
         raise DatabaseUnavailable("database connection lost; retry the request") from context.original_exception
+    refusal = None if error is None else limit_exceeded(error, "a statement")
+    if refusal is not None:
+        raise refusal from context.original_exception
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -158,19 +163,47 @@ def mysql_error_code(error: BaseException) -> int | None:
 
 
 def is_retryable(error: BaseException) -> bool:
-    """True when the failed transaction can safely run again from the start."""
+    """True when the failed transaction can safely run again from the start (a ``CONFLICT`` of the table)."""
     if not isinstance(error, sa.exc.DBAPIError):
         return False
-    if mysql_error_code(error) in RETRYABLE_MYSQL_CODES:
+    if error_class(mysql_error_code(error)) is ErrorClass.CONFLICT:
         return True
     return "database is locked" in str(getattr(error, "orig", ""))
 
 
 def is_unavailable(error: BaseException) -> bool:
-    """True when the database connection failed rather than the statement."""
+    """True when the database connection or cluster failed rather than the statement."""
     if not isinstance(error, sa.exc.DBAPIError):
         return False
-    return bool(error.connection_invalidated) or mysql_error_code(error) in UNAVAILABLE_MYSQL_CODES
+    return bool(error.connection_invalidated) or error_class(mysql_error_code(error)) is ErrorClass.UNAVAILABLE
+
+
+def limit_exceeded(error: BaseException, what: str) -> DatabaseLimitExceeded | None:
+    """The refusal for a driver error of class ``TOO_LARGE``, naming the limit; None for any other error."""
+    entry = engine_error(mysql_error_code(error)) if isinstance(error, sa.exc.DBAPIError) else None
+    if entry is None or entry.error_class is not ErrorClass.TOO_LARGE:
+        return None
+    return DatabaseLimitExceeded(
+        f"{what} was refused by the database: {entry.meaning} (error {entry.code}); nothing was "
+        "committed, and the same request fails again until it is smaller or the limit is raised"
+    )
+
+
+def domain_error(error: BaseException) -> DomainError | None:
+    """The refusal a driver error that escaped every retry stands for; None: a bug (INTERNAL).
+
+    The RPC layer asks this of an error no handler caught, so that a conflict in a statement
+    run outside ``run_transaction`` answers ABORTED (retry the request) like one inside it.
+    """
+    if isinstance(error, DomainError):
+        return error
+    if not isinstance(error, sa.exc.DBAPIError):
+        return None
+    if is_unavailable(error):
+        return DatabaseUnavailable("database unavailable; retry the request")
+    if is_retryable(error):
+        return TransactionConflict("a statement conflicted with a concurrent transaction; retry the request")
+    return limit_exceeded(error, "a statement")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -213,13 +246,15 @@ def run_transaction(
 ) -> T:
     """Run ``work`` in one transaction, retrying conflicts as whole transactions.
 
-    Deadlocks, lock-wait timeouts, Galera certification failures (reported as deadlocks) and
-    TiDB write conflicts are retried under ``retry`` (default ``DEFAULT_RETRY``: jittered
+    The conflicts of ``engine_errors.ENGINE_ERRORS`` (deadlocks, lock-wait timeouts, Galera
+    certification failures reported as deadlocks, TiDB write conflicts, schema changes and
+    lock-resolve timeouts) are retried under ``retry`` (default ``DEFAULT_RETRY``: jittered
     exponential backoff within ``RETRY_BUDGET`` seconds), each retry logged and counted
     (``nexuscrm_transaction_conflicts_total``); then ``TransactionConflict``, and nothing
     of ``work`` committed. A lost connection raises ``DatabaseUnavailable``: whether a
     commit applied is then unknown, so only the caller (retrying an idempotent request) can
-    resolve it. ``work`` must be safe to run again: it may only touch the database.
+    resolve it. A server limit (``TOO_LARGE``) raises ``DatabaseLimitExceeded`` naming it,
+    not retried. ``work`` must be safe to run again: it may only touch the database.
     """
     policy = retry or DEFAULT_RETRY
     started = policy.clock()
@@ -234,9 +269,14 @@ def run_transaction(
             return result
         except DatabaseUnavailable as error:  # raised by _unavailable_on_connection_loss
             raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
+        except DatabaseLimitExceeded as error:  # raised by _unavailable_on_connection_loss
+            raise DatabaseLimitExceeded(f"{name}: {error}") from error
         except sa.exc.DBAPIError as error:
             if is_unavailable(error):
                 raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
+            refusal = limit_exceeded(error, name)  # an error that did not pass the engine's hook
+            if refusal is not None:
+                raise refusal from error
             if not is_retryable(error):
                 raise
             delay = policy.delay(attempt, started)
