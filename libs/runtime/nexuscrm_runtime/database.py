@@ -1,9 +1,10 @@
 """Database engines for every backend and whole-transaction retry.
 
 Backends: MySQL-protocol servers (TiDB in production, MariaDB/MySQL in tests) through PyMySQL
-at READ COMMITTED, and embedded SQLite in WAL mode where every transaction starts with
-``BEGIN IMMEDIATE`` (one writer at a time, so ``FOR UPDATE``, which SQLite lacks, is not
-needed there). Engines hide bound parameters so payloads never reach error text.
+at READ COMMITTED (each TiDB session set as ``prerequisites`` says), and embedded SQLite in
+WAL mode where every transaction starts with ``BEGIN IMMEDIATE`` (one writer at a time, so
+``FOR UPDATE``, which SQLite lacks, is not needed there). Engines hide bound parameters so
+payloads never reach error text.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
+from nexuscrm_runtime.prerequisites import install_session_settings
 from workqueue.errors import DomainError, ErrorKind
 
 log = logging.getLogger(__name__)
@@ -105,6 +107,7 @@ def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
         max_overflow=pool_size,
     )
     event.listen(engine, "handle_error", _unavailable_on_connection_loss)
+    install_session_settings(engine)
     return engine
 
 
