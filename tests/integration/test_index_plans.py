@@ -240,7 +240,8 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "receipt_packs_stored": lambda c: queries.receipt_packs_stored(c),
         # the allocation UPDATE proves no Event sits above the counter (rolled back here)
         "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack), 1),
-        "receipts_stored_list": lambda c: queries.receipts_stored_list(c, pack, 500),
+        "receipts_stored_sizes": lambda c: queries.receipts_stored_sizes(c, pack, 500),
+        "receipts_stored_list": lambda c: queries.receipts_stored_list(c, pack, ["stored-0", "stored-2"]),
         # Connectors: ListReceipts pages after the first (the dashboard test covers the first).
         "receipts_in_state": lambda c: queries.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),
         "receipts_in_state (all packs)": lambda c: queries.receipts_in_state(c, ReceiptState.STORED, None, after, 50),

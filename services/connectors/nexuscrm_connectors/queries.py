@@ -171,16 +171,32 @@ def receipt_packs_stored(connection: Connection) -> list[str]:
     )
 
 
-def receipts_stored_list(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
-    """A pack's oldest stored receipts, for the materializer (ix_ingressreceipt_state range)."""
+def receipts_stored_sizes(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
+    """A pack's oldest stored receipts as ReceiptKey and PayloadBytes, for the materializer's byte budget.
+
+    A range of ix_ingressreceipt_state; the payloads are measured by the server, never sent.
+    """
     return list(
         connection.execute(
-            sa.select(IngressReceipt)
+            sa.select(IngressReceipt.c.ReceiptKey, sa.func.length(IngressReceipt.c.Payload).label("PayloadBytes"))
             .where(IngressReceipt.c.State == ReceiptState.STORED, IngressReceipt.c.PackInstallId == pack_install_id)
             .order_by(IngressReceipt.c.ReceivedAt)
             .limit(limit)
         )
     )
+
+
+def receipts_stored_list(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> list[DbRow]:
+    """The receipts of ``keys`` that are still stored, whole, in the order of ``keys`` (primary key lookups)."""
+    rows = connection.execute(
+        sa.select(IngressReceipt).where(
+            IngressReceipt.c.PackInstallId == pack_install_id,
+            IngressReceipt.c.ReceiptKey.in_(keys),
+            IngressReceipt.c.State == ReceiptState.STORED,
+        )
+    )
+    position = {key: index for index, key in enumerate(keys)}
+    return sorted(rows, key=lambda row: position[row.ReceiptKey])
 
 
 def receipt_get(connection: Connection, pack_install_id: str, receipt_key: str) -> DbRow | None:
@@ -292,6 +308,40 @@ def event_set_status(
     ).rowcount
 
 
+def _event_range(
+    columns: Sequence[sa.ColumnElement[Any]],
+    pack_install_id: str,
+    projection_key: str,
+    after: int,
+    through: int,
+    limit: int,
+) -> sa.Select[Any]:
+    """``columns`` of the first ``limit`` members of an identity with ``after < ordinal <= through``, in order."""
+    return (
+        sa.select(*columns)
+        .where(
+            Event.c.PackInstallId == pack_install_id,
+            Event.c.ProjectionKey == projection_key,
+            Event.c.EnqueueOrdinal > after,
+            Event.c.EnqueueOrdinal <= through,
+        )
+        .order_by(Event.c.EnqueueOrdinal)
+        .limit(limit)
+    )
+
+
+def event_range_sizes(
+    connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
+) -> list[DbRow]:
+    """EnqueueOrdinal and PayloadBytes of the next ``limit`` members after ``after``, for a page's byte budget.
+
+    The same range of ix_event_source_lane as ``event_range_page``; payloads are measured by
+    the server, never sent.
+    """
+    columns = [Event.c.EnqueueOrdinal, sa.func.length(Event.c.Payload).label("PayloadBytes")]
+    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
+
+
 def event_range_page(
     connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
 ) -> list[DbRow]:
@@ -299,25 +349,8 @@ def event_range_page(
 
     A range scan of ix_event_source_lane; callers paginate by keyset (``after``).
     """
-    return list(
-        connection.execute(
-            sa.select(
-                Event.c.EnqueueOrdinal,
-                Event.c.ReceiptKey,
-                Event.c.Payload,
-                Event.c.SourceTime,
-                Event.c.IsReplay,
-            )
-            .where(
-                Event.c.PackInstallId == pack_install_id,
-                Event.c.ProjectionKey == projection_key,
-                Event.c.EnqueueOrdinal > after,
-                Event.c.EnqueueOrdinal <= through,
-            )
-            .order_by(Event.c.EnqueueOrdinal)
-            .limit(limit)
-        )
-    )
+    columns = [Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.Payload, Event.c.SourceTime, Event.c.IsReplay]
+    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
 
 
 def event_range_count(connection: Connection, pack_install_id: str, projection_key: str, start: int, end: int) -> int:
