@@ -493,16 +493,19 @@ def materialize(engine: Engine, settings: Settings, clock: Clock, limit: int = 5
     Each pack with such receipts gets its oldest ``limit`` admitted in one batch, cut to the
     oldest that fit in ``settings.max_transaction_bytes`` of payload (at least one), so a pack
     that stays fenced never starves the others and no batch exceeds TiDB's transaction size.
-    Packs without a protocol row are skipped, and
-    so is a pack whose admission fails (a conflict that outlasted its retries, the database
-    away): it is logged and retried by the next pass, and the packs admitted already are
-    still counted.
+    Packs are found one index seek each (``receipt_pack_stored_after``). Packs without a
+    protocol row are skipped, and so is a pack whose admission fails (a conflict that outlasted
+    its retries, the database away): it is logged and retried by the next pass, and the packs
+    admitted already are still counted.
     """
-    with engine.connect() as connection:
-        pack_ids = queries.receipt_packs_stored(connection)
     acknowledged = 0
-    for pack_install_id in pack_ids:
+    pack_install_id = ""
+    while True:
         with engine.connect() as connection:
+            next_pack = queries.receipt_pack_stored_after(connection, pack_install_id)
+            if next_pack is None:
+                break
+            pack_install_id = next_pack
             sizes = queries.receipts_stored_sizes(connection, pack_install_id, limit)
             keys = within_bytes([(row.ReceiptKey, row.PayloadBytes) for row in sizes], settings.max_transaction_bytes)
             stored = queries.receipts_stored_list(connection, pack_install_id, keys)

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import PREDECESSOR_STATUS
 from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
@@ -90,11 +91,12 @@ _RECEIPTS_FROM_EVENTS = sa.insert(IngressReceipt).from_select(
     ).where(
         Event.c.PackInstallId == sa.bindparam("pack_install_id"),
         Event.c.EnqueueOrdinal.between(sa.bindparam("first_ordinal"), sa.bindparam("last_ordinal")),
-        ~sa.select(IngressReceipt.c.ReceiptKey)
-        .where(
-            IngressReceipt.c.PackInstallId == Event.c.PackInstallId, IngressReceipt.c.ReceiptKey == Event.c.ReceiptKey
-        )
-        .exists(),
+        ~probe_exists(
+            sa.select(IngressReceipt.c.ReceiptKey).where(
+                IngressReceipt.c.PackInstallId == Event.c.PackInstallId,
+                IngressReceipt.c.ReceiptKey == Event.c.ReceiptKey,
+            )
+        ),
     ),
 )
 
@@ -160,15 +162,19 @@ def receipts_set_state(
     ).rowcount
 
 
-def receipt_packs_stored(connection: Connection) -> list[str]:
-    """Packs that have stored, unconfirmed receipts (ix_ingressreceipt_state prefix)."""
-    return list(
-        connection.execute(
-            sa.select(IngressReceipt.c.PackInstallId)
-            .where(IngressReceipt.c.State == ReceiptState.STORED)
-            .group_by(IngressReceipt.c.PackInstallId)
-        ).scalars()
-    )
+def receipt_pack_stored_after(connection: Connection, after: str) -> str | None:
+    """The first pack above ``after`` that has stored, unconfirmed receipts; None when there is none.
+
+    One seek of ix_ingressreceipt_state (State, PackInstallId): called once per pack, it lists
+    the packs in as many seeks as there are packs with a backlog. A GROUP BY would read every
+    stored receipt on TiDB, which has no loose index scan, on every materializer pass.
+    """
+    return connection.execute(
+        sa.select(IngressReceipt.c.PackInstallId)
+        .where(IngressReceipt.c.State == ReceiptState.STORED, IngressReceipt.c.PackInstallId > after)
+        .order_by(IngressReceipt.c.PackInstallId)
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 def receipts_stored_sizes(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
