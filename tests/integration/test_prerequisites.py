@@ -55,7 +55,10 @@ def test_a_tidb_session_is_set_pessimistic_with_in_place_checks_and_an_idle_time
         "SET SESSION tidb_txn_mode = 'pessimistic', tidb_constraint_check_in_place_pessimistic = ON, "
         f"tidb_idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT}"
     ]
-    assert session_statements("10.11.19-MariaDB-0+deb12u1") == []
+    assert session_statements("10.11.19-MariaDB-0+deb12u1") == [
+        f"SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT}"
+    ]
+    assert session_statements("8.0.36") == []  # MySQL has no idle-transaction timeout
 
 
 def test_a_well_set_tidb_has_no_problem() -> None:
@@ -92,6 +95,9 @@ def test_an_old_tidb_is_named_with_the_minimum_lts() -> None:
 def test_the_real_server_reads_back_read_committed_and_passes(server_engine: sa.Engine) -> None:
     with server_engine.connect() as connection:
         facts = read_server(connection)
+        if "MariaDB" in facts.version:  # the idle-transaction timeout set at connect
+            timeout = connection.exec_driver_sql("SELECT @@SESSION.idle_transaction_timeout").scalar_one()
+            assert int(timeout) == IDLE_TRANSACTION_TIMEOUT
     isolation = facts.variables.get("transaction_isolation") or facts.variables["tx_isolation"]
     assert isolation == "READ-COMMITTED"
     assert tidb_version(facts.version) is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
 from nexuscrm_runtime.prerequisites import install_session_settings
+from nexuscrm_runtime.tidb_profile import ENV as PROFILE_ENV
+from nexuscrm_runtime.tidb_profile import TidbProfile
 from workqueue.errors import DomainError, ErrorKind
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,13 @@ CONFLICTS = Counter(
     ["transaction", "outcome"],
 )
 
+# The longest a ``run_transaction`` attempt may run (and hold its locks) before it is rolled
+# back: a statement starting or a commit after it raises ``TransactionTooLong``. Longer than any
+# healthy transaction here (milliseconds; a lock wait is bounded by the server's 50 s
+# ``innodb_lock_wait_timeout``, which one statement may add), far below TiDB's 1 h lock TTL.
+MAX_TRANSACTION_SECONDS = 60.0  # seconds
+_DEADLINE = "nexuscrm_transaction_deadline"  # connection.info key: (clock, deadline, name, bound) of the attempt
+
 # PyMySQL waits forever for a reply by default, so a partitioned connection would hold its
 # handler thread until the kernel gives up (hours). A DSN may set its own values
 # (``?read_timeout=5``); the default outlasts any lock wait we configure (MySQL's 50 s
@@ -67,6 +77,12 @@ class DatabaseUnavailable(DomainError):
 
 class TransactionConflict(DomainError):
     """A transaction kept conflicting with concurrent ones after every retry."""
+
+    kind = ErrorKind.ABORTED
+
+
+class TransactionTooLong(DomainError):
+    """A transaction ran past its maximum duration and was rolled back: nothing of it committed."""
 
     kind = ErrorKind.ABORTED
 
@@ -92,8 +108,12 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
-    """An engine for ``dsn`` configured for this project's transaction rules."""
+def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | None = None) -> Engine:
+    """An engine for ``dsn`` configured for this project's transaction rules.
+
+    ``tidb_profile`` makes a MySQL-protocol engine refuse what TiDB would refuse for its size
+    (default: TiDB's limits when ``NEXUSCRM_TIDB_PROFILE=1``; ``nexuscrm_runtime.tidb_profile``).
+    """
     url = normalize_dsn(dsn)
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
@@ -108,6 +128,11 @@ def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
     )
     event.listen(engine, "handle_error", _unavailable_on_connection_loss)
     install_session_settings(engine)
+    event.listen(engine, "before_cursor_execute", _check_transaction_deadline)
+    if tidb_profile is None and os.environ.get(PROFILE_ENV) == "1":
+        tidb_profile = TidbProfile()
+    if tidb_profile is not None:
+        tidb_profile.install(engine)
     return engine
 
 
@@ -153,7 +178,20 @@ def _sqlite_engine(url: URL) -> Engine:
     def _on_begin(connection: Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
+    event.listen(engine, "before_cursor_execute", _check_transaction_deadline)
     return engine
+
+
+def _check_transaction_deadline(connection: Connection, *_args: Any) -> None:
+    """Refuse a statement of a ``run_transaction`` attempt past its deadline (the attempt then rolls back)."""
+    bound = connection.info.get(_DEADLINE)
+    if bound is not None:
+        clock, deadline, name, seconds = bound
+        if clock() > deadline:
+            raise TransactionTooLong(
+                f"{name} ran longer than its {seconds:g} s bound and was rolled back; "
+                "nothing was committed, retry the request"
+            )
 
 
 def mysql_error_code(error: BaseException) -> int | None:
@@ -245,7 +283,12 @@ DEFAULT_RETRY = RetryPolicy()
 
 
 def run_transaction(
-    engine: Engine, work: Callable[[Connection], T], *, name: str, retry: RetryPolicy | None = None
+    engine: Engine,
+    work: Callable[[Connection], T],
+    *,
+    name: str,
+    retry: RetryPolicy | None = None,
+    max_seconds: float | None = MAX_TRANSACTION_SECONDS,
 ) -> T:
     """Run ``work`` in one transaction, retrying conflicts as whole transactions.
 
@@ -258,6 +301,11 @@ def run_transaction(
     commit applied is then unknown, so only the caller (retrying an idempotent request) can
     resolve it. A server limit (``TOO_LARGE``) raises ``DatabaseLimitExceeded`` naming it,
     not retried. ``work`` must be safe to run again: it may only touch the database.
+
+    Each attempt may run ``max_seconds`` (seconds on ``retry``'s clock; None: unbounded, for a
+    caller with its own deadline): a statement that would start, or a commit, after that
+    raises ``TransactionTooLong`` (ABORTED) and the attempt rolls back, so a live client never
+    holds its locks longer than the bound plus one statement.
     """
     policy = retry or DEFAULT_RETRY
     started = policy.clock()
@@ -266,8 +314,14 @@ def run_transaction(
         attempt += 1
         try:
             with engine.begin() as connection:
-                result = work(connection)
-                fault_point(f"{name}:before_commit")
+                if max_seconds is not None:
+                    connection.info[_DEADLINE] = (policy.clock, policy.clock() + max_seconds, name, max_seconds)
+                try:
+                    result = work(connection)
+                    fault_point(f"{name}:before_commit")
+                    _check_transaction_deadline(connection)
+                finally:
+                    connection.info.pop(_DEADLINE, None)
             fault_point(f"{name}:after_commit")
             return result
         except DatabaseUnavailable as error:  # raised by _unavailable_on_connection_loss

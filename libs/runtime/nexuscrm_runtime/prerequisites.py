@@ -24,8 +24,8 @@ from sqlalchemy.engine import Connection, Engine
 # 6.5, tidb_idle_transaction_timeout 7.6).
 MINIMUM_TIDB = (8, 1, 0)
 ISOLATION = "READ-COMMITTED"
-# Seconds a TiDB transaction may sit between statements before the server rolls it back and
-# drops its locks: far longer than any gap between two statements of one of our
+# Seconds a transaction may sit between statements before the server (TiDB, MariaDB) rolls it
+# back and drops its locks: far longer than any gap between two statements of one of our
 # transactions (Python work on rows already read), far shorter than TiDB's 1 h lock TTL.
 IDLE_TRANSACTION_TIMEOUT = 60  # seconds
 
@@ -62,11 +62,18 @@ def tidb_version(version: str) -> tuple[int, int, int] | None:
 
 
 def session_statements(version: str) -> list[str]:
-    """The statements that set a new session of a server reporting ``version`` (none but on TiDB)."""
-    if tidb_version(version) is None:
-        return []
-    settings = ", ".join(f"{name} = {_literal(value)}" for name, value in TIDB_SESSION_SETTINGS.items())
-    return [f"SET SESSION {settings}"]
+    """The statements that set a new session of a server reporting ``version``.
+
+    TiDB: the settings above. MariaDB (Galera too): its own idle-transaction timeout (10.3+),
+    so a client that vanished mid-transaction frees its locks as on TiDB. MySQL has none: it
+    drops such a session only after ``wait_timeout``, or when TCP keepalive gives up.
+    """
+    if tidb_version(version) is not None:
+        settings = ", ".join(f"{name} = {_literal(value)}" for name, value in TIDB_SESSION_SETTINGS.items())
+        return [f"SET SESSION {settings}"]
+    if "MariaDB" in version:
+        return [f"SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT}"]
+    return []
 
 
 def _literal(value: str) -> str:
