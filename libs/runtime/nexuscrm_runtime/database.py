@@ -15,6 +15,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,7 +61,11 @@ CONFLICTS = Counter(
 # healthy transaction here (milliseconds; a lock wait is bounded by the server's 50 s
 # ``innodb_lock_wait_timeout``, which one statement may add), far below TiDB's 1 h lock TTL.
 MAX_TRANSACTION_SECONDS = 60.0  # seconds
-_DEADLINE = "nexuscrm_transaction_deadline"  # connection.info key: (clock, deadline, name, bound) of the attempt
+# (clock, deadline, name, bound) of the attempt this thread runs; a context variable, not
+# connection state, so that a connection lost mid-attempt needs no cleanup.
+_DEADLINE: ContextVar[tuple[Callable[[], float], float, str, float] | None] = ContextVar(
+    "nexuscrm_transaction_deadline", default=None
+)
 
 # PyMySQL waits forever for a reply by default, so a partitioned connection would hold its
 # handler thread until the kernel gives up (hours). A DSN may set its own values
@@ -182,9 +187,9 @@ def _sqlite_engine(url: URL) -> Engine:
     return engine
 
 
-def _check_transaction_deadline(connection: Connection, *_args: Any) -> None:
+def _check_transaction_deadline(*_args: Any) -> None:
     """Refuse a statement of a ``run_transaction`` attempt past its deadline (the attempt then rolls back)."""
-    bound = connection.info.get(_DEADLINE)
+    bound = _DEADLINE.get()
     if bound is not None:
         clock, deadline, name, seconds = bound
         if clock() > deadline:
@@ -314,14 +319,14 @@ def run_transaction(
         attempt += 1
         try:
             with engine.begin() as connection:
-                if max_seconds is not None:
-                    connection.info[_DEADLINE] = (policy.clock, policy.clock() + max_seconds, name, max_seconds)
+                bound = None if max_seconds is None else (policy.clock, policy.clock() + max_seconds, name, max_seconds)
+                token = _DEADLINE.set(bound)
                 try:
                     result = work(connection)
                     fault_point(f"{name}:before_commit")
-                    _check_transaction_deadline(connection)
+                    _check_transaction_deadline()
                 finally:
-                    connection.info.pop(_DEADLINE, None)
+                    _DEADLINE.reset(token)
             fault_point(f"{name}:after_commit")
             return result
         except DatabaseUnavailable as error:  # raised by _unavailable_on_connection_loss
