@@ -15,10 +15,10 @@ import sqlalchemy as sa
 
 from nexuscrm_controlplane.dashboard import overview, queries
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
-from nexuscrm_runtime.database import is_sqlite
-from tests.integration.test_index_plans import GROWING_TABLES, Captured, capture, problems_mysql, problems_sqlite, seed
+from tests.integration.test_index_plans import Captured, capture, seed
 from tests.support.factories import START
 from tests.support.invariants import assert_invariants
+from tests.support.plans import GROWING_TABLES, explain_problems
 
 pytestmark = pytest.mark.database
 
@@ -46,7 +46,6 @@ def test_dashboard_reads_use_index_ranges(engine: sa.Engine, connectors: Connect
         "search": lambda: overview.search(engine, connectors, work_id),
         "packs_list": on_connection(lambda c: queries.packs_list(c, overview.PACK_LIMIT), engine),
     }
-    explain = problems_sqlite if is_sqlite(engine) else problems_mysql
     failures = []
     for name, read in reads.items():
         with capture(engine) as captured:
@@ -57,7 +56,7 @@ def test_dashboard_reads_use_index_ranges(engine: sa.Engine, connectors: Connect
                 f"{name}: {problem}\n    in: {statement.statement[:300]}"
                 for statement in captured
                 if touches_growing_table(statement)
-                for problem in explain(connection, statement)
+                for problem in explain_problems(connection, statement.statement, statement.parameters)
             ]
     assert not failures, "dashboard reads without an index range plan:\n" + "\n".join(failures)
     assert_invariants(engine)

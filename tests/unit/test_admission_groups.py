@@ -50,13 +50,15 @@ class Recorder:
 Answer = dict[str, IngestResult] | Exception | None
 
 
-def _concurrently(groups: AdmissionGroups, run: Recorder, calls: list[list[Delivery]]) -> list[Answer]:
+def _concurrently(
+    groups: AdmissionGroups, run: Recorder, calls: list[list[Delivery]], group_bytes: int = 1 << 30
+) -> list[Answer]:
     """The first call leads and blocks in ``run``; the others queue behind it; then all proceed."""
     answers: list[Answer] = [None] * len(calls)
 
     def call(n: int) -> None:
         try:
-            answers[n] = groups.admit(PACK, calls[n], run, group_items=100)
+            answers[n] = groups.admit(PACK, calls[n], run, group_items=100, group_bytes=group_bytes)
         except Exception as error:
             answers[n] = error
 
@@ -120,4 +122,16 @@ def test_a_group_never_exceeds_its_size_but_always_takes_its_leader() -> None:
     assert [len(batch) for batch in run.batches] == [1, 60, 60]
     assert groups._waiting == {} and not groups._leading
     with pytest.raises(ValueError):
-        groups.admit(PACK, [_delivery("poison")], run, group_items=1)
+        groups.admit(PACK, [_delivery("poison")], run, group_items=1, group_bytes=1)
+
+
+def test_a_group_never_exceeds_its_payload_bytes_but_always_takes_its_leader() -> None:
+    """Issue 19: a group is one transaction, bounded in bytes as well as in deliveries."""
+    groups, run = AdmissionGroups(), Recorder()
+    kib = b"x" * 1024
+    calls = [[_delivery("a", kib)], *([[_delivery(f"b{n}", kib * 3)] for n in range(4)]), [_delivery("big", kib * 9)]]
+    _concurrently(groups, run, calls, group_bytes=7 * 1024)
+    # The leader alone; then the waiting calls in arrival order, 3 KiB each, two per 7 KiB
+    # group; the 9 KiB call above the budget still runs, alone.
+    assert [len(batch) for batch in run.batches] == [1, 2, 2, 1]
+    assert run.batches[-1] == ["big"]

@@ -1,18 +1,21 @@
 """Database engines for every backend and whole-transaction retry.
 
 Backends: MySQL-protocol servers (TiDB in production, MariaDB/MySQL in tests) through PyMySQL
-at READ COMMITTED, and embedded SQLite in WAL mode where every transaction starts with
-``BEGIN IMMEDIATE`` (one writer at a time, so ``FOR UPDATE``, which SQLite lacks, is not
-needed there). Engines hide bound parameters so payloads never reach error text.
+at READ COMMITTED (each TiDB session set as ``prerequisites`` says), and embedded SQLite in
+WAL mode where every transaction starts with ``BEGIN IMMEDIATE`` (one writer at a time, so
+``FOR UPDATE``, which SQLite lacks, is not needed there). Engines hide bound parameters so
+payloads never reach error text.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +25,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
+from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
+from nexuscrm_runtime.prerequisites import install_session_settings
+from nexuscrm_runtime.tidb_profile import ENV as PROFILE_ENV
+from nexuscrm_runtime.tidb_profile import TidbProfile
 from workqueue.errors import DomainError, ErrorKind
 
 log = logging.getLogger(__name__)
@@ -50,12 +57,17 @@ CONFLICTS = Counter(
     ["transaction", "outcome"],
 )
 
-# Errors after which the whole transaction may run again: MySQL deadlock (1213) and lock wait
-# timeout (1205, after which MySQL keeps the transaction open, so we roll back first), TiDB
-# write conflicts (8002, 8022, 9007).
-RETRYABLE_MYSQL_CODES = frozenset({1205, 1213, 8002, 8022, 9007})
-# Errors that mean the server or connection went away: the caller may retry the request.
-UNAVAILABLE_MYSQL_CODES = frozenset({2003, 2006, 2013, 2014, 2055, 1927, 1053})
+# The longest a ``run_transaction`` attempt may run (and hold its locks) before it is rolled
+# back: a statement starting or a commit after it raises ``TransactionTooLong``. Longer than any
+# healthy transaction here (milliseconds; a lock wait is bounded by the server's 50 s
+# ``innodb_lock_wait_timeout``, which one statement may add), far below TiDB's 1 h lock TTL.
+MAX_TRANSACTION_SECONDS = 60.0  # seconds
+# (clock, deadline, name, bound) of the attempt this thread runs; a context variable, not
+# connection state, so that a connection lost mid-attempt needs no cleanup.
+_DEADLINE: ContextVar[tuple[Callable[[], float], float, str, float] | None] = ContextVar(
+    "nexuscrm_transaction_deadline", default=None
+)
+
 # PyMySQL waits forever for a reply by default, so a partitioned connection would hold its
 # handler thread until the kernel gives up (hours). A DSN may set its own values
 # (``?read_timeout=5``); the default outlasts any lock wait we configure (MySQL's 50 s
@@ -75,6 +87,18 @@ class TransactionConflict(DomainError):
     kind = ErrorKind.ABORTED
 
 
+class TransactionTooLong(DomainError):
+    """A transaction ran past its maximum duration and was rolled back: nothing of it committed."""
+
+    kind = ErrorKind.ABORTED
+
+
+class DatabaseLimitExceeded(DomainError):
+    """A transaction or statement exceeded a server limit; the same work would fail again."""
+
+    kind = ErrorKind.RESOURCE_EXHAUSTED
+
+
 def normalize_dsn(dsn: str) -> URL:
     """Parse ``dsn``, choosing PyMySQL for MySQL URLs, utf8mb4 and bounded socket waits by default."""
     url = make_url(dsn)
@@ -90,8 +114,12 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
-    """An engine for ``dsn`` configured for this project's transaction rules."""
+def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | None = None) -> Engine:
+    """An engine for ``dsn`` configured for this project's transaction rules.
+
+    ``tidb_profile`` makes a MySQL-protocol engine refuse what TiDB would refuse for its size
+    (default: TiDB's limits when ``NEXUSCRM_TIDB_PROFILE=1``; ``nexuscrm_runtime.tidb_profile``).
+    """
     url = normalize_dsn(dsn)
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
@@ -111,16 +139,23 @@ def create_engine(dsn: str, *, pool_size: int = 8) -> Engine:
         # TiDB's SQL nodes each have their own clock: the database clock reads PD's instead.
         setattr(engine.dialect, TIDB_DIALECT_FLAG, "TiDB" in dbapi_connection.get_server_info())
 
+    install_session_settings(engine)
+    event.listen(engine, "before_cursor_execute", _check_transaction_deadline)
+    if tidb_profile is None and os.environ.get(PROFILE_ENV) == "1":
+        tidb_profile = TidbProfile()
+    if tidb_profile is not None:
+        tidb_profile.install(engine)
     return engine
 
 
 def _unavailable_on_connection_loss(context: sa.engine.ExceptionContext) -> None:
-    """Raise ``DatabaseUnavailable`` for a lost connection wherever it happens.
+    """Raise ``DatabaseUnavailable`` for a lost connection, ``DatabaseLimitExceeded`` for a limit, wherever.
 
     Reads outside ``run_transaction`` (claim candidates, payload pages, inspection) would
     otherwise surface a raw driver error, which the status table maps to INTERNAL instead of
-    a retryable UNAVAILABLE. The connection is invalidated either way. A failed pool
-    pre-ping is left alone: the pool reconnects after it by itself.
+    a retryable UNAVAILABLE or a RESOURCE_EXHAUSTED naming the limit. The connection is
+    invalidated after a loss. A failed pool pre-ping is left alone: the pool reconnects after
+    it by itself. Conflicts stay driver errors here, so that ``run_transaction`` retries them.
     """
     if context.is_pre_ping:
         return
@@ -128,6 +163,9 @@ def _unavailable_on_connection_loss(context: sa.engine.ExceptionContext) -> None
     if context.is_disconnect or (error is not None and is_unavailable(error)):
         context.is_disconnect = True
         raise DatabaseUnavailable("database connection lost; retry the request") from context.original_exception
+    refusal = None if error is None else limit_exceeded(error, "a statement")
+    if refusal is not None:
+        raise refusal from context.original_exception
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -152,7 +190,20 @@ def _sqlite_engine(url: URL) -> Engine:
     def _on_begin(connection: Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
+    event.listen(engine, "before_cursor_execute", _check_transaction_deadline)
     return engine
+
+
+def _check_transaction_deadline(*_args: Any) -> None:
+    """Refuse a statement of a ``run_transaction`` attempt past its deadline (the attempt then rolls back)."""
+    bound = _DEADLINE.get()
+    if bound is not None:
+        clock, deadline, name, seconds = bound
+        if clock() > deadline:
+            raise TransactionTooLong(
+                f"{name} ran longer than its {seconds:g} s bound and was rolled back; "
+                "nothing was committed, retry the request"
+            )
 
 
 def mysql_error_code(error: BaseException) -> int | None:
@@ -165,19 +216,47 @@ def mysql_error_code(error: BaseException) -> int | None:
 
 
 def is_retryable(error: BaseException) -> bool:
-    """True when the failed transaction can safely run again from the start."""
+    """True when the failed transaction can safely run again from the start (a ``CONFLICT`` of the table)."""
     if not isinstance(error, sa.exc.DBAPIError):
         return False
-    if mysql_error_code(error) in RETRYABLE_MYSQL_CODES:
+    if error_class(mysql_error_code(error)) is ErrorClass.CONFLICT:
         return True
     return "database is locked" in str(getattr(error, "orig", ""))
 
 
 def is_unavailable(error: BaseException) -> bool:
-    """True when the database connection failed rather than the statement."""
+    """True when the database connection or cluster failed rather than the statement."""
     if not isinstance(error, sa.exc.DBAPIError):
         return False
-    return bool(error.connection_invalidated) or mysql_error_code(error) in UNAVAILABLE_MYSQL_CODES
+    return bool(error.connection_invalidated) or error_class(mysql_error_code(error)) is ErrorClass.UNAVAILABLE
+
+
+def limit_exceeded(error: BaseException, what: str) -> DatabaseLimitExceeded | None:
+    """The refusal for a driver error of class ``TOO_LARGE``, naming the limit; None for any other error."""
+    entry = engine_error(mysql_error_code(error)) if isinstance(error, sa.exc.DBAPIError) else None
+    if entry is None or entry.error_class is not ErrorClass.TOO_LARGE:
+        return None
+    return DatabaseLimitExceeded(
+        f"{what} was refused by the database: {entry.meaning} (error {entry.code}); nothing was "
+        "committed, and the same request fails again until it is smaller or the limit is raised"
+    )
+
+
+def domain_error(error: BaseException) -> DomainError | None:
+    """The refusal a driver error that escaped every retry stands for; None: a bug (INTERNAL).
+
+    The RPC layer asks this of an error no handler caught, so that a conflict in a statement
+    run outside ``run_transaction`` answers ABORTED (retry the request) like one inside it.
+    """
+    if isinstance(error, DomainError):
+        return error
+    if not isinstance(error, sa.exc.DBAPIError):
+        return None
+    if is_unavailable(error):
+        return DatabaseUnavailable("database unavailable; retry the request")
+    if is_retryable(error):
+        return TransactionConflict("a statement conflicted with a concurrent transaction; retry the request")
+    return limit_exceeded(error, "a statement")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -216,17 +295,29 @@ DEFAULT_RETRY = RetryPolicy()
 
 
 def run_transaction(
-    engine: Engine, work: Callable[[Connection], T], *, name: str, retry: RetryPolicy | None = None
+    engine: Engine,
+    work: Callable[[Connection], T],
+    *,
+    name: str,
+    retry: RetryPolicy | None = None,
+    max_seconds: float | None = MAX_TRANSACTION_SECONDS,
 ) -> T:
     """Run ``work`` in one transaction, retrying conflicts as whole transactions.
 
-    Deadlocks, lock-wait timeouts, Galera certification failures (reported as deadlocks) and
-    TiDB write conflicts are retried under ``retry`` (default ``DEFAULT_RETRY``: jittered
+    The conflicts of ``engine_errors.ENGINE_ERRORS`` (deadlocks, lock-wait timeouts, Galera
+    certification failures reported as deadlocks, TiDB write conflicts, schema changes and
+    lock-resolve timeouts) are retried under ``retry`` (default ``DEFAULT_RETRY``: jittered
     exponential backoff within ``RETRY_BUDGET`` seconds), each retry logged and counted
     (``nexuscrm_transaction_conflicts_total``); then ``TransactionConflict``, and nothing
     of ``work`` committed. A lost connection raises ``DatabaseUnavailable``: whether a
     commit applied is then unknown, so only the caller (retrying an idempotent request) can
-    resolve it. ``work`` must be safe to run again: it may only touch the database.
+    resolve it. A server limit (``TOO_LARGE``) raises ``DatabaseLimitExceeded`` naming it,
+    not retried. ``work`` must be safe to run again: it may only touch the database.
+
+    Each attempt may run ``max_seconds`` (seconds on ``retry``'s clock; None: unbounded, for a
+    caller with its own deadline): a statement that would start, or a commit, after that
+    raises ``TransactionTooLong`` (ABORTED) and the attempt rolls back, so a live client never
+    holds its locks longer than the bound plus one statement.
     """
     policy = retry or DEFAULT_RETRY
     started = policy.clock()
@@ -235,15 +326,26 @@ def run_transaction(
         attempt += 1
         try:
             with engine.begin() as connection:
-                result = work(connection)
-                fault_point(f"{name}:before_commit")
+                bound = None if max_seconds is None else (policy.clock, policy.clock() + max_seconds, name, max_seconds)
+                token = _DEADLINE.set(bound)
+                try:
+                    result = work(connection)
+                    fault_point(f"{name}:before_commit")
+                    _check_transaction_deadline()
+                finally:
+                    _DEADLINE.reset(token)
             fault_point(f"{name}:after_commit")
             return result
         except DatabaseUnavailable as error:  # raised by _unavailable_on_connection_loss
             raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
+        except DatabaseLimitExceeded as error:  # raised by _unavailable_on_connection_loss
+            raise DatabaseLimitExceeded(f"{name}: {error}") from error
         except sa.exc.DBAPIError as error:
             if is_unavailable(error):
                 raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
+            refusal = limit_exceeded(error, name)  # an error that did not pass the engine's hook
+            if refusal is not None:
+                raise refusal from error
             if not is_retryable(error):
                 raise
             delay = policy.delay(attempt, started)

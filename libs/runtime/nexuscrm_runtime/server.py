@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
@@ -23,7 +24,7 @@ import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.authorization import AuthorizationInterceptor, Rule
 from nexuscrm_runtime.config import ServiceConfig, dsn_backend, refusing_bad_configuration
@@ -31,6 +32,7 @@ from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.metrics import RpcObservingInterceptor
 from nexuscrm_runtime.metrics_endpoint import metrics_server
+from nexuscrm_runtime.prerequisites import PrerequisiteError, ServerFacts, read_server, verify
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.status import DomainErrorInterceptor
 from nexuscrm_runtime.telemetry import Tracing, configure_tracing
@@ -241,6 +243,19 @@ def observability(service: str, config: ServiceConfig, security: Security | None
         tracing.shutdown()
 
 
+EXIT_PREREQUISITES = 3  # the shared table's "a service did not start"
+
+
+def refuse_unless_prerequisites(engine: Engine, *, read: Callable[[Connection], ServerFacts] = read_server) -> None:
+    """Exit with ``EXIT_PREREQUISITES`` and one log line naming each unmet database prerequisite."""
+    try:
+        verify(engine, read=read)
+    except PrerequisiteError as error:
+        engine.dispose()
+        log.error("refusing to start: %s", error)
+        sys.exit(EXIT_PREREQUISITES)
+
+
 def run_service(
     *,
     env_name: str,
@@ -252,7 +267,8 @@ def run_service(
     """Run one service: the body of every service's ``main``.
 
     Reads the configuration of ``env_name`` and its ``Security``, sets up logs, tracing and
-    metrics, opens the database, serves what ``build`` registers until SIGTERM, then
+    metrics, opens the database (refusing to start, exit 3, on a server that misses a
+    prerequisite: ``nexuscrm_runtime.prerequisites``), serves what ``build`` registers until SIGTERM, then
     disposes the engine. ``on_serving`` gets the started server (to report the health of
     a background part, for instance).
     """
@@ -277,6 +293,7 @@ def _serve(
         # One pooled connection per RPC thread: a smaller pool closes its overflow connections
         # on every check-in, and each RPC past it would connect (and authenticate) anew.
         engine = create_engine(config.dsn, pool_size=config.max_workers)
+        refuse_unless_prerequisites(engine)
         tracing.instrument_engine(engine)
         registrations = build(config, engine, security)
         running = create_server(

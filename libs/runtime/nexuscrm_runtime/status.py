@@ -24,6 +24,7 @@ from google.protobuf.descriptor import Descriptor
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from nexuscrm_runtime.database import domain_error
 from nexuscrm_runtime.requests import RejectedRequest, guarded_deserializer, validate_request
 from workqueue.errors import DomainError, ErrorKind
 from workqueue.limits import REQUEST_FIELD_LIMITS
@@ -77,8 +78,11 @@ def _admit(request: Any, limits: Mapping[str, int]) -> Any:
 
 
 def _abort(context: grpc.ServicerContext, error: Exception) -> None:
-    if isinstance(error, DomainError):
-        context.abort_with_status(rpc_status.to_status(domain_status(error)))
+    # A database error no handler caught answers by the engine error table (a conflict in a
+    # read outside ``run_transaction``: ABORTED); what the table does not list is a bug.
+    refusal = domain_error(error)
+    if refusal is not None:
+        context.abort_with_status(rpc_status.to_status(domain_status(refusal)))
     # The generated base servicer answers an RPC its service does not override this way.
     if isinstance(error, NotImplementedError):
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "method not implemented")

@@ -33,11 +33,12 @@ from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
 from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.budgets import within_bytes
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import follow_up, run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
 from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
-from workqueue.errors import DomainError
+from workqueue.errors import DomainError, InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 from workqueue.values import (
@@ -68,8 +69,10 @@ def ingest(
 ) -> list[IngestResult]:
     """Store and admit a batch of deliveries of one pack; one result per item, in order.
 
-    Raises ``UnknownPack``, ``LimitExceeded`` (too many items) and ``ProtocolMissing`` (an
-    unfenced pack without a protocol row) for the whole batch, before writing anything.
+    Raises ``UnknownPack``, ``LimitExceeded`` (too many items), ``InvalidArgument`` (more
+    payload bytes than one transaction may write, ``max_transaction_bytes``) and
+    ``ProtocolMissing`` (an unfenced pack without a protocol row) for the whole batch, before
+    writing anything.
     Concurrent calls of one pack share admission transactions (``grouping``); a receipt key
     repeated in the batch (or in a concurrent one) is admitted once.
     """
@@ -77,6 +80,13 @@ def ingest(
     if len(items) > settings.max_batch_items:
         raise LimitExceeded(
             f"items has {len(items)} deliveries; the limit is {settings.max_batch_items}", field="items"
+        )
+    payload_bytes = sum(len(item.payload) for item in items)
+    if payload_bytes > settings.max_transaction_bytes:  # one call is admitted in one transaction
+        raise InvalidArgument(
+            f"items carry {payload_bytes} payload bytes; the limit per call is {settings.max_transaction_bytes} "
+            "(max_transaction_bytes: one admission transaction); send fewer items per call",
+            field="items",
         )
     results: dict[int, IngestResult] = {}
     validated: dict[int, Delivery] = {}
@@ -94,6 +104,7 @@ def ingest(
         list(first.values()),
         lambda batch: admit(engine, settings, clock, pack_install_id, batch),
         group_items=settings.admission_group_items,
+        group_bytes=settings.max_transaction_bytes,
     )
     for index, delivery in validated.items():
         key = delivery.item.receipt_key
@@ -105,8 +116,9 @@ def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> Del
     validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
     projection_key = _projection_key(pack_install_id, item.route)
     if len(item.payload) > settings.max_payload_bytes:
-        raise LimitExceeded(
-            f"payload is {len(item.payload)} bytes; the limit is {settings.max_payload_bytes}", field="payload"
+        raise InvalidArgument(
+            f"payload is {len(item.payload)} bytes; the limit is {settings.max_payload_bytes} (max_payload_bytes)",
+            field="payload",
         )
     return Delivery(item=item, projection_key=projection_key, payload_hash=payload_hash(item.payload))
 
@@ -478,18 +490,25 @@ def generation_row(
 def materialize(engine: Engine, settings: Settings, clock: DatabaseClock, limit: int = 500) -> int:
     """Admit stored, unconfirmed receipts (left by a fence or a crash); return how many were acknowledged.
 
-    Each pack with such receipts gets its oldest ``limit`` admitted in one batch, so a pack
-    that stays fenced never starves the others. Packs without a protocol row are skipped, and
-    so is a pack whose admission fails (a conflict that outlasted its retries, the database
-    away): it is logged and retried by the next pass, and the packs admitted already are
-    still counted.
+    Each pack with such receipts gets its oldest ``limit`` admitted in one batch, cut to the
+    oldest that fit in ``settings.max_transaction_bytes`` of payload (at least one), so a pack
+    that stays fenced never starves the others and no batch exceeds TiDB's transaction size.
+    Packs are found one index seek each (``receipt_pack_stored_after``). Packs without a
+    protocol row are skipped, and so is a pack whose admission fails (a conflict that outlasted
+    its retries, the database away): it is logged and retried by the next pass, and the packs
+    admitted already are still counted.
     """
-    with engine.connect() as connection:
-        pack_ids = queries.receipt_packs_stored(connection)
     acknowledged = 0
-    for pack_install_id in pack_ids:
+    pack_install_id = ""
+    while True:
         with engine.connect() as connection:
-            stored = queries.receipts_stored_list(connection, pack_install_id, limit)
+            next_pack = queries.receipt_pack_stored_after(connection, pack_install_id)
+            if next_pack is None:
+                break
+            pack_install_id = next_pack
+            sizes = queries.receipts_stored_sizes(connection, pack_install_id, limit)
+            keys = within_bytes([(row.ReceiptKey, row.PayloadBytes) for row in sizes], settings.max_transaction_bytes)
+            stored = queries.receipts_stored_list(connection, pack_install_id, keys)
         deliveries = [
             Delivery(
                 item=IngestItem(

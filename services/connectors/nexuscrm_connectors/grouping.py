@@ -3,9 +3,10 @@
 Admission of a pack is serialized by its PackInstall row lock, so concurrent calls of one
 pack used to queue behind it, each for a transaction and a commit of its own. Here the first
 caller of a pack leads: it admits its own deliveries together with those of every call that
-arrived while the previous group of the pack ran (up to ``admission_group_items``), in one
-transaction, and hands each caller its own results. A caller that arrives while a group runs
-waits for the next one (group commit, as databases do for their logs).
+arrived while the previous group of the pack ran (up to ``admission_group_items`` deliveries
+and ``max_transaction_bytes`` payload bytes), in one transaction, and hands each caller its
+own results. A caller that arrives while a group runs waits for the next one (group commit,
+as databases do for their logs).
 
 A call's results are exactly what it would have got alone, but for a receipt key that two
 concurrent calls both carry: the second reads as a duplicate of the first (or is rejected
@@ -35,6 +36,7 @@ class _Call:
 
     def __init__(self, deliveries: Sequence[Delivery]) -> None:
         self.deliveries = deliveries
+        self.payload_bytes = sum(len(delivery.item.payload) for delivery in deliveries)
         self.results: dict[str, IngestResult] | None = None
         self.error: BaseException | None = None
 
@@ -59,13 +61,19 @@ class AdmissionGroups:
         self._leading: set[str] = set()  # packs whose group is running
 
     def admit(
-        self, pack_install_id: str, deliveries: Sequence[Delivery], run: Admit, *, group_items: int
+        self,
+        pack_install_id: str,
+        deliveries: Sequence[Delivery],
+        run: Admit,
+        *,
+        group_items: int,
+        group_bytes: int,
     ) -> dict[str, IngestResult]:
         """Admit ``deliveries`` (unique receipt keys) with ``run``, grouped with concurrent calls of the pack.
 
         ``run`` admits a list of deliveries with unique keys in one transaction and returns
-        results by key. A group holds at most ``group_items`` deliveries, and always at least
-        the leader's own.
+        results by key. A group holds at most ``group_items`` deliveries and ``group_bytes``
+        payload bytes, and always at least the leader's own.
         """
         call = _Call(deliveries)
         with self._condition:
@@ -76,7 +84,7 @@ class AdmissionGroups:
             if call.done:
                 return call.outcome()
             self._leading.add(pack_install_id)
-            group = _take(waiting, call, group_items)
+            group = _take(waiting, call, group_items, group_bytes)
         try:
             _run_group(group, run)
         finally:
@@ -88,12 +96,15 @@ class AdmissionGroups:
         return call.outcome()
 
 
-def _take(waiting: list[_Call], leader: _Call, limit: int) -> list[_Call]:
-    """The leader and the oldest waiting calls that fit in ``limit`` deliveries; removed from ``waiting``."""
+def _take(waiting: list[_Call], leader: _Call, limit: int, limit_bytes: int) -> list[_Call]:
+    """The leader and the oldest waiting calls within ``limit`` deliveries and ``limit_bytes`` (taken out)."""
     waiting.remove(leader)
-    group, size = [leader], len(leader.deliveries)
-    while waiting and size + len(waiting[0].deliveries) <= limit:
+    group, size, size_bytes = [leader], len(leader.deliveries), leader.payload_bytes
+    while (
+        waiting and size + len(waiting[0].deliveries) <= limit and size_bytes + waiting[0].payload_bytes <= limit_bytes
+    ):
         size += len(waiting[0].deliveries)
+        size_bytes += waiting[0].payload_bytes
         group.append(waiting.pop(0))
     return group
 

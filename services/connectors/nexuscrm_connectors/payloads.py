@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.leases import current_lease
 from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.budgets import within_bytes
 from nexuscrm_runtime.clock import DatabaseClock
 from workqueue.errors import InvalidArgument
 from workqueue.values import InputPage, InputRow
@@ -26,7 +27,10 @@ from workqueue.values import InputPage, InputRow
 def load_inputs(
     engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str, lease_token: str, page_size: int = 0
 ) -> Iterator[InputPage]:
-    """Stream the members of a held generation in pages of ``page_size`` (0 = default).
+    """Stream the members of a held generation in pages of ``page_size`` (0 = default) members.
+
+    A page also holds at most ``settings.max_page_bytes`` of payload (at least one member),
+    so a page of large payloads stays below a client's message limit (gRPC's 4 MiB default).
 
     The lease is checked before every page, so a worker that lost its lease stops reading.
     Raises ``MembershipMissing`` when the range is absent (old-protocol work), when the first
@@ -47,7 +51,7 @@ def load_inputs(
         if start is None:
             raise MembershipMissing(f"work {work_id} has no InputStartOrdinal: its membership was never recorded")
         count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
-        rows = queries.event_range_page(connection, row.PackInstallId, row.ProjectionKey, start - 1, end, size)
+        rows, last = _page(connection, settings, row, start - 1, end, size)
     streamed = 0
     while True:
         if streamed == 0 and (not rows or rows[0].EnqueueOrdinal != start):
@@ -59,7 +63,7 @@ def load_inputs(
                 f"but held {row.ClaimedMemberCount} when it was claimed"
             )
         streamed += len(rows)
-        last = len(rows) < size or rows[-1].EnqueueOrdinal == end
+        last = last or not rows or rows[-1].EnqueueOrdinal == end
         if last and (not rows or rows[-1].EnqueueOrdinal != end):
             raise MembershipMissing(f"work {work_id}: its selected input (ordinal {end}) is missing")
         if last and streamed != count:
@@ -82,6 +86,16 @@ def load_inputs(
             return
         with engine.connect() as connection:
             current_lease(connection, work_id, lease_token, clock)
-            rows = queries.event_range_page(
-                connection, row.PackInstallId, row.ProjectionKey, rows[-1].EnqueueOrdinal, end, size
-            )
+            rows, last = _page(connection, settings, row, rows[-1].EnqueueOrdinal, end, size)
+
+
+def _page(
+    connection: Connection, settings: Settings, work: queries.DbRow, after: int, end: int, size: int
+) -> tuple[list[queries.DbRow], bool]:
+    """The next members after ``after`` within ``size`` members and the byte budget; and whether none follow."""
+    sizes = queries.event_range_sizes(connection, work.PackInstallId, work.ProjectionKey, after, end, size)
+    ordinals = within_bytes([(r.EnqueueOrdinal, r.PayloadBytes) for r in sizes], settings.max_page_bytes)
+    if not ordinals:
+        return [], True
+    rows = queries.event_range_page(connection, work.PackInstallId, work.ProjectionKey, after, ordinals[-1], size)
+    return rows, len(sizes) < size and len(ordinals) == len(sizes)

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import PREDECESSOR_STATUS
 from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
@@ -93,11 +94,12 @@ _RECEIPTS_FROM_EVENTS = sa.insert(IngressReceipt).from_select(
     ).where(
         Event.c.PackInstallId == sa.bindparam("pack_install_id"),
         Event.c.EnqueueOrdinal.between(sa.bindparam("first_ordinal"), sa.bindparam("last_ordinal")),
-        ~sa.select(IngressReceipt.c.ReceiptKey)
-        .where(
-            IngressReceipt.c.PackInstallId == Event.c.PackInstallId, IngressReceipt.c.ReceiptKey == Event.c.ReceiptKey
-        )
-        .exists(),
+        ~probe_exists(
+            sa.select(IngressReceipt.c.ReceiptKey).where(
+                IngressReceipt.c.PackInstallId == Event.c.PackInstallId,
+                IngressReceipt.c.ReceiptKey == Event.c.ReceiptKey,
+            )
+        ),
     ),
 )
 
@@ -163,27 +165,47 @@ def receipts_set_state(
     ).rowcount
 
 
-def receipt_packs_stored(connection: Connection) -> list[str]:
-    """Packs that have stored, unconfirmed receipts (ix_ingressreceipt_state prefix)."""
-    return list(
-        connection.execute(
-            sa.select(IngressReceipt.c.PackInstallId)
-            .where(IngressReceipt.c.State == ReceiptState.STORED)
-            .group_by(IngressReceipt.c.PackInstallId)
-        ).scalars()
-    )
+def receipt_pack_stored_after(connection: Connection, after: str) -> str | None:
+    """The first pack above ``after`` that has stored, unconfirmed receipts; None when there is none.
+
+    One seek of ix_ingressreceipt_state (State, PackInstallId): called once per pack, it lists
+    the packs in as many seeks as there are packs with a backlog. A GROUP BY would read every
+    stored receipt on TiDB, which has no loose index scan, on every materializer pass.
+    """
+    return connection.execute(
+        sa.select(IngressReceipt.c.PackInstallId)
+        .where(IngressReceipt.c.State == ReceiptState.STORED, IngressReceipt.c.PackInstallId > after)
+        .order_by(IngressReceipt.c.PackInstallId)
+        .limit(1)
+    ).scalar_one_or_none()
 
 
-def receipts_stored_list(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
-    """A pack's oldest stored receipts, for the materializer (ix_ingressreceipt_state range)."""
+def receipts_stored_sizes(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
+    """A pack's oldest stored receipts as ReceiptKey and PayloadBytes, for the materializer's byte budget.
+
+    A range of ix_ingressreceipt_state; the payloads are measured by the server, never sent.
+    """
     return list(
         connection.execute(
-            sa.select(IngressReceipt)
+            sa.select(IngressReceipt.c.ReceiptKey, sa.func.length(IngressReceipt.c.Payload).label("PayloadBytes"))
             .where(IngressReceipt.c.State == ReceiptState.STORED, IngressReceipt.c.PackInstallId == pack_install_id)
             .order_by(IngressReceipt.c.ReceivedAt)
             .limit(limit)
         )
     )
+
+
+def receipts_stored_list(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> list[DbRow]:
+    """The receipts of ``keys`` that are still stored, whole, in the order of ``keys`` (primary key lookups)."""
+    rows = connection.execute(
+        sa.select(IngressReceipt).where(
+            IngressReceipt.c.PackInstallId == pack_install_id,
+            IngressReceipt.c.ReceiptKey.in_(keys),
+            IngressReceipt.c.State == ReceiptState.STORED,
+        )
+    )
+    position = {key: index for index, key in enumerate(keys)}
+    return sorted(rows, key=lambda row: position[row.ReceiptKey])
 
 
 def receipt_get(connection: Connection, pack_install_id: str, receipt_key: str) -> DbRow | None:
@@ -295,6 +317,40 @@ def event_set_status(
     ).rowcount
 
 
+def _event_range(
+    columns: Sequence[sa.ColumnElement[Any]],
+    pack_install_id: str,
+    projection_key: str,
+    after: int,
+    through: int,
+    limit: int,
+) -> sa.Select[Any]:
+    """``columns`` of the first ``limit`` members of an identity with ``after < ordinal <= through``, in order."""
+    return (
+        sa.select(*columns)
+        .where(
+            Event.c.PackInstallId == pack_install_id,
+            Event.c.ProjectionKey == projection_key,
+            Event.c.EnqueueOrdinal > after,
+            Event.c.EnqueueOrdinal <= through,
+        )
+        .order_by(Event.c.EnqueueOrdinal)
+        .limit(limit)
+    )
+
+
+def event_range_sizes(
+    connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
+) -> list[DbRow]:
+    """EnqueueOrdinal and PayloadBytes of the next ``limit`` members after ``after``, for a page's byte budget.
+
+    The same range of ix_event_source_lane as ``event_range_page``; payloads are measured by
+    the server, never sent.
+    """
+    columns = [Event.c.EnqueueOrdinal, sa.func.length(Event.c.Payload).label("PayloadBytes")]
+    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
+
+
 def event_range_page(
     connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
 ) -> list[DbRow]:
@@ -302,25 +358,8 @@ def event_range_page(
 
     A range scan of ix_event_source_lane; callers paginate by keyset (``after``).
     """
-    return list(
-        connection.execute(
-            sa.select(
-                Event.c.EnqueueOrdinal,
-                Event.c.ReceiptKey,
-                Event.c.Payload,
-                Event.c.SourceTime,
-                Event.c.IsReplay,
-            )
-            .where(
-                Event.c.PackInstallId == pack_install_id,
-                Event.c.ProjectionKey == projection_key,
-                Event.c.EnqueueOrdinal > after,
-                Event.c.EnqueueOrdinal <= through,
-            )
-            .order_by(Event.c.EnqueueOrdinal)
-            .limit(limit)
-        )
-    )
+    columns = [Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.Payload, Event.c.SourceTime, Event.c.IsReplay]
+    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
 
 
 def event_range_count(connection: Connection, pack_install_id: str, projection_key: str, start: int, end: int) -> int:

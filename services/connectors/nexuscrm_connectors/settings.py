@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from nexuscrm_runtime.budgets import MAX_ENTRY_PAYLOAD_BYTES, MAX_TRANSACTION_BYTES, MIB
 from nexuscrm_runtime.config import ConfigError, env_int
 
 
@@ -14,7 +15,11 @@ class Settings:
     ``max_batch_items``: deliveries per Ingest call (NEXUSCRM_MAX_BATCH_ITEMS).
     ``admission_group_items``: deliveries of concurrent Ingest calls of one pack admitted in
     one transaction; a single call always goes whole (NEXUSCRM_ADMISSION_GROUP_ITEMS).
-    ``max_payload_bytes``: bytes per delivery payload (NEXUSCRM_MAX_PAYLOAD_BYTES).
+    ``max_payload_bytes``: bytes per delivery payload (NEXUSCRM_MAX_PAYLOAD_BYTES); at most
+    ``MAX_ENTRY_PAYLOAD_BYTES`` so that a row fits TiDB's entry limit.
+    ``max_transaction_bytes``: payload bytes one admission transaction writes: an Ingest call
+    (refused whole above it), an admission group, a materializer batch of one pack
+    (NEXUSCRM_MAX_TRANSACTION_BYTES); at most ``MAX_TRANSACTION_BYTES``, at least one payload.
     ``max_attempts``: attempts of a generation before it fails for good (NEXUSCRM_MAX_ATTEMPTS).
     ``retry_base_seconds`` / ``retry_max_seconds``: exponential backoff after a failed attempt
     (NEXUSCRM_RETRY_BASE_SECONDS, NEXUSCRM_RETRY_MAX_SECONDS).
@@ -28,13 +33,16 @@ class Settings:
     Keep it below the RPC handler threads (NEXUSCRM_MAX_WORKERS) so that Ingest always finds one.
     ``default_page_size`` / ``max_page_size``: members per LoadInputs page
     (NEXUSCRM_DEFAULT_PAGE_SIZE, NEXUSCRM_MAX_PAGE_SIZE).
+    ``max_page_bytes``: payload bytes per LoadInputs page; a page holds at least one member
+    (NEXUSCRM_MAX_PAGE_BYTES; the default stays below gRPC's 4 MiB default receive limit).
     ``materialize_interval_seconds``: how often the service admits stored receipts; 0 = never
     (NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS).
     """
 
     max_batch_items: int = 1000
     admission_group_items: int = 2000
-    max_payload_bytes: int = 1024 * 1024
+    max_payload_bytes: int = 1 * MIB
+    max_transaction_bytes: int = 16 * MIB
     max_attempts: int = 5
     retry_base_seconds: int = 1
     retry_max_seconds: int = 300
@@ -46,6 +54,7 @@ class Settings:
     max_claim_waiters: int = 8
     default_page_size: int = 500
     max_page_size: int = 5000
+    max_page_bytes: int = 3 * MIB
     materialize_interval_seconds: int = 2
 
     def __post_init__(self) -> None:
@@ -56,6 +65,17 @@ class Settings:
             raise ConfigError("default_lease_seconds exceeds max_lease_seconds")
         if self.default_page_size > self.max_page_size:
             raise ConfigError("default_page_size exceeds max_page_size")
+        if self.max_payload_bytes > MAX_ENTRY_PAYLOAD_BYTES:
+            raise ConfigError(
+                f"max_payload_bytes must be at most {MAX_ENTRY_PAYLOAD_BYTES} (TiDB's 6 MiB entry limit "
+                f"less the row's other columns), got {self.max_payload_bytes}"
+            )
+        if not self.max_payload_bytes <= self.max_transaction_bytes <= MAX_TRANSACTION_BYTES:
+            raise ConfigError(
+                f"max_transaction_bytes must be between max_payload_bytes ({self.max_payload_bytes}) and "
+                f"{MAX_TRANSACTION_BYTES} (a quarter of TiDB's 100 MiB transaction limit), "
+                f"got {self.max_transaction_bytes}"
+            )
 
     @classmethod
     def from_env(cls) -> Settings:

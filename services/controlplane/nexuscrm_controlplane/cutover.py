@@ -273,6 +273,7 @@ def run_cutover(
             connection, pack_install_id, dry_run=dry_run, deadline=deadline, progress=progress, clock=clock
         ),
         name="cutover",
+        max_seconds=None,  # bounded by its own deadline (CutoverTimeout), which the operator chose
     )
 
 

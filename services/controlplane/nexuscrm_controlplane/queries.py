@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.tables import (
     NAMESPACE_SCOPE,
     AdmissionFence,
@@ -337,16 +338,14 @@ def _dependency_waits(pack_install_id: str) -> sa.Select[Any]:
     can. (A row blocked behind a live predecessor drains when that predecessor does.)
     """
     predecessor = WorkItem.alias("Predecessor")
-    live_predecessor = (
-        sa.select(predecessor.c.WorkId)
-        .where(
+    live_predecessor = probe_exists(
+        sa.select(predecessor.c.WorkId).where(
             predecessor.c.PackInstallId == WorkItem.c.PackInstallId,
             predecessor.c.ProjectionKey == WorkItem.c.ProjectionKey,
             predecessor.c.LaneOrdinal < WorkItem.c.LaneOrdinal,
             predecessor.c.InputStartOrdinal.is_(None),
             ~exactly(predecessor.c.Status, sorted(TERMINAL_WORK_STATUSES)),
         )
-        .exists()
     )
     return sa.select(WorkItem.c.WorkId).where(
         WorkItem.c.PackInstallId == pack_install_id,
@@ -384,14 +383,12 @@ def legacy_work_count(connection: Connection, pack_install_id: str) -> int:
 
 
 def _orphaned_work(pack_install_id: str) -> sa.Select[Any]:
-    selected = (
-        sa.select(Event.c.EnqueueOrdinal)
-        .where(
+    selected = probe_exists(
+        sa.select(Event.c.EnqueueOrdinal).where(
             Event.c.PackInstallId == WorkItem.c.PackInstallId,
             Event.c.EnqueueOrdinal == WorkItem.c.LaneOrdinal,
             Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
         )
-        .exists()
     )
     return sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack_install_id, LEGACY_WORK, ~selected)
 
@@ -510,15 +507,13 @@ def identity_events_page(
     EnqueueOrdinal, ProjectionKey (as stored: a PAD SPACE collation may match a padded twin of
     ``projection_key``), Status and HasDirectTask.
     """
-    direct = (
-        sa.select(WorkItem.c.WorkId)
-        .where(
+    direct = probe_exists(
+        sa.select(WorkItem.c.WorkId).where(
             WorkItem.c.PackInstallId == Event.c.PackInstallId,
             WorkItem.c.ProjectionKey == Event.c.ProjectionKey,
             WorkItem.c.LaneOrdinal == Event.c.EnqueueOrdinal,
             LEGACY_WORK,
         )
-        .exists()
     )
     statement = sa.select(
         Event.c.EnqueueOrdinal, Event.c.ProjectionKey, Event.c.Status, direct.label("HasDirectTask")

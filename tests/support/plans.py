@@ -1,0 +1,141 @@
+"""Reading EXPLAIN output of SQLite, MySQL/MariaDB and TiDB: what in a plan reads a growing range.
+
+Each reader turns one engine's EXPLAIN rows into problems (empty: the plan reads index
+ranges only). ``explain_problems`` EXPLAINs a captured statement on the connection's engine
+and picks the reader. TiDB's format (id, estRows, task, access object, operator info) is an
+operator tree drawn in the id column; ``tests/unit/test_tidb_plans.py`` checks the reader on
+plan shapes of TiDB's documentation for our statements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from nexuscrm_runtime.database import is_sqlite
+from nexuscrm_runtime.prerequisites import tidb_version
+
+# Tables whose size grows with history: a full scan or a sort over one of them is a failure.
+GROWING_TABLES = frozenset({"Event", "WorkItem", "IngressReceipt"})
+
+_TIDB_SCANS = frozenset({"TableFullScan", "IndexFullScan", "TableRangeScan", "IndexRangeScan"})
+_TIDB_ID = re.compile(r"^(?P<name>[A-Za-z_]+?)_\d+(?:\((?:Build|Probe)\))?$")
+
+
+def problems_mysql(rows: Iterable[Mapping[Any, Any]]) -> list[str]:
+    """Full scans (type ALL or index) and filesorts of growing tables in a MySQL/MariaDB EXPLAIN."""
+    found = []
+    for row in rows:
+        table, access, extra = row["table"], row["type"], row["Extra"] or ""
+        if table not in GROWING_TABLES:
+            continue  # derived tables, unions and small control tables
+        if access in ("ALL", "index"):
+            found.append(f"full {'table' if access == 'ALL' else 'index'} scan of {table}")
+        if "Using filesort" in extra:
+            found.append(f"filesort over {table} ({access} access on {row['key']})")
+    return found
+
+
+def problems_sqlite(rows: Iterable[Sequence[Any]]) -> list[str]:
+    """Full scans and ORDER BY sorts of growing tables in a SQLite EXPLAIN QUERY PLAN.
+
+    A tie sort (``USE TEMP B-TREE FOR RIGHT PART OF ORDER BY``) passes: SQLite's index entries
+    end with the rowid, not the primary key, so a primary-key tie-breaker sorts the rows that
+    tie on the index's own order, never the table (docs/performance.md names each one).
+    """
+    found = []
+    for row in rows:
+        detail: str = row[3]
+        words = detail.split()
+        if words[:1] == ["SCAN"] and words[1] in GROWING_TABLES:
+            found.append(detail)
+        if "TEMP B-TREE FOR ORDER BY" in detail:
+            found.append(detail)
+    return found
+
+
+@dataclasses.dataclass
+class TidbOperator:
+    """One row of a TiDB plan: the operator, its table (if it reads one) and its children."""
+
+    name: str  # IndexRangeScan, HashJoin, Batch_Point_Get, ...
+    depth: int
+    table: str | None
+    info: str
+    children: list[TidbOperator] = dataclasses.field(default_factory=list)
+
+    def walk(self) -> Iterable[TidbOperator]:
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def growing_scans(self) -> list[str]:
+        """The growing tables this subtree scans by range or in full."""
+        return sorted({op.table for op in self.walk() if op.name in _TIDB_SCANS and op.table in GROWING_TABLES})
+
+
+def parse_tidb(rows: Iterable[Sequence[Any]]) -> list[TidbOperator]:
+    """The operator trees of TiDB EXPLAIN rows (id, estRows, task, access object, operator info)."""
+    roots: list[TidbOperator] = []
+    stack: list[TidbOperator] = []
+    for row in rows:
+        drawn = str(row[0])
+        label = drawn.lstrip("│├└─ ")
+        match = _TIDB_ID.match(label)
+        if match is None:
+            raise ValueError(f"not a TiDB plan row: {drawn!r}")
+        table = re.search(r"table:(\w+)", str(row[3] or ""))
+        op = TidbOperator(
+            name=match["name"], depth=len(drawn) - len(label), table=table[1] if table else None, info=str(row[4] or "")
+        )
+        while stack and stack[-1].depth >= op.depth:
+            stack.pop()
+        (stack[-1].children if stack else roots).append(op)
+        stack.append(op)
+    return roots
+
+
+def problems_tidb(rows: Iterable[Sequence[Any]]) -> list[str]:
+    """What reads a growing range in a TiDB plan.
+
+    - ``TableFullScan`` / ``IndexFullScan`` of a growing table;
+    - ``Sort`` / ``TopN`` over a scan of one (an order the index does not give: on TiDB a
+      non-clustered primary key as tie-breaker, for instance);
+    - ``HashJoin`` / ``MergeJoin`` over a scan of one: a decorrelated ``[NOT] EXISTS`` or join
+      that reads a whole range where an index probe per row would do (keep it correlated);
+    - a ``GROUP BY`` aggregation over a scan of one without a ``Limit`` above it: TiDB has no
+      loose index scan, so a DISTINCT over an index prefix reads every row of the range.
+    """
+    found: list[str] = []
+
+    def visit(op: TidbOperator, limited: bool) -> None:
+        scans = ", ".join(op.growing_scans())
+        if op.name in ("TableFullScan", "IndexFullScan") and op.table in GROWING_TABLES:
+            found.append(f"{op.name} of {op.table}")
+        elif op.name in ("Sort", "TopN") and scans:
+            found.append(f"{op.name} over {scans}")
+        elif op.name in ("HashJoin", "MergeJoin") and scans:
+            found.append(f"{op.name} ({op.info.split(',')[0]}) reads a range of {scans}")
+        elif op.name in ("HashAgg", "StreamAgg") and "group by:" in op.info and scans and not limited:
+            found.append(f"{op.name} groups a whole range of {scans} (no loose index scan)")
+        for child in op.children:
+            visit(child, limited or op.name in ("Limit", "TopN"))
+
+    for root in parse_tidb(rows):
+        visit(root, False)
+    return found
+
+
+def explain_problems(connection: sa.Connection, statement: str, parameters: Any) -> list[str]:
+    """EXPLAIN ``statement`` on the connection's engine and list what in its plan reads a growing range."""
+    if is_sqlite(connection.engine):
+        return problems_sqlite(connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all())
+    version = str(connection.execute(sa.select(sa.func.version())).scalar_one())
+    result = connection.exec_driver_sql("EXPLAIN " + statement, parameters)
+    if tidb_version(version) is not None:
+        return problems_tidb(result.all())
+    return problems_mysql(result.mappings().all())
