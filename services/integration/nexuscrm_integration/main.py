@@ -19,6 +19,7 @@ names what is missing); 4 in-flight work did not finish within the drain timeout
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
@@ -29,6 +30,7 @@ from nexuscrm_integration.activation import remote_gate, wait_for_activation
 from nexuscrm_integration.config import HostConfig
 from nexuscrm_integration.errors import ActivationRefused, IntegrationError
 from nexuscrm_integration.host import HostStatus, WorkerHost
+from nexuscrm_integration.packs import Resolution
 from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.config import ConfigError, ServiceConfig
 from nexuscrm_runtime.database import create_engine
@@ -90,6 +92,12 @@ def serve(
 
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)
+    resolved: list[Resolution] = []
+
+    def on_resolved(resolution: Resolution) -> None:
+        resolved[:] = [resolution]
+        status.checking(resolution.pack_install_ids)
+
     with (
         open_channel(targets.schema_catalog) as catalog,
         open_channel(targets.controlplane) as controlplane,
@@ -97,7 +105,7 @@ def serve(
     ):
         try:
             grant = wait_for_activation(
-                remote_gate(catalog, controlplane, host_config.pack_install_ids),
+                remote_gate(catalog, controlplane, host_config.pools, on_resolved),
                 wait_seconds=host_config.activation_wait_seconds,
                 stop=stop,
                 on_refused=status.refused,
@@ -111,9 +119,11 @@ def serve(
         engine = create_engine(config.dsn)
         tracing.instrument_engine(engine)
         try:
-            host = WorkerHost(
-                grant, host_config.pools, ConnectorsClient(connectors), engine, host_id=host_config.host_id
-            )
+            # Pools that named their pack serve what it resolved to; a pool by id and one by name
+            # of the same pack and work type are refused like any duplicate pool.
+            pools = dataclasses.replace(host_config, pools=resolved[0].pools).pools
+            log.info("pools: %s", ", ".join(pool.name for pool in pools))
+            host = WorkerHost(grant, pools, ConnectorsClient(connectors), engine, host_id=host_config.host_id)
         except IntegrationError as error:
             log.error("configuration error: %s", error)
             running.stop(0)
