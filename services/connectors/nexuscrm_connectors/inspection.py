@@ -114,4 +114,4 @@ def list_receipts(
 
 def _receipt_position(values: list[object]) -> tuple[str, dt.datetime, str]:
     pack, received_at, key = values
-    return page_tokens.text(pack), dt.datetime.fromisoformat(page_tokens.text(received_at)), page_tokens.text(key)
+    return page_tokens.string(pack), dt.datetime.fromisoformat(page_tokens.string(received_at)), page_tokens.string(key)

@@ -39,7 +39,7 @@ def decode_token(token: str, rpc: str, parse: Callable[[list[Any]], T]) -> T | N
         raise InvalidArgument(f"page_token is not a token from a previous {rpc} page", field="page_token") from None
 
 
-def text(value: object) -> str:
+def string(value: object) -> str:
     """A string value of a position."""
     if not isinstance(value, str):
         raise TypeError("not a string")

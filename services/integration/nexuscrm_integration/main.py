@@ -1,7 +1,9 @@
 """Entry point of the Integration Service (``nexuscrm-integration``): the worker host.
 
 Serves IntegrationService (GetActivation, ListWorkers) with health NOT_SERVING, runs the
-activation gate for every configured pack, then starts the worker pools and reports SERVING.
+activation gate for every configured pack (resolving, through Controlplane's FindPacks, the
+pools that name their pack instead of its id; ``packs``), then starts the worker pools and
+reports SERVING.
 SIGTERM (or SIGINT) stops all claims, waits for in-flight generations (RunUntilDrained) and
 stops the server.
 
