@@ -122,6 +122,36 @@ def test_host_refuses_before_the_protocol_receipt_and_serves_after_activation(
     engine.dispose()
 
 
+def test_a_pool_that_names_its_pack_is_served_once_the_name_resolves(
+    empty_dsn: str, core: list[ServiceProcess], tmp_path: Path
+) -> None:
+    name = {"namespace": "acme", "name": demo.PACK_NAME, "version": demo.PACK_VERSION}
+    pools = json.dumps([{"pack": name, "work_type": demo.WORK_TYPE, "flow": demo.FLOW_NAME}])
+    env = {"NEXUSCRM_DSN": empty_dsn, **target_env(core), "NEXUSCRM_INTEGRATION_POOLS": pools}
+    with pytest.raises(LaunchError, match="exited with 3"):
+        start_services((INTEGRATION,), env=env, workdir=tmp_path)
+    log = (tmp_path / "integration.log").read_text()
+    assert f"pack: acme/{demo.PACK_NAME} {demo.PACK_VERSION} is not installed" in log
+
+    waiting = start_service(INTEGRATION, env={**env, "NEXUSCRM_ACTIVATION_WAIT_SECONDS": "forever"}, workdir=tmp_path)
+    try:
+        stub = in_grpc.IntegrationServiceStub(grpc.insecure_channel(waiting.address))
+        pack = install(core)
+        wait_until(  # resolved now; the protocol receipt is what is missing
+            lambda: list(stub.GetActivation(in_pb.GetActivationRequest(), timeout=5).pack_install_ids) == [pack],
+            "the pack name resolved",
+        )
+        controlplane(core).ActivatePack(cp_pb.ActivatePackRequest(pack_install_id=pack), timeout=10)
+        wait_until(lambda: health_status(waiting.address, INTEGRATION.service_name) == "SERVING", "activation")
+        listed = stub.ListWorkers(in_pb.ListWorkersRequest(), timeout=5).workers
+        assert [(w.pack_install_id, w.work_type) for w in listed] == [(pack, demo.WORK_TYPE)]
+    finally:
+        assert stop_services([waiting]) == {"integration": 0}
+    engine = create_engine(empty_dsn)
+    assert_invariants(engine)
+    engine.dispose()
+
+
 def test_host_refuses_a_schema_without_replay_of_work_id(empty_dsn: str, tmp_path: Path) -> None:
     engine = create_engine(empty_dsn)
     migrations.apply_schema(engine)
@@ -205,6 +235,29 @@ def test_demo_projection_matches_the_inputs_and_the_cli_explains_it(
         assert run_cli("drain", "status", pack)["drained"] is True  # greenfield: no old-protocol work
         assert run_cli("drain", "wait", pack, "--timeout", "5s", "--interval", "100ms")["drained"] is True
         assert cli.main(["work", "show", "no-such-work"]) == ExitCode.REFUSED
+        assert "NOT_FOUND" in capsys.readouterr().err
+
+        # The reads of issue 16: queue state, generations, members, the pack record.
+        state = run_cli("queue", "state", pack)
+        assert state["drained"] is True and state["pending"] == "0" and state["oldest_waiting_work_id"] == ""
+        assert run_cli("queue", "wait", pack, "--timeout", "5s")["drained"] is True
+        described = run_cli("packs", "show", pack)
+        assert described["protocol_state"] == "greenfield" and described["pack"]["last_ordinal"] == "300"
+        found = run_cli(
+            "packs", "find", "--namespace", "acme", "--name", demo.PACK_NAME, "--version", demo.PACK_VERSION
+        )
+        assert [p["pack_install_id"] for p in found] == [pack]
+        work = shown["work"]
+        lane = ["--event-kind", work["route"]["event_kind"], "--route-version", work["route"]["route_version"]]
+        lane += ["--companion-version", work["route"]["companion_version"], "--work-type", demo.WORK_TYPE]
+        listed = run_cli("work", "list", pack, *lane, "--lane", work["route"]["source_lane"], "--page-size", "500")
+        assert work["work_id"] in [g["work_id"] for g in listed["generations"]]
+        lanes = [int(g["lane_ordinal"]) for g in listed["generations"]]
+        assert lanes == sorted(lanes, reverse=True)
+        members = run_cli("work", "members", work["work_id"])
+        ordinals = [int(i["enqueue_ordinal"]) for i in members["inputs"]]
+        assert 7 in ordinals and ordinals == sorted(ordinals) and len(ordinals) == int(shown["member_count"])
+        assert cli.main(["queue", "state", "pk-none"]) == ExitCode.REFUSED
         assert "NOT_FOUND" in capsys.readouterr().err
     finally:
         assert set(stop_services(services).values()) == {0}

@@ -251,6 +251,14 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         # Connectors: ListReceipts pages after the first (the dashboard test covers the first).
         "receipts_in_state": lambda c: queries.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),
         "receipts_in_state (all packs)": lambda c: queries.receipts_in_state(c, ReceiptState.STORED, None, after, 50),
+        # Connectors: the native queue (GetQueueState, WaitQueueDrained) and generation reads.
+        "work_queue_counts": lambda c: queries.work_queue_counts(c, pack),
+        "work_oldest_waiting": lambda c: queries.work_oldest_waiting(c, pack),
+        "receipt_count_capped": lambda c: queries.receipt_count_capped(c, pack, ReceiptState.STORED, 10_000),
+        "work_items_of_identity": lambda c: queries.work_items_of_identity(c, pack, key, None, 50),
+        "work_items_of_identity (next page)": lambda c: queries.work_items_of_identity(c, pack, key, seeded.end, 50),
+        # Controlplane: pack reads (GetPack, FindPacks).
+        "packs_by_name": lambda c: cp_queries.packs_by_name(c, "acme", "crm", "1.0", 100),
         # Controlplane: drain counts (GetDrainStatus, the cutover gate).
         "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),
         "legacy_work_live_sample": lambda c: cp_queries.legacy_work_live_sample(c, legacy, 10),

@@ -11,19 +11,22 @@ from typing import cast
 import pytest
 import sqlalchemy as sa
 
+from nexuscrm_connectors.service import Connectors
 from nexuscrm_integration.activation import ActivationGrant, check_activation, wait_for_activation
-from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, HostConfig, PoolConfig
+from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, HostConfig, PackName, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused, FlowNotFound, HostConfigError, NotGranted
 from nexuscrm_integration.flows import resolve_flow
 from nexuscrm_integration.host import WorkerHost, standalone_worker
+from nexuscrm_integration.packs import PackLookupFailed, resolve_pools
 from nexuscrm_sdk.flows import Flow, FlowContext
-from nexuscrm_sdk.worker import WorkSource
+from nexuscrm_sdk.worker import Generation, WorkSource
 from nexuscrm_tools import demo
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.simulator import WorkloadConfig, workload
-from tests.support.factories import install_pack, processing_work
+from tests.support.factories import delivery, install_pack, processing_work, route
 from tests.support.invariants import assert_invariants
-from workqueue.values import InputRow
+from tests.support.waiting import wait_until
+from workqueue.values import InputRow, Route
 
 
 class FakeSchema:
@@ -179,26 +182,131 @@ def test_worker_host_needs_a_grant_for_every_pool(engine: sa.Engine) -> None:
     assert_invariants(engine)
 
 
-SEEN: list[FlowContext] = []
+CONTEXTS: list[FlowContext] = []
 
 
-def recording_flow(context: FlowContext) -> Flow:
+def context_recording_flow(context: FlowContext) -> Flow:
     """A Flow factory that records the context it was built with (``test_pool_settings_reach_the_flow``)."""
-    SEEN.append(context)
+    CONTEXTS.append(context)
     return lambda _generation: None
 
 
 @pytest.mark.database
 def test_pool_settings_reach_the_flow_and_must_map_strings_to_strings(engine: sa.Engine) -> None:
     grant = check_activation(FakeSchema([]), FakeProtocols({"pk-a"}), ["pk-a"])
-    flow = f"{__name__}:recording_flow"
+    flow = f"{__name__}:context_recording_flow"
     pool = {"pack_install_id": "pk-a", "work_type": "t", "flow": flow, "settings": {"database": "sqlite:///x.db"}}
     config = HostConfig.from_env({"NEXUSCRM_INTEGRATION_POOLS": json.dumps([pool])})
-    SEEN.clear()
+    CONTEXTS.clear()
     WorkerHost(grant, config.pools, NoWork(), engine, host_id="h")
-    assert [(c.pack_install_id, dict(c.settings)) for c in SEEN] == [("pk-a", {"database": "sqlite:///x.db"})]
+    assert [(c.pack_install_id, dict(c.settings)) for c in CONTEXTS] == [("pk-a", {"database": "sqlite:///x.db"})]
     for settings in ({"database": 1}, ["database"], {"": None}):
         with pytest.raises(HostConfigError, match="settings must map strings to strings"):
             PoolConfig.from_mapping({**pool, "settings": settings}, "test")
     assert PoolConfig.from_mapping({k: v for k, v in pool.items() if k != "settings"}, "test").settings == {}
+
+
+class FakeFinder:
+    """Incarnations by pack name; a name in ``failing`` cannot be looked up."""
+
+    def __init__(self, packs: dict[str, list[str]], failing: frozenset[str] = frozenset()) -> None:
+        self.packs = packs
+        self.failing = failing
+        self.asked: list[str] = []
+
+    def find_packs(self, pack: PackName) -> list[str]:
+        self.asked.append(str(pack))
+        if str(pack) in self.failing:
+            raise PackLookupFailed("FindPacks failed (UNAVAILABLE: connection refused)")
+        return self.packs.get(str(pack), [])
+
+
+def named_pool(name: str, work_type: str = "t") -> PoolConfig:
+    return PoolConfig.from_mapping(
+        {"pack": {"namespace": "acme", "name": name, "version": "1.0"}, "work_type": work_type, "flow": "m:f"}, "test"
+    )
+
+
+def test_a_pool_names_its_pack_by_id_or_by_namespace_name_and_version(tmp_path: Path) -> None:
+    path = tmp_path / "host.toml"
+    path.write_text(
+        '[[pool]]\npack = { namespace = "acme", name = "contacts", version = "1.0" }\nwork_type = "t"\nflow = "m:f"\n'
+    )
+    config = HostConfig.from_env({"NEXUSCRM_INTEGRATION_CONFIG": str(path)})
+    (pool,) = config.pools
+    assert pool.pack == PackName(namespace="acme", name="contacts", version="1.0") and pool.pack_install_id == ""
+    assert pool.name == "acme/contacts 1.0/t" and config.pack_install_ids == ()  # known once resolved
+    assert pool.with_pack_install_id("pk-a") == PoolConfig(pack_install_id="pk-a", work_type="t", flow="m:f")
+    for raw, field in (
+        ({"work_type": "t", "flow": "f"}, "pack_install_id"),  # neither
+        ({"pack_install_id": "pk-a", "pack": {"namespace": "a", "name": "n", "version": "1"}}, "pack_install_id"),
+        ({"pack": {"namespace": "acme", "name": "contacts"}}, "pack"),  # no version
+        ({"pack": {"namespace": "acme", "name": " ", "version": "1"}}, "pack.name"),
+        ({"pack": "acme/contacts"}, "pack"),
+    ):
+        with pytest.raises(HostConfigError) as refused:
+            PoolConfig.from_mapping({"work_type": "t", "flow": "f", **raw}, "test")
+        assert refused.value.field == field, refused.value
+
+
+def test_pack_names_resolve_to_exactly_one_incarnation_or_name_the_pack_that_did_not() -> None:
+    finder = FakeFinder(
+        {"acme/contacts 1.0": ["pk-c"], "acme/deals 1.0": ["pk-new", "pk-old"]}, failing=frozenset({"acme/down 1.0"})
+    )
+    by_id = PoolConfig(pack_install_id="pk-a", work_type="t", flow="m:f")
+    pools = [by_id, named_pool("contacts"), named_pool("contacts", "u"), named_pool("deals"), named_pool("gone")]
+    resolution = resolve_pools([*pools, named_pool("down")], finder)
+    assert [p.name for p in resolution.pools] == ["pk-a/t", "pk-c/t", "pk-c/u"]
+    assert resolution.pack_install_ids == ("pk-a", "pk-c")
+    assert resolution.missing == (
+        "pack: acme/deals 1.0 has 2 incarnations (pk-new, pk-old); "
+        "name one by pack_install_id in pool acme/deals 1.0/t",
+        "pack: acme/gone 1.0 is not installed (pool acme/gone 1.0/t)",
+        "pack: acme/down 1.0 could not be resolved: FindPacks failed (UNAVAILABLE: connection refused)",
+    )
+    assert finder.asked.count("acme/contacts 1.0") == 1  # asked once per name
+
+    with pytest.raises(ActivationRefused) as refused:  # the gate lists them with everything else missing
+        check_activation(
+            FakeSchema(["X"]),
+            FakeProtocols({"pk-a", "pk-c"}),
+            resolution.pack_install_ids,
+            unresolved=resolution.missing,
+        )
+    assert refused.value.missing == (*resolution.missing, "schema: X")
+    grant = check_activation(
+        FakeSchema([]), FakeProtocols({"pk-c"}), resolve_pools([named_pool("contacts")], finder).pack_install_ids
+    )
+    assert grant.covers("pk-c")
+
+
+SEEN: dict[str, list[tuple[Route, str]]] = {}  # by pack: what ``recording_flow``'s Flows were given
+
+
+def recording_flow(context: FlowContext) -> Flow:
+    """A Flow factory (``module:function``) whose Flow records each generation's route and identity's pack."""
+
+    def flow(generation: Generation) -> None:
+        SEEN.setdefault(context.pack_install_id, []).append((generation.route, generation.identity.pack_install_id))
+        for _ in generation.inputs:
+            pass
+
+    return flow
+
+
+@pytest.mark.database
+def test_the_host_hands_each_flow_its_generations_decoded_identity(engine: sa.Engine) -> None:
+    pack = install_pack(engine)
+    connectors = Connectors(engine)
+    connectors.ingest(pack, items=[delivery(lane="north"), delivery(lane="south"), delivery(lane="north")])
+    grant = check_activation(FakeSchema([]), FakeProtocols({pack}), [pack])
+    pool = PoolConfig(pack_install_id=pack, work_type="project", flow=f"{__name__}:recording_flow", size=1)
+    host = WorkerHost(grant, [pool], connectors, engine, host_id="h")
+    host.start()
+    try:
+        wait_until(lambda: len(SEEN.get(pack, [])) == 2, "both lanes projected")
+    finally:
+        assert host.run_until_drained(30)
+    assert sorted(SEEN[pack], key=lambda seen: seen[0].source_lane) == [(route("north"), pack), (route("south"), pack)]
+    assert connectors.queue_state(pack).drained
     assert_invariants(engine)

@@ -31,7 +31,7 @@ from nexuscrm_schema import tables
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
 from nexuscrm_sdk import convert
 from tests.support.checksums import database_checksums
-from tests.support.factories import delivery, install_pack
+from tests.support.factories import delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from tests.support.pki import Pki
 
@@ -94,9 +94,17 @@ NAMESPACED: dict[str, Build] = {
     f"{CONNECTORS}/GetWork": lambda w: cn.GetWorkRequest(work_id=w.work_id),
     f"{CONNECTORS}/ExplainReceipt": lambda w: cn.ExplainReceiptRequest(pack_install_id=w.pack, receipt_key="r-1"),
     f"{CONNECTORS}/ListReceipts": lambda w: cn.ListReceiptsRequest(state="stored", pack_install_id=w.pack),
+    f"{CONNECTORS}/GetQueueState": lambda w: cn.GetQueueStateRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/WaitQueueDrained": lambda w: cn.WaitQueueDrainedRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/ListGenerations": lambda w: cn.ListGenerationsRequest(
+        pack_install_id=w.pack, route=convert.route_to_proto(route())
+    ),
+    f"{CONNECTORS}/ListMembers": lambda w: cn.ListMembersRequest(work_id=w.work_id),
     f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
     f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
     f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),
+    f"{CONTROLPLANE}/GetPack": lambda w: cp.GetPackRequest(pack_install_id=w.pack),
+    f"{CONTROLPLANE}/FindPacks": lambda w: cp.FindPacksRequest(namespace="acme", pack_name="crm", pack_version="1.0"),
     f"{CONTROLPLANE}/ArmFence": lambda w: cp.ArmFenceRequest(namespace="acme", scope=w.pack),
     f"{CONTROLPLANE}/DisarmFence": lambda w: cp.DisarmFenceRequest(fence_id=w.fence_id),
     f"{CONTROLPLANE}/ListFences": lambda w: cp.ListFencesRequest(namespace="acme"),

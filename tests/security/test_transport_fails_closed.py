@@ -16,8 +16,6 @@ import pytest
 import sqlalchemy as sa
 from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn
 from nexuscrm.controlplane.v1 import controlplane_pb2
@@ -33,6 +31,7 @@ from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
 from nexuscrm_sdk import convert
 from tests.support.factories import delivery, install_pack
+from tests.support.statuses import violation_field
 from workqueue.limits import REQUEST_FIELD_LIMITS
 
 pytestmark = pytest.mark.database
@@ -86,16 +85,6 @@ def _call_raw(channel: grpc.Channel, method_name: str, payload: bytes) -> grpc.R
     return raised.value
 
 
-def _violation_field(error: grpc.RpcError) -> str:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]  # the RpcError of a call is a Call
-    assert status is not None, "a refusal carries the rich status"
-    for detail in status.details:
-        request = error_details_pb2.BadRequest()
-        if detail.Unpack(request):
-            return str(request.field_violations[0].field)
-    return ""
-
-
 def _no_error_logged(caplog: pytest.LogCaptureFixture) -> None:
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, f"logged {[r.getMessage() for r in errors]}"
@@ -118,7 +107,7 @@ def test_invalid_utf8_answers_invalid_argument_naming_the_field(
     number = METHODS[method_name].input_type.fields_by_name[field].number
     error = _call_raw(channel, method_name, bytes([number << 3 | 2, 2]) + b"\xc3\x28")
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    assert _violation_field(error).startswith(field), error.details()
+    assert violation_field(error).startswith(field), error.details()
     assert "UTF-8" in (error.details() or "")
     _no_error_logged(caplog)
 
@@ -133,7 +122,7 @@ def test_out_of_range_source_time_answers_invalid_argument_naming_the_field(
     request = cn.IngestRequest(pack_install_id=pack, items=[item])
     error = _call_raw(channel, "nexuscrm.connectors.v1.ConnectorsService.Ingest", request.SerializeToString())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    assert _violation_field(error) == "items[0].source_time"
+    assert violation_field(error) == "items[0].source_time"
     _no_error_logged(caplog)
 
 
@@ -149,7 +138,7 @@ def test_overlong_identifier_answers_invalid_argument_naming_field_and_limit(
         setattr(request, field, value)
     error = _call_raw(channel, method_name, request.SerializeToString())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    assert _violation_field(error).startswith(field)
+    assert violation_field(error).startswith(field)
     assert f"the limit is {REQUEST_FIELD_LIMITS[field]}" in (error.details() or "")
     assert len(error.details() or "") < 2_000
 
@@ -160,7 +149,7 @@ def test_claim_refuses_max_items_zero_and_claims_one_when_unset(channel: grpc.Ch
     claim = "nexuscrm.connectors.v1.ConnectorsService.Claim"
     error = _call_raw(channel, claim, cn.ClaimRequest(worker_id="w", max_items=0).SerializeToString())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    assert _violation_field(error) == "max_items"
+    assert violation_field(error) == "max_items"
     stub = channel.unary_unary(
         "/nexuscrm.connectors.v1.ConnectorsService/Claim",
         request_serializer=cn.ClaimRequest.SerializeToString,

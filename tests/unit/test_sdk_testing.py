@@ -74,10 +74,12 @@ def test_a_worker_runs_a_flow_over_complete_ordered_sets_and_the_outcomes_are_re
 
     def flow(generation: Generation) -> None:
         assert generation.work.created_at.tzinfo is dt.UTC
-        seen[generation.work.projection_key] = [row.payload for row in generation.inputs]
+        assert generation.identity.key == generation.work.projection_key  # decoded for the Flow
+        assert generation.route == Route.of(generation.identity)
+        seen[generation.route.source_lane] = [row.payload for row in generation.inputs]
 
     run_all(Worker(source, flow, worker_id="w", batch_size=2))
-    assert seen == {identity().key: [b"a", b"b", b"c"], identity("lane-2").key: [b"x"]}
+    assert seen == {"lane-1": [b"a", b"b", b"c"], "lane-2": [b"x"]}
     assert [(a.ordinals, a.attempt, a.outcome) for a in source.attempts] == [
         ((1, 2, 3), 0, WorkStatus.COMPLETED),
         ((4,), 0, WorkStatus.COMPLETED),

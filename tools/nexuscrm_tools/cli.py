@@ -1,19 +1,20 @@
 """``nexuscrm``: the operator command line over the services' RPCs.
 
-Subcommands: ``packs install|activate|protocol``, ``fences arm|disarm|list|override``,
-``drain status|wait``, ``cutover audit|run``, ``work show``, ``receipts missing``, ``why``,
-``activation`` and ``workers``. Tables by default, ``--json`` for scripts. Services are found
-through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``; ``nexuscrm-run --serve`` prints them). With
-NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks mutual TLS as the principal of that
-certificate (docs/security.md). Durations are Go durations (``30s``, ``5m``, ``1h30m``;
-``nexuscrm_tools.durations``), as in the runbook commands.
+Subcommands: ``packs install|activate|protocol|show|find``, ``fences arm|disarm|list|override``,
+``drain status|wait``, ``queue state|wait``, ``cutover audit|run``, ``work show|list|members``,
+``receipts missing``, ``why``, ``activation`` and ``workers``. Tables by default, ``--json``
+for scripts. Services are found through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``;
+``nexuscrm-run --serve`` prints them). With NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks
+mutual TLS as the principal of that certificate (docs/security.md). Durations are Go
+durations (``30s``, ``5m``, ``1h30m``; ``nexuscrm_tools.durations``), as in the runbook
+commands.
 
 Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
 list below ``--help``): 0 done, the check passed; 2 usage error; 3 a service is unreachable or
 does not implement the RPC yet; 4, 5, 6 the cutover refused by gate, audit or missing
-prerequisite (as ``connector-projection-cutover``); 7 timeout (``drain wait`` ended
-undrained, or an RPC's deadline passed); 8 the service refused the request; 9 the check did
-not pass (not drained, receipts whose coverage is missing, no protocol row, host not
+prerequisite (as ``connector-projection-cutover``); 7 timeout (``drain wait`` or ``queue
+wait`` ended undrained, or an RPC's deadline passed); 8 the service refused the request; 9 the
+check did not pass (not drained, receipts whose coverage is missing, no protocol row, host not
 activated).
 """
 
@@ -43,10 +44,13 @@ from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
+from nexuscrm_sdk import convert
+from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import tables
 from nexuscrm_tools.durations import parse_duration, whole_seconds
 from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from workqueue import ReceiptState
+from workqueue.values import QueueState, Route
 
 RPC_TIMEOUT = 30.0  # seconds per call
 # gRPC statuses that say nothing about the request itself; every other status is a refusal.
@@ -105,6 +109,11 @@ class Clients:
         return cn_grpc.ConnectorsServiceStub(self._channel(self._targets.connectors))
 
     @property
+    def connectors_client(self) -> ConnectorsClient:
+        """The Connectors SDK's client (for the calls that loop, like ``queue wait``)."""
+        return ConnectorsClient(self._channel(self._targets.connectors))
+
+    @property
     def integration(self) -> in_grpc.IntegrationServiceStub:
         """IntegrationService."""
         return in_grpc.IntegrationServiceStub(self._channel(self._targets.integration))
@@ -148,6 +157,45 @@ def packs_protocol(clients: Clients, args: argparse.Namespace) -> Outcome:
     if not response.exists:
         return Outcome(data=data, view=f"pack {args.pack} has no protocol row", code=ExitCode.CHECK_FAILED)
     return Outcome(data=data, view=_fields(f"protocol of {args.pack}", _dict(response.protocol)))
+
+
+def _pack_view(response: cp_pb.GetPackResponse) -> dict[str, object]:
+    pack = response.pack
+    protocol = response.protocol_state
+    if response.HasField("protocol"):
+        protocol += f" (LegacyMaxOrdinal {response.protocol.legacy_max_ordinal})"
+    return {
+        "pack": pack.pack_install_id,
+        "namespace": pack.namespace,
+        "name": pack.pack_name,
+        "version": pack.pack_version,
+        "ordinal counter": pack.last_ordinal,
+        "protocol": protocol,
+        "installed at": pack.created_at.ToJsonString(),
+    }
+
+
+def packs_show(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """One pack incarnation: namespace, name, version, ordinal counter and protocol state."""
+    response = clients.controlplane.GetPack(cp_pb.GetPackRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT)
+    return Outcome(data=_dict(response), view=_fields(f"pack {args.pack}", _pack_view(response)))
+
+
+def packs_find(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """The incarnations of a pack by namespace, name and version, newest first; exit 9 when none."""
+    response = clients.controlplane.FindPacks(
+        cp_pb.FindPacksRequest(namespace=args.namespace, pack_name=args.name, pack_version=args.version),
+        timeout=RPC_TIMEOUT,
+    )
+    rows = [(p.pack_install_id, p.last_ordinal, p.created_at.ToJsonString()) for p in response.packs]
+    table = _table(
+        f"{args.namespace}/{args.name} {args.version}: {len(rows)} incarnations",
+        ("pack", "ordinal counter", "installed at"),
+        rows,
+    )
+    return Outcome(
+        data=[_dict(p) for p in response.packs], view=table, code=ExitCode.OK if rows else ExitCode.CHECK_FAILED
+    )
 
 
 def _fence_rows(fences: Sequence[cp_pb.Fence]) -> Table:
@@ -261,6 +309,41 @@ def drain_wait(
     return _drain_outcome(polled.status, ExitCode.TIMEOUT)
 
 
+def _queue_outcome(state: QueueState, undrained: ExitCode) -> Outcome:
+    counts = ", ".join(
+        f"{name} {getattr(state, name)}" for name in ("pending", "blocked", "retry", "processing", "receipts_waiting")
+    )
+    view: dict[str, object] = {
+        "drained": state.drained,
+        "depth": f"{state.depth} generations ({counts.replace('_', ' ')})",
+        "oldest waiting": state.oldest_waiting_work_id or "-",
+        "waiting since": state.oldest_waiting_since.isoformat() if state.oldest_waiting_since else "-",
+        "waiting for": f"{state.oldest_waiting_age.total_seconds():.1f}s" if state.oldest_waiting_age else "-",
+    }
+    return Outcome(
+        data=_dict(convert.queue_state_to_proto(state)),
+        view=_fields(f"native queue of {state.pack_install_id}", view),
+        code=ExitCode.OK if state.drained else undrained,
+    )
+
+
+def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's native queue: depth per status, receipts waiting, the oldest waiting generation.
+
+    Exit 9 (check failed) unless drained.
+    """
+    return _queue_outcome(clients.connectors_client.queue_state(args.pack), ExitCode.CHECK_FAILED)
+
+
+def queue_wait(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Wait until a pack's native queue is drained (Connectors WaitQueueDrained); never changes anything.
+
+    Exit 7 (timeout) with the last state when ``--timeout`` passes first.
+    """
+    state = clients.connectors_client.wait_queue_drained(args.pack, timeout=args.timeout)
+    return _queue_outcome(state, ExitCode.TIMEOUT)
+
+
 def _report_outcome(report: cp_pb.CutoverReport, title: str, data: dict[str, Any]) -> Outcome:
     rows = [(f.category, f.rule, f.count, ", ".join(f.sample_ids), f.detail) for f in report.refusals]
     table = _table(
@@ -307,16 +390,78 @@ def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
         "pack_install_id": work.pack_install_id,
         "route": f"{work.route.event_kind} v{work.route.route_version} {work.route.companion_version} "
         f"{work.route.work_type} lane {work.route.source_lane}",
-        "range": f"[{work.input_start_ordinal}, {work.lane_ordinal}]"
-        if work.input_start_ordinal
-        else f"old protocol, lane {work.lane_ordinal}",
+        "range": _range(work),
         "members": response.member_count,
-        "status": cn_pb.WorkStatus.Name(work.status).removeprefix("WORK_STATUS_").lower(),
+        "status": _status(work),
         "attempts": f"{work.attempt} of {work.max_attempts}",
         "replay of": work.replay_of_work_id or "-",
         "last error": work.last_error or "-",
     }
     return Outcome(data=_dict(response), view=_fields(f"work {work.work_id}", view))
+
+
+def _range(work: cn_pb.WorkItem) -> str:
+    if not work.input_start_ordinal:
+        return f"old protocol, lane {work.lane_ordinal}"
+    return f"[{work.input_start_ordinal}, {work.lane_ordinal}]"
+
+
+def _status(work: cn_pb.WorkItem) -> str:
+    return cn_pb.WorkStatus.Name(work.status).removeprefix("WORK_STATUS_").lower()
+
+
+def _next_page(token: str) -> str:
+    return f"; next page: --page-token {token}" if token else ""
+
+
+def work_list(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """One projection identity's generations, newest first: range, status, attempts, replay origin."""
+    route = Route(
+        event_kind=args.event_kind,
+        route_version=args.route_version,
+        companion_version=args.companion_version,
+        work_type=args.work_type,
+        source_lane=args.lane,
+    )
+    response = clients.connectors.ListGenerations(
+        cn_pb.ListGenerationsRequest(
+            pack_install_id=args.pack,
+            route=convert.route_to_proto(route),
+            page_size=args.page_size,
+            page_token=args.page_token,
+        ),
+        timeout=RPC_TIMEOUT,
+    )
+    data = _dict(response)
+    rows = [
+        (w.work_id, _range(w), _status(w), f"{w.attempt} of {w.max_attempts}", w.replay_of_work_id or "-")
+        for w in response.generations
+    ]
+    title = f"generations of lane {args.lane}: {len(rows)}{_next_page(response.next_page_token)}"
+    return Outcome(data=data, view=_table(title, ("work", "range", "status", "attempts", "replay of"), rows))
+
+
+def work_members(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A generation's members in ordinal order, read without a lease (payloads with ``--json``, base64)."""
+    response = clients.connectors.ListMembers(
+        cn_pb.ListMembersRequest(work_id=args.work_id, page_size=args.page_size, page_token=args.page_token),
+        timeout=RPC_TIMEOUT,
+    )
+    data = _dict(response)
+    rows = [
+        (
+            i.enqueue_ordinal,
+            i.receipt_key or "-",
+            "replay" if i.replay else "",
+            i.source_time.ToJsonString() if i.HasField("source_time") else "-",
+            len(i.payload),
+        )
+        for i in response.inputs
+    ]
+    title = f"members of {args.work_id}: {len(rows)} of {response.member_count}{_next_page(response.next_page_token)}"
+    return Outcome(
+        data=data, view=_table(title, ("ordinal", "receipt", "replay", "source time", "payload bytes"), rows)
+    )
 
 
 def receipts_missing(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -392,6 +537,11 @@ def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=[_dict(w) for w in response.workers], view=table)
 
 
+def _paged(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--page-size", type=int, default=0, help="rows per page (default: the service's)")
+    parser.add_argument("--page-token", default="", help="from the previous page's output")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; each leaf sets ``handler``."""
     parser = argparse.ArgumentParser(
@@ -423,6 +573,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--version", required=True)
     leaf(packs, "activate", packs_activate, "greenfield activation (cutoff 0)").add_argument("pack")
     leaf(packs, "protocol", packs_protocol, "show the protocol row").add_argument("pack")
+    leaf(packs, "show", packs_show, "incarnation, ordinal counter, protocol state").add_argument("pack")
+    sub = leaf(packs, "find", packs_find, "incarnations by namespace, name and version")
+    sub.add_argument("--namespace", required=True)
+    sub.add_argument("--name", required=True)
+    sub.add_argument("--version", required=True)
 
     fences = commands.add_parser("fences", help="admission fences").add_subparsers(dest="action", required=True)
     sub = leaf(fences, "arm", fences_arm, "arm a fence")
@@ -447,6 +602,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval", type=parse_duration, default="2s", metavar="DURATION", help="between checks (default %(default)s)"
     )
 
+    queue = commands.add_parser("queue", help="a pack's native queue").add_subparsers(dest="action", required=True)
+    leaf(queue, "state", queue_state, "depth, oldest waiting generation, drained or not").add_argument("pack")
+    sub = leaf(queue, "wait", queue_wait, "wait until drained (never mutates)")
+    sub.add_argument("pack")
+    sub.add_argument("--timeout", type=parse_duration, required=True, metavar="DURATION", help="bound on the wait")
+
     cutover = commands.add_parser("cutover", help="the one-time cutover").add_subparsers(dest="action", required=True)
     for name, handler, text in (
         ("audit", cutover_audit, "audit only; writes nothing"),
@@ -460,6 +621,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     work = commands.add_parser("work", help="generations").add_subparsers(dest="action", required=True)
     leaf(work, "show", work_show, "range, members, status, attempts").add_argument("work_id")
+    sub = leaf(work, "list", work_list, "an identity's generations, newest first")
+    sub.add_argument("pack")
+    for flag in ("--event-kind", "--route-version", "--companion-version", "--work-type", "--lane"):
+        sub.add_argument(flag, required=True)
+    _paged(sub)
+    sub = leaf(work, "members", work_members, "a generation's members, in ordinal order")
+    sub.add_argument("work_id")
+    _paged(sub)
 
     receipts = commands.add_parser("receipts", help="ingress receipts").add_subparsers(dest="action", required=True)
     sub = leaf(receipts, "missing", receipts_missing, "receipts whose coverage is missing")

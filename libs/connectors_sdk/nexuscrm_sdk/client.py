@@ -16,14 +16,19 @@ import grpc
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_sdk import convert
+from nexuscrm_sdk.draining import wait_until_drained
 from workqueue.values import (
     Claim,
+    GenerationPage,
     IngestItem,
     IngestResult,
     InputPage,
+    MemberPage,
+    QueueState,
     ReceiptExplanation,
     ReceiptSummary,
     ReplayResult,
+    Route,
     WorkDescription,
     WorkItemRow,
     lease_seconds,
@@ -31,6 +36,7 @@ from workqueue.values import (
 
 DEFAULT_TIMEOUT = dt.timedelta(seconds=30)  # per unary call
 STREAM_TIMEOUT = dt.timedelta(seconds=600)  # for a whole LoadInputs stream
+MAX_WAIT_MS = 2**31 - 1  # WaitQueueDrainedRequest.wait_ms is an int32; the server cuts it to its own bound
 
 
 class ConnectorsClient:
@@ -140,3 +146,51 @@ class ConnectorsClient:
             timeout=self._timeout,
         )
         return [convert.receipt_from_proto(r) for r in response.receipts], response.next_page_token
+
+    def queue_state(self, pack_install_id: str) -> QueueState:
+        """The pack's native queue: depth per status, receipts waiting, its oldest waiting generation and age."""
+        response = self._stub.GetQueueState(
+            pb.GetQueueStateRequest(pack_install_id=pack_install_id), timeout=self._timeout
+        )
+        return convert.queue_state_from_proto(response.state)
+
+    def wait_queue_drained(self, pack_install_id: str, *, timeout: dt.timedelta) -> QueueState:
+        """The pack's queue state once it is drained, or the last one read when ``timeout`` passes first.
+
+        Check ``QueueState.drained``: the deadline is an answer, not an error. Each
+        WaitQueueDrained call waits at most the server's bound; this calls it again until
+        ``timeout`` (``nexuscrm_sdk.draining``).
+        """
+
+        def step(wait: dt.timedelta) -> QueueState:
+            response = self._stub.WaitQueueDrained(
+                pb.WaitQueueDrainedRequest(
+                    pack_install_id=pack_install_id, wait_ms=min(wait // dt.timedelta(milliseconds=1), MAX_WAIT_MS)
+                ),
+                timeout=self._timeout + wait.total_seconds(),  # the server's wait is not its processing time
+            )
+            return convert.queue_state_from_proto(response.state)
+
+        return wait_until_drained(step, timeout=timeout)
+
+    def list_generations(
+        self, pack_install_id: str, *, route: Route, page_size: int = 0, page_token: str = ""
+    ) -> GenerationPage:
+        """One page of an identity's generations, newest first, and the next page's token ("" at the end)."""
+        response = self._stub.ListGenerations(
+            pb.ListGenerationsRequest(
+                pack_install_id=pack_install_id,
+                route=convert.route_to_proto(route),
+                page_size=page_size,
+                page_token=page_token,
+            ),
+            timeout=self._timeout,
+        )
+        return convert.generations_from_proto(response)
+
+    def list_members(self, work_id: str, *, page_size: int = 0, page_token: str = "") -> MemberPage:
+        """One page of a generation's members in ordinal order, without a lease, and the next page's token."""
+        response = self._stub.ListMembers(
+            pb.ListMembersRequest(work_id=work_id, page_size=page_size, page_token=page_token), timeout=self._timeout
+        )
+        return convert.members_from_proto(response)

@@ -13,11 +13,14 @@ from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
 from workqueue.values import (
     Claim,
+    GenerationPage,
     IngestItem,
     IngestResult,
     InputPage,
     InputRow,
+    MemberPage,
     Outcome,
+    QueueState,
     ReceiptExplanation,
     ReceiptSummary,
     Route,
@@ -207,37 +210,106 @@ def receipt_from_proto(message: pb.Receipt) -> ReceiptSummary:
     )
 
 
+def input_to_proto(row: InputRow) -> pb.Input:
+    """InputRow -> proto."""
+    return pb.Input(
+        enqueue_ordinal=row.enqueue_ordinal,
+        receipt_key=row.receipt_key or "",
+        payload=row.payload,
+        source_time=to_timestamp(row.source_time),
+        replay=row.is_replay,
+    )
+
+
+def input_from_proto(message: pb.Input) -> InputRow:
+    """Proto -> InputRow."""
+    return InputRow(
+        enqueue_ordinal=message.enqueue_ordinal,
+        receipt_key=message.receipt_key or None,
+        payload=message.payload,
+        source_time=from_timestamp(message, "source_time"),
+        is_replay=message.replay,
+    )
+
+
 def page_to_proto(page: InputPage) -> pb.LoadInputsResponse:
     """InputPage -> proto."""
     return pb.LoadInputsResponse(
-        inputs=[
-            pb.Input(
-                enqueue_ordinal=i.enqueue_ordinal,
-                receipt_key=i.receipt_key or "",
-                payload=i.payload,
-                source_time=to_timestamp(i.source_time),
-                replay=i.is_replay,
-            )
-            for i in page.inputs
-        ],
-        last=page.last,
-        member_count=page.member_count,
+        inputs=[input_to_proto(i) for i in page.inputs], last=page.last, member_count=page.member_count
     )
 
 
 def page_from_proto(message: pb.LoadInputsResponse) -> InputPage:
     """Proto -> InputPage."""
     return InputPage(
-        inputs=tuple(
-            InputRow(
-                enqueue_ordinal=i.enqueue_ordinal,
-                receipt_key=i.receipt_key or None,
-                payload=i.payload,
-                source_time=from_timestamp(i, "source_time"),
-                is_replay=i.replay,
-            )
-            for i in message.inputs
-        ),
+        inputs=tuple(input_from_proto(i) for i in message.inputs),
         last=message.last,
         member_count=message.member_count,
+    )
+
+
+def members_to_proto(page: MemberPage) -> pb.ListMembersResponse:
+    """MemberPage -> ListMembersResponse."""
+    return pb.ListMembersResponse(
+        inputs=[input_to_proto(i) for i in page.inputs],
+        next_page_token=page.next_page_token,
+        member_count=page.member_count,
+    )
+
+
+def members_from_proto(message: pb.ListMembersResponse) -> MemberPage:
+    """ListMembersResponse -> MemberPage."""
+    return MemberPage(
+        inputs=tuple(input_from_proto(i) for i in message.inputs),
+        next_page_token=message.next_page_token,
+        member_count=message.member_count,
+    )
+
+
+def generations_to_proto(page: GenerationPage) -> pb.ListGenerationsResponse:
+    """GenerationPage -> ListGenerationsResponse."""
+    return pb.ListGenerationsResponse(
+        generations=[work_to_proto(w) for w in page.generations], next_page_token=page.next_page_token
+    )
+
+
+def generations_from_proto(message: pb.ListGenerationsResponse) -> GenerationPage:
+    """ListGenerationsResponse -> GenerationPage."""
+    return GenerationPage(
+        generations=tuple(work_from_proto(w) for w in message.generations), next_page_token=message.next_page_token
+    )
+
+
+def queue_state_to_proto(state: QueueState) -> pb.QueueState:
+    """QueueState -> proto (no waiting generation leaves its three fields unset)."""
+    message = pb.QueueState(
+        pack_install_id=state.pack_install_id,
+        drained=state.drained,
+        pending=state.pending,
+        blocked=state.blocked,
+        retry=state.retry,
+        processing=state.processing,
+        receipts_waiting=state.receipts_waiting,
+        oldest_waiting_work_id=state.oldest_waiting_work_id or "",
+        oldest_waiting_since=to_timestamp(state.oldest_waiting_since),
+        read_at=to_timestamp(state.read_at),
+    )
+    if state.oldest_waiting_age is not None:
+        message.oldest_waiting_age.FromTimedelta(state.oldest_waiting_age)
+    return message
+
+
+def queue_state_from_proto(message: pb.QueueState) -> QueueState:
+    """Proto -> QueueState."""
+    return QueueState(
+        pack_install_id=message.pack_install_id,
+        pending=message.pending,
+        blocked=message.blocked,
+        retry=message.retry,
+        processing=message.processing,
+        receipts_waiting=message.receipts_waiting,
+        oldest_waiting_work_id=message.oldest_waiting_work_id or None,
+        oldest_waiting_since=from_timestamp(message, "oldest_waiting_since"),
+        oldest_waiting_age=message.oldest_waiting_age.ToTimedelta() if message.HasField("oldest_waiting_age") else None,
+        read_at=from_timestamp(message, "read_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
     )

@@ -38,8 +38,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from nexuscrm_sdk.timestamps import aware_utc
+from workqueue import ProjectionIdentity, decode_projection_key
 from workqueue.logcontext import log_context
-from workqueue.values import Claim, InputPage, InputRow, WorkItemRow
+from workqueue.values import Claim, InputPage, InputRow, Route, WorkItemRow
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,24 @@ class WorkSource(Protocol):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Generation:
-    """What a Flow receives: the claimed generation and an iterator over all its members."""
+    """What a Flow receives: the claimed generation, its projection identity and an iterator over all its members.
+
+    ``identity`` is decoded from ``work.projection_key`` (``workqueue.decode_projection_key``):
+    the pack, Event kind, route and companion versions, work type and source lane the
+    generation projects; ``route`` is the same without the pack.
+    """
 
     work: WorkItemRow
     inputs: Iterator[InputRow]
+    identity: ProjectionIdentity = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "identity", decode_projection_key(self.work.projection_key))
+
+    @property
+    def route(self) -> Route:
+        """The projection identity without its pack: Event kind, versions, work type and source lane."""
+        return Route.of(self.identity)
 
 
 Flow = Callable[[Generation], None]

@@ -17,7 +17,13 @@ from sqlalchemy.sql.compiler import DDLCompiler
 from workqueue.identity import FIELD_MAX_LENGTHS, PROJECTION_KEY_MAX_LENGTH
 
 # The identifier lengths come from workqueue.limits, which the RPC runtime enforces on requests.
-from workqueue.limits import FENCE_ID_LENGTH, LEASE_TOKEN_LENGTH, WORKER_ID_LENGTH
+from workqueue.limits import (
+    FENCE_ID_LENGTH,
+    LEASE_TOKEN_LENGTH,
+    PACK_NAME_LENGTH,
+    PACK_VERSION_LENGTH,
+    WORKER_ID_LENGTH,
+)
 from workqueue.limits import NAMESPACE_LENGTH as NAMESPACE_LENGTH
 from workqueue.limits import PACK_ID_LENGTH as PACK_ID_LENGTH
 from workqueue.limits import RECEIPT_KEY_LENGTH as RECEIPT_KEY_LENGTH
@@ -62,8 +68,8 @@ PackInstall = sa.Table(
     metadata,
     sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
     sa.Column("Namespace", sa.String(NAMESPACE_LENGTH), nullable=False),
-    sa.Column("PackName", sa.String(128), nullable=False),
-    sa.Column("PackVersion", sa.String(64), nullable=False),
+    sa.Column("PackName", sa.String(PACK_NAME_LENGTH), nullable=False),
+    sa.Column("PackVersion", sa.String(PACK_VERSION_LENGTH), nullable=False),
     # The per-pack ordinal counter: the last ordinal allocated. Admission and replay lock this
     # row, so ordinals are allocated in commit order and never reused (never AUTO_INCREMENT).
     sa.Column("LastOrdinal", sa.BigInteger, nullable=False, server_default="0"),

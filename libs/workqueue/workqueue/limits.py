@@ -16,6 +16,8 @@ FENCE_ID_LENGTH = 36  # characters: a UUID
 LEASE_TOKEN_LENGTH = 36  # characters: a UUID
 RECEIPT_KEY_LENGTH = 255  # characters
 NAMESPACE_LENGTH = 64  # characters
+PACK_NAME_LENGTH = 128  # characters
+PACK_VERSION_LENGTH = 64  # characters
 WORKER_ID_LENGTH = 128  # characters: WorkItem.LeaseOwner
 
 # Request field name (at any depth, repeated or not) -> its limit in characters.
@@ -30,6 +32,8 @@ REQUEST_FIELD_LIMITS: dict[str, int] = {
     "lease_token": LEASE_TOKEN_LENGTH,
     "receipt_key": RECEIPT_KEY_LENGTH,
     "namespace": NAMESPACE_LENGTH,
+    "pack_name": PACK_NAME_LENGTH,
+    "pack_version": PACK_VERSION_LENGTH,
     "worker_id": WORKER_ID_LENGTH,
     "lease_owner": WORKER_ID_LENGTH,
 }

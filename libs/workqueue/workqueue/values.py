@@ -166,6 +166,62 @@ class WorkDescription:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueState:
+    """The native queue of one pack (GetQueueState, WaitQueueDrained).
+
+    Counts of generations with a recorded range that are not terminal, receipts stored but not
+    admitted yet (counted up to 10 000), and the waiting generation that holds the pack's
+    oldest waiting input (None when nothing waits) with how long it has waited at ``read_at``.
+    Drained: nothing queued, running or waiting for admission.
+    """
+
+    pack_install_id: str
+    pending: int
+    blocked: int
+    retry: int
+    processing: int
+    receipts_waiting: int
+    oldest_waiting_work_id: str | None
+    oldest_waiting_since: dt.datetime | None
+    oldest_waiting_age: dt.timedelta | None
+    read_at: dt.datetime
+
+    @property
+    def depth(self) -> int:
+        """Generations not terminal yet."""
+        return self.pending + self.blocked + self.retry + self.processing
+
+    @property
+    def drained(self) -> bool:
+        """True when no generation is queued or running and no receipt waits for admission."""
+        return self.depth == 0 and self.receipts_waiting == 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerationPage:
+    """One page of an identity's generations, newest first (ListGenerations), and the next page's token.
+
+    ``next_page_token`` is "" on the last page.
+    """
+
+    generations: tuple[WorkItemRow, ...]
+    next_page_token: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemberPage:
+    """One page of a generation's members in ordinal order (ListMembers), and the next page's token ("" at the end).
+
+    ``member_count`` counts the members when the page was read: an unclaimed generation may
+    still be extended by admission.
+    """
+
+    inputs: tuple[InputRow, ...]
+    next_page_token: str
+    member_count: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ReplayResult:
     """The generation a replay queued and the ordinal of the replay Event that starts it: Replay's answer."""
 

@@ -64,5 +64,9 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "Complete": by_work,
         "Fail": by_work,
         "GetWork": by_work,
+        "GetQueueState": by_pack,
+        "WaitQueueDrained": by_pack,
+        "ListGenerations": by_pack,
+        "ListMembers": by_work,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

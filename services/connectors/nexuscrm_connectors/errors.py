@@ -65,3 +65,9 @@ class LimitExceeded(ConnectorsError):
     """A request is larger than a configured limit."""
 
     kind = ErrorKind.RESOURCE_EXHAUSTED
+
+
+class RangeNotRecorded(ConnectorsError):
+    """Old-protocol work: its coverage was inferred, so it has no member range to read."""
+
+    kind = ErrorKind.FAILED_PRECONDITION

@@ -6,14 +6,11 @@ Connectors SDK returns the same types over ExplainReceipt and ListReceipts.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
-import json
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import packs, page_tokens, queries
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.settings import Settings
@@ -89,13 +86,15 @@ def list_receipts(
     except ValueError:
         known = ", ".join(s.value for s in ReceiptState)
         raise InvalidArgument(f"state must be one of {known}, got {state!r}", field="state") from None
-    size = page_size or settings.default_page_size
-    if not 1 <= size <= settings.max_page_size:
-        raise InvalidArgument(
-            f"page_size must be between 1 and {settings.max_page_size}, got {page_size}", field="page_size"
-        )
+    size = settings.page_size(page_size)
     with engine.connect() as connection:
-        rows = queries.receipts_in_state(connection, wanted, pack_install_id or None, _decode_token(page_token), size)
+        rows = queries.receipts_in_state(
+            connection,
+            wanted,
+            pack_install_id or None,
+            page_tokens.decode_token(page_token, "ListReceipts", _receipt_position),
+            size,
+        )
     receipts = [
         ReceiptSummary(
             pack_install_id=row.PackInstallId,
@@ -107,22 +106,12 @@ def list_receipts(
         for row in rows
     ]
     last = receipts[-1] if len(receipts) == size else None
-    token = _encode_token((last.pack_install_id, last.received_at, last.receipt_key)) if last else ""
+    token = (
+        page_tokens.encode_token((last.pack_install_id, last.received_at.isoformat(), last.receipt_key)) if last else ""
+    )
     return receipts, token
 
 
-def _encode_token(position: tuple[str, dt.datetime, str]) -> str:
-    pack, received_at, key = position
-    return base64.urlsafe_b64encode(json.dumps([pack, received_at.isoformat(), key]).encode()).decode()
-
-
-def _decode_token(token: str) -> tuple[str, dt.datetime, str] | None:
-    if not token:
-        return None
-    try:
-        pack, received_at, key = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return str(pack), dt.datetime.fromisoformat(received_at), str(key)
-    except (ValueError, TypeError, binascii.Error):
-        raise InvalidArgument(
-            "page_token is not a token from a previous ListReceipts page", field="page_token"
-        ) from None
+def _receipt_position(values: list[object]) -> tuple[str, dt.datetime, str]:
+    pack, received_at, key = values
+    return page_tokens.string(pack), dt.datetime.fromisoformat(page_tokens.string(received_at)), page_tokens.string(key)

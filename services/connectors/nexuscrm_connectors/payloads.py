@@ -20,8 +20,7 @@ from nexuscrm_connectors.leases import current_lease
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.budgets import within_bytes
 from nexuscrm_runtime.clock import DatabaseClock
-from workqueue.errors import InvalidArgument
-from workqueue.values import InputPage, InputRow
+from workqueue.values import InputPage
 
 
 def load_inputs(
@@ -38,11 +37,7 @@ def load_inputs(
     generation was first claimed (a member lost since), or when the streamed set
     disagrees with the counted one.
     """
-    size = page_size or settings.default_page_size
-    if not 1 <= size <= settings.max_page_size:
-        raise InvalidArgument(
-            f"page_size must be between 1 and {settings.max_page_size}, got {page_size}", field="page_size"
-        )
+    size = settings.page_size(page_size)
     # The first page shares the lease check and the count's connection: most generations
     # fit in one page, and each checkout costs the pool's liveness ping.
     with engine.connect() as connection:
@@ -69,16 +64,7 @@ def load_inputs(
         if last and streamed != count:
             raise MembershipMissing(f"work {work_id}: streamed {streamed} inputs but the range holds {count}")
         yield InputPage(
-            inputs=tuple(
-                InputRow(
-                    enqueue_ordinal=r.EnqueueOrdinal,
-                    receipt_key=r.ReceiptKey,
-                    payload=r.Payload,
-                    source_time=r.SourceTime,
-                    is_replay=bool(r.IsReplay),
-                )
-                for r in rows
-            ),
+            inputs=tuple(queries.input_value(r) for r in rows),
             last=last,
             member_count=count,
         )

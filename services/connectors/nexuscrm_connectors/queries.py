@@ -19,7 +19,7 @@ from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import PREDECESSOR_STATUS
 from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
-from workqueue.values import WorkItemRow
+from workqueue.values import InputRow, WorkItemRow
 
 UNCLAIMED_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED)
 
@@ -360,6 +360,17 @@ def event_range_page(
     """
     columns = [Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.Payload, Event.c.SourceTime, Event.c.IsReplay]
     return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
+
+
+def input_value(row: Any) -> InputRow:
+    """The value of an ``event_range_page`` row: one member as a worker (or a reader) sees it."""
+    return InputRow(
+        enqueue_ordinal=row.EnqueueOrdinal,
+        receipt_key=row.ReceiptKey,
+        payload=row.Payload,
+        source_time=row.SourceTime,
+        is_replay=bool(row.IsReplay),
+    )
 
 
 def event_range_count(connection: Connection, pack_install_id: str, projection_key: str, start: int, end: int) -> int:
@@ -867,3 +878,77 @@ def _after(columns: Sequence[sa.ColumnElement[Any]], values: Sequence[Any]) -> s
             for i in range(len(columns))
         )
     )
+
+
+# --- Operator reads: the native queue of a pack, an identity's generations ---------------
+
+WAITING_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED, WorkStatus.RETRY)
+QUEUED_STATUSES = (*WAITING_STATUSES, WorkStatus.PROCESSING)
+
+
+def work_queue_counts(connection: Connection, pack_install_id: str) -> dict[str, int]:
+    """Native (ranged) nonterminal generations of a pack per status.
+
+    A range of ix_workitem_claim over the pack's nonterminal statuses: at most two rows per
+    identity (a claimed generation and its unclaimed successor), never the terminal history.
+    """
+    rows = connection.execute(
+        sa.select(WorkItem.c.Status, sa.func.count().label("Count"))
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status.in_(QUEUED_STATUSES),
+            WorkItem.c.InputStartOrdinal.is_not(None),
+        )
+        .group_by(WorkItem.c.Status)
+    )
+    return {row.Status: int(row.Count) for row in rows}
+
+
+def work_oldest_waiting(connection: Connection, pack_install_id: str) -> DbRow | None:
+    """The waiting native generation with the pack's lowest InputStartOrdinal: its oldest waiting input.
+
+    Ordinals increase in commit order, so that generation waits longest. Two ranges of
+    ix_workitem_claim over the waiting statuses (the MIN, then the row with it), no sort.
+    """
+    lowest = (
+        sa.select(sa.func.min(WorkItem.c.InputStartOrdinal))
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status.in_(WAITING_STATUSES))
+        .scalar_subquery()
+    )
+    return connection.execute(
+        sa.select(WorkItem.c.WorkId, WorkItem.c.CreatedAt)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status.in_(WAITING_STATUSES),
+            WorkItem.c.InputStartOrdinal == lowest,
+        )
+        .limit(1)
+    ).first()
+
+
+def receipt_count_capped(connection: Connection, pack_install_id: str, state: ReceiptState, cap: int) -> int:
+    """Receipts of a pack in ``state``, counted up to ``cap`` (ix_ingressreceipt_state range, LIMIT)."""
+    limited = (
+        sa.select(IngressReceipt.c.ReceiptKey)
+        .where(IngressReceipt.c.State == state, IngressReceipt.c.PackInstallId == pack_install_id)
+        .limit(cap)
+        .subquery()
+    )
+    return int(connection.execute(sa.select(sa.func.count()).select_from(limited)).scalar_one())
+
+
+def work_items_of_identity(
+    connection: Connection, pack_install_id: str, projection_key: str, below: int | None, limit: int
+) -> list[DbRow]:
+    """Generations of one identity with LaneOrdinal below ``below``, newest (highest LaneOrdinal) first.
+
+    ix_workitem_projection_order read backwards, up to ``limit`` rows: keyset pagination by the
+    previous page's last LaneOrdinal, which is unique within an identity (each generation's is
+    its own selected Event; old-protocol work has one WorkItem per selected Event).
+    """
+    statement = sa.select(WorkItem).where(
+        WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.ProjectionKey == projection_key
+    )
+    if below is not None:
+        statement = statement.where(WorkItem.c.LaneOrdinal < below)
+    return list(connection.execute(statement.order_by(WorkItem.c.LaneOrdinal.desc()).limit(limit)))

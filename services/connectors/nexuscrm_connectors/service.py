@@ -12,25 +12,40 @@ so an answer never hides committed work; waiting claims poll anyway
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import admission, inspection, leases, liveness, metrics, payloads, replay
+from nexuscrm_connectors import (
+    admission,
+    generations,
+    inspection,
+    leases,
+    liveness,
+    metrics,
+    payloads,
+    queue_state,
+    replay,
+)
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
+from nexuscrm_sdk.draining import wait_until_drained
 from workqueue import WorkStatus
 from workqueue.values import (
     Claim,
+    GenerationPage,
     IngestItem,
     IngestResult,
     InputPage,
+    MemberPage,
     Outcome,
+    QueueState,
     ReceiptExplanation,
     ReceiptSummary,
     ReplayResult,
+    Route,
     WorkDescription,
     WorkItemRow,
     lease_seconds,
@@ -146,3 +161,31 @@ class Connectors:
     def explain_receipt(self, pack_install_id: str, *, receipt_key: str) -> ReceiptExplanation:
         """See ``inspection.explain_receipt``."""
         return inspection.explain_receipt(self.engine, pack_install_id, receipt_key)
+
+    def queue_state(self, pack_install_id: str) -> QueueState:
+        """See ``queue_state.queue_state``."""
+        return queue_state.queue_state(self.engine, self.clock, pack_install_id)
+
+    def wait_queue_drained(self, pack_install_id: str, *, timeout: dt.timedelta) -> QueueState:
+        """The pack's queue state once drained, or the last one read when ``timeout`` passes (as the client's)."""
+        return wait_until_drained(
+            lambda wait: self.wait_queue_drained_once(pack_install_id, wait=wait), timeout=timeout
+        )
+
+    def wait_queue_drained_once(
+        self, pack_install_id: str, *, wait: dt.timedelta, active: Callable[[], bool] = lambda: True
+    ) -> QueueState:
+        """One wait of WaitQueueDrained, at most ``settings.max_claim_wait_ms``: see ``queue_state.wait_drained``."""
+        return queue_state.wait_drained(
+            self.engine, self.settings, self.clock, self.claimers, pack_install_id, wait, active
+        )
+
+    def list_generations(
+        self, pack_install_id: str, *, route: Route, page_size: int = 0, page_token: str = ""
+    ) -> GenerationPage:
+        """See ``generations.list_generations``."""
+        return generations.list_generations(self.engine, self.settings, pack_install_id, route, page_size, page_token)
+
+    def list_members(self, work_id: str, *, page_size: int = 0, page_token: str = "") -> MemberPage:
+        """See ``generations.list_members``."""
+        return generations.list_members(self.engine, self.settings, work_id, page_size, page_token)

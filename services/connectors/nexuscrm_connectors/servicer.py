@@ -101,6 +101,37 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         )
         return pb.ListReceiptsResponse(receipts=[convert.receipt_to_proto(r) for r in receipts], next_page_token=token)
 
+    def GetQueueState(
+        self, request: pb.GetQueueStateRequest, context: grpc.ServicerContext
+    ) -> pb.GetQueueStateResponse:
+        state = self._connectors.queue_state(request.pack_install_id)
+        return pb.GetQueueStateResponse(state=convert.queue_state_to_proto(state))
+
+    def WaitQueueDrained(
+        self, request: pb.WaitQueueDrainedRequest, context: grpc.ServicerContext
+    ) -> pb.WaitQueueDrainedResponse:
+        state = self._connectors.wait_queue_drained_once(
+            request.pack_install_id, wait=dt.timedelta(milliseconds=request.wait_ms), active=context.is_active
+        )
+        return pb.WaitQueueDrainedResponse(state=convert.queue_state_to_proto(state))
+
+    def ListGenerations(
+        self, request: pb.ListGenerationsRequest, context: grpc.ServicerContext
+    ) -> pb.ListGenerationsResponse:
+        page = self._connectors.list_generations(
+            request.pack_install_id,
+            route=convert.route_from_proto(request.route),
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        return convert.generations_to_proto(page)
+
+    def ListMembers(self, request: pb.ListMembersRequest, context: grpc.ServicerContext) -> pb.ListMembersResponse:
+        page = self._connectors.list_members(
+            request.work_id, page_size=request.page_size, page_token=request.page_token
+        )
+        return convert.members_to_proto(page)
+
 
 def _lease(seconds: int) -> dt.timedelta | None:
     """The lease a request asks for: 0 means the server's default; a negative one is refused downstream."""

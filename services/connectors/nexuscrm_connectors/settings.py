@@ -6,6 +6,7 @@ import dataclasses
 
 from nexuscrm_runtime.budgets import MAX_ENTRY_PAYLOAD_BYTES, MAX_TRANSACTION_BYTES, MIB
 from nexuscrm_runtime.config import ConfigError, env_int
+from workqueue.errors import InvalidArgument
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,13 +27,14 @@ class Settings:
     ``default_lease_seconds`` / ``max_lease_seconds``: claim and heartbeat lease bounds
     (NEXUSCRM_DEFAULT_LEASE_SECONDS, NEXUSCRM_MAX_LEASE_SECONDS).
     ``max_claim_items``: generations per Claim call (NEXUSCRM_MAX_CLAIM_ITEMS).
-    ``max_claim_wait_ms``: the longest wait for work a Claim may ask for (NEXUSCRM_MAX_CLAIM_WAIT_MS).
+    ``max_claim_wait_ms``: the longest wait for work a Claim may ask for, and the longest one
+    WaitQueueDrained waits (NEXUSCRM_MAX_CLAIM_WAIT_MS).
     ``claim_poll_ms``: how often a waiting Claim looks for work that another process made
     claimable, or that became due (NEXUSCRM_CLAIM_POLL_MS); work of this process wakes it at once.
     ``max_claim_waiters``: Claims waiting at once; more return at once (NEXUSCRM_MAX_CLAIM_WAITERS).
     Keep it below the RPC handler threads (NEXUSCRM_MAX_WORKERS) so that Ingest always finds one.
-    ``default_page_size`` / ``max_page_size``: members per LoadInputs page
-    (NEXUSCRM_DEFAULT_PAGE_SIZE, NEXUSCRM_MAX_PAGE_SIZE).
+    ``default_page_size`` / ``max_page_size``: rows per page of every paged read (LoadInputs,
+    ListMembers, ListGenerations, ListReceipts) (NEXUSCRM_DEFAULT_PAGE_SIZE, NEXUSCRM_MAX_PAGE_SIZE).
     ``max_page_bytes``: payload bytes per LoadInputs page; a page holds at least one member
     (NEXUSCRM_MAX_PAGE_BYTES; the default stays below gRPC's 4 MiB default receive limit).
     ``materialize_interval_seconds``: how often the service admits stored receipts; 0 = never
@@ -87,6 +89,15 @@ class Settings:
                 for field in dataclasses.fields(cls)
             }
         )
+
+    def page_size(self, requested: int) -> int:
+        """The page size a paged read asks for: 0 means the default; outside 1..max is refused."""
+        size = requested or self.default_page_size
+        if not 1 <= size <= self.max_page_size:
+            raise InvalidArgument(
+                f"page_size must be between 1 and {self.max_page_size}, got {requested}", field="page_size"
+            )
+        return size
 
     def backoff_seconds(self, attempt: int) -> int:
         """Delay before attempt ``attempt + 1`` after ``attempt`` failed attempts."""

@@ -56,6 +56,8 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "InstallPack": by_namespace,
         "ActivatePack": by_pack,
         "GetProtocol": by_pack,
+        "GetPack": by_pack,
+        "FindPacks": by_namespace,
         "ArmFence": arm_fence,
         "DisarmFence": by_fence,
         "ListFences": by_namespace,

@@ -24,13 +24,14 @@ from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import NAMESPACE_LENGTH, NAMESPACE_SCOPE, PACK_ID_LENGTH
 from workqueue.errors import InvalidArgument
 from workqueue.identity import validate_text
+from workqueue.limits import PACK_NAME_LENGTH, PACK_VERSION_LENGTH
 
 PROTOCOL_VERSION = 1
 ORIGIN_GREENFIELD = "greenfield"
 ORIGIN_CUTOVER = "cutover"
 PACK_ID_PREFIX = "pk-"
-PACK_NAME_LENGTH = 128
-PACK_VERSION_LENGTH = 64
+PROTOCOL_STATE_NONE = "none"  # GetPack's protocol state of a pack without a protocol row
+FIND_LIMIT = 100  # incarnations FindPacks returns
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -224,6 +225,41 @@ def activate_pack(
         return row, not written
 
     return run_transaction(engine, activate, name="activate pack")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PackDescription:
+    """A pack incarnation and its protocol row (None: not activated or not cut over yet)."""
+
+    pack: PackInstallRow
+    protocol: ProtocolRow | None
+
+    @property
+    def protocol_state(self) -> str:
+        """``none``, ``greenfield`` or ``cutover``."""
+        return self.protocol.origin if self.protocol is not None else PROTOCOL_STATE_NONE
+
+
+def get_pack(engine: Engine, pack_install_id: str) -> PackDescription:
+    """One incarnation with its ordinal counter and protocol row; raises ``UnknownPack``. Read-only."""
+    with engine.connect() as connection:
+        pack = pack_get(connection, pack_install_id)
+        return PackDescription(pack=pack, protocol=protocol_read(connection, pack.pack_install_id))
+
+
+def find_packs(engine: Engine, namespace: str, pack_name: str, pack_version: str) -> list[PackInstallRow]:
+    """The incarnations of a pack by namespace, name and version, newest first (at most ``FIND_LIMIT``).
+
+    Empty when none matches: a reinstall makes another incarnation of the same name and
+    version, so callers that need one decide what several mean (the Integration host refuses).
+    """
+    validate_namespace(namespace)
+    validate_text("pack_name", pack_name, PACK_NAME_LENGTH)
+    validate_text("pack_version", pack_version, PACK_VERSION_LENGTH)
+    with engine.connect() as connection:
+        rows = queries.packs_by_name(connection, namespace, pack_name, pack_version, FIND_LIMIT)
+    found = sorted((PackInstallRow.from_row(row) for row in rows), key=lambda p: p.pack_install_id)
+    return sorted(found, key=lambda p: p.created_at, reverse=True)
 
 
 def get_protocol(engine: Engine, pack_install_id: str) -> ProtocolRow | None:

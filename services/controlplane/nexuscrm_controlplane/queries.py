@@ -95,6 +95,24 @@ def pack_get(connection: Connection, pack_install_id: str, *, lock: bool = False
     return connection.execute(statement).first()
 
 
+def packs_by_name(connection: Connection, namespace: str, pack_name: str, pack_version: str, limit: int) -> list[DbRow]:
+    """Up to ``limit`` incarnations of a pack by namespace, name and version (ix_packinstall_namespace range).
+
+    Unordered: the caller sorts the few rows (a reinstall is rare), so no statement sorts.
+    """
+    return list(
+        connection.execute(
+            sa.select(*_PACK_COLUMNS)
+            .where(
+                PackInstall.c.Namespace == namespace,
+                PackInstall.c.PackName == pack_name,
+                PackInstall.c.PackVersion == pack_version,
+            )
+            .limit(limit)
+        )
+    )
+
+
 def packs_control_version_bump(
     connection: Connection, *, namespace: str | None = None, pack_install_ids: Sequence[str] | None = None
 ) -> int:

@@ -106,6 +106,17 @@ class ControlplaneServicer(pb_grpc.ControlplaneServiceServicer):
             return pb.GetProtocolResponse(exists=False)
         return pb.GetProtocolResponse(protocol=_protocol(row), exists=True)
 
+    def GetPack(self, request: pb.GetPackRequest, context: grpc.ServicerContext) -> pb.GetPackResponse:
+        described = lifecycle.get_pack(self._engine, request.pack_install_id)
+        response = pb.GetPackResponse(pack=_pack(described.pack), protocol_state=described.protocol_state)
+        if described.protocol is not None:
+            response.protocol.CopyFrom(_protocol(described.protocol))
+        return response
+
+    def FindPacks(self, request: pb.FindPacksRequest, context: grpc.ServicerContext) -> pb.FindPacksResponse:
+        rows = lifecycle.find_packs(self._engine, request.namespace, request.pack_name, request.pack_version)
+        return pb.FindPacksResponse(packs=[_pack(row) for row in rows])
+
     def ArmFence(self, request: pb.ArmFenceRequest, context: grpc.ServicerContext) -> pb.ArmFenceResponse:
         row = fences.arm_fence(
             self._engine,

@@ -26,7 +26,9 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as sc_pb
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as sc_grpc
+from nexuscrm_integration.config import PackName, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused
+from nexuscrm_integration.packs import PackLookupFailed, Resolution, resolve_pools
 from nexuscrm_runtime.clock import utcnow
 
 log = logging.getLogger(__name__)
@@ -76,15 +78,20 @@ class ProtocolReader(Protocol):
 
 
 def check_activation(
-    schema: SchemaVerifier, protocols: ProtocolReader, pack_install_ids: Iterable[str]
+    schema: SchemaVerifier,
+    protocols: ProtocolReader,
+    pack_install_ids: Iterable[str],
+    *,
+    unresolved: Sequence[str] = (),
 ) -> ActivationGrant:
     """The activation gate: a grant for ``pack_install_ids``, or ``ActivationRefused``.
 
-    Every piece is asked for, so a refusal lists everything missing at once: schema pieces as
+    Every piece is asked for, so a refusal lists everything missing at once: pack names that
+    did not resolve (``unresolved``, from ``packs.resolve_pools``), schema pieces as
     ``schema: WorkItem.ReplayOfWorkId`` and packs as ``protocol: pack <id> ...``. Writes nothing.
     """
     packs = sorted(set(pack_install_ids))
-    missing = [f"schema: {piece}" for piece in schema.schema_missing(NATIVE_PROJECTION)]
+    missing = [*unresolved, *(f"schema: {piece}" for piece in schema.schema_missing(NATIVE_PROJECTION))]
     for pack_install_id in packs:
         reason = protocols.protocol_missing(pack_install_id)
         if reason is not None:
@@ -158,9 +165,41 @@ class RemoteProtocolReader:
         return None
 
 
+class RemotePackFinder:
+    """``packs.PackFinder`` over ControlplaneService.FindPacks; a failed call raises ``PackLookupFailed``."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._stub = cp_grpc.ControlplaneServiceStub(channel)
+
+    def find_packs(self, pack: PackName) -> list[str]:
+        """See ``packs.PackFinder``."""
+        try:
+            response = self._stub.FindPacks(
+                cp_pb.FindPacksRequest(namespace=pack.namespace, pack_name=pack.name, pack_version=pack.version),
+                timeout=GATE_TIMEOUT,
+            )
+        except grpc.RpcError as error:
+            raise PackLookupFailed(_rpc_problem("FindPacks", error)) from None
+        return [found.pack_install_id for found in response.packs]
+
+
 def remote_gate(
-    schema_catalog: grpc.Channel, controlplane: grpc.Channel, pack_install_ids: Sequence[str]
+    schema_catalog: grpc.Channel,
+    controlplane: grpc.Channel,
+    pools: Sequence[PoolConfig],
+    on_resolved: Callable[[Resolution], None],
 ) -> Callable[[], ActivationGrant]:
-    """``check_activation`` over the two owners' services, ready for ``wait_for_activation``."""
+    """``check_activation`` over the two owners' services, ready for ``wait_for_activation``.
+
+    Each check first resolves the pools that name their pack (``packs.resolve_pools``) and
+    passes the resolution to ``on_resolved``: the grant covers the resolved pools' packs.
+    """
     schema, protocols = RemoteSchemaVerifier(schema_catalog), RemoteProtocolReader(controlplane)
-    return lambda: check_activation(schema, protocols, pack_install_ids)
+    finder = RemotePackFinder(controlplane)
+
+    def gate() -> ActivationGrant:
+        resolution = resolve_pools(pools, finder)
+        on_resolved(resolution)
+        return check_activation(schema, protocols, resolution.pack_install_ids, unresolved=resolution.missing)
+
+    return gate

@@ -22,6 +22,11 @@ Example file::
     batch_size = 4                  # generations per claim, run in turn by each worker
     claim_wait_seconds = 1.0        # each claim waits this long for work when there is none
     poll_interval_seconds = 0.2     # least time between two claims that both came back empty
+
+    [[pool]]                        # the pack named instead of its PackInstallId:
+    pack = { namespace = "acme", name = "contacts", version = "1.0" }
+    work_type = "project-contacts"  # resolved through Controlplane (FindPacks) at start
+    flow = "demo-contacts"
 """
 
 from __future__ import annotations
@@ -45,10 +50,42 @@ DEFAULT_POLL_INTERVAL = 0.2  # seconds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class PackName:
+    """A pack named by namespace, name and version: its PackInstallId is resolved at start (``packs``)."""
+
+    namespace: str
+    name: str
+    version: str
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, str) or not value.strip():
+                raise HostConfigError(
+                    f"pool pack.{field.name} must be a non-empty string, got {value!r}", field=f"pack.{field.name}"
+                )
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} {self.version}"
+
+    @classmethod
+    def from_mapping(cls, raw: object) -> PackName:
+        """Build from the ``pack`` table/object of a pool."""
+        if isinstance(raw, PackName):
+            return raw
+        known = {field.name for field in dataclasses.fields(cls)}
+        if not isinstance(raw, Mapping) or set(raw) != known:
+            raise HostConfigError(f"pool pack must be a table with exactly {sorted(known)}, got {raw!r}", field="pack")
+        return cls(**raw)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolConfig:
     """One worker pool.
 
-    ``pack_install_id`` and ``work_type``: the generations it claims. ``flow``: a Flow reference
+    ``pack_install_id`` and ``work_type``: the generations it claims; instead of the id, ``pack``
+    may name the pack by namespace, name and version (resolved through Controlplane when the
+    host starts; ``with_pack_install_id``). ``flow``: a Flow reference
     (see ``flows.resolve_flow``). ``size``: workers (each runs one generation at a time).
     ``lease_seconds``: claim lease, renewed by heartbeats every third of it. ``page_size``:
     members per LoadInputs page (0: the service default). ``batch_size``: generations a worker
@@ -61,9 +98,10 @@ class PoolConfig:
     configuration, such as the URL of a read-model database of its own).
     """
 
-    pack_install_id: str
     work_type: str
     flow: str
+    pack_install_id: str = ""
+    pack: PackName | None = None
     size: int = 1
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     page_size: int = 0
@@ -73,7 +111,14 @@ class PoolConfig:
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("pack_install_id", "work_type", "flow"):
+        if self.pack is not None:
+            object.__setattr__(self, "pack", PackName.from_mapping(self.pack))
+        if bool(self.pack_install_id) == (self.pack is not None):
+            raise HostConfigError(
+                "a pool names its pack by pack_install_id or by pack (namespace, name, version): exactly one",
+                field="pack_install_id",
+            )
+        for name in ("work_type", "flow") + (("pack_install_id",) if self.pack is None else ()):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise HostConfigError(f"pool {name} must be a non-empty string, got {value!r}", field=name)
@@ -92,8 +137,12 @@ class PoolConfig:
 
     @property
     def name(self) -> str:
-        """``<pack>/<work type>``: unique within a host."""
-        return f"{self.pack_install_id}/{self.work_type}"
+        """``<pack>/<work type>``: unique within a host (the pack by id, or by name until resolved)."""
+        return f"{self.pack_install_id or self.pack}/{self.work_type}"
+
+    def with_pack_install_id(self, pack_install_id: str) -> PoolConfig:
+        """This pool serving ``pack_install_id``, which its ``pack`` name resolved to."""
+        return dataclasses.replace(self, pack_install_id=pack_install_id, pack=None)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], where: str) -> PoolConfig:
@@ -134,8 +183,8 @@ class HostConfig:
 
     @property
     def pack_install_ids(self) -> tuple[str, ...]:
-        """Every pack some pool serves: the packs the activation gate must check."""
-        return tuple(sorted({pool.pack_install_id for pool in self.pools}))
+        """Every pack some pool serves by id: the packs the activation gate must check (after resolution, all)."""
+        return tuple(sorted({pool.pack_install_id for pool in self.pools if pool.pack_install_id}))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HostConfig:

@@ -198,6 +198,11 @@ class HostStatus:
         self._missing: tuple[str, ...] = ("the activation gate has not been checked yet",)
         self._host: WorkerHost | None = None
 
+    def checking(self, pack_install_ids: Sequence[str]) -> None:
+        """Record the packs the gate checks (pools that name a pack add theirs once resolved)."""
+        with self._lock:
+            self._packs = tuple(pack_install_ids)
+
     def refused(self, error: ActivationRefused) -> None:
         """Record a refusal of the gate."""
         with self._lock:

@@ -1,7 +1,9 @@
 """Entry point of the Integration Service (``nexuscrm-integration``): the worker host.
 
 Serves IntegrationService (GetActivation, ListWorkers) with health NOT_SERVING, runs the
-activation gate for every configured pack, then starts the worker pools and reports SERVING.
+activation gate for every configured pack (resolving, through Controlplane's FindPacks, the
+pools that name their pack instead of its id; ``packs``), then starts the worker pools and
+reports SERVING.
 SIGTERM (or SIGINT) stops all claims, waits for in-flight generations (RunUntilDrained) and
 stops the server.
 
@@ -21,6 +23,7 @@ within the drain timeout. SIGHUP reloads the certificates and the authorization 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -32,6 +35,7 @@ from nexuscrm_integration.config import HostConfig
 from nexuscrm_integration.errors import ActivationRefused, IntegrationError
 from nexuscrm_integration.host import HostStatus, WorkerHost
 from nexuscrm_integration.metrics import WorkerClockCollector
+from nexuscrm_integration.packs import Resolution
 from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.config import EXIT_CONFIG, ConfigError, ServiceConfig, refusing_bad_configuration
 from nexuscrm_runtime.database import create_engine
@@ -90,6 +94,12 @@ def serve(
     log.info("listening on port %d; checking activation of %s", running.port, list(host_config.pack_install_ids))
     if config.port_file:
         write_port_file(Path(config.port_file), running.port)
+    resolved: list[Resolution] = []
+
+    def on_resolved(resolution: Resolution) -> None:
+        resolved[:] = [resolution]
+        status.checking(resolution.pack_install_ids)
+
     with (
         open_channel(targets.schema_catalog) as catalog,
         open_channel(targets.controlplane) as controlplane,
@@ -97,7 +107,7 @@ def serve(
     ):
         try:
             grant = wait_for_activation(
-                remote_gate(catalog, controlplane, host_config.pack_install_ids),
+                remote_gate(catalog, controlplane, host_config.pools, on_resolved),
                 wait_seconds=host_config.activation_wait_seconds,
                 stop=stop,
                 on_refused=status.refused,
@@ -111,9 +121,11 @@ def serve(
         engine = create_engine(config.dsn)
         tracing.instrument_engine(engine)
         try:
-            host = WorkerHost(
-                grant, host_config.pools, ConnectorsClient(connectors), engine, host_id=host_config.host_id
-            )
+            # Pools that named their pack serve what it resolved to; a pool by id and one by name
+            # of the same pack and work type are refused like any duplicate pool.
+            pools = dataclasses.replace(host_config, pools=resolved[0].pools).pools
+            log.info("pools: %s", ", ".join(pool.name for pool in pools))
+            host = WorkerHost(grant, pools, ConnectorsClient(connectors), engine, host_id=host_config.host_id)
         except IntegrationError as error:
             log.error("configuration error: %s", error)
             running.stop(0)

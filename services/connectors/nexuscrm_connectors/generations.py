@@ -1,0 +1,86 @@
+"""Reads of generations for operators and cross-repository harnesses: an identity's generations, a generation's members.
+
+Neither needs a lease nor changes a row. Both page by keyset (``page_tokens``) over the same
+indexes the runtime uses: an identity's generations newest first down
+ix_workitem_projection_order, a generation's members in ordinal order along
+ix_event_source_lane. Members are the Events of the generation's identity in its range
+[InputStartOrdinal, LaneOrdinal] as it stands at each page: an unclaimed generation may still
+be extended by admission. Only LoadInputs (the worker's read) refuses a damaged range.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from nexuscrm_connectors import page_tokens, queries
+from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFound
+from nexuscrm_connectors.settings import Settings
+from workqueue.errors import InvalidArgument
+from workqueue.values import GenerationPage, MemberPage, Route
+
+
+def list_generations(
+    engine: Engine, settings: Settings, pack_install_id: str, route: Route, page_size: int = 0, page_token: str = ""
+) -> GenerationPage:
+    """One page of the generations of (pack, route), newest first, with range, status, attempts and replay origin.
+
+    Raises ``InvalidArgument`` naming the route field at fault, ``UnknownPack``.
+    """
+    if not pack_install_id:
+        raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    try:
+        key = route.identity(pack_install_id).key
+    except InvalidArgument as error:
+        if error.field == "pack_install_id":
+            raise
+        raise InvalidArgument(f"route.{error}", field=f"route.{error.field}") from None
+    size = settings.page_size(page_size)
+    before = page_tokens.decode_token(page_token, "ListGenerations", _ordinal_position)
+    with engine.connect() as connection:
+        if queries.pack_namespace(connection, pack_install_id) is None:
+            raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+        rows = queries.work_items_of_identity(connection, pack_install_id, key, before, size)
+    last = rows[-1] if len(rows) == size else None
+    return GenerationPage(
+        generations=tuple(queries.work_item_value(row) for row in rows),
+        next_page_token=page_tokens.encode_token((last.LaneOrdinal,)) if last is not None else "",
+    )
+
+
+def list_members(
+    engine: Engine, settings: Settings, work_id: str, page_size: int = 0, page_token: str = ""
+) -> MemberPage:
+    """One page of a generation's members in ordinal order, and how many it has now.
+
+    Raises ``WorkNotFound``, and ``RangeNotRecorded`` for old-protocol work.
+    """
+    if not work_id:
+        raise InvalidArgument("work_id is required", field="work_id")
+    size = settings.page_size(page_size)
+    after = page_tokens.decode_token(page_token, "ListMembers", _ordinal_position)
+    with engine.connect() as connection:
+        row = queries.work_item_get(connection, work_id)
+        if row is None:
+            raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+        start, end = row.InputStartOrdinal, row.LaneOrdinal
+        if start is None:
+            raise RangeNotRecorded(
+                f"work {work_id} is old-protocol work: its coverage was inferred, it has no member range",
+                field="work_id",
+            )
+        count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
+        rows = queries.event_range_page(
+            connection, row.PackInstallId, row.ProjectionKey, max(start - 1, after or 0), end, size
+        )
+    more = len(rows) == size and rows[-1].EnqueueOrdinal < end
+    return MemberPage(
+        inputs=tuple(queries.input_value(r) for r in rows),
+        next_page_token=page_tokens.encode_token((rows[-1].EnqueueOrdinal,)) if more else "",
+        member_count=count,
+    )
+
+
+def _ordinal_position(values: list[object]) -> int:
+    """The one ordinal a page token of ListGenerations (a LaneOrdinal) or ListMembers (an ordinal) carries."""
+    (ordinal,) = values
+    return page_tokens.ordinal(ordinal)
