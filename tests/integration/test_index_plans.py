@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import retention_queries as rq
 from nexuscrm_connectors.admission import generation_row
 from nexuscrm_connectors.leases import lease_grant
 from nexuscrm_connectors.service import Connectors
@@ -33,7 +34,7 @@ from workqueue import EventStatus, ReceiptState, WorkStatus
 pytestmark = pytest.mark.database
 
 # Tables whose size grows with history: a full scan or a sort over one of them is a failure.
-GROWING_TABLES = frozenset({"Event", "WorkItem", "IngressReceipt"})
+GROWING_TABLES = frozenset({"Event", "WorkItem", "IngressReceipt", "PrunedReceipt", "PrunedWork"})
 LANES = 40
 ROUNDS = 3  # admission rounds through the real path, over the bulk-inserted history
 HISTORY = 4000  # retained native inputs (one completed generation each)
@@ -116,6 +117,9 @@ def seed(engine: sa.Engine) -> Seeded:
                 for n in range(3)
             ],
         )
+    # Retention pruned part of the history (up to one pass), so the tombstone tables have rows.
+    connectors.set_retention_policy(native, keep_generations=HISTORY // LANES - 10, keep_seconds=None)
+    assert connectors.prune(native).generations > 0
     legacy = install_pack(engine, legacy_max_ordinal=None, last_ordinal=LEGACY_HISTORY)
     _insert_history(engine, legacy, [str(route(f"lane-{lane}").identity(legacy).key) for lane in range(4)], legacy=True)
     _analyze(engine)
@@ -200,7 +204,9 @@ def _analyze(engine: sa.Engine) -> None:
         if is_sqlite(engine):
             connection.exec_driver_sql("ANALYZE")
         else:
-            connection.exec_driver_sql("ANALYZE TABLE Event, WorkItem, IngressReceipt, PackInstall")
+            connection.exec_driver_sql(
+                "ANALYZE TABLE Event, WorkItem, IngressReceipt, PackInstall, PrunedReceipt, PrunedWork"
+            )
 
 
 def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
@@ -244,6 +250,15 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         # Connectors: ListReceipts pages after the first (the dashboard test covers the first).
         "receipts_in_state": lambda c: queries.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),
         "receipts_in_state (all packs)": lambda c: queries.receipts_in_state(c, ReceiptState.STORED, None, after, 50),
+        # Connectors: the retention pruner (decision 123); candidates after a keyset position.
+        "work_items_retention_candidates": lambda c: rq.work_items_retention_candidates(
+            c, pack, finished_before=now, after=(START, "h-1"), limit=50
+        ),
+        "work_items_newer": lambda c: rq.work_items_newer(c, pack, key, seeded.start, 2),
+        "events_members_page": lambda c: rq.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
+        "events_member_counts": lambda c: rq.events_member_counts(c, pack, key, seeded.start, seeded.end),
+        "pruned_work_get": lambda c: rq.pruned_work_get(c, seeded.claimed_work_id),
+        "work_namespace": lambda c: queries.work_namespace(c, seeded.claimed_work_id),
         # Controlplane: drain counts (GetDrainStatus, the cutover gate).
         "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),
         "legacy_work_live_sample": lambda c: cp_queries.legacy_work_live_sample(c, legacy, 10),

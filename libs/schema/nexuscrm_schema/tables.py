@@ -240,7 +240,6 @@ PrunedWork = sa.Table(
     sa.Column("InputStartOrdinal", sa.BigInteger, nullable=False),
     sa.Column("LaneOrdinal", sa.BigInteger, nullable=False),
     sa.Column("Status", sa.String(STATUS_LENGTH), nullable=False),
-    sa.Column("MemberCount", sa.BigInteger, nullable=False),
     sa.Column("FinishedAt", Timestamp(), nullable=True),
     sa.Column("PrunedAt", Timestamp(), nullable=False),
     **MYSQL_TABLE_OPTIONS,

@@ -29,7 +29,12 @@ class Settings:
     ``default_page_size`` / ``max_page_size``: members per LoadInputs page
     (NEXUSCRM_DEFAULT_PAGE_SIZE, NEXUSCRM_MAX_PAGE_SIZE).
     ``materialize_interval_seconds``: how often the service admits stored receipts; 0 = never
-    (NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS).
+    (NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS). The background retention pass runs on the same
+    interval.
+    ``prune_generations_per_pass``: generations a retention pass prunes per pack at most
+    (NEXUSCRM_PRUNE_GENERATIONS_PER_PASS).
+    ``prune_batch_events``: Events (with their receipts) one pruning transaction deletes at
+    most; a larger generation goes in several (NEXUSCRM_PRUNE_BATCH_EVENTS).
     """
 
     max_batch_items: int = 1000
@@ -47,6 +52,8 @@ class Settings:
     default_page_size: int = 500
     max_page_size: int = 5000
     materialize_interval_seconds: int = 2
+    prune_generations_per_pass: int = 200
+    prune_batch_events: int = 500
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
