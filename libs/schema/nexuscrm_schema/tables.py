@@ -241,6 +241,9 @@ PrunedWork = sa.Table(
     sa.Column("LaneOrdinal", sa.BigInteger, nullable=False),
     sa.Column("Status", sa.String(STATUS_LENGTH), nullable=False),
     sa.Column("FinishedAt", Timestamp(), nullable=True),
+    # The lease that finished it, kept for audits (which completion counted).
+    sa.Column("LeaseToken", sa.String(LEASE_TOKEN_LENGTH), nullable=True),
+    sa.Column("LeaseExpiresAt", Timestamp(), nullable=True),
     sa.Column("PrunedAt", Timestamp(), nullable=False),
     **MYSQL_TABLE_OPTIONS,
 )

@@ -64,5 +64,8 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "Complete": by_work,
         "Fail": by_work,
         "GetWork": by_work,
+        "SetRetentionPolicy": by_pack,
+        "GetRetentionPolicy": by_pack,
+        "Prune": by_pack,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

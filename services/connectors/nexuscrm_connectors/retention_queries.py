@@ -184,6 +184,8 @@ def work_item_prune(connection: Connection, row: Any, now: dt.datetime) -> int:
                 LaneOrdinal=row.LaneOrdinal,
                 Status=row.Status,
                 FinishedAt=row.FinishedAt,
+                LeaseToken=row.LeaseToken,
+                LeaseExpiresAt=row.LeaseExpiresAt,
                 PrunedAt=now,
             )
         )
