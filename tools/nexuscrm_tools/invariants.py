@@ -10,14 +10,16 @@ with it (tests/support/invariants.py), and `make run` prints its verdict.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import sqlalchemy as sa
 
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
     Event,
@@ -78,9 +80,25 @@ def bounds_violations(before: dict[str, Bounds], after: dict[str, Bounds]) -> li
     return problems
 
 
-def check_invariants(engine: sa.Engine) -> list[str]:
-    """Every violation of M, O, B, D, X, P and R visible in the final database."""
+@contextlib.contextmanager
+def snapshot(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection whose reads all see one snapshot of the database.
+
+    The checker may run while services still write (the retention pass prunes in the
+    background): reads of Events and generations taken at different moments would show an
+    Event without its generation. REPEATABLE READ on MySQL-protocol servers and TiDB; on
+    SQLite the transaction holds the write lock while it reads.
+    """
     with engine.connect() as connection:
+        if not is_sqlite(engine):
+            connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            yield connection
+
+
+def check_invariants(engine: sa.Engine) -> list[str]:
+    """Every violation of M, O, B, D, X, P and R visible in one snapshot of the database."""
+    with snapshot(engine) as connection:
         counters = sa.select(PackInstall.c.PackInstallId, PackInstall.c.LastOrdinal)
         packs = {r.PackInstallId: r.LastOrdinal for r in connection.execute(counters)}
         cutoffs = {

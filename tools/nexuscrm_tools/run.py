@@ -65,7 +65,7 @@ from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 POLL_INTERVAL = dt.timedelta(milliseconds=250)  # between progress reads of the database
 RPC_TIMEOUT = 30.0  # seconds per set-up RPC
-INVARIANT_PREFIXES = ("M:", "O:", "B:", "D:", "X:", "P:")  # how check_invariants names violations
+INVARIANT_PREFIXES = ("M:", "O:", "B:", "D:", "X:", "P:", "R:")  # how check_invariants names violations
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
