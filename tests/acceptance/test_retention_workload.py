@@ -9,8 +9,10 @@ each lane, pruned by Connectors' background pass every second while the workload
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -20,9 +22,10 @@ from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import Event, IngressReceipt, PrunedReceipt, PrunedWork, WorkItem
-from nexuscrm_tools import demo
+from nexuscrm_tools import cli, demo
 from nexuscrm_tools import demo_queries as queries
-from nexuscrm_tools.launcher import stop_services
+from nexuscrm_tools.exits import ExitCode
+from nexuscrm_tools.launcher import ServiceProcess, stop_services, target_env
 from nexuscrm_tools.run import run_demo, start_system
 from nexuscrm_tools.simulator import WorkloadConfig
 from tests.acceptance.test_integration_service import expected_contacts
@@ -43,7 +46,9 @@ def _counts(engine: sa.Engine) -> dict[str, int]:
         }
 
 
-def test_walking_workload_with_aggressive_retention_stays_bounded_and_correct(empty_dsn: str, tmp_path: Path) -> None:
+def test_walking_workload_with_aggressive_retention_stays_bounded_and_correct(
+    empty_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = WorkloadConfig(
         lanes=LANES, inputs=1500, rate=300, window=6, duplicate_ratio=0.1, burst_chance=0.2, burst_size=20, seed=7
     )
@@ -60,6 +65,7 @@ def test_walking_workload_with_aggressive_retention_stays_bounded_and_correct(em
             lambda: retention.prune(engine, Settings(), utcnow, pack, dry_run=True)[0].generations == 0,
             "the background pass to prune every generation the policy lets go",
         )
+        _operator_sees_retention(engine, services, pack, monkeypatch, capsys)
     finally:
         assert set(stop_services(services).values()) == {0}
     counts = _counts(engine)
@@ -84,3 +90,31 @@ def test_walking_workload_with_aggressive_retention_stays_bounded_and_correct(em
     assert demo.verify_projection(engine, pack) == []
     assert_invariants(engine)
     engine.dispose()
+
+
+def _operator_sees_retention(
+    engine: sa.Engine,
+    services: list[ServiceProcess],
+    pack: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``nexuscrm retention`` and ``why``/``work show`` of pruned rows, over the running services."""
+    for name, address in target_env(services).items():
+        monkeypatch.setenv(name, address)
+    capsys.readouterr()
+
+    def run_cli(*argv: str) -> Any:
+        assert cli.main(["--json", *argv]) == ExitCode.OK
+        return json.loads(capsys.readouterr().out)
+
+    shown = run_cli("retention", "show", pack)
+    assert shown["keep_generations"] == 1 and int(shown["horizon_ordinal"]) > 0
+    assert int(run_cli("retention", "prune", pack, "--dry-run")["generations"]) == 0
+    with engine.connect() as connection:
+        tombstone = connection.execute(sa.select(PrunedReceipt).where(PrunedReceipt.c.PackInstallId == pack)).first()
+    assert tombstone is not None
+    explained = run_cli("why", pack, tombstone.ReceiptKey)
+    assert explained["receipt_state"] == "pruned" and explained["explanation"].startswith("pruned at ")
+    assert cli.main(["work", "show", tombstone.WorkId]) == ExitCode.REFUSED
+    assert "FAILED_PRECONDITION" in capsys.readouterr().err
