@@ -14,7 +14,6 @@ import json
 from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import packs, queries, retention
-from nexuscrm_connectors import retention_queries as rq
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.settings import Settings
@@ -49,8 +48,8 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
     with engine.connect() as connection:
         receipt = queries.receipt_get(connection, pack_install_id, receipt_key)
         if receipt is None:
-            pruned = rq.pruned_receipts_get(connection, pack_install_id, [receipt_key]).get(receipt_key)
-            if pruned is None:
+            pruned = queries.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
+            if pruned is None or pruned.PrunedAt is None:
                 raise WorkNotFound(f"no receipt {receipt_key!r} in pack {pack_install_id}", field="receipt_key")
             return ReceiptExplanation(
                 receipt_state=PRUNED_STATE,

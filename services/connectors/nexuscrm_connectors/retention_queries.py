@@ -192,25 +192,6 @@ def work_item_prune(connection: Connection, row: Any, now: dt.datetime) -> int:
     return int(deleted)
 
 
-def pruned_receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
-    """Tombstones of ``keys`` with their generation's identity (primary key lookups)."""
-    if not keys:
-        return {}
-    rows = connection.execute(
-        sa.select(
-            PrunedReceipt.c.ReceiptKey,
-            PrunedReceipt.c.EnqueueOrdinal,
-            PrunedReceipt.c.PayloadHash,
-            PrunedReceipt.c.WorkId,
-            PrunedReceipt.c.PrunedAt,
-            PrunedWork.c.ProjectionKey,
-        )
-        .join(PrunedWork, PrunedWork.c.WorkId == PrunedReceipt.c.WorkId)
-        .where(PrunedReceipt.c.PackInstallId == pack_install_id, PrunedReceipt.c.ReceiptKey.in_(keys))
-    )
-    return {row.ReceiptKey: row for row in rows}
-
-
 def pruned_work_get(connection: Connection, work_id: str) -> DbRow | None:
     """A pruned generation's record by primary key."""
     return connection.execute(sa.select(PrunedWork).where(PrunedWork.c.WorkId == work_id)).first()
