@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import sqlalchemy as sa
 
@@ -27,6 +30,21 @@ from workqueue.values import Outcome
 pytestmark = pytest.mark.database
 
 TABLES = [Event.name, WorkItem.name, IngressReceipt.name, PrunedWork.name, PrunedReceipt.name, RetentionPolicy.name]
+
+
+@contextlib.contextmanager
+def counting_commits(engine: sa.Engine) -> Iterator[list[None]]:
+    """A list that grows by one per transaction committed on ``engine`` inside the block."""
+    commits: list[None] = []
+
+    def committed(connection: sa.Connection) -> None:
+        commits.append(None)
+
+    sa.event.listen(engine, "commit", committed)
+    try:
+        yield commits
+    finally:
+        sa.event.remove(engine, "commit", committed)
 
 
 def _count(engine: sa.Engine, table: sa.Table) -> int:
@@ -80,7 +98,10 @@ def test_pruning_keeps_the_newest_and_nonterminal_generations_and_a_dry_run_chan
     assert (dry.generations, dry.events, dry.receipts, dry.kept) == (3, 6, 6, 1)
     assert dry.horizon_ordinal == 0
 
-    done = connectors.prune(pack)
+    with counting_commits(engine) as commits:
+        done = connectors.prune(pack)
+
+    assert len(commits) == 1  # small generations share a transaction (up to prune_batch_events members)
 
     assert (done.generations, done.events, done.receipts, done.kept) == (3, 6, 6, 1)
     with engine.connect() as connection:  # the pruned generations are gone, the others stay
@@ -157,20 +178,12 @@ def test_a_large_generation_goes_in_bounded_transactions(engine: sa.Engine, cloc
     connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     _generations(connectors, pack, "a", 1)
     connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
-    commits: list[None] = []
-
-    def committed(connection: sa.Connection) -> None:
-        commits.append(None)
-
-    sa.event.listen(engine, "commit", committed)
-    try:
+    with counting_commits(engine) as commits:
         report = connectors.prune(pack)
-    finally:
-        sa.event.remove(engine, "commit", committed)
     assert (report.generations, report.events, report.receipts) == (1, 5, 5)
-    # 5 members at 2 per transaction (the WorkItem went with the last), and one that re-checked
-    # the identity's newest generation under its row lock and kept it.
-    assert len(commits) == 3 + 1
+    # 5 members at 2 per transaction, the WorkItem with the last, which also re-checked the
+    # identity's newest generation under its row lock and kept it.
+    assert len(commits) == 3
     assert _count(engine, PrunedReceipt) == 5
     assert_invariants(engine)
 

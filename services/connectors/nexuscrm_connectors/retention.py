@@ -16,8 +16,9 @@ records the highest LaneOrdinal pruned and never moves back.
 
 Bounded: candidates are read by keyset from ``ix_workitem_retention`` (at most
 ``prune_generations_per_pass`` per pack and pass), and one transaction deletes at most
-``prune_batch_events`` members; a larger generation goes in several, its WorkItem with the
-last, so every intermediate state keeps each retained Event in its retained generation.
+``prune_batch_events`` members: small generations go several to a transaction, a larger
+one alone in several, its WorkItem with the last, so every intermediate state keeps each
+retained Event in its retained generation.
 
 Multi-primary (decision 107): each pruning transaction re-reads the policy and the generation
 and decides only from facts no concurrent writer can undo: terminal is final, a generation
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import enum
+import functools
 from typing import Any, NoReturn
 
 from sqlalchemy.engine import Connection, Engine
@@ -96,12 +97,6 @@ class PruneReport:
     receipts: int = 0
     kept: int = 0
     horizon_ordinal: int = 0
-
-
-class _Pruned(enum.Enum):
-    KEPT = "kept"
-    PARTIAL = "partial"  # members went; the generation and the rest follow in the next transaction
-    DONE = "done"
 
 
 def set_policy(
@@ -181,17 +176,22 @@ def prune(
         if dry_run:
             report = _dry_run(connection, policy, candidates, now)
     if not dry_run:
-        totals = [0, 0, 0, 0]  # generations, events, receipts, kept
-        for candidate in candidates:
-            events, receipts, pruned = _prune_generation(engine, settings, clock, pack_install_id, candidate.WorkId)
-            totals = [a + b for a, b in zip(totals, (int(pruned), events, receipts, int(not pruned)), strict=True)]
+        pruned = _Tally()
+        waiting = [candidate.WorkId for candidate in candidates]
+        while waiting:  # each transaction settles at least the first waiting generation's next chunk
+            batch = functools.partial(
+                _prune_batch, settings=settings, clock=clock, pack_install_id=pack_install_id, work_ids=waiting
+            )
+            tally, settled = run_transaction(engine, batch, name="retention prune")
+            pruned.add(tally)
+            waiting = waiting[settled:]
         report = PruneReport(
             pack_install_id=pack_install_id,
             dry_run=False,
-            generations=totals[0],
-            events=totals[1],
-            receipts=totals[2],
-            kept=totals[3],
+            generations=pruned.generations,
+            events=pruned.events,
+            receipts=pruned.receipts,
+            kept=pruned.kept,
             horizon_ordinal=get_policy(engine, pack_install_id).horizon_ordinal,
         )
     cursor = (candidates[-1].FinishedAt, candidates[-1].WorkId) if len(candidates) == limit else None
@@ -233,25 +233,47 @@ def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.da
     )
 
 
-def _prune_generation(
-    engine: Engine, settings: Settings, clock: Clock, pack_install_id: str, work_id: str
-) -> tuple[int, int, bool]:
-    """Prune one generation in transactions of at most ``prune_batch_events`` members each.
+@dataclasses.dataclass
+class _Tally:
+    generations: int = 0
+    events: int = 0
+    receipts: int = 0
+    kept: int = 0
 
-    Returns (events, receipts, pruned); pruned is False when the policy keeps it after all.
+    def add(self, other: _Tally) -> None:
+        self.generations += other.generations
+        self.events += other.events
+        self.receipts += other.receipts
+        self.kept += other.kept
+
+
+def _prune_batch(
+    connection: Connection, settings: Settings, clock: Clock, pack_install_id: str, work_ids: list[str]
+) -> tuple[_Tally, int]:
+    """One pruning transaction over the first of ``work_ids``, up to ``prune_batch_events`` members.
+
+    Whole generations go together while they fit; the first one that does not fit goes alone,
+    in chunks (its lowest members first, its WorkItem with the last chunk). Returns what went
+    and how many of ``work_ids`` are settled (pruned or kept); an unsettled one comes first in
+    the next transaction.
     """
-    batch = settings.prune_batch_events
-
-    def run(connection: Connection) -> tuple[int, int, _Pruned]:
-        now = clock()
-        policy = RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    now = clock()
+    policy = RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    budget = settings.prune_batch_events
+    tally, settled, horizon = _Tally(), 0, None
+    for work_id in work_ids:
         row = queries.work_item_get(connection, work_id, lock=True)
         if row is None or not policy.active or _keeps(connection, policy, row, now):
-            return 0, 0, _Pruned.KEPT
+            tally.kept += row is not None
+            settled += 1
+            continue
         members = rq.events_members_page(
-            connection, pack_install_id, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal, batch + 1
+            connection, pack_install_id, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal, budget + 1
         )
-        chunk, done = members[:batch], len(members) <= batch
+        done = len(members) <= budget
+        if not done and budget < settings.prune_batch_events:
+            break  # too large to share this transaction: it starts the next one
+        chunk = members[:budget]
         tombstones = [
             {
                 "PackInstallId": pack_install_id,
@@ -265,22 +287,25 @@ def _prune_generation(
             if member.ReceiptKey is not None  # a replay Event has no receipt
         ]
         rq.receipts_prune(connection, tombstones)
-        events = rq.events_delete(connection, pack_install_id, [member.EnqueueOrdinal for member in chunk])
-        if done and rq.work_item_prune(connection, row, now) != 1:
+        tally.events += rq.events_delete(connection, pack_install_id, [member.EnqueueOrdinal for member in chunk])
+        tally.receipts += len(tombstones)
+        budget -= len(chunk)
+        if not done:
+            break
+        if rq.work_item_prune(connection, row, now) != 1:
             raise RuntimeError(f"terminal generation {work_id} changed under its row lock")
-        if (
-            rq.policy_record_pruning(connection, pack_install_id, horizon=row.LaneOrdinal if done else None, now=now)
-            != 1
-        ):
+        tally.generations += 1
+        settled += 1
+        horizon = max(horizon or 0, row.LaneOrdinal)
+        if budget <= 0:
+            break
+    if tally.events or tally.generations:
+        recorded = rq.policy_record_pruning(
+            connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now
+        )
+        if recorded != 1:
             raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
-        return events, len(tombstones), _Pruned.DONE if done else _Pruned.PARTIAL
-
-    events = receipts = 0
-    while True:
-        pruned_events, pruned_receipts, state = run_transaction(engine, run, name="retention prune")
-        events, receipts = events + pruned_events, receipts + pruned_receipts
-        if state is not _Pruned.PARTIAL:
-            return events, receipts, state is _Pruned.DONE
+    return tally, settled
 
 
 def refuse_if_pruned(connection: Connection, work_id: str) -> NoReturn:

@@ -55,12 +55,12 @@ def policies_active(connection: Connection) -> list[DbRow]:
 
 
 def policy_record_pruning(
-    connection: Connection, pack_install_id: str, *, horizon: int | None, now: dt.datetime
+    connection: Connection, pack_install_id: str, *, horizon: int | None, generations: int, now: dt.datetime
 ) -> int:
     """Record a pruning transaction on the policy row; return the rows updated (1).
 
-    Always LastPrunedAt; when a generation went (``horizon`` = its LaneOrdinal) also the count
-    and the horizon, which never moves back. Every pruning transaction writes this row, so a
+    Always LastPrunedAt; when generations went (``generations``; ``horizon`` = their highest
+    LaneOrdinal) also the count and the horizon, which never moves back. Every pruning transaction writes this row, so a
     concurrent policy change conflicts with it.
     """
     values: dict[str, Any] = {"LastPrunedAt": now}
@@ -68,7 +68,7 @@ def policy_record_pruning(
         values["HorizonOrdinal"] = sa.case(
             (RetentionPolicy.c.HorizonOrdinal < horizon, horizon), else_=RetentionPolicy.c.HorizonOrdinal
         )
-        values["PrunedGenerations"] = RetentionPolicy.c.PrunedGenerations + 1
+        values["PrunedGenerations"] = RetentionPolicy.c.PrunedGenerations + generations
     return int(
         connection.execute(
             sa.update(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id).values(**values)
