@@ -262,7 +262,11 @@ def _prune_batch(
     budget = settings.prune_batch_events
     tally, settled, horizon = _Tally(), 0, None
     for work_id in work_ids:
-        row = queries.work_item_get(connection, work_id, lock=True)
+        # Keeping needs no lock; the row lock is taken only to delete (admission locks an
+        # identity's newest generation, which the policy always keeps), then decided again.
+        row = queries.work_item_get(connection, work_id)
+        if row is not None and policy.active and not _keeps(connection, policy, row, now):
+            row = queries.work_item_get(connection, work_id, lock=True)
         if row is None or not policy.active or _keeps(connection, policy, row, now):
             tally.kept += row is not None
             settled += 1
