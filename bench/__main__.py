@@ -16,14 +16,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import admission, galera, history, probes, versus, workers
+from bench import admission, galera, history, probes, retention, versus, workers
 from bench.environment import DEFAULT_MYSQL_DSN, Backend, Report, database_settings, machine
 
 Section = Callable[[Backend, Report], None]
 
 
 def sections(quick: bool) -> dict[str, Section]:
-    """Every section by number (and "peer": ours vs procrastinate; "galera": 1 writer node vs 3), bound to the mode."""
+    """Every section by number, and "peer" (ours vs procrastinate), "galera" (1 writer node vs 3), "retention".
+
+    Each is bound to the mode.
+    """
     return {
         "1": lambda backend, report: admission.run(backend, report, quick=quick),
         "2": lambda backend, report: history.run(backend, report, quick=quick),
@@ -33,6 +36,7 @@ def sections(quick: bool) -> dict[str, Section]:
         "7": lambda backend, report: probes.run_load_inputs(backend, report, quick=quick),
         "peer": lambda backend, report: versus.run(backend, report, quick=quick),
         "galera": lambda backend, report: galera.run(backend, report, quick=quick),
+        "retention": lambda backend, report: retention.run(backend, report, quick=quick),
     }
 
 
@@ -41,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (history up to 10^5): under 5 minutes")
     parser.add_argument(
-        "--sections", default="1,2,4,5,6,7,peer,galera", help="comma-separated section numbers (and peer, galera)"
+        "--sections",
+        default="1,2,4,5,6,7,peer,galera,retention",
+        help="comma-separated section numbers (and peer, galera, retention)",
     )
     parser.add_argument("--backends", help="mysql and/or sqlite (default: both; --quick: mysql)")
     parser.add_argument("--output", type=Path, default=Path("var/bench"), help="folder for the Markdown report")

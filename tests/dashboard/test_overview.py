@@ -255,3 +255,26 @@ def test_without_connectors_search_and_receipts_answer_503_and_the_rest_200(
         assert str(body["error"]).startswith("Connectors unavailable"), (path, body)
     assert _get(port, "/api/search?q=%20")[0] == 400  # checked before asking Connectors
     assert_invariants(engine)
+
+
+def test_search_explains_a_pruned_generation_and_a_pruned_receipt(
+    engine: sa.Engine, connectors: ConnectorsReads
+) -> None:
+    facade = Connectors(engine, clock=FakeClock())
+    pack = install_pack(engine)
+    pruned_work, pruned_key = "", ""
+    for _ in range(2):
+        [result] = facade.ingest(pack, items=[delivery(lane="a")])
+        [claim] = facade.claim("w", pack_install_ids=[pack])
+        facade.complete(claim.work.work_id, lease_token=claim.lease_token)
+        pruned_work, pruned_key = pruned_work or claim.work.work_id, pruned_key or result.receipt_key
+    facade.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    assert facade.prune(pack).generations == 1
+
+    [work] = overview.search(engine, connectors, pruned_work)
+    assert work == {"kind": "pruned", "work_id": pruned_work, "explanation": work["explanation"]}
+    assert work["explanation"].startswith(f"work {pruned_work} was pruned at ")
+    [receipt] = overview.search(engine, connectors, pruned_key)
+    assert receipt["receipt_state"] == "pruned" and receipt["enqueue_ordinal"] == 1
+    assert receipt["explanation"].startswith("pruned at ") and receipt["covered_by"] is None
+    assert_invariants(engine)

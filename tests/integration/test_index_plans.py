@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import retention_queries as rq
 from nexuscrm_connectors.admission import generation_row
 from nexuscrm_connectors.leases import lease_grant
 from nexuscrm_connectors.service import Connectors
@@ -120,6 +121,9 @@ def seed(engine: sa.Engine) -> Seeded:
                 for n in range(3)
             ],
         )
+    # Retention pruned part of the history (up to one pass), so the tombstone tables have rows.
+    connectors.set_retention_policy(native, keep_generations=HISTORY // LANES - 10, keep_seconds=None)
+    assert connectors.prune(native).generations > 0
     legacy = install_pack(engine, legacy_max_ordinal=None, last_ordinal=LEGACY_HISTORY)
     _insert_history(engine, legacy, [str(route(f"lane-{lane}").identity(legacy).key) for lane in range(4)], legacy=True)
     _analyze(engine)
@@ -204,7 +208,9 @@ def _analyze(engine: sa.Engine) -> None:
         if is_sqlite(engine):
             connection.exec_driver_sql("ANALYZE")
         else:
-            connection.exec_driver_sql("ANALYZE TABLE Event, WorkItem, IngressReceipt, PackInstall")
+            connection.exec_driver_sql(
+                "ANALYZE TABLE Event, WorkItem, IngressReceipt, PackInstall, PrunedReceipt, PrunedWork"
+            )
 
 
 def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
@@ -259,6 +265,15 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "work_items_of_identity (next page)": lambda c: queries.work_items_of_identity(c, pack, key, seeded.end, 50),
         # Controlplane: pack reads (GetPack, FindPacks).
         "packs_by_name": lambda c: cp_queries.packs_by_name(c, "acme", "crm", "1.0", 100),
+        # Connectors: the retention pruner (decision 123); candidates after a keyset position.
+        "work_items_retention_candidates": lambda c: rq.work_items_retention_candidates(
+            c, pack, finished_before=now, after=(START, "h-1"), limit=50
+        ),
+        "work_items_newer": lambda c: rq.work_items_newer(c, pack, key, seeded.start, 2),
+        "events_members_page": lambda c: rq.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
+        "events_member_counts": lambda c: rq.events_member_counts(c, pack, key, seeded.start, seeded.end),
+        "pruned_work_get": lambda c: rq.pruned_work_get(c, seeded.claimed_work_id),
+        "work_namespace": lambda c: queries.work_namespace(c, seeded.claimed_work_id),
         # Controlplane: drain counts (GetDrainStatus, the cutover gate).
         "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),
         "legacy_work_live_sample": lambda c: cp_queries.legacy_work_live_sample(c, legacy, 10),

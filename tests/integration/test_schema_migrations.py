@@ -70,13 +70,14 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
 
     assert migrations.apply_schema(empty_engine) == (
         1,
-        6,
+        7,
         [
             "v2_projection_input_ranges",
             "v3_successor_links",
             "v4_pack_control_version",
             "v5_claimed_member_count",
             "v6_namespace_control",
+            "v7_retention",
         ],
     )
 
@@ -94,35 +95,33 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
 
 def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engine: sa.Engine) -> None:
     assert set(verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)) == set(tables.metadata.tables)
-    migrations.apply_schema(empty_engine, 1)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+    # What each version lacks: the pieces of the later steps, in the checker's table order.
+    later = {
+        2: ["WorkItem.InputStartOrdinal", "_System_ConnectorProjectionProtocol"],
+        3: ["WorkItem.SuccessorWorkId"],
+        4: ["PackInstall.ControlVersion"],
+        5: ["WorkItem.ClaimedMemberCount"],
+        6: ["NamespaceControl"],
+        7: ["PrunedReceipt", "PrunedWork", "RetentionPolicy", "WorkItem(ix_workitem_retention)"],
+    }
+    order = [
         "NamespaceControl",
         "PackInstall.ControlVersion",
+        "PrunedReceipt",
+        "PrunedWork",
+        "RetentionPolicy",
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
         "WorkItem.ClaimedMemberCount",
+        "WorkItem(ix_workitem_retention)",
         "_System_ConnectorProjectionProtocol",
     ]
-    migrations.apply_schema(empty_engine, 2)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
-        "NamespaceControl",
-        "PackInstall.ControlVersion",
-        "WorkItem.SuccessorWorkId",
-        "WorkItem.ClaimedMemberCount",
-    ]
-    migrations.apply_schema(empty_engine, 3)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
-        "NamespaceControl",
-        "PackInstall.ControlVersion",
-        "WorkItem.ClaimedMemberCount",
-    ]
-    migrations.apply_schema(empty_engine, 4)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
-        "NamespaceControl",
-        "WorkItem.ClaimedMemberCount",
-    ]
-    migrations.apply_schema(empty_engine, 5)
-    assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == ["NamespaceControl"]
+    for version in range(1, 7):
+        migrations.apply_schema(empty_engine, version)
+        lacking = {piece for step, pieces in later.items() if step > version for piece in pieces}
+        assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
+            piece for piece in order if piece in lacking
+        ], f"version {version}"
     migrations.apply_schema(empty_engine)
     assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == []
 
@@ -155,8 +154,9 @@ def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
         "v4_pack_control_version",
         "v5_claimed_member_count",
         "v6_namespace_control",
+        "v7_retention",
     ]
     described = verification.describe_schema(empty_engine)
-    assert migrations.apply_schema(empty_engine) == (6, 6, [])
+    assert migrations.apply_schema(empty_engine) == (7, 7, [])
     assert verification.describe_schema(empty_engine) == described
-    assert described.version == described.newest_version == 6
+    assert described.version == described.newest_version == 7

@@ -100,6 +100,9 @@ NAMESPACED: dict[str, Build] = {
         pack_install_id=w.pack, route=convert.route_to_proto(route())
     ),
     f"{CONNECTORS}/ListMembers": lambda w: cn.ListMembersRequest(work_id=w.work_id),
+    f"{CONNECTORS}/SetRetentionPolicy": lambda w: cn.SetRetentionPolicyRequest(pack_install_id=w.pack, keep_seconds=60),
+    f"{CONNECTORS}/GetRetentionPolicy": lambda w: cn.GetRetentionPolicyRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/Prune": lambda w: cn.PruneRequest(pack_install_id=w.pack, dry_run=True),
     f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
     f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
     f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import hashlib
 import itertools
 import threading
 from collections import Counter, defaultdict
@@ -34,7 +35,7 @@ import sqlalchemy as sa
 
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.database import DatabaseUnavailable, TransactionConflict
-from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, WorkItem
+from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, PrunedReceipt, PrunedWork, WorkItem
 from nexuscrm_sdk.timestamps import naive_utc
 from workqueue import WorkStatus
 from workqueue.errors import DomainError
@@ -176,11 +177,41 @@ def check_history(history: History, engine: sa.Engine, *, lease_seconds: int) ->
             )
         ).all()
         work = connection.execute(sa.select(WorkItem)).all()
+        events, work = _with_pruned(connection, events, work)
     problems = _queue_checks(history, events)
     problems += _execution_checks(history, events, work)
     problems += _lease_checks(history, work, dt.timedelta(seconds=lease_seconds))
     problems += _cutover_checks(history, engine)
     return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class _PrunedInput:
+    """An input retention pruned, rebuilt from its receipt's tombstone: its payload is known by hash only."""
+
+    PackInstallId: str
+    EnqueueOrdinal: int
+    ProjectionKey: str
+    ReceiptKey: str
+    PayloadHash: str
+    Payload: None = None
+    IsReplay: bool = False
+
+
+def _with_pruned(connection: sa.Connection, events: Sequence[Any], work: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """Retained Events and WorkItems, plus what retention pruned (decision 125).
+
+    Tombstones stand for the inputs of their pruned generation, PrunedWork records for the
+    terminal generations they were (with the lease that finished them).
+    """
+    pruned_work = connection.execute(sa.select(PrunedWork)).all()
+    identity = {w.WorkId: w.ProjectionKey for w in pruned_work}
+    tombstones = connection.execute(sa.select(PrunedReceipt)).all()
+    inputs = [
+        _PrunedInput(t.PackInstallId, t.EnqueueOrdinal, identity[t.WorkId], t.ReceiptKey, t.PayloadHash)
+        for t in tombstones
+    ]
+    return [*events, *inputs], [*work, *pruned_work]
 
 
 def _queue_checks(history: History, events: Sequence[Any]) -> list[str]:
@@ -197,7 +228,11 @@ def _queue_checks(history: History, events: Sequence[Any]) -> list[str]:
             continue
         if e.ReceiptKey not in sent:
             problems.append(f"unexpected: Event {e.EnqueueOrdinal} has receipt {e.ReceiptKey} that no client sent")
-        elif bytes(e.Payload) != sent[e.ReceiptKey]:
+        elif (
+            hashlib.sha256(sent[e.ReceiptKey]).hexdigest() != e.PayloadHash
+            if e.Payload is None
+            else bytes(e.Payload) != sent[e.ReceiptKey]
+        ):
             problems.append(f"unexpected: Event {e.EnqueueOrdinal} differs from the payload sent as {e.ReceiptKey}")
     return problems
 

@@ -12,7 +12,7 @@ __all__ = ["assert_invariants", "bounds_violations", "check_invariants", "genera
 
 
 def assert_invariants(engine: sa.Engine, *, damaged: Iterable[tuple[str, int]] = ()) -> None:
-    """Fail with every violation of M, O, B, D, X and P in the database.
+    """Fail with every violation of M, O, B, D, X, P and R (retention) in the database.
 
     ``damaged`` lists (pack, ordinal) inputs whose generation a test deleted on purpose: each
     must show up as exactly that M violation, and nothing else may.

@@ -33,6 +33,9 @@ class FlakyConnectors:
         self.sweeps += 1
         return 0
 
+    def prune_pass(self) -> list[object]:
+        return []
+
 
 def _failures() -> float:
     return REGISTRY.get_sample_value("nexuscrm_materializer_failures_total", {"step": "materializer"}) or 0.0

@@ -2,7 +2,8 @@
 
 Subcommands: ``packs install|activate|protocol|show|find``, ``fences arm|disarm|list|override``,
 ``drain status|wait``, ``queue state|wait``, ``cutover audit|run``, ``work show|list|members``,
-``receipts missing``, ``why``, ``activation`` and ``workers``. Tables by default, ``--json``
+``receipts missing``, ``retention set|show|prune``, ``why``, ``activation`` and ``workers``.
+Tables by default, ``--json``
 for scripts. Services are found through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``;
 ``nexuscrm-run --serve`` prints them). With NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks
 mutual TLS as the principal of that certificate (docs/security.md). Durations are Go
@@ -505,6 +506,53 @@ def why(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=_dict(response), view=_fields(f"receipt {args.receipt_key}", view), code=code)
 
 
+def _policy_outcome(policy: cn_pb.RetentionPolicy, title: str) -> Outcome:
+    view = {
+        "keep generations": policy.keep_generations if policy.HasField("keep_generations") else "-",
+        "keep age": f"{policy.keep_seconds}s" if policy.HasField("keep_seconds") else "-",
+        "horizon ordinal": policy.horizon_ordinal,
+        "generations pruned": policy.pruned_generations,
+        "last pruned at": policy.last_pruned_at.ToJsonString() if policy.HasField("last_pruned_at") else "-",
+    }
+    return Outcome(data=_dict(policy), view=_fields(title, view))
+
+
+def retention_set(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Set a pack's retention policy; with neither limit, retention is off (the horizon stays)."""
+    request = cn_pb.SetRetentionPolicyRequest(pack_install_id=args.pack)
+    if args.keep_generations is not None:
+        request.keep_generations = args.keep_generations
+    if args.keep_age is not None:
+        request.keep_seconds = whole_seconds(args.keep_age)
+    response = clients.connectors.SetRetentionPolicy(request, timeout=RPC_TIMEOUT)
+    return _policy_outcome(response.policy, f"retention of {args.pack}")
+
+
+def retention_show(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's retention policy and horizon."""
+    response = clients.connectors.GetRetentionPolicy(
+        cn_pb.GetRetentionPolicyRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    )
+    return _policy_outcome(response.policy, f"retention of {args.pack}")
+
+
+def retention_prune(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Prune what the pack's policy lets go now (one bounded pass); ``--dry-run`` only counts it."""
+    response = clients.connectors.Prune(
+        cn_pb.PruneRequest(pack_install_id=args.pack, dry_run=args.dry_run, max_generations=args.max_generations),
+        timeout=RPC_TIMEOUT,
+    )
+    verb = "would prune" if response.dry_run else "pruned"
+    view = {
+        f"generations {verb}": response.generations,
+        f"events {verb}": response.events,
+        f"receipts {verb}": response.receipts,
+        "old generations kept": response.kept,
+        "horizon ordinal": response.horizon_ordinal,
+    }
+    return Outcome(data=_dict(response), view=_fields(f"retention pass over {args.pack}", view))
+
+
 def activation(clients: Clients, args: argparse.Namespace) -> Outcome:
     """The host's activation gate; exit 9 when not active."""
     response = clients.integration.GetActivation(in_pb.GetActivationRequest(), timeout=RPC_TIMEOUT)
@@ -634,6 +682,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = leaf(receipts, "missing", receipts_missing, "receipts whose coverage is missing")
     sub.add_argument("--pack", default=None)
     sub.add_argument("--limit", type=int, default=100)
+
+    retention = commands.add_parser("retention", help="retention policies").add_subparsers(dest="action", required=True)
+    sub = leaf(retention, "set", retention_set, "set a pack's retention policy")
+    sub.add_argument("pack")
+    sub.add_argument("--keep-generations", type=int, metavar="N", help="newest generations kept per identity")
+    sub.add_argument("--keep-age", type=parse_duration, metavar="DURATION", help="keep generations finished since")
+    leaf(retention, "show", retention_show, "a pack's policy and horizon").add_argument("pack")
+    sub = leaf(retention, "prune", retention_prune, "one pruning pass now (or a dry-run report)")
+    sub.add_argument("pack")
+    sub.add_argument("--dry-run", action="store_true", help="count what would go, change nothing")
+    sub.add_argument("--max-generations", type=int, default=0, metavar="N", help="default: the server's per-pass limit")
 
     sub = leaf(commands, "why", why, "why a receipt has (no) work")
     sub.add_argument("pack")

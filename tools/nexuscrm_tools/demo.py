@@ -28,7 +28,7 @@ from nexuscrm_sdk.flows import FlowContext
 from nexuscrm_sdk.worker import Flow, Generation
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.demo_tables import applied, metadata
-from nexuscrm_tools.invariants import check_invariants
+from nexuscrm_tools.invariants import check_invariants, snapshot
 from workqueue.values import InputRow, Route, WorkItemRow
 
 EVENT_KIND = "contact.upsert"
@@ -167,32 +167,44 @@ def contact_projection(context: FlowContext) -> Flow:
 def verify_projection(engine: Engine, pack_install_id: str) -> list[str]:
     """Every way the database disagrees with the demo's promises for one pack; empty when it holds.
 
-    Checks the protocol invariants M, O, B, D, X and P over the whole database, that every
+    Checks the protocol invariants M, O, B, D, X, P and R over the whole database, that every
     admitted input was applied exactly once, and that the projection equals the fold of all
-    admitted inputs in ordinal order.
+    admitted inputs in ordinal order. Where retention pruned inputs (their tombstones count as
+    admitted), a contact's retained inputs are the newest of its lane: the projection must
+    then hold what they set and end at the newest of them.
     """
     problems = check_invariants(engine)
-    with engine.connect() as connection:
+    with snapshot(engine) as connection:
         events = queries.event_payloads(connection, pack_install_id)
         done = applied.applied(connection, pack_install_id)
+        pruned = queries.pruned_ordinals(connection, pack_install_id)
         projected = {row.ContactId: row for row in queries.demo_contacts_get(connection, pack_install_id)}
-    admitted = {ordinal for ordinal, _ in events}
+    admitted = {ordinal for ordinal, _ in events} | pruned
     problems += [f"input {o} was admitted but never projected" for o in sorted(admitted - done)[:20]]
     problems += [f"input {o} was projected but never admitted" for o in sorted(done - admitted)[:20]]
     expected = fold((ordinal, ContactUpdate.decode(payload)) for ordinal, payload in events)
     for contact_id in sorted(set(expected) | set(projected)):
-        problem = _contact_problem(contact_id, expected.get(contact_id), projected.get(contact_id))
+        problem = _contact_problem(contact_id, expected.get(contact_id), projected.get(contact_id), pruned=bool(pruned))
         if problem:
             problems.append(problem)
     return problems
 
 
-def _contact_problem(contact_id: str, expected: ContactState | None, row: Any) -> str | None:
+def _contact_problem(contact_id: str, expected: ContactState | None, row: Any, *, pruned: bool) -> str | None:
     if expected is None:
-        return f"contact {contact_id} is projected but no input names it"
+        return None if pruned else f"contact {contact_id} is projected but no input names it"
     if row is None:
         return f"contact {contact_id} has inputs but no projection"
     actual = {field: getattr(row, column) for field, column in COLUMNS.items()}
+    if pruned:  # the retained suffix of the contact's inputs: what it set, and its newest ordinal
+        actual = {field: value for field, value in actual.items() if expected.fields[field] is not None}
+        wanted = {field: value for field, value in expected.fields.items() if value is not None}
+        if actual != wanted or row.LastOrdinal != expected.last_ordinal or row.Updates < expected.updates:
+            return (
+                f"contact {contact_id}: projected {actual}, {row.Updates} updates, last {row.LastOrdinal}; "
+                f"its retained inputs give {wanted}, {expected.updates} updates, last {expected.last_ordinal}"
+            )
+        return None
     if actual != expected.fields or row.Updates != expected.updates or row.LastOrdinal != expected.last_ordinal:
         return (
             f"contact {contact_id}: projected {actual}, {row.Updates} updates, last {row.LastOrdinal}; "

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_schema.tables import Event, WorkItem
+from nexuscrm_schema.tables import Event, PrunedReceipt, WorkItem
 from nexuscrm_tools.demo_tables import DemoContactProjection
 
 IN_CHUNK = 500  # values per IN list: bounded statements on every backend
@@ -70,6 +70,12 @@ def event_payloads(connection: Connection, pack_install_id: str) -> list[tuple[i
         .order_by(Event.c.EnqueueOrdinal)
     )
     return [(int(row.EnqueueOrdinal), bytes(row.Payload)) for row in rows]
+
+
+def pruned_ordinals(connection: Connection, pack_install_id: str) -> set[int]:
+    """Ordinals of the pack's inputs that retention pruned (their receipts' tombstones)."""
+    statement = sa.select(PrunedReceipt.c.EnqueueOrdinal).where(PrunedReceipt.c.PackInstallId == pack_install_id)
+    return set(connection.execute(statement).scalars())
 
 
 def work_item_status_counts(connection: Connection, pack_install_id: str) -> dict[str, int]:

@@ -1,6 +1,8 @@
 """The invariants of DESIGN.md checked over a whole database.
 
-M membership, O ordinals, B bounds, D duplicates, X execution, P payload. The checker reads
+M membership, O ordinals, B bounds, D duplicates, X execution, P payload, and R the retention
+horizon (decision 125): M and D hold over what is retained, and what retention pruned left
+only its records, all at or below the pack's horizon, never reused. The checker reads
 every row, so it is for tests, demos and operator audits of small databases, never a hot
 path; it returns violations prefixed with the invariant's letter. Every scenario test ends
 with it (tests/support/invariants.py), and `make run` prints its verdict.
@@ -8,15 +10,26 @@ with it (tests/support/invariants.py), and `make run` prints its verdict.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import sqlalchemy as sa
 
 from nexuscrm_connectors.queries import DbRow
-from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
+from nexuscrm_runtime.database import is_sqlite
+from nexuscrm_schema.tables import (
+    ConnectorProjectionProtocol,
+    Event,
+    IngressReceipt,
+    PackInstall,
+    PrunedReceipt,
+    PrunedWork,
+    RetentionPolicy,
+    WorkItem,
+)
 from workqueue import ReceiptState, WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
@@ -67,9 +80,25 @@ def bounds_violations(before: dict[str, Bounds], after: dict[str, Bounds]) -> li
     return problems
 
 
-def check_invariants(engine: sa.Engine) -> list[str]:
-    """Every violation of M, O, B, D, X and P visible in the final database."""
+@contextlib.contextmanager
+def snapshot(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection whose reads all see one snapshot of the database.
+
+    The checker may run while services still write (the retention pass prunes in the
+    background): reads of Events and generations taken at different moments would show an
+    Event without its generation. REPEATABLE READ on MySQL-protocol servers and TiDB; on
+    SQLite the transaction holds the write lock while it reads.
+    """
     with engine.connect() as connection:
+        if not is_sqlite(engine):
+            connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            yield connection
+
+
+def check_invariants(engine: sa.Engine) -> list[str]:
+    """Every violation of M, O, B, D, X, P and R visible in one snapshot of the database."""
+    with snapshot(engine) as connection:
         counters = sa.select(PackInstall.c.PackInstallId, PackInstall.c.LastOrdinal)
         packs = {r.PackInstallId: r.LastOrdinal for r in connection.execute(counters)}
         cutoffs = {
@@ -94,6 +123,12 @@ def check_invariants(engine: sa.Engine) -> list[str]:
                 IngressReceipt.c.State,
             )
         ).all()
+        horizons = {
+            r.PackInstallId: r.HorizonOrdinal
+            for r in connection.execute(sa.select(RetentionPolicy.c.PackInstallId, RetentionPolicy.c.HorizonOrdinal))
+        }
+        pruned_work = connection.execute(sa.select(PrunedWork)).all()
+        tombstones = connection.execute(sa.select(PrunedReceipt)).all()
     problems: list[str] = []
     problems += _ordinals(packs, events)
     generations: Generations = defaultdict(list)
@@ -108,6 +143,55 @@ def check_invariants(engine: sa.Engine) -> list[str]:
     problems += _bounds_and_payload(events, generations)
     problems += _execution(generations)
     problems += _duplicates(events, receipts)
+    problems += _retention(packs, horizons, events, receipts, generations, pruned_work, tombstones)
+    return problems
+
+
+def _retention(
+    packs: dict[str, int],
+    horizons: dict[str, int],
+    events: Iterable[DbRow],
+    receipts: Iterable[DbRow],
+    generations: Generations,
+    pruned_work: Iterable[DbRow],
+    tombstones: Iterable[DbRow],
+) -> list[str]:
+    """R: what retention pruned is gone for good, recorded at or below the horizon, and never reused.
+
+    A pruned generation lies at or below its pack's horizon (which is at or below the counter),
+    no retained generation of its identity overlaps it and no Event of its identity is left in
+    its range (a reused ordinal would be); each tombstone names a pruned generation containing
+    its ordinal, and neither an Event nor a receipt holds its key or ordinal any more.
+    """
+    problems = []
+    pruned = {w.WorkId: w for w in pruned_work}
+    retained = {(e.PackInstallId, e.EnqueueOrdinal): e for e in events}
+    by_identity: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
+    for (pack, ordinal), e in retained.items():
+        by_identity[(pack, e.ProjectionKey)].append(ordinal)
+    for w in pruned.values():
+        horizon = horizons.get(w.PackInstallId, 0)
+        if not w.LaneOrdinal <= horizon <= packs[w.PackInstallId]:
+            problems.append(
+                f"R: pruned {w.WorkId} [{w.InputStartOrdinal},{w.LaneOrdinal}] is above the horizon {horizon} "
+                f"or the horizon above LastOrdinal {packs[w.PackInstallId]}"
+            )
+        identity = (w.PackInstallId, w.ProjectionKey)
+        for start, end, work_id, _ in generations.get(identity, []):
+            if start <= w.LaneOrdinal and w.InputStartOrdinal <= end:
+                problems.append(f"R: retained {work_id} [{start},{end}] overlaps pruned {w.WorkId}")
+        left = [o for o in by_identity.get(identity, []) if w.InputStartOrdinal <= o <= w.LaneOrdinal]
+        if left:
+            problems.append(f"R: Events {left[:5]} remain (or were reused) in the range of pruned {w.WorkId}")
+    receipt_keys = {(r.PackInstallId, r.ReceiptKey) for r in receipts}
+    event_keys = {(e.PackInstallId, e.ReceiptKey) for e in events if e.ReceiptKey is not None}
+    for t in tombstones:
+        key = (t.PackInstallId, t.ReceiptKey)
+        owner = pruned.get(t.WorkId)
+        if owner is None or not owner.InputStartOrdinal <= t.EnqueueOrdinal <= owner.LaneOrdinal:
+            problems.append(f"R: tombstone {key} (input {t.EnqueueOrdinal}) is not in its pruned generation {t.WorkId}")
+        if key in receipt_keys or key in event_keys or (t.PackInstallId, t.EnqueueOrdinal) in retained:
+            problems.append(f"R: tombstone {key} (input {t.EnqueueOrdinal}) is still (or again) a receipt or Event")
     return problems
 
 

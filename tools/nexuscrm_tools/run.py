@@ -79,7 +79,7 @@ from workqueue.statuses import NONTERMINAL_WORK_STATUSES, WorkStatus
 
 POLL_INTERVAL = dt.timedelta(milliseconds=250)  # between progress reads of the database
 RPC_TIMEOUT = 30.0  # seconds per set-up RPC
-INVARIANT_PREFIXES = ("M:", "O:", "B:", "D:", "X:", "P:")  # how check_invariants names violations
+INVARIANT_PREFIXES = ("M:", "O:", "B:", "D:", "X:", "P:", "R:")  # how check_invariants names violations
 DATABASE_FILE = "nexuscrm.db"  # the run's embedded SQLite database, in the workdir
 # What a run leaves in its workdir: service logs, (side) port files, the SQLite file with its
 # WAL and shared-memory files. Only these are removed: the workdir may hold anything else.

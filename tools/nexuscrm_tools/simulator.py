@@ -155,8 +155,10 @@ class SimulatorStats:
 
     @property
     def duplicates_acknowledged(self) -> int:
-        """Duplicates acknowledged without new work (covered or below the legacy cutoff)."""
-        return self.outcomes[Outcome.DUPLICATE_COVERED] + self.outcomes[Outcome.DUPLICATE_LEGACY]
+        """Duplicates acknowledged without new work (covered, below the legacy cutoff, or pruned by retention)."""
+        return sum(
+            self.outcomes[o] for o in (Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_PRUNED)
+        )
 
 
 class Simulator:

@@ -209,6 +209,9 @@ WorkItem = sa.Table(
     sa.Index("ix_workitem_claim", "PackInstallId", "Status", "ClaimableAt"),
     # Replay conflict fence: the replays of one WorkId.
     sa.Index("ix_workitem_replay_of", "ReplayOfWorkId"),
+    # Added by schema v7. Retention candidates: a pack's terminal generations of one status,
+    # oldest finished first (decision 123).
+    sa.Index("ix_workitem_retention", "PackInstallId", "Status", "FinishedAt"),
     **MYSQL_TABLE_OPTIONS,
 )
 
@@ -222,6 +225,62 @@ ConnectorProjectionProtocol = sa.Table(
     sa.Column("Origin", sa.String(16), nullable=False),  # "greenfield" or "cutover"
     sa.Column("AuditReport", sa.Text, nullable=True),  # JSON of the cutover audit
     sa.Column("CreatedAt", Timestamp(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v7 (decision 123): one row per pack that has had a retention policy. Written
+# by Connectors only: the operator's policy, and by every pruning transaction the pack's
+# retention horizon, so a policy change and a pruning decision conflict on this row.
+RetentionPolicy = sa.Table(
+    "RetentionPolicy",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    # Generations of each identity to keep, newest first (the newest is kept whatever this
+    # says); NULL: no count limit. Retention is off when both limits are NULL.
+    sa.Column("KeepGenerations", sa.Integer, nullable=True),
+    # Terminal generations finished less than this long ago are kept (seconds); NULL: no age limit.
+    sa.Column("KeepSeconds", sa.BigInteger, nullable=True),
+    # The retention horizon: the highest LaneOrdinal of a generation pruned so far; 0 before
+    # the first. Like LegacyMaxOrdinal it only records a boundary: it never moves back, and
+    # the ordinal counter (PackInstall.LastOrdinal) is never touched by pruning.
+    sa.Column("HorizonOrdinal", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("PrunedGenerations", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("LastPrunedAt", Timestamp(), nullable=True),
+    sa.Column("UpdatedAt", Timestamp(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v7: the compact record of a pruned generation, so that replay and GetWork
+# of its WorkId answer "pruned at ..." instead of "unknown" (decision 123).
+PrunedWork = sa.Table(
+    "PrunedWork",
+    metadata,
+    sa.Column("WorkId", sa.String(WORK_ID_LENGTH), primary_key=True),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("ProjectionKey", sa.String(PROJECTION_KEY_MAX_LENGTH), nullable=False),
+    sa.Column("InputStartOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("LaneOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("Status", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("FinishedAt", Timestamp(), nullable=True),
+    # The lease that finished it, kept for audits (which completion counted).
+    sa.Column("LeaseToken", sa.String(LEASE_TOKEN_LENGTH), nullable=True),
+    sa.Column("LeaseExpiresAt", Timestamp(), nullable=True),
+    sa.Column("PrunedAt", Timestamp(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v7: the tombstone of a pruned input's receipt (no payload), so that a
+# duplicate delivery of it is acknowledged as pruned: never admitted again, never
+# coverage_missing (decision 123). Written in the transaction that deletes the receipt.
+PrunedReceipt = sa.Table(
+    "PrunedReceipt",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("ReceiptKey", sa.String(RECEIPT_KEY_LENGTH), primary_key=True),
+    sa.Column("EnqueueOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("PayloadHash", sa.String(64), nullable=False),
+    sa.Column("WorkId", sa.String(WORK_ID_LENGTH), nullable=False),  # the PrunedWork it was a member of
+    sa.Column("PrunedAt", Timestamp(), nullable=False),
     **MYSQL_TABLE_OPTIONS,
 )
 

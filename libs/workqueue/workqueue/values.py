@@ -57,12 +57,15 @@ class Outcome(enum.StrEnum):
     ADMITTED = "admitted"
     DUPLICATE_LEGACY = "duplicate_legacy"  # at or below LegacyMaxOrdinal: acknowledged
     DUPLICATE_COVERED = "duplicate_covered"  # a generation covers it: acknowledged
+    DUPLICATE_PRUNED = "duplicate_pruned"  # its generation was pruned by retention: acknowledged as expired
     FENCED = "fenced"  # stored durably; admitted once the fence is lifted
     COVERAGE_MISSING = "coverage_missing"  # an explicit error: never acknowledged
     REJECTED = "rejected"  # nothing written for this item
 
 
-ACKNOWLEDGED_OUTCOMES = frozenset({Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED})
+ACKNOWLEDGED_OUTCOMES = frozenset(
+    {Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_PRUNED}
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -235,18 +235,18 @@ def _admission(
     accepted: list[Delivery] = []
     for delivery in deliveries:
         receipt = stored.get(delivery.item.receipt_key)
-        if receipt is not None and (
-            receipt.PayloadHash != delivery.payload_hash or receipt.ProjectionKey != delivery.projection_key
-        ):
-            results[delivery.item.receipt_key] = IngestResult(
-                receipt_key=delivery.item.receipt_key,
-                outcome=Outcome.REJECTED,
-                message="receipt_key is already stored with a different payload or route; receipts are immutable",
-            )
+        if receipt is not None and _differs(receipt, delivery):
+            results[delivery.item.receipt_key] = _rejected(delivery)
         else:
             accepted.append(delivery)
     if protocol is not None:  # else fenced, and not yet cut over: store only
         events = queries.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
+        # A pruned input's receipt is gone: its tombstone holds the payload hash and route instead.
+        for delivery in accepted:
+            event = events.get(delivery.item.receipt_key)
+            if event is not None and event.PrunedAt is not None and _differs(event, delivery):
+                results[delivery.item.receipt_key] = _rejected(delivery)
+                del events[delivery.item.receipt_key]
         results.update(verify_duplicates(connection, protocol, events))
     fresh: list[Delivery] = []
     for delivery in accepted:
@@ -260,6 +260,18 @@ def _admission(
     results.update(admitted.results)
     _record_receipts(connection, pack_install_id, accepted, stored, results, admitted.ordinals, now)
     return dataclasses.replace(admitted, results=results)
+
+
+def _differs(recorded: Any, delivery: Delivery) -> bool:
+    return bool(recorded.PayloadHash != delivery.payload_hash or recorded.ProjectionKey != delivery.projection_key)
+
+
+def _rejected(delivery: Delivery) -> IngestResult:
+    return IngestResult(
+        receipt_key=delivery.item.receipt_key,
+        outcome=Outcome.REJECTED,
+        message="receipt_key is already stored with a different payload or route; receipts are immutable",
+    )
 
 
 def _record_receipts(
@@ -288,7 +300,8 @@ def _record_receipts(
         outcome = results[key].outcome
         state = _receipt_state(outcome)
         if key not in stored:
-            if outcome is not Outcome.ADMITTED:
+            # An admitted input's receipt is copied from its Event below; a pruned one's tombstone is its record.
+            if outcome not in (Outcome.ADMITTED, Outcome.DUPLICATE_PRUNED, Outcome.REJECTED):
                 new_rows.append(receipt_row(pack_install_id, delivery, now, state=state))
         elif state in verdicts and stored[key].State in queries.RECEIPT_VERDICT_FROM[state]:
             verdicts[state].append(key)

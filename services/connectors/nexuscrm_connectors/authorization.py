@@ -68,5 +68,8 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "WaitQueueDrained": by_pack,
         "ListGenerations": by_pack,
         "ListMembers": by_work,
+        "SetRetentionPolicy": by_pack,
+        "GetRetentionPolicy": by_pack,
+        "Prune": by_pack,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

@@ -4,8 +4,10 @@ The protocol row is read by primary key first (by the caller, once per batch). A
 or below LegacyMaxOrdinal is acknowledged without interpreting history: the cutoff is an
 old-protocol boundary, not proof of business success. Above it, a generation of the same
 identity must contain the ordinal, in any status (terminal included): then the duplicate is
-covered. Otherwise coverage is missing: an explicit error. Nothing here reconstructs a task,
-replays a source or acknowledges silently.
+covered. Otherwise coverage is missing: an explicit error. An input that retention pruned
+(its receipt's tombstone) is acknowledged as expired: its generation was terminal when it
+went (decision 123). Nothing here reconstructs a task, replays a source or acknowledges
+silently.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from sqlalchemy.engine import Connection
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.packs import Protocol
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_runtime.clock import iso_utc
 from workqueue.values import IngestResult, Outcome
 
 
@@ -29,7 +32,11 @@ def verify_duplicates(
     however many duplicates there are: the candidate covering generations
     (``queries.work_items_covering``), then those generations by primary key.
     """
-    above = {key: event for key, event in events.items() if event.EnqueueOrdinal > protocol.legacy_max_ordinal}
+    above = {
+        key: event
+        for key, event in events.items()
+        if event.EnqueueOrdinal > protocol.legacy_max_ordinal and event.PrunedAt is None
+    }
     covering = queries.work_items_covering(connection, protocol.pack_install_id, above)
     candidates = queries.work_items_get(connection, set(covering.values()))
     return {key: _verdict(protocol, key, event, candidates.get(covering.get(key, ""))) for key, event in events.items()}
@@ -37,6 +44,15 @@ def verify_duplicates(
 
 def _verdict(protocol: Protocol, receipt_key: str, event: DbRow, candidate: DbRow | None) -> IngestResult:
     ordinal = int(event.EnqueueOrdinal)
+    if event.PrunedAt is not None:
+        return IngestResult(
+            receipt_key=receipt_key,
+            outcome=Outcome.DUPLICATE_PRUNED,
+            enqueue_ordinal=ordinal,
+            work_id=event.WorkId,
+            message=f"duplicate of input {ordinal}, pruned at {iso_utc(event.PrunedAt)} by the pack's retention "
+            f"policy with its terminal generation {event.WorkId}; acknowledged as expired, no work created",
+        )
     if ordinal <= protocol.legacy_max_ordinal:
         return IngestResult(
             receipt_key=receipt_key,

@@ -45,6 +45,16 @@ class ReplayRefused(ConnectorsError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
+class WorkPruned(ConnectorsError):
+    """The WorkId named a generation that the pack's retention policy pruned: its inputs are gone.
+
+    FAILED_PRECONDITION, not NOT_FOUND: the WorkId is known, and the answer says when it went
+    (decision 124).
+    """
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
 class MembershipMissing(ConnectorsError):
     """A generation's persisted membership is missing or inconsistent: never a fallback."""
 

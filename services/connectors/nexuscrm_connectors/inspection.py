@@ -10,23 +10,26 @@ import datetime as dt
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import packs, page_tokens, queries
+from nexuscrm_connectors import packs, page_tokens, queries, retention
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import iso_utc
 from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.values import Outcome, ReceiptExplanation, ReceiptSummary, Route, WorkDescription
 
+PRUNED_STATE = "pruned"  # ExplainReceipt's receipt_state of a receipt retention replaced by its tombstone
+
 
 def get_work(engine: Engine, work_id: str) -> WorkDescription:
-    """Describe one WorkItem; raises ``WorkNotFound``."""
+    """Describe one WorkItem; raises ``WorkNotFound``, or ``WorkPruned`` saying when retention pruned it."""
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
     with engine.connect() as connection:
         row = queries.work_item_get(connection, work_id)
         if row is None:
-            raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+            retention.refuse_if_pruned(connection, work_id)
         members = 0
         if row.InputStartOrdinal is not None:
             members = queries.event_range_count(
@@ -42,7 +45,17 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
     with engine.connect() as connection:
         receipt = queries.receipt_get(connection, pack_install_id, receipt_key)
         if receipt is None:
-            raise WorkNotFound(f"no receipt {receipt_key!r} in pack {pack_install_id}", field="receipt_key")
+            pruned = queries.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
+            if pruned is None or pruned.PrunedAt is None:
+                raise WorkNotFound(f"no receipt {receipt_key!r} in pack {pack_install_id}", field="receipt_key")
+            return ReceiptExplanation(
+                receipt_state=PRUNED_STATE,
+                enqueue_ordinal=pruned.EnqueueOrdinal,
+                covered_by=None,
+                explanation=f"pruned at {iso_utc(pruned.PrunedAt)} by the pack's retention policy: input "
+                f"{pruned.EnqueueOrdinal} was a member of terminal generation {pruned.WorkId}; a duplicate delivery "
+                "is acknowledged as pruned and creates no work",
+            )
         event = queries.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
         if event is None:
             return ReceiptExplanation(

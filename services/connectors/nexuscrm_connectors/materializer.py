@@ -1,7 +1,9 @@
 """The background materializer: admits receipts that were stored but not admitted.
 
 Each pass also runs the liveness sweep (``Connectors.heal_stranded``): a blocked generation
-whose predecessor is terminal becomes claimable within one interval.
+whose predecessor is terminal becomes claimable within one interval; and the retention pass
+(``Connectors.prune_pass``), which prunes what each pack's retention policy lets go, bounded
+per pack (decision 123).
 
 The loop is supervised: a pass that raises anything (a domain error when the database is
 away, or a bug) is logged once, counted in ``nexuscrm_materializer_failures_total``, and the
@@ -100,6 +102,7 @@ class Materializer:
         while not self._stop.wait(wait):
             materialized = self._step("materializer pass", self._connectors.materialize)
             healed = self._step("stranded-generation sweep", self._connectors.heal_stranded)
-            ok = materialized and healed
+            pruned = self._step("retention pass", self._connectors.prune_pass)
+            ok = materialized and healed and pruned
             self._set_healthy(ok)
             wait = self._interval if ok else min(max(wait, self._interval) * 2, MAX_BACKOFF_SECONDS)

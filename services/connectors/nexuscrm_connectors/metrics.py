@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import Counter, Gauge, Histogram
 
 from nexuscrm_connectors.leases import ClaimBatch
+from nexuscrm_connectors.retention import PruneReport
 from workqueue import WorkStatus
 from workqueue.values import IngestResult, InputPage, Outcome, WorkItemRow
 
@@ -30,7 +31,7 @@ GENERATION_INPUTS = Histogram(
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
 )
 DUPLICATES = Counter(
-    "nexuscrm_duplicates_total", "Receipt duplicates acknowledged, by kind (legacy, covered).", ["kind"]
+    "nexuscrm_duplicates_total", "Receipt duplicates acknowledged, by kind (legacy, covered, pruned).", ["kind"]
 )
 COVERAGE_MISSING = Counter(
     "nexuscrm_coverage_missing_total", "Duplicates whose input no generation covers (an explicit error)."
@@ -39,11 +40,26 @@ RECEIPTS_FENCED = Counter("nexuscrm_receipts_fenced_total", "Deliveries stored d
 DELIVERIES_REJECTED = Counter("nexuscrm_deliveries_rejected_total", "Deliveries rejected with nothing written.")
 MATERIALIZER_FAILURES = Counter(
     "nexuscrm_materializer_failures_total",
-    "Background passes that raised, by step (materializer, stranded-generation); each is retried after a back-off.",
+    "Background passes that raised, by step (materializer, stranded-generation, retention); each is retried after "
+    "a back-off.",
     ["step"],
 )
 MATERIALIZER_HEALTHY = Gauge(
     "nexuscrm_materializer_healthy", "1 when the background materializer's last pass succeeded, else 0."
+)
+PRUNED = Counter(
+    "nexuscrm_retention_pruned_total",
+    "Rows the retention pruner deleted, by kind (generations, events, receipts); dry runs are not counted.",
+    ["kind"],
+)
+PRUNE_KEPT = Counter(
+    "nexuscrm_retention_kept_total",
+    "Old terminal generations a retention pass kept: among the newest of their identity, or a blocked successor.",
+)
+PRUNE_PASS_SECONDS = Histogram(
+    "nexuscrm_retention_pass_seconds",
+    "Duration of one background retention pass over every pack with a policy.",
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60),
 )
 CLAIMS = Counter("nexuscrm_claims_total", "Generations leased to a worker.")
 LEASES_RECLAIMED = Counter(
@@ -67,7 +83,11 @@ STRANDED_HEALED = Counter(
     "Blocked generations whose predecessor was already terminal (or missing), made claimable by the liveness sweep.",
 )
 
-_DUPLICATE_KINDS = {Outcome.DUPLICATE_LEGACY: "legacy", Outcome.DUPLICATE_COVERED: "covered"}
+_DUPLICATE_KINDS = {
+    Outcome.DUPLICATE_LEGACY: "legacy",
+    Outcome.DUPLICATE_COVERED: "covered",
+    Outcome.DUPLICATE_PRUNED: "pruned",
+}
 
 
 def record_ingest(results: Sequence[IngestResult]) -> None:
@@ -119,3 +139,14 @@ def observed_pages(pages: Iterator[InputPage]) -> Iterator[InputPage]:
             GENERATION_INPUTS.observe(page.member_count)
             first = False
         yield page
+
+
+def record_prune(reports: Sequence[PruneReport]) -> None:
+    """Count what pruning passes deleted and kept (dry runs change nothing and count nothing)."""
+    for report in reports:
+        if report.dry_run:
+            continue
+        PRUNED.labels("generations").inc(report.generations)
+        PRUNED.labels("events").inc(report.events)
+        PRUNED.labels("receipts").inc(report.receipts)
+        PRUNE_KEPT.inc(report.kept)

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Row
 
 from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import PREDECESSOR_STATUS
-from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, WorkItem
+from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, PrunedReceipt, PrunedWork, WorkItem
 from workqueue import EventStatus, ReceiptState, WorkStatus
 from workqueue.values import InputRow, WorkItemRow
 
@@ -39,13 +39,16 @@ def pack_namespace(connection: Connection, pack_install_id: str) -> str | None:
 
 
 def work_namespace(connection: Connection, work_id: str) -> str | None:
-    """The namespace of the WorkItem's pack, None when no such WorkItem exists."""
-    statement = (
-        sa.select(PackInstall.c.Namespace)
-        .join(WorkItem, WorkItem.c.PackInstallId == PackInstall.c.PackInstallId)
-        .where(WorkItem.c.WorkId == work_id)
+    """The namespace of the WorkItem's pack (or of its pack when it was pruned), None when the WorkId is unknown."""
+    statement = sa.union_all(
+        *(
+            sa.select(PackInstall.c.Namespace)
+            .join(table, table.c.PackInstallId == PackInstall.c.PackInstallId)
+            .where(table.c.WorkId == work_id)
+            for table in (WorkItem, PrunedWork)
+        )
     )
-    return connection.execute(statement).scalar_one_or_none()
+    return connection.execute(statement).scalars().first()
 
 
 def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
@@ -218,13 +221,35 @@ def receipt_get(connection: Connection, pack_install_id: str, receipt_key: str) 
 
 
 def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
-    """Events already admitted for ``keys`` (uq_event_receipt): ReceiptKey, EnqueueOrdinal, ProjectionKey."""
-    rows = connection.execute(
-        sa.select(Event.c.ReceiptKey, Event.c.EnqueueOrdinal, Event.c.ProjectionKey).where(
-            Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys)
+    """Inputs already admitted for ``keys``: ReceiptKey, EnqueueOrdinal, ProjectionKey, PayloadHash, WorkId, PrunedAt.
+
+    WorkId and PrunedAt come from the tombstone of an input that retention pruned (NULL for a
+    retained Event).
+
+    One statement (uq_event_receipt, and PrunedReceipt's primary key): it reads one snapshot, so
+    an input pruned concurrently shows up exactly once, as Event or as tombstone (decision 123).
+    """
+    retained = sa.select(
+        Event.c.ReceiptKey,
+        Event.c.EnqueueOrdinal,
+        Event.c.ProjectionKey,
+        Event.c.PayloadHash,
+        sa.cast(sa.null(), PrunedReceipt.c.WorkId.type).label("WorkId"),
+        sa.cast(sa.null(), PrunedReceipt.c.PrunedAt.type).label("PrunedAt"),  # typed: SQLite takes the first branch's
+    ).where(Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys))
+    pruned = (
+        sa.select(
+            PrunedReceipt.c.ReceiptKey,
+            PrunedReceipt.c.EnqueueOrdinal,
+            PrunedWork.c.ProjectionKey,
+            PrunedReceipt.c.PayloadHash,
+            PrunedReceipt.c.WorkId,
+            PrunedReceipt.c.PrunedAt,
         )
+        .join(PrunedWork, PrunedWork.c.WorkId == PrunedReceipt.c.WorkId)
+        .where(PrunedReceipt.c.PackInstallId == pack_install_id, PrunedReceipt.c.ReceiptKey.in_(keys))
     )
-    return {row.ReceiptKey: row for row in rows}
+    return {row.ReceiptKey: row for row in connection.execute(sa.union_all(retained, pruned))}
 
 
 # Per Event of the given receipt keys, the first generation of its identity ending at or above
@@ -863,11 +888,11 @@ def receipts_in_state(
         statement = statement.where(IngressReceipt.c.PackInstallId == pack_install_id)
         constant = 1
     if after is not None:
-        statement = statement.where(_after(order[constant:], after[constant:]))
+        statement = statement.where(after_keyset(order[constant:], after[constant:]))
     return list(connection.execute(statement.order_by(*order[constant:]).limit(limit)))
 
 
-def _after(columns: Sequence[sa.ColumnElement[Any]], values: Sequence[Any]) -> sa.ColumnElement[bool]:
+def after_keyset(columns: Sequence[sa.ColumnElement[Any]], values: Sequence[Any]) -> sa.ColumnElement[bool]:
     """``(columns) > (values)`` in row order, as an OR of index seeks (c1 > v1, c1 = v1 AND c2 > v2, ...)."""
     return sa.or_(
         *(

@@ -12,9 +12,9 @@ import uuid
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import packs, queries, retention
 from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
-from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused, WorkNotFound
+from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
@@ -27,8 +27,9 @@ from workqueue.values import ReplayResult
 def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str) -> ReplayResult:
     """Queue a replay of terminal ``work_id``; return the new generation and its Event's ordinal.
 
-    Refuses unknown work (``WorkNotFound``), nonterminal work and work whose earlier replay
-    is not terminal yet (``ReplayRefused``), and old-protocol work (``ProtocolMissing``).
+    Refuses unknown work (``WorkNotFound``), pruned work (``WorkPruned``), nonterminal work and
+    work whose earlier replay is not terminal yet (``ReplayRefused``), and old-protocol work
+    (``ProtocolMissing``).
     """
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
@@ -36,7 +37,7 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
     def run(connection: Connection) -> ReplayResult:
         found = queries.work_item_get(connection, work_id)
         if found is None:
-            raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+            retention.refuse_if_pruned(connection, work_id)
         pack = packs.pack_lock(connection, found.PackInstallId, clock)
         target = queries.work_item_get(connection, work_id, lock=True)
         if target is None:  # WorkItems are never deleted

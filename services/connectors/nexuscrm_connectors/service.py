@@ -26,6 +26,7 @@ from nexuscrm_connectors import (
     payloads,
     queue_state,
     replay,
+    retention,
 )
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
@@ -66,6 +67,7 @@ class Connectors:
         self.clock = clock
         self.claimers = Claimers(self.settings.max_claim_waiters)
         self.stranded = liveness.StrandedSweep()
+        self.pruner = retention.Pruner()
 
     def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
@@ -89,6 +91,33 @@ class Connectors:
             follow_up("heal stranded", lambda: metrics.STRANDED_HEALED.inc(healed))
             follow_up("heal stranded", self.claimers.notify)
         return healed
+
+    def prune_pass(self) -> list[retention.PruneReport]:
+        """One background pass of ``retention.Pruner``, counted by ``nexuscrm_retention_*``."""
+        with metrics.PRUNE_PASS_SECONDS.time():
+            reports = self.pruner.run(self.engine, self.settings, self.clock)
+        follow_up("retention", lambda: metrics.record_prune(reports))
+        return reports
+
+    def prune(self, pack_install_id: str, *, dry_run: bool = False, max_generations: int = 0) -> retention.PruneReport:
+        """See ``retention.prune`` (one pass from the start of the pack's candidates)."""
+        report, _ = retention.prune(
+            self.engine, self.settings, self.clock, pack_install_id, dry_run=dry_run, max_generations=max_generations
+        )
+        follow_up("retention", lambda: metrics.record_prune([report]))
+        return report
+
+    def set_retention_policy(
+        self, pack_install_id: str, *, keep_generations: int | None, keep_seconds: int | None
+    ) -> retention.RetentionPolicy:
+        """See ``retention.set_policy``."""
+        return retention.set_policy(
+            self.engine, self.clock, pack_install_id, keep_generations=keep_generations, keep_seconds=keep_seconds
+        )
+
+    def get_retention_policy(self, pack_install_id: str) -> retention.RetentionPolicy:
+        """See ``retention.get_policy``."""
+        return retention.get_policy(self.engine, pack_install_id)
 
     def replay(self, work_id: str) -> ReplayResult:
         """See ``replay.replay``."""

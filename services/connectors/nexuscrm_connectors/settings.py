@@ -38,7 +38,12 @@ class Settings:
     ``max_page_bytes``: payload bytes per LoadInputs page; a page holds at least one member
     (NEXUSCRM_MAX_PAGE_BYTES; the default stays below gRPC's 4 MiB default receive limit).
     ``materialize_interval_seconds``: how often the service admits stored receipts; 0 = never
-    (NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS).
+    (NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS). The background retention pass runs on the same
+    interval.
+    ``prune_generations_per_pass``: generations a retention pass prunes per pack at most
+    (NEXUSCRM_PRUNE_GENERATIONS_PER_PASS).
+    ``prune_batch_events``: Events (with their receipts) one pruning transaction deletes at
+    most; a larger generation goes in several (NEXUSCRM_PRUNE_BATCH_EVENTS).
     """
 
     max_batch_items: int = 1000
@@ -58,6 +63,8 @@ class Settings:
     max_page_size: int = 5000
     max_page_bytes: int = 3 * MIB
     materialize_interval_seconds: int = 2
+    prune_generations_per_pass: int = 200
+    prune_batch_events: int = 500
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

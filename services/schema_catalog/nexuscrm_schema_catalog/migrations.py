@@ -6,7 +6,8 @@ specification: a nullable WorkItem.InputStartOrdinal and the immutable
 _System_ConnectorProjectionProtocol table. Version 3 adds WorkItem.SuccessorWorkId (decision
 106), version 4 PackInstall.ControlVersion (decision 107), version 5
 WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table (decision
-107, amendment). Steps only create tables, indexes and nullable
+107, amendment), version 7 the retention tables and WorkItem(ix_workitem_retention) (decision
+123). Steps only create tables, indexes and nullable
 columns, each guarded so a repeated or concurrent run is a no-op; no step writes a data row
 other than its own _System_SchemaVersion record.
 """
@@ -32,20 +33,26 @@ V3_COLUMN = "SuccessorWorkId"
 V4_COLUMN = "ControlVersion"
 V5_COLUMN = "ClaimedMemberCount"
 V6_TABLES = (tables.NamespaceControl,)
+V7_TABLES = (tables.RetentionPolicy, tables.PrunedWork, tables.PrunedReceipt)
+V7_INDEX = "ix_workitem_retention"
 
 
 def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
                 table.name,
                 v1,
                 *(column._copy() for column in table.columns if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN)),
-                *(sa.Index(index.name, *index.columns.keys(), unique=index.unique) for index in table.indexes),
+                *(
+                    sa.Index(index.name, *index.columns.keys(), unique=index.unique)
+                    for index in table.indexes
+                    if index.name != V7_INDEX
+                ),
                 **tables.MYSQL_TABLE_OPTIONS,
             )
         elif table is tables.PackInstall:
@@ -98,6 +105,14 @@ def _apply_v6(connection: Connection) -> None:
     tables.metadata.create_all(connection, tables=list(V6_TABLES), checkfirst=True)
 
 
+def _apply_v7(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V7_TABLES), checkfirst=True)
+    indexes = {i["name"] for i in sa.inspect(connection).get_indexes(tables.WorkItem.name)}
+    if V7_INDEX not in indexes:
+        (index,) = (i for i in tables.WorkItem.indexes if i.name == V7_INDEX)
+        index.create(connection)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One schema version and the additive DDL that reaches it."""
@@ -114,6 +129,7 @@ STEPS = (
     Step(4, "v4_pack_control_version", _apply_v4),
     Step(5, "v5_claimed_member_count", _apply_v5),
     Step(6, "v6_namespace_control", _apply_v6),
+    Step(7, "v7_retention", _apply_v7),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")

@@ -7,6 +7,7 @@ codes become what the dashboard answers:
 | status | dashboard |
 |---|---|
 | NOT_FOUND | nothing found (``None``, an empty listing): an unknown WorkId or ReceiptKey, as before |
+| FAILED_PRECONDITION from GetWork | retention pruned the WorkId (decision 124): ``PrunedWork``, "pruned at ..." |
 | INVALID_ARGUMENT | ``InvalidArgument`` with Connectors' message (HTTP 400) |
 | UNAVAILABLE, DEADLINE_EXCEEDED | ``ConnectorsUnavailable`` (HTTP 503, "Connectors unavailable: ...") |
 | anything else | ``ConnectorsRefused`` naming the code (HTTP 502) |
@@ -19,6 +20,7 @@ filters nothing by namespace itself: only a principal of every namespace may ope
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -46,6 +48,11 @@ class ConnectorsUnavailable(ControlplaneError):
 class ConnectorsRefused(ControlplaneError):
     """Connectors answered with a status the dashboard does not expect (e.g. PERMISSION_DENIED)."""
 
+    def __init__(self, message: str, *, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
 
 def _call(read: Callable[[], T], field: str) -> T | None:
     """``read()``, None on NOT_FOUND, any other ``grpc.RpcError`` translated per the module's table."""
@@ -59,7 +66,17 @@ def _call(read: Callable[[], T], field: str) -> T | None:
             raise ConnectorsUnavailable(f"Connectors unavailable: {code.name} ({details})") from None
         if code is grpc.StatusCode.INVALID_ARGUMENT:
             raise InvalidArgument(details, field=field) from None
-        raise ConnectorsRefused(f"Connectors refused the dashboard's read: {code.name} ({details})") from None
+        raise ConnectorsRefused(
+            f"Connectors refused the dashboard's read: {code.name} ({details})", code=code, details=details
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrunedWork:
+    """A WorkId whose generation retention pruned, and Connectors' words on when and what it was."""
+
+    work_id: str
+    explanation: str
 
 
 class ConnectorsReads:
@@ -68,9 +85,14 @@ class ConnectorsReads:
     def __init__(self, client: ConnectorsClient) -> None:
         self._client = client
 
-    def get_work(self, work_id: str) -> WorkDescription | None:
-        """The generation ``work_id`` and its member count; None when there is none."""
-        return _call(lambda: self._client.get_work(work_id), "q")
+    def get_work(self, work_id: str) -> WorkDescription | PrunedWork | None:
+        """The generation ``work_id`` and its member count; ``PrunedWork`` when retention pruned it; None when none."""
+        try:
+            return _call(lambda: self._client.get_work(work_id), "q")
+        except ConnectorsRefused as refused:
+            if refused.code is not grpc.StatusCode.FAILED_PRECONDITION:  # GetWork's only one: pruned
+                raise
+            return PrunedWork(work_id=work_id, explanation=refused.details)
 
     def explain_receipt(self, pack_install_id: str, receipt_key: str) -> ReceiptExplanation | None:
         """Why receipt ``receipt_key`` of the pack has (no) work; None when the pack has no such receipt."""

@@ -24,7 +24,7 @@ from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.dashboard import queries
-from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
+from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, PrunedWork
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.clock import iso_utc as iso
 from nexuscrm_schema.tables import NAMESPACE_SCOPE, WORK_ID_LENGTH
@@ -244,7 +244,9 @@ def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[
     found: list[dict[str, Any]] = []
     # Connectors refuses a WorkId longer than its column (decision 109): no such work exists.
     described = connectors.get_work(text) if len(text) <= WORK_ID_LENGTH else None
-    if described is not None:
+    if isinstance(described, PrunedWork):
+        found.append({"kind": "pruned", "work_id": described.work_id, "explanation": described.explanation})
+    elif described is not None:
         found.append({"kind": "work", **_work(described.work, described.member_count)})
     with engine.connect() as connection:
         pack_ids = [row.PackInstallId for row in queries.packs_list(connection, PACK_LIMIT)]

@@ -178,6 +178,8 @@ function workDetails(w) {
 
 function renderResult(r) {
   if (r.kind === "work") return `<div class="result" data-kind="work"><strong>Generation</strong><dl>${workDetails(r)}</dl></div>`;
+  if (r.kind === "pruned") return `<div class="result" data-kind="pruned"><strong>Generation <code>${esc(r.work_id)}</code></strong>
+    <dl><dt>why</dt><dd data-explanation>${esc(r.explanation)}</dd></dl></div>`;
   const covered = r.covered_by ? workDetails(r.covered_by) : "";
   return `<div class="result" data-kind="receipt"><strong>Receipt <code>${esc(r.receipt_key)}</code></strong>
     <dl><dt>state</dt><dd>${esc(r.receipt_state)}</dd><dt>ordinal</dt><dd>${esc(r.enqueue_ordinal ?? "none (not admitted)")}</dd>

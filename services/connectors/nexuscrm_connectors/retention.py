@@ -1,0 +1,353 @@
+"""Retention: a per-pack policy, and the pruner that deletes what it lets go (decision 123).
+
+What may go: a terminal native generation (completed or failed, InputStartOrdinal set) that
+the policy no longer keeps, with its member Events and their receipts. What never goes: a
+generation that is not terminal (so never a member of one), the newest ``KeepGenerations``
+(at least one) generations of each identity, a generation finished less than ``KeepSeconds``
+ago, a generation whose successor is still blocked (the liveness sweep reads it), old-protocol
+work, and anything of a pack without a protocol row: setting a policy for such a pack is
+refused, because its cutover audit reads the whole retained history.
+
+What it leaves: a ``PrunedWork`` record per generation and a ``PrunedReceipt`` tombstone per
+receipt, so a duplicate delivery is acknowledged as pruned (never admitted again, never
+coverage_missing), and replay, GetWork and ExplainReceipt answer "pruned at ...". The ordinal
+counter is never touched, so ordinals are never reused; the policy row's HorizonOrdinal
+records the highest LaneOrdinal pruned and never moves back.
+
+Bounded: candidates are read by keyset from ``ix_workitem_retention`` (at most
+``prune_generations_per_pass`` per pack and pass), and one transaction deletes at most
+``prune_batch_events`` members: small generations go several to a transaction, a larger
+one alone in several, its WorkItem with the last, so every intermediate state keeps each
+retained Event in its retained generation.
+
+Multi-primary (decision 107): each pruning transaction re-reads the policy and the generation
+and decides only from facts no concurrent writer can undo: terminal is final, a generation
+never becomes the newest again (generations are only added above it, and no pruner removes
+one of the newest ``KeepGenerations``), a terminal generation's bounds and members are frozen,
+and a blocked successor is only ever unblocked. The one decision a concurrent writer can
+invalidate, the policy itself, is written by both: each pruning transaction writes the policy
+row (LastPrunedAt), so a policy change and a pruning that read the old policy conflict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+from typing import Any, NoReturn
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import retention_queries as rq
+from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack, WorkNotFound, WorkPruned
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import DatabaseClock, iso_utc
+from nexuscrm_runtime.database import run_transaction
+from workqueue import WorkStatus
+from workqueue.errors import InvalidArgument
+from workqueue.statuses import TERMINAL_WORK_STATUSES
+
+Cursor = tuple[dt.datetime, str]  # (FinishedAt, WorkId) of the last candidate read
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetentionPolicy:
+    """A pack's retention policy and horizon; both limits None means retention is off."""
+
+    pack_install_id: str
+    keep_generations: int | None = None
+    keep_seconds: int | None = None
+    horizon_ordinal: int = 0
+    pruned_generations: int = 0
+    last_pruned_at: dt.datetime | None = None
+
+    @classmethod
+    def from_row(cls, pack_install_id: str, row: Any) -> RetentionPolicy:
+        """The policy of a ``RetentionPolicy`` row; the default (off) when there is none."""
+        if row is None:
+            return cls(pack_install_id=pack_install_id)
+        return cls(
+            pack_install_id=pack_install_id,
+            keep_generations=row.KeepGenerations,
+            keep_seconds=row.KeepSeconds,
+            horizon_ordinal=int(row.HorizonOrdinal),
+            pruned_generations=int(row.PrunedGenerations),
+            last_pruned_at=row.LastPrunedAt,
+        )
+
+    @property
+    def active(self) -> bool:
+        """Whether the policy lets anything go."""
+        return self.keep_generations is not None or self.keep_seconds is not None
+
+    def finished_before(self, now: dt.datetime) -> dt.datetime:
+        """Generations finished after this instant are kept by age."""
+        return now - dt.timedelta(seconds=self.keep_seconds or 0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PruneReport:
+    """What one pass over a pack pruned (or, dry, would prune), and the candidates it kept."""
+
+    pack_install_id: str
+    dry_run: bool
+    generations: int = 0
+    events: int = 0
+    receipts: int = 0
+    kept: int = 0
+    horizon_ordinal: int = 0
+
+
+def set_policy(
+    engine: Engine,
+    clock: DatabaseClock,
+    pack_install_id: str,
+    *,
+    keep_generations: int | None,
+    keep_seconds: int | None,
+) -> RetentionPolicy:
+    """Set the pack's policy (both None turns retention off; the horizon stays).
+
+    Refuses ``keep_generations`` below 1 or negative ``keep_seconds`` (INVALID_ARGUMENT), an
+    unknown pack (``UnknownPack``) and a pack without a protocol row (``ProtocolMissing``).
+    """
+    if not pack_install_id:
+        raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    if keep_generations is not None and keep_generations < 1:
+        raise InvalidArgument(
+            f"keep_generations must be at least 1 (the newest generation of an identity is always kept), "
+            f"got {keep_generations}",
+            field="keep_generations",
+        )
+    if keep_seconds is not None and keep_seconds < 0:
+        raise InvalidArgument(f"keep_seconds must not be negative, got {keep_seconds}", field="keep_seconds")
+
+    def run(connection: Connection) -> RetentionPolicy:
+        pack = packs.pack_lock(connection, pack_install_id, clock)
+        if packs.protocol_get(connection, pack_install_id) is None:
+            raise ProtocolMissing(
+                f"pack {pack_install_id} has no projection protocol row: retention is refused, because the "
+                "cutover audit of a pack that is not cut over reads its whole retained history",
+                field="pack_install_id",
+            )
+        rq.policy_upsert(
+            connection, pack_install_id, keep_generations=keep_generations, keep_seconds=keep_seconds, now=pack.now
+        )
+        return RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+
+    return run_transaction(engine, run, name="retention policy")
+
+
+def get_policy(engine: Engine, pack_install_id: str) -> RetentionPolicy:
+    """The pack's policy and horizon (off when none was set); raises ``UnknownPack``."""
+    with engine.connect() as connection:
+        if queries.pack_namespace(connection, pack_install_id) is None:
+            raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+        return RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+
+
+def prune(
+    engine: Engine,
+    settings: Settings,
+    clock: DatabaseClock,
+    pack_install_id: str,
+    *,
+    dry_run: bool = False,
+    max_generations: int = 0,
+    after: Cursor | None = None,
+) -> tuple[PruneReport, Cursor | None]:
+    """One bounded pass over a pack; returns the report and the cursor to continue from (None at the end).
+
+    Reads up to ``max_generations`` (0: the per-pass setting) candidates after ``after`` and
+    prunes those the policy lets go; ``dry_run`` counts them and changes nothing.
+    """
+    limit = max_generations or settings.prune_generations_per_pass
+    if not 1 <= limit <= settings.prune_generations_per_pass:
+        raise InvalidArgument(
+            f"max_generations must be between 1 and {settings.prune_generations_per_pass}, got {max_generations}",
+            field="max_generations",
+        )
+    policy = get_policy(engine, pack_install_id)
+    if not policy.active:
+        return PruneReport(
+            pack_install_id=pack_install_id, dry_run=dry_run, horizon_ordinal=policy.horizon_ordinal
+        ), None
+    with engine.connect() as connection:
+        now = clock.read(connection)  # ages on the database's clock, as FinishedAt was (decision 118)
+        candidates = rq.work_items_retention_candidates(
+            connection, pack_install_id, finished_before=policy.finished_before(now), after=after, limit=limit
+        )
+        if dry_run:
+            report = _dry_run(connection, policy, candidates, now)
+    if not dry_run:
+        pruned = _Tally()
+        waiting = [candidate.WorkId for candidate in candidates]
+        while waiting:  # each transaction settles at least the first waiting generation's next chunk
+            batch = functools.partial(
+                _prune_batch, settings=settings, clock=clock, pack_install_id=pack_install_id, work_ids=waiting
+            )
+            tally, settled = run_transaction(engine, batch, name="retention prune")
+            pruned.add(tally)
+            waiting = waiting[settled:]
+        report = PruneReport(
+            pack_install_id=pack_install_id,
+            dry_run=False,
+            generations=pruned.generations,
+            events=pruned.events,
+            receipts=pruned.receipts,
+            kept=pruned.kept,
+            horizon_ordinal=get_policy(engine, pack_install_id).horizon_ordinal,
+        )
+    cursor = (candidates[-1].FinishedAt, candidates[-1].WorkId) if len(candidates) == limit else None
+    return report, cursor
+
+
+def _dry_run(connection: Connection, policy: RetentionPolicy, candidates: list[Any], now: dt.datetime) -> PruneReport:
+    generations = events = receipts = kept = 0
+    for row in candidates:
+        if _keeps(connection, policy, row, now):
+            kept += 1
+            continue
+        members, with_receipt = rq.events_member_counts(
+            connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
+        )
+        generations, events, receipts = generations + 1, events + members, receipts + with_receipt
+    return PruneReport(
+        pack_install_id=policy.pack_install_id,
+        dry_run=True,
+        generations=generations,
+        events=events,
+        receipts=receipts,
+        kept=kept,
+        horizon_ordinal=policy.horizon_ordinal,
+    )
+
+
+def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.datetime) -> bool:
+    """Whether the policy (or a rule above every policy) keeps generation ``row``."""
+    if row.InputStartOrdinal is None or WorkStatus(row.Status) not in TERMINAL_WORK_STATUSES:
+        return True
+    if row.FinishedAt is None or row.FinishedAt > policy.finished_before(now):
+        return True
+    keep = policy.keep_generations or 1  # the newest generation of an identity always stays
+    if rq.work_items_newer(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal, keep) < keep:
+        return True
+    return (
+        row.SuccessorWorkId is not None and rq.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED
+    )
+
+
+@dataclasses.dataclass
+class _Tally:
+    generations: int = 0
+    events: int = 0
+    receipts: int = 0
+    kept: int = 0
+
+    def add(self, other: _Tally) -> None:
+        self.generations += other.generations
+        self.events += other.events
+        self.receipts += other.receipts
+        self.kept += other.kept
+
+
+def _prune_batch(
+    connection: Connection, settings: Settings, clock: DatabaseClock, pack_install_id: str, work_ids: list[str]
+) -> tuple[_Tally, int]:
+    """One pruning transaction over the first of ``work_ids``, up to ``prune_batch_events`` members.
+
+    Whole generations go together while they fit; the first one that does not fit goes alone,
+    in chunks (its lowest members first, its WorkItem with the last chunk). Returns what went
+    and how many of ``work_ids`` are settled (pruned or kept); an unsettled one comes first in
+    the next transaction.
+    """
+    now = clock.read(connection)
+    policy = RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    budget = settings.prune_batch_events
+    tally, settled, horizon = _Tally(), 0, None
+    for work_id in work_ids:
+        # Keeping needs no lock; the row lock is taken only to delete (admission locks an
+        # identity's newest generation, which the policy always keeps), then decided again.
+        row = queries.work_item_get(connection, work_id)
+        if row is not None and policy.active and not _keeps(connection, policy, row, now):
+            row = queries.work_item_get(connection, work_id, lock=True)
+        if row is None or not policy.active or _keeps(connection, policy, row, now):
+            tally.kept += row is not None
+            settled += 1
+            continue
+        members = rq.events_members_page(
+            connection, pack_install_id, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal, budget + 1
+        )
+        done = len(members) <= budget
+        if not done and budget < settings.prune_batch_events:
+            break  # too large to share this transaction: it starts the next one
+        chunk = members[:budget]
+        tombstones = [
+            {
+                "PackInstallId": pack_install_id,
+                "ReceiptKey": member.ReceiptKey,
+                "EnqueueOrdinal": member.EnqueueOrdinal,
+                "PayloadHash": member.PayloadHash,
+                "WorkId": work_id,
+                "PrunedAt": now,
+            }
+            for member in chunk
+            if member.ReceiptKey is not None  # a replay Event has no receipt
+        ]
+        rq.receipts_prune(connection, tombstones)
+        tally.events += rq.events_delete(connection, pack_install_id, [member.EnqueueOrdinal for member in chunk])
+        tally.receipts += len(tombstones)
+        budget -= len(chunk)
+        if not done:
+            break
+        if rq.work_item_prune(connection, row, now) != 1:
+            raise RuntimeError(f"terminal generation {work_id} changed under its row lock")
+        tally.generations += 1
+        settled += 1
+        horizon = max(horizon or 0, row.LaneOrdinal)
+        if budget <= 0:
+            break
+    if tally.events or tally.generations:
+        recorded = rq.policy_record_pruning(
+            connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now
+        )
+        if recorded != 1:
+            raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
+    return tally, settled
+
+
+def refuse_if_pruned(connection: Connection, work_id: str) -> NoReturn:
+    """Raise ``WorkPruned`` saying when ``work_id`` was pruned, if it was; else ``WorkNotFound``."""
+    pruned = rq.pruned_work_get(connection, work_id)
+    if pruned is None:
+        raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+    raise WorkPruned(
+        f"work {work_id} was pruned at {iso_utc(pruned.PrunedAt)} by the retention policy of pack "
+        f"{pruned.PackInstallId}: generation [{pruned.InputStartOrdinal}, {pruned.LaneOrdinal}] was {pruned.Status} "
+        "and its inputs are no longer stored, so it cannot be described or replayed",
+        field="work_id",
+    )
+
+
+class Pruner:
+    """The background retention pass: every pack with an active policy, bounded per pack.
+
+    Keeps a keyset cursor per pack, so consecutive passes walk each pack's old generations
+    instead of rereading the same kept ones, and start over at the end.
+    """
+
+    def __init__(self) -> None:
+        self._after: dict[str, Cursor | None] = {}
+
+    def run(self, engine: Engine, settings: Settings, clock: DatabaseClock) -> list[PruneReport]:
+        """One pass; returns a report per pack with an active policy."""
+        with engine.connect() as connection:
+            packs_with_policy = [row.PackInstallId for row in rq.policies_active(connection)]
+        reports = []
+        for pack_install_id in packs_with_policy:
+            report, self._after[pack_install_id] = prune(
+                engine, settings, clock, pack_install_id, after=self._after.get(pack_install_id)
+            )
+            reports.append(report)
+        return reports

@@ -1,0 +1,211 @@
+"""The statements of retention (``nexuscrm_connectors.retention``): policy, candidates, pruning, tombstones.
+
+Every statement is bounded: candidates come from ``ix_workitem_retention`` by keyset, members
+from ``ix_event_source_lane`` within one generation's range and a limit, everything else by
+primary key (decision 123).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from nexuscrm_connectors.queries import DbRow, after_keyset
+from nexuscrm_schema.tables import Event, IngressReceipt, PrunedReceipt, PrunedWork, RetentionPolicy, WorkItem
+from workqueue.statuses import TERMINAL_WORK_STATUSES
+
+
+def policy_get(connection: Connection, pack_install_id: str) -> DbRow | None:
+    """The pack's RetentionPolicy row by primary key."""
+    return connection.execute(
+        sa.select(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id)
+    ).first()
+
+
+def policy_upsert(
+    connection: Connection,
+    pack_install_id: str,
+    *,
+    keep_generations: int | None,
+    keep_seconds: int | None,
+    now: dt.datetime,
+) -> None:
+    """Write the pack's policy, keeping its horizon; the caller holds the PackInstall row lock."""
+    values = {"KeepGenerations": keep_generations, "KeepSeconds": keep_seconds, "UpdatedAt": now}
+    updated = connection.execute(
+        sa.update(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id).values(**values)
+    ).rowcount
+    if not updated:
+        connection.execute(sa.insert(RetentionPolicy).values(PackInstallId=pack_install_id, **values))
+
+
+def policies_active(connection: Connection) -> list[DbRow]:
+    """Every policy that limits something (a handful of rows: one per pack at most)."""
+    return list(
+        connection.execute(
+            sa.select(RetentionPolicy)
+            .where(sa.or_(RetentionPolicy.c.KeepGenerations.is_not(None), RetentionPolicy.c.KeepSeconds.is_not(None)))
+            .order_by(RetentionPolicy.c.PackInstallId)
+        )
+    )
+
+
+def policy_record_pruning(
+    connection: Connection, pack_install_id: str, *, horizon: int | None, generations: int, now: dt.datetime
+) -> int:
+    """Record a pruning transaction on the policy row; return the rows updated (1).
+
+    Always LastPrunedAt; when generations went (``generations``; ``horizon`` = their highest
+    LaneOrdinal) also the count and the horizon, which never moves back. Every pruning transaction writes this row, so a
+    concurrent policy change conflicts with it.
+    """
+    values: dict[str, Any] = {"LastPrunedAt": now}
+    if horizon is not None:
+        values["HorizonOrdinal"] = sa.case(
+            (RetentionPolicy.c.HorizonOrdinal < horizon, horizon), else_=RetentionPolicy.c.HorizonOrdinal
+        )
+        values["PrunedGenerations"] = RetentionPolicy.c.PrunedGenerations + generations
+    return int(
+        connection.execute(
+            sa.update(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id).values(**values)
+        ).rowcount
+    )
+
+
+def work_items_retention_candidates(
+    connection: Connection,
+    pack_install_id: str,
+    *,
+    finished_before: dt.datetime,
+    after: tuple[dt.datetime, str] | None,
+    limit: int,
+) -> list[DbRow]:
+    """Up to ``limit`` terminal native generations finished by ``finished_before``, oldest first.
+
+    After the keyset ``after`` (FinishedAt, WorkId): one ``ix_workitem_retention`` range per
+    terminal status, merged.
+    """
+    rows: list[DbRow] = []
+    for status in sorted(TERMINAL_WORK_STATUSES):
+        statement = sa.select(WorkItem).where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status == status,
+            WorkItem.c.FinishedAt <= finished_before,
+            WorkItem.c.InputStartOrdinal.is_not(None),  # old-protocol work is never pruned
+        )
+        if after is not None:
+            statement = statement.where(after_keyset((WorkItem.c.FinishedAt, WorkItem.c.WorkId), after))
+        rows += connection.execute(statement.order_by(WorkItem.c.FinishedAt, WorkItem.c.WorkId).limit(limit))
+    return sorted(rows, key=lambda r: (r.FinishedAt, r.WorkId))[:limit]
+
+
+def work_items_newer(
+    connection: Connection, pack_install_id: str, projection_key: str, lane_ordinal: int, limit: int
+) -> int:
+    """How many generations of the identity end above ``lane_ordinal``, counting up to ``limit`` (projection order)."""
+    newer = (
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.ProjectionKey == projection_key,
+            WorkItem.c.LaneOrdinal > lane_ordinal,
+        )
+        .limit(limit)
+        .subquery()
+    )
+    return int(connection.execute(sa.select(sa.func.count()).select_from(newer)).scalar_one())
+
+
+def work_item_status(connection: Connection, work_id: str) -> str | None:
+    """One WorkItem's status by primary key."""
+    return connection.execute(sa.select(WorkItem.c.Status).where(WorkItem.c.WorkId == work_id)).scalar_one_or_none()
+
+
+def events_members_page(
+    connection: Connection, pack_install_id: str, projection_key: str, start: int, end: int, limit: int
+) -> list[DbRow]:
+    """Up to ``limit`` members of an identity in ``[start, end]``, lowest first (ix_event_source_lane)."""
+    return list(
+        connection.execute(
+            sa.select(Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash)
+            .where(
+                Event.c.PackInstallId == pack_install_id,
+                Event.c.ProjectionKey == projection_key,
+                Event.c.EnqueueOrdinal.between(start, end),
+            )
+            .order_by(Event.c.EnqueueOrdinal)
+            .limit(limit)
+        )
+    )
+
+
+def events_delete(connection: Connection, pack_install_id: str, ordinals: Sequence[int]) -> int:
+    """Delete Events by primary key."""
+    if not ordinals:
+        return 0
+    return int(
+        connection.execute(
+            sa.delete(Event).where(Event.c.PackInstallId == pack_install_id, Event.c.EnqueueOrdinal.in_(ordinals))
+        ).rowcount
+    )
+
+
+def receipts_prune(connection: Connection, rows: Sequence[dict[str, Any]]) -> int:
+    """Replace receipts by their tombstones (``PrunedReceipt`` rows); return the receipts deleted."""
+    if not rows:
+        return 0
+    connection.execute(sa.insert(PrunedReceipt), list(rows))
+    keys = [row["ReceiptKey"] for row in rows]
+    return int(
+        connection.execute(
+            sa.delete(IngressReceipt).where(
+                IngressReceipt.c.PackInstallId == rows[0]["PackInstallId"], IngressReceipt.c.ReceiptKey.in_(keys)
+            )
+        ).rowcount
+    )
+
+
+def work_item_prune(connection: Connection, row: Any, now: dt.datetime) -> int:
+    """Replace terminal generation ``row`` by its ``PrunedWork`` record; 0 when it is not terminal (any more)."""
+    deleted = connection.execute(
+        sa.delete(WorkItem).where(WorkItem.c.WorkId == row.WorkId, WorkItem.c.Status.in_(TERMINAL_WORK_STATUSES))
+    ).rowcount
+    if deleted:
+        connection.execute(
+            sa.insert(PrunedWork).values(
+                WorkId=row.WorkId,
+                PackInstallId=row.PackInstallId,
+                ProjectionKey=row.ProjectionKey,
+                InputStartOrdinal=row.InputStartOrdinal,
+                LaneOrdinal=row.LaneOrdinal,
+                Status=row.Status,
+                FinishedAt=row.FinishedAt,
+                LeaseToken=row.LeaseToken,
+                LeaseExpiresAt=row.LeaseExpiresAt,
+                PrunedAt=now,
+            )
+        )
+    return int(deleted)
+
+
+def pruned_work_get(connection: Connection, work_id: str) -> DbRow | None:
+    """A pruned generation's record by primary key."""
+    return connection.execute(sa.select(PrunedWork).where(PrunedWork.c.WorkId == work_id)).first()
+
+
+def events_member_counts(
+    connection: Connection, pack_install_id: str, projection_key: str, start: int, end: int
+) -> tuple[int, int]:
+    """Members of an identity in ``[start, end]``, and how many of them have a receipt (ix_event_source_lane)."""
+    row = connection.execute(
+        sa.select(sa.func.count(), sa.func.count(Event.c.ReceiptKey)).where(
+            Event.c.PackInstallId == pack_install_id,
+            Event.c.ProjectionKey == projection_key,
+            Event.c.EnqueueOrdinal.between(start, end),
+        )
+    ).one()
+    return int(row[0]), int(row[1])

@@ -1,0 +1,232 @@
+"""Retention on every backend: what a policy lets go, what it never does, and what still works after."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack, WorkNotFound, WorkPruned
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_schema.tables import (
+    Event,
+    IngressReceipt,
+    PackInstall,
+    PrunedReceipt,
+    PrunedWork,
+    RetentionPolicy,
+    WorkItem,
+)
+from tests.support.checksums import database_checksums
+from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.invariants import assert_invariants, check_invariants
+from workqueue import WorkStatus
+from workqueue.errors import ErrorKind, InvalidArgument
+from workqueue.values import Outcome
+
+pytestmark = pytest.mark.database
+
+TABLES = [Event.name, WorkItem.name, IngressReceipt.name, PrunedWork.name, PrunedReceipt.name, RetentionPolicy.name]
+
+
+@contextlib.contextmanager
+def counting_commits(engine: sa.Engine) -> Iterator[list[None]]:
+    """A list that grows by one per transaction committed on ``engine`` inside the block."""
+    commits: list[None] = []
+
+    def committed(connection: sa.Connection) -> None:
+        commits.append(None)
+
+    sa.event.listen(engine, "commit", committed)
+    try:
+        yield commits
+    finally:
+        sa.event.remove(engine, "commit", committed)
+
+
+def _count(engine: sa.Engine, table: sa.Table) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
+
+
+def _generations(connectors: Connectors, pack: str, lane: str, count: int) -> list[str]:
+    """``count`` generations of one identity, each of two inputs and completed, oldest first."""
+    work_ids = []
+    for _ in range(count):
+        connectors.ingest(pack, items=[delivery(lane=lane), delivery(lane=lane)])
+        claim = connectors.claim("w", pack_install_ids=[pack])[0]
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+        work_ids.append(claim.work.work_id)
+    return work_ids
+
+
+def test_retention_is_refused_for_a_pack_without_a_protocol_row(engine: sa.Engine, connectors: Connectors) -> None:
+    legacy = install_pack(engine, legacy_max_ordinal=None)
+    with pytest.raises(ProtocolMissing, match="cutover audit") as refused:
+        connectors.set_retention_policy(legacy, keep_generations=1, keep_seconds=None)
+    assert refused.value.kind is ErrorKind.FAILED_PRECONDITION
+    with pytest.raises(UnknownPack):
+        connectors.set_retention_policy("pk-nobody", keep_generations=1, keep_seconds=None)
+    native = install_pack(engine)
+    with pytest.raises(InvalidArgument, match="keep_generations must be at least 1"):
+        connectors.set_retention_policy(native, keep_generations=0, keep_seconds=None)
+    with pytest.raises(InvalidArgument, match="keep_seconds must not be negative"):
+        connectors.set_retention_policy(native, keep_generations=None, keep_seconds=-1)
+    assert _count(engine, RetentionPolicy) == 0  # nothing written by a refusal
+    assert not connectors.get_retention_policy(native).active
+
+
+def test_pruning_keeps_the_newest_and_nonterminal_generations_and_a_dry_run_changes_nothing(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    old = _generations(connectors, pack, "busy", 3)
+    quiet = _generations(connectors, pack, "quiet", 1)  # the newest of its identity, terminal
+    connectors.ingest(pack, items=[delivery(lane="busy")])
+    running = connectors.claim("w", pack_install_ids=[pack])[0]  # nonterminal, newest of "busy"
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    with engine.connect() as connection:
+        before = database_checksums(connection, TABLES)
+
+    dry = connectors.prune(pack, dry_run=True)
+
+    with engine.connect() as connection:
+        assert database_checksums(connection, TABLES) == before
+    assert (dry.generations, dry.events, dry.receipts, dry.kept) == (3, 6, 6, 1)
+    assert dry.horizon_ordinal == 0
+
+    with counting_commits(engine) as commits:
+        done = connectors.prune(pack)
+
+    assert len(commits) == 1  # small generations share a transaction (up to prune_batch_events members)
+
+    assert (done.generations, done.events, done.receipts, done.kept) == (3, 6, 6, 1)
+    with engine.connect() as connection:  # the pruned generations are gone, the others stay
+        remaining = set(connection.execute(sa.select(WorkItem.c.WorkId)).scalars())
+    assert remaining == {*quiet, running.work.work_id}
+    assert connectors.get_work(running.work.work_id).work.status is WorkStatus.PROCESSING
+    assert done.horizon_ordinal == 6  # the third busy generation ended at ordinal 6
+    assert connectors.get_retention_policy(pack).pruned_generations == 3
+    assert connectors.prune(pack).generations == 0  # nothing more to let go
+    connectors.complete(running.work.work_id, lease_token=running.lease_token)
+    assert set(old).isdisjoint(remaining)
+    assert_invariants(engine)
+
+
+def test_after_pruning_duplicates_are_acknowledged_ordinals_go_on_and_pruned_work_says_when(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    first = delivery(lane="a")
+    connectors.ingest(pack, items=[first])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    _generations(connectors, pack, "a", 1)
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    clock.advance(5)
+    assert connectors.prune(pack).generations == 1
+    with engine.connect() as connection:
+        before = database_checksums(connection, TABLES)
+
+    again = connectors.ingest(pack, items=[first, delivery(first.receipt_key, lane="a", payload=b"other")])
+
+    assert [r.outcome for r in again] == [Outcome.DUPLICATE_PRUNED, Outcome.REJECTED]
+    assert again[0].enqueue_ordinal == 1 and again[0].work_id == claim.work.work_id
+    assert "pruned at 2026-03-01T12:00:05" in again[0].message
+    with engine.connect() as connection:
+        assert database_checksums(connection, TABLES) == before  # no Event, no work, no receipt
+    fresh = connectors.ingest(pack, items=[delivery(lane="a")])
+    assert fresh[0].outcome is Outcome.ADMITTED and fresh[0].enqueue_ordinal == 4  # the counter never moved back
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(PackInstall.c.LastOrdinal)).scalar_one() == 4
+
+    explained = connectors.explain_receipt(pack, receipt_key=first.receipt_key)
+    assert explained.receipt_state == "pruned" and explained.enqueue_ordinal == 1
+    assert explained.explanation.startswith("pruned at 2026-03-01T12:00:05")
+    for refused_call in (
+        lambda: connectors.replay(claim.work.work_id),
+        lambda: connectors.get_work(claim.work.work_id),
+    ):
+        with pytest.raises(WorkPruned, match="pruned at 2026-03-01T12:00:05") as refused:
+            refused_call()
+        assert refused.value.kind is ErrorKind.FAILED_PRECONDITION
+    with pytest.raises(WorkNotFound):
+        connectors.replay("never-existed")
+    assert_invariants(engine)
+
+
+def test_an_age_limit_keeps_recently_finished_generations(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    _generations(connectors, pack, "a", 3)
+    connectors.set_retention_policy(pack, keep_generations=None, keep_seconds=3600)
+    assert connectors.prune(pack).generations == 0
+    clock.advance(3600)
+    assert connectors.prune(pack).generations == 2  # the newest generation always stays
+    assert_invariants(engine)
+
+
+def test_a_large_generation_goes_in_bounded_transactions(engine: sa.Engine, clock: FakeClock) -> None:
+    connectors = Connectors(engine, Settings(prune_batch_events=2), clock=clock)
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=[delivery(lane="a") for _ in range(5)])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    _generations(connectors, pack, "a", 1)
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    with counting_commits(engine) as commits:
+        report = connectors.prune(pack)
+    assert (report.generations, report.events, report.receipts) == (1, 5, 5)
+    # 5 members at 2 per transaction, the WorkItem with the last, which also re-checked the
+    # identity's newest generation under its row lock and kept it.
+    assert len(commits) == 3
+    assert _count(engine, PrunedReceipt) == 5
+    assert_invariants(engine)
+
+
+def test_the_background_pass_prunes_every_pack_with_a_policy(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    packs = [install_pack(engine) for _ in range(3)]
+    for pack in packs:
+        _generations(connectors, pack, "a", 3)
+    for pack in packs[:2]:
+        connectors.set_retention_policy(pack, keep_generations=2, keep_seconds=None)
+
+    reports = connectors.prune_pass()
+
+    assert sorted((r.pack_install_id, r.generations) for r in reports) == sorted((p, 1) for p in packs[:2])
+    assert _count(engine, WorkItem) == 2 + 2 + 3
+    assert not check_invariants(engine)
+
+
+def test_the_checker_finds_a_reused_ordinal_and_a_resurrected_receipt(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    _generations(connectors, pack, "a", 2)
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    connectors.prune(pack)
+    assert not check_invariants(engine)
+    with engine.begin() as connection:  # damage on purpose: what a wrong pruner or admission would leave
+        tombstone = connection.execute(sa.select(PrunedReceipt).order_by(PrunedReceipt.c.EnqueueOrdinal)).first()
+        assert tombstone is not None
+        connection.execute(
+            sa.insert(Event).values(
+                PackInstallId=pack,
+                EnqueueOrdinal=tombstone.EnqueueOrdinal,
+                ProjectionKey=connection.execute(sa.select(PrunedWork.c.ProjectionKey)).scalar_one(),
+                ReceiptKey="reused",
+                PayloadHash="h" * 64,
+                Payload=b"x",
+                Status="pending",
+                CreatedAt=tombstone.PrunedAt,
+            )
+        )
+    problems = check_invariants(engine)
+    assert any(p.startswith("R: Events [1] remain (or were reused)") for p in problems), problems
+    assert any(p.startswith("R: tombstone") and "still (or again)" in p for p in problems), problems
