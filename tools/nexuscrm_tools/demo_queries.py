@@ -89,8 +89,15 @@ def work_item_status_counts(connection: Connection, pack_install_id: str) -> dic
 
 
 def work_item_inputs_finished(connection: Connection, pack_install_id: str) -> int:
-    """Inputs of the pack in completed generations (each counted as its claim froze it), any Flow."""
+    """Inputs of the pack in completed generations (each counted as its claim froze it), any Flow.
+
+    Inputs that retention pruned with their terminal generation count through their receipts'
+    tombstones.
+    """
     total = sa.select(sa.func.coalesce(sa.func.sum(WorkItem.c.ClaimedMemberCount), 0)).where(
         WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == "completed"
     )
-    return int(connection.execute(total).scalar_one())
+    pruned = (
+        sa.select(sa.func.count()).select_from(PrunedReceipt).where(PrunedReceipt.c.PackInstallId == pack_install_id)
+    )
+    return int(connection.execute(total).scalar_one()) + int(connection.execute(pruned).scalar_one())
