@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.legacy import RETRY_SECONDS, LegacyRuntime
+from nexuscrm_connectors.retention_queries import events_delete
 from nexuscrm_controlplane import audit, cutover, fences
 from nexuscrm_controlplane.audit import Rule
 from nexuscrm_controlplane.cutover import Outcome
@@ -122,7 +123,7 @@ def test_missing_owner_a_work_item_whose_selected_event_is_gone(
             sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack, WorkItem.c.LaneOrdinal == 1)
         ).scalar_one()
         if delete_selected_event:  # retention deleted the Event a retained WorkItem selected
-            connection.execute(sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == 1))
+            events_delete(connection, pack, [1])
 
     arm(engine, clock)
     result = cut(engine, pack, clock)

@@ -24,10 +24,10 @@ from workqueue.values import IngestItem, Outcome
 pytestmark = pytest.mark.database
 
 # The most statements one Ingest call may run: pack lock, fence, protocol row, receipts,
-# Events of the keys, covering seeks, covering generations, ordinals, Events, newest seek,
-# newest lock, extension, new generations, receipts of the new Events, new receipts of
-# duplicates, two receipt verdict updates.
-ADMISSION_STATEMENT_BOUND = 17
+# Events of the keys, covering seeks, covering generations, ordinals, Events, their payloads
+# (EventPayload, decision 126), newest seek, newest lock, extension, new generations, receipts
+# of the new Events, new receipts of duplicates, two receipt verdict updates.
+ADMISSION_STATEMENT_BOUND = 18
 SIZES = (4, 400)  # deliveries per batch: two per identity
 
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 from nexuscrm_connectors.leases import CLAIM_PASSES
+from nexuscrm_connectors.retention_queries import events_delete
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem
@@ -92,7 +93,7 @@ def test_a_missing_selected_event_fails_only_its_generation(
     damaged = results[1].work_id
     selected = results[2].enqueue_ordinal
     with engine.begin() as connection:
-        connection.execute(sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == selected))
+        events_delete(connection, pack, [selected])
     before = _failed_damaged()
     claims = connectors.claim("w", pack_install_ids=[pack], max_items=3)
     assert sorted(c.work.work_id for c in claims) == sorted([results[0].work_id, results[3].work_id])
@@ -124,11 +125,7 @@ def test_damaged_oldest_generations_never_block_newer_work_of_the_pack(
     clock.advance(1)  # strictly older than the healthy one
     healthy = connectors.ingest(pack, items=[delivery(lane="healthy")])[0]
     with engine.begin() as connection:
-        connection.execute(
-            sa.delete(Event).where(
-                Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal.in_([r.enqueue_ordinal for r in results])
-            )
-        )
+        events_delete(connection, pack, [int(r.enqueue_ordinal) for r in results])
     before = _failed_damaged()
     answers = [connectors.claim("w", pack_install_ids=[pack], max_items=max_items)]
     while not answers[-1] and len(answers) < damaged_count:  # on main: empty for ever
@@ -289,9 +286,7 @@ def test_failing_damaged_work_unblocks_its_successor(
     successor = connectors.ingest(pack, items=[delivery(lane="a")])[0]  # blocked behind the running generation
     assert connectors.get_work(str(successor.work_id)).work.status == WorkStatus.BLOCKED
     with engine.begin() as connection:
-        connection.execute(
-            sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == first.enqueue_ordinal)
-        )
+        events_delete(connection, pack, [int(first.enqueue_ordinal)])
     clock.advance(6)  # the lease expired: the next claim reclaims the damaged generation
     claims = connectors.claim("w2", pack_install_ids=[pack])
     assert [c.work.work_id for c in claims] == [successor.work_id]

@@ -30,6 +30,7 @@ from nexuscrm_connectors.admission import generation_row
 from nexuscrm_connectors.leases import lease_grant
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import queries as cp_queries
+from nexuscrm_runtime.budgets import MIB
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.hints import NO_DECORRELATE
@@ -209,7 +210,7 @@ def _analyze(engine: sa.Engine) -> None:
             connection.exec_driver_sql("ANALYZE")
         else:
             connection.exec_driver_sql(
-                "ANALYZE TABLE Event, WorkItem, IngressReceipt, PackInstall, PrunedReceipt, PrunedWork"
+                "ANALYZE TABLE Event, EventPayload, WorkItem, IngressReceipt, PackInstall, PrunedReceipt, PrunedWork"
             )
 
 
@@ -248,7 +249,7 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
             c, [(pack, seeded.end, key), (pack, seeded.start, key)], EventStatus.PROCESSING
         ),
         "event_range_count": lambda c: queries.event_range_count(c, pack, key, seeded.start, seeded.end),
-        "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500),
+        "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500, MIB),
         "receipt_pack_stored_after": lambda c: queries.receipt_pack_stored_after(c, ""),
         # the allocation UPDATE proves no Event sits above the counter (rolled back here)
         "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack, DATABASE_CLOCK), 1),

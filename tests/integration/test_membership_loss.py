@@ -15,8 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from nexuscrm_connectors.errors import MembershipMissing
+from nexuscrm_connectors.retention_queries import events_delete
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_schema.tables import Event, WorkItem
+from nexuscrm_schema.tables import WorkItem
 from tests.integration.test_claims import CLAIM_STATEMENTS
 from tests.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
@@ -38,7 +39,7 @@ def _claimed_member_count(engine: sa.Engine, work_id: str) -> int | None:
 
 def _lose(engine: sa.Engine, pack: str, ordinal: int) -> None:
     with engine.begin() as connection:
-        connection.execute(sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == ordinal))
+        events_delete(connection, pack, [ordinal])
 
 
 def test_the_first_claim_records_the_member_count_in_its_constant_statements(

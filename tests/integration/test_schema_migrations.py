@@ -70,7 +70,7 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
 
     assert migrations.apply_schema(empty_engine) == (
         1,
-        7,
+        8,
         [
             "v2_projection_input_ranges",
             "v3_successor_links",
@@ -78,6 +78,7 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
             "v5_claimed_member_count",
             "v6_namespace_control",
             "v7_retention",
+            "v8_event_payload",
         ],
     )
 
@@ -103,8 +104,11 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         5: ["WorkItem.ClaimedMemberCount"],
         6: ["NamespaceControl"],
         7: ["PrunedReceipt", "PrunedWork", "RetentionPolicy", "WorkItem(ix_workitem_retention)"],
+        8: ["Event.PayloadBytes", "EventPayload"],
     }
     order = [
+        "Event.PayloadBytes",
+        "EventPayload",
         "NamespaceControl",
         "PackInstall.ControlVersion",
         "PrunedReceipt",
@@ -116,7 +120,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "WorkItem(ix_workitem_retention)",
         "_System_ConnectorProjectionProtocol",
     ]
-    for version in range(1, 7):
+    for version in range(1, 8):
         migrations.apply_schema(empty_engine, version)
         lacking = {piece for step, pieces in later.items() if step > version for piece in pieces}
         assert verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION) == [
@@ -155,8 +159,9 @@ def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
         "v5_claimed_member_count",
         "v6_namespace_control",
         "v7_retention",
+        "v8_event_payload",
     ]
     described = verification.describe_schema(empty_engine)
-    assert migrations.apply_schema(empty_engine) == (7, 7, [])
+    assert migrations.apply_schema(empty_engine) == (8, 8, [])
     assert verification.describe_schema(empty_engine) == described
-    assert described.version == described.newest_version == 7
+    assert described.version == described.newest_version == 8

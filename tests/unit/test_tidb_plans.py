@@ -40,6 +40,7 @@ def rows(table: str) -> list[tuple[str, ...]]:
 
 RANGE_PAGE = plan("range_page")
 POINT_GETS = plan("point_gets")
+PAYLOAD_PAGE = plan("payload_page")
 NEXT_PACK = plan("next_pack")
 GROUP_BY_BACKLOG = plan("group_by_backlog")
 GROUP_BY_PAGE = plan("group_by_page")
@@ -49,7 +50,7 @@ TOPN_OVER_RANGE = plan("topn_over_range")
 FULL_SCAN = plan("full_scan")
 
 
-@pytest.mark.parametrize("plan", [RANGE_PAGE, POINT_GETS, NEXT_PACK, GROUP_BY_PAGE, ANTI_SEMI_APPLY])
+@pytest.mark.parametrize("plan", [RANGE_PAGE, PAYLOAD_PAGE, POINT_GETS, NEXT_PACK, GROUP_BY_PAGE, ANTI_SEMI_APPLY])
 def test_the_shapes_our_hot_queries_must_have_pass(plan: str) -> None:
     assert problems_tidb(rows(plan)) == []
 

@@ -2,7 +2,10 @@
 
 M membership, O ordinals, B bounds, D duplicates, X execution, P payload, and R the retention
 horizon (decision 125): M and D hold over what is retained, and what retention pruned left
-only its records, all at or below the pack's horizon, never reused. The checker reads
+only its records, all at or below the pack's horizon, never reused. P also covers where a
+payload is stored (decision 126): an Event with PayloadBytes has exactly one EventPayload row
+of that length, one without (admitted before schema v8 copied it) has none, and no
+EventPayload row lacks its Event. The checker reads
 every row, so it is for tests, demos and operator audits of small databases, never a hot
 path; it returns violations prefixed with the invariant's letter. Every scenario test ends
 with it (tests/support/invariants.py), and `make run` prints its verdict.
@@ -23,6 +26,7 @@ from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
     Event,
+    EventPayload,
     IngressReceipt,
     PackInstall,
     PrunedReceipt,
@@ -112,6 +116,14 @@ def check_invariants(engine: sa.Engine) -> list[str]:
                 Event.c.ReceiptKey,
                 Event.c.PayloadHash,
                 Event.c.IsReplay,
+                Event.c.PayloadBytes,
+            )
+        ).all()
+        payloads = connection.execute(
+            sa.select(
+                EventPayload.c.PackInstallId,
+                EventPayload.c.EnqueueOrdinal,
+                sa.func.length(EventPayload.c.Payload).label("Bytes"),
             )
         ).all()
         work = connection.execute(sa.select(WorkItem)).all()
@@ -141,6 +153,7 @@ def check_invariants(engine: sa.Engine) -> list[str]:
         ranges.sort(key=lambda g: g[1])
     problems += _membership(cutoffs, events, generations)
     problems += _bounds_and_payload(events, generations)
+    problems += _payload_rows(events, payloads)
     problems += _execution(generations)
     problems += _duplicates(events, receipts)
     problems += _retention(packs, horizons, events, receipts, generations, pruned_work, tombstones)
@@ -235,6 +248,21 @@ def _bounds_and_payload(events: Iterable[DbRow], generations: Generations) -> li
                 problems.append(f"P: {work_id} has no member at its InputStartOrdinal {start}")
             if (pack, key, end) not in present:
                 problems.append(f"P: {work_id} has no selected Event at its LaneOrdinal {end}")
+    return problems
+
+
+def _payload_rows(events: Iterable[DbRow], payloads: Iterable[DbRow]) -> list[str]:
+    stored = {(p.PackInstallId, p.EnqueueOrdinal): p.Bytes for p in payloads}  # a primary key: one row each
+    problems = []
+    for e in events:
+        key = (e.PackInstallId, e.EnqueueOrdinal)
+        size = stored.pop(key, None)
+        if e.PayloadBytes is not None and size != e.PayloadBytes:
+            found = "no EventPayload row" if size is None else f"an EventPayload of {size} bytes"
+            problems.append(f"P: Event {key} records a {e.PayloadBytes}-byte payload but has {found}")
+        elif e.PayloadBytes is None and size is not None:
+            problems.append(f"P: Event {key} keeps its payload in Event but also has an EventPayload row")
+    problems += [f"P: EventPayload {key} has no Event" for key in sorted(stored)]
     return problems
 
 

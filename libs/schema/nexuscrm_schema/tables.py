@@ -156,15 +156,35 @@ Event = sa.Table(
     # NULL for replay Events, which no delivery produced.
     sa.Column("ReceiptKey", sa.String(RECEIPT_KEY_LENGTH), nullable=True),
     sa.Column("PayloadHash", sa.String(64), nullable=False),
+    # Empty for an Event whose payload is in EventPayload (PayloadBytes set): from schema v8 a
+    # status change writes a small row, never the payload (decision 126). Kept NOT NULL, and
+    # holding the payload of Events admitted before v8 was copied (PayloadBytes NULL): a
+    # release older than v8 still reads and writes it while the schema moves.
     sa.Column("Payload", Payload(), nullable=False),
     sa.Column("SourceTime", Timestamp(), nullable=True),  # recorded, never used for membership
     sa.Column("Status", sa.String(STATUS_LENGTH), nullable=False),
     sa.Column("IsReplay", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("CreatedAt", Timestamp(), nullable=False),
+    # Added by schema v8. The length of the payload in EventPayload, so byte budgets (LoadInputs
+    # pages) size members without reading a payload. NULL: the payload is still in Event.Payload
+    # (admitted by a release older than v8 after the v8 copy passed it).
+    sa.Column("PayloadBytes", sa.BigInteger, nullable=True),
     # Duplicate detection: the Event of a receipt.
     sa.Index("uq_event_receipt", "PackInstallId", "ReceiptKey", unique=True),
     # The source-lane index: payload range reads and audit scans per identity.
     sa.Index("ix_event_source_lane", "PackInstallId", "ProjectionKey", "EnqueueOrdinal"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v8 (decision 126): the payload of an Event, written once by the admission
+# (or replay) that inserts the Event, never updated, deleted with its Event. Keyed (clustered)
+# like Event, so a page of members is one range of each table.
+EventPayload = sa.Table(
+    "EventPayload",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("EnqueueOrdinal", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("Payload", Payload(), nullable=False),
     **MYSQL_TABLE_OPTIONS,
 )
 

@@ -81,13 +81,7 @@ def ingest(
         raise LimitExceeded(
             f"items has {len(items)} deliveries; the limit is {settings.max_batch_items}", field="items"
         )
-    payload_bytes = sum(len(item.payload) for item in items)
-    if payload_bytes > settings.max_transaction_bytes:  # one call is admitted in one transaction
-        raise InvalidArgument(
-            f"items carry {payload_bytes} payload bytes; the limit per call is {settings.max_transaction_bytes} "
-            "(max_transaction_bytes: one admission transaction); send fewer items per call",
-            field="items",
-        )
+    check_call_bytes(settings, items)
     results: dict[int, IngestResult] = {}
     validated: dict[int, Delivery] = {}
     first: dict[str, Delivery] = {}  # the first valid delivery of each receipt key
@@ -112,14 +106,34 @@ def ingest(
     return [results[index] for index in range(len(items))]
 
 
-def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> Delivery:
-    validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
-    projection_key = _projection_key(pack_install_id, item.route)
+def check_call_bytes(settings: Settings, items: Sequence[IngestItem]) -> None:
+    """Refuse a call whose payloads add up to more than one admission transaction may write (decision 122).
+
+    A call is always admitted in one transaction, so it is refused whole (``InvalidArgument``
+    on ``items``), before anything is written. Native and legacy Ingest both call it.
+    """
+    payload_bytes = sum(len(item.payload) for item in items)
+    if payload_bytes > settings.max_transaction_bytes:
+        raise InvalidArgument(
+            f"items carry {payload_bytes} payload bytes; the limit per call is {settings.max_transaction_bytes} "
+            "(max_transaction_bytes: one admission transaction); send fewer items per call",
+            field="items",
+        )
+
+
+def check_payload(settings: Settings, item: IngestItem) -> None:
+    """Refuse a payload above ``max_payload_bytes`` (``InvalidArgument`` on ``payload``, naming the limit)."""
     if len(item.payload) > settings.max_payload_bytes:
         raise InvalidArgument(
             f"payload is {len(item.payload)} bytes; the limit is {settings.max_payload_bytes} (max_payload_bytes)",
             field="payload",
         )
+
+
+def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> Delivery:
+    validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
+    projection_key = _projection_key(pack_install_id, item.route)
+    check_payload(settings, item)
     return Delivery(item=item, projection_key=projection_key, payload_hash=payload_hash(item.payload))
 
 

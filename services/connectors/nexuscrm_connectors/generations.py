@@ -70,9 +70,16 @@ def list_members(
             )
         count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
         rows = queries.event_range_page(
-            connection, row.PackInstallId, row.ProjectionKey, max(start - 1, after or 0), end, size
+            connection,
+            row.PackInstallId,
+            row.ProjectionKey,
+            max(start - 1, after or 0),
+            end,
+            size,
+            settings.max_page_bytes,
         )
-    more = len(rows) == size and rows[-1].EnqueueOrdinal < end
+    # Members follow when the byte budget cut the page or the candidates filled it.
+    more = bool(rows) and (len(rows) < rows[0].Candidates or len(rows) == size) and rows[-1].EnqueueOrdinal < end
     return MemberPage(
         inputs=tuple(queries.input_value(r) for r in rows),
         next_page_token=page_tokens.encode_token((rows[-1].EnqueueOrdinal,)) if more else "",

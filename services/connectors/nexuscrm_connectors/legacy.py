@@ -32,10 +32,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import packs, queries
-from nexuscrm_connectors.admission import Delivery, event_rows, payload_hash, receipt_row
+from nexuscrm_connectors.admission import (
+    Delivery,
+    check_call_bytes,
+    check_payload,
+    event_rows,
+    payload_hash,
+    receipt_row,
+)
 from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
 from nexuscrm_connectors.leases import lease_values
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH, PackInstall, WorkItem
@@ -156,9 +164,13 @@ def _refuse_if_cut_over(connection: Connection, pack_install_id: str, action: st
 class LegacyRuntime:
     """The old-protocol writer and worker over one database (see the module docstring)."""
 
-    def __init__(self, engine: Engine, clock: DatabaseClock = DATABASE_CLOCK) -> None:
+    def __init__(
+        self, engine: Engine, clock: DatabaseClock = DATABASE_CLOCK, *, settings: Settings | None = None
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        # The byte limits of native Ingest and LoadInputs (decision 122); the rest is not used.
+        self.settings = settings or Settings()
 
     def record_work_item_handoff(self, pack_install_id: str) -> dt.datetime:
         """Switch a pack to WorkItem-only execution and record it (``PackInstall.WorkItemHandoffAt``).
@@ -183,16 +195,20 @@ class LegacyRuntime:
         Fenced: new receipts are stored (``fenced``) for the native materializer. A receipt
         key with an Event is a duplicate and is acknowledged without looking further
         (``duplicate_legacy``); with a different payload it is ``rejected``. Raises
-        ``UnknownPack``, ``LegacyRefused`` and ``InvalidArgument`` (malformed item).
+        ``UnknownPack``, ``LegacyRefused`` and ``InvalidArgument`` (malformed item, a payload
+        above ``max_payload_bytes``, or more payload than ``max_transaction_bytes``: native
+        Ingest's limits, decision 122), for the whole call before anything is written.
         """
-        deliveries = [self._validate(pack_install_id, item) for item in items]
+        check_call_bytes(self.settings, items)
+        deliveries = [self._validate(self.settings, pack_install_id, item) for item in items]
         return run_transaction(
             self.engine, lambda connection: self._admit(connection, pack_install_id, deliveries), name="legacy ingest"
         )
 
     @staticmethod
-    def _validate(pack_install_id: str, item: IngestItem) -> Delivery:
+    def _validate(settings: Settings, pack_install_id: str, item: IngestItem) -> Delivery:
         validate_text("receipt_key", item.receipt_key, RECEIPT_KEY_LENGTH)
+        check_payload(settings, item)
         return Delivery(
             item=item,
             projection_key=item.route.identity(pack_install_id).key,
@@ -339,18 +355,15 @@ class LegacyRuntime:
             after = -1 if after is None else after  # old history may hold ordinal 0
             inputs: list[InputRow] = []
             while page := queries.event_range_page(
-                connection, row.PackInstallId, row.ProjectionKey, after, row.LaneOrdinal, INPUT_PAGE
+                connection,
+                row.PackInstallId,
+                row.ProjectionKey,
+                after,
+                row.LaneOrdinal,
+                INPUT_PAGE,
+                self.settings.max_page_bytes,
             ):
-                inputs.extend(
-                    InputRow(
-                        enqueue_ordinal=e.EnqueueOrdinal,
-                        receipt_key=e.ReceiptKey,
-                        payload=e.Payload,
-                        source_time=e.SourceTime,
-                        is_replay=bool(e.IsReplay),
-                    )
-                    for e in page
-                )
+                inputs.extend(queries.input_value(e) for e in page)
                 after = int(page[-1].EnqueueOrdinal)
             return inputs
 

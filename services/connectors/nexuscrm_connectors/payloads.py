@@ -18,7 +18,6 @@ from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.leases import current_lease
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.budgets import within_bytes
 from nexuscrm_runtime.clock import DatabaseClock
 from workqueue.values import InputPage
 
@@ -78,10 +77,11 @@ def load_inputs(
 def _page(
     connection: Connection, settings: Settings, work: queries.DbRow, after: int, end: int, size: int
 ) -> tuple[list[queries.DbRow], bool]:
-    """The next members after ``after`` within ``size`` members and the byte budget; and whether none follow."""
-    sizes = queries.event_range_sizes(connection, work.PackInstallId, work.ProjectionKey, after, end, size)
-    ordinals = within_bytes([(r.EnqueueOrdinal, r.PayloadBytes) for r in sizes], settings.max_page_bytes)
-    if not ordinals:
-        return [], True
-    rows = queries.event_range_page(connection, work.PackInstallId, work.ProjectionKey, after, ordinals[-1], size)
-    return rows, len(sizes) < size and len(ordinals) == len(sizes)
+    """The next members after ``after`` within ``size`` members and the byte budget; and whether none follow.
+
+    One statement (``event_range_page``): a page's sizes come from Event.PayloadBytes.
+    """
+    rows = queries.event_range_page(
+        connection, work.PackInstallId, work.ProjectionKey, after, end, size, settings.max_page_bytes
+    )
+    return rows, not rows or (rows[0].Candidates < size and len(rows) == rows[0].Candidates)

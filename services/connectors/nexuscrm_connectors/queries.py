@@ -17,7 +17,15 @@ from sqlalchemy.engine import Connection, Row
 
 from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import PREDECESSOR_STATUS
-from nexuscrm_schema.tables import Event, IngressReceipt, PackInstall, PrunedReceipt, PrunedWork, WorkItem
+from nexuscrm_schema.tables import (
+    Event,
+    EventPayload,
+    IngressReceipt,
+    PackInstall,
+    PrunedReceipt,
+    PrunedWork,
+    WorkItem,
+)
 from workqueue import EventStatus, ReceiptState, WorkStatus
 from workqueue.values import InputRow, WorkItemRow
 
@@ -27,6 +35,13 @@ DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 # The Payload of a receipt whose input has an Event: the payload is stored once, in the Event
 # (the column is NOT NULL; the receipt's State says which receipts still carry theirs).
 ADMITTED_RECEIPT_PAYLOAD = b""
+# The Payload of an Event admitted from schema v8: its payload is in EventPayload (the column
+# is NOT NULL; Event.PayloadBytes set says where the payload is).
+EVENT_PAYLOAD_ELSEWHERE = b""
+# What a status change leaves in Event.Payload: emptied once the payload is in EventPayload
+# (an Event schema v8 copied keeps its old copy until its first status change), so the new
+# row version never carries payload bytes; kept when it is the only copy (decision 126).
+_PAYLOAD_AFTER_STATUS = sa.case((Event.c.PayloadBytes.is_not(None), EVENT_PAYLOAD_ELSEWHERE), else_=Event.c.Payload)
 # An instant to store or compare with: one the database clock gave this transaction, or the
 # database clock itself (``DatabaseClock.now()``) for a statement that reads none first.
 Instant = dt.datetime | sa.ColumnElement[dt.datetime]
@@ -322,9 +337,21 @@ def work_items_covering(connection: Connection, pack_install_id: str, events: Ma
 
 
 def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert new Events (one multi-row INSERT)."""
+    """Insert new Events and their payloads (two multi-row INSERTs: Event, then EventPayload).
+
+    Each row carries its payload as ``Payload``: it goes to EventPayload, written once and
+    never updated, and the Event row keeps its length and an empty payload, so a status
+    change writes a small row (decision 126).
+    """
     if rows:
-        connection.execute(sa.insert(Event), list(rows))
+        connection.execute(
+            sa.insert(Event),
+            [{**row, "Payload": EVENT_PAYLOAD_ELSEWHERE, "PayloadBytes": len(row["Payload"])} for row in rows],
+        )
+        connection.execute(
+            sa.insert(EventPayload),
+            [{name: row[name] for name in ("PackInstallId", "EnqueueOrdinal", "Payload")} for row in rows],
+        )
 
 
 def event_set_status(
@@ -338,7 +365,7 @@ def event_set_status(
             Event.c.EnqueueOrdinal == ordinal,
             Event.c.ProjectionKey == projection_key,
         )
-        .values(Status=status)
+        .values(Status=status, Payload=_PAYLOAD_AFTER_STATUS)
     ).rowcount
 
 
@@ -364,27 +391,76 @@ def _event_range(
     )
 
 
-def event_range_sizes(
-    connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
-) -> list[DbRow]:
-    """EnqueueOrdinal and PayloadBytes of the next ``limit`` members after ``after``, for a page's byte budget.
-
-    The same range of ix_event_source_lane as ``event_range_page``; payloads are measured by
-    the server, never sent.
-    """
-    columns = [Event.c.EnqueueOrdinal, sa.func.length(Event.c.Payload).label("PayloadBytes")]
-    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
+# The bytes of an Event's payload: its PayloadBytes, or for an Event whose payload is still in
+# Event.Payload (admitted by a release older than schema v8, decision 126) that payload's length.
+_PAYLOAD_BYTES = sa.func.coalesce(Event.c.PayloadBytes, sa.func.length(Event.c.Payload))
+_KEPT = Event.alias("Kept")  # the Event again, for a payload still kept in Event.Payload
 
 
 def event_range_page(
-    connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
+    connection: Connection,
+    pack_install_id: str,
+    projection_key: str,
+    after: int,
+    through: int,
+    limit: int,
+    max_bytes: int,
 ) -> list[DbRow]:
-    """Members of an identity with ``after < ordinal <= through``, in ordinal order.
+    """The next members of an identity after ``after`` (up to ``through``), in ordinal order, within a byte budget.
 
-    A range scan of ix_event_source_lane; callers paginate by keyset (``after``).
+    The first ``limit`` members are the candidates; the page is their longest prefix whose
+    payloads add up to at most ``max_bytes`` (at least one member; ``within_bytes``'
+    semantics, decision 122). Each row carries EnqueueOrdinal, ReceiptKey, Payload,
+    SourceTime, IsReplay and ``Candidates``: fewer candidates than ``limit``, all in the page,
+    means no member follows.
+
+    One statement: the candidates are a range of ix_event_source_lane sized from
+    Event.PayloadBytes (no payload read), a window sum cuts the prefix, and each member's
+    payload is one primary-key lookup of EventPayload (or, for a payload kept in Event, of
+    Event). Rows are ordered here, not by the server: an ORDER BY over the derived table would
+    add a sort.
     """
-    columns = [Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.Payload, Event.c.SourceTime, Event.c.IsReplay]
-    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
+    candidates = _event_range(
+        [
+            Event.c.EnqueueOrdinal,
+            Event.c.ReceiptKey,
+            Event.c.SourceTime,
+            Event.c.IsReplay,
+            Event.c.PayloadBytes.label("Stored"),
+            _PAYLOAD_BYTES.label("Bytes"),
+        ],
+        pack_install_id,
+        projection_key,
+        after,
+        through,
+        limit,
+    ).subquery("Candidates")
+    order = candidates.c.EnqueueOrdinal
+    sized = sa.select(
+        candidates,
+        sa.func.sum(candidates.c.Bytes).over(order_by=order).label("Through"),
+        sa.func.row_number().over(order_by=order).label("Position"),
+        sa.func.count().over().label("Candidates"),
+    ).subquery("Sized")
+    payload = EventPayload.c.PackInstallId == pack_install_id, EventPayload.c.EnqueueOrdinal == sized.c.EnqueueOrdinal
+    kept = _KEPT.c.PackInstallId == pack_install_id, _KEPT.c.EnqueueOrdinal == sized.c.EnqueueOrdinal
+    statement = (
+        sa.select(
+            sized.c.EnqueueOrdinal,
+            sized.c.ReceiptKey,
+            sa.func.coalesce(EventPayload.c.Payload, _KEPT.c.Payload).label("Payload"),
+            sized.c.SourceTime,
+            sized.c.IsReplay,
+            sized.c.Candidates,
+        )
+        .select_from(
+            sized.outerjoin(EventPayload, sa.and_(sized.c.Stored.is_not(None), *payload)).outerjoin(
+                _KEPT, sa.and_(sized.c.Stored.is_(None), *kept)
+            )
+        )
+        .where(sa.or_(sized.c.Through <= max_bytes, sized.c.Position == 1))
+    )
+    return sorted(connection.execute(statement), key=lambda row: row.EnqueueOrdinal)
 
 
 def input_value(row: Any) -> InputRow:
@@ -827,7 +903,8 @@ def selected_events_set_status(
         sa.and_(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == ordinal, Event.c.ProjectionKey == key)
         for pack, ordinal, key in selected
     ]
-    return connection.execute(sa.update(Event).where(sa.or_(*keys)).values(Status=status)).rowcount
+    statement = sa.update(Event).where(sa.or_(*keys)).values(Status=status, Payload=_PAYLOAD_AFTER_STATUS)
+    return connection.execute(statement).rowcount
 
 
 def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, Any], values: dict[str, Any]) -> int:

@@ -15,7 +15,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow, after_keyset
-from nexuscrm_schema.tables import Event, IngressReceipt, PrunedReceipt, PrunedWork, RetentionPolicy, WorkItem
+from nexuscrm_schema.tables import (
+    Event,
+    EventPayload,
+    IngressReceipt,
+    PrunedReceipt,
+    PrunedWork,
+    RetentionPolicy,
+    WorkItem,
+)
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 
@@ -147,9 +155,14 @@ def events_members_page(
 
 
 def events_delete(connection: Connection, pack_install_id: str, ordinals: Sequence[int]) -> int:
-    """Delete Events by primary key."""
+    """Delete Events and their EventPayload rows by primary key; return the Events deleted."""
     if not ordinals:
         return 0
+    connection.execute(
+        sa.delete(EventPayload).where(
+            EventPayload.c.PackInstallId == pack_install_id, EventPayload.c.EnqueueOrdinal.in_(ordinals)
+        )
+    )
     return int(
         connection.execute(
             sa.delete(Event).where(Event.c.PackInstallId == pack_install_id, Event.c.EnqueueOrdinal.in_(ordinals))

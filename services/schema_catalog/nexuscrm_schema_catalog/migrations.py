@@ -7,9 +7,12 @@ _System_ConnectorProjectionProtocol table. Version 3 adds WorkItem.SuccessorWork
 106), version 4 PackInstall.ControlVersion (decision 107), version 5
 WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table (decision
 107, amendment), version 7 the retention tables and WorkItem(ix_workitem_retention) (decision
-123). Steps only create tables, indexes and nullable
-columns, each guarded so a repeated or concurrent run is a no-op; no step writes a data row
-other than its own _System_SchemaVersion record.
+123), version 8 the EventPayload table and Event.PayloadBytes (decision 126). Steps only
+create tables, indexes and nullable columns, each guarded so a repeated or concurrent run is a
+no-op, so the previous release keeps running while the schema moves. One step also copies
+data: v8 copies every payload into EventPayload (``payload_copy``), in batches committed one
+by one after its DDL; the version is recorded when the copy is done, so an interrupted copy
+resumes on the next run.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema import tables
 from nexuscrm_schema.verification import NEWEST_VERSION, current_version
+from nexuscrm_schema_catalog.payload_copy import copy_event_payloads
 from workqueue.errors import InvalidArgument
 
 V2_COLUMN = "InputStartOrdinal"
@@ -35,13 +39,15 @@ V5_COLUMN = "ClaimedMemberCount"
 V6_TABLES = (tables.NamespaceControl,)
 V7_TABLES = (tables.RetentionPolicy, tables.PrunedWork, tables.PrunedReceipt)
 V7_INDEX = "ix_workitem_retention"
+V8_TABLES = (tables.EventPayload,)
+V8_COLUMN = "PayloadBytes"
 
 
 def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES + V7_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
@@ -55,11 +61,11 @@ def _v1_metadata() -> sa.MetaData:
                 ),
                 **tables.MYSQL_TABLE_OPTIONS,
             )
-        elif table is tables.PackInstall:
+        elif table in (tables.PackInstall, tables.Event):
             sa.Table(
                 table.name,
                 v1,
-                *(column._copy() for column in table.columns if column.name != V4_COLUMN),
+                *(column._copy() for column in table.columns if column.name not in (V4_COLUMN, V8_COLUMN)),
                 *(sa.Index(index.name, *index.columns.keys(), unique=index.unique) for index in table.indexes),
                 **tables.MYSQL_TABLE_OPTIONS,
             )
@@ -113,13 +119,22 @@ def _apply_v7(connection: Connection) -> None:
         index.create(connection)
 
 
+def _apply_v8(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V8_TABLES), checkfirst=True)
+    columns = {c["name"] for c in sa.inspect(connection).get_columns(tables.Event.name)}
+    if V8_COLUMN not in columns:
+        operations = Operations(MigrationContext.configure(connection))
+        operations.add_column(tables.Event.name, tables.Event.c[V8_COLUMN]._copy())
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One schema version and the additive DDL that reaches it."""
+    """One schema version: the additive DDL that reaches it, and the data it copies after that DDL commits."""
 
     version: int
     name: str
     apply: Callable[[Connection], None]
+    copy: Callable[[Engine], object] | None = None
 
 
 STEPS = (
@@ -130,6 +145,7 @@ STEPS = (
     Step(5, "v5_claimed_member_count", _apply_v5),
     Step(6, "v6_namespace_control", _apply_v6),
     Step(7, "v7_retention", _apply_v7),
+    Step(8, "v8_event_payload", _apply_v8, copy_event_payloads),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
@@ -139,6 +155,8 @@ def apply_schema(engine: Engine, target_version: int = 0) -> tuple[int, int, lis
     """Migrate forward to ``target_version`` (0 = newest); return (from, to, applied step names).
 
     Idempotent. Never migrates backwards: a target below the current version changes nothing.
+    A step that copies data commits its DDL first, then copies in transactions of its own, and
+    is recorded after the copy: interrupted, it is applied again (and resumes) on the next run.
     """
     target = target_version or NEWEST_VERSION
     if not 0 < target <= NEWEST_VERSION:
@@ -154,7 +172,12 @@ def apply_schema(engine: Engine, target_version: int = 0) -> tuple[int, int, lis
             with engine.begin() as connection:
                 step.apply(connection)
                 tables.SchemaVersion.create(connection, checkfirst=True)
-                _record(connection, step)
+                if step.copy is None:
+                    _record(connection, step)
+            if step.copy is not None:
+                step.copy(engine)
+                with engine.begin() as connection:
+                    _record(connection, step)
             applied.append(step.name)
     with engine.connect() as connection:
         return start, current_version(connection), applied
