@@ -28,6 +28,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from nexuscrm_runtime.database import create_engine
+from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools.launcher import (
@@ -123,9 +124,9 @@ def open_coverage_gap(
     with engine.begin() as connection:
         work = connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId == work_id)).one()
         receipt_key, payload = connection.execute(
-            sa.select(Event.c.ReceiptKey, Event.c.Payload).where(
-                Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == work.LaneOrdinal
-            )
+            sa.select(Event.c.ReceiptKey, EVENT_PAYLOAD)
+            .select_from(EVENT_WITH_PAYLOAD)
+            .where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == work.LaneOrdinal)
         ).one()
         members = connection.execute(
             sa.select(Event.c.EnqueueOrdinal).where(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from nexuscrm_connectors.legacy import LegacyRuntime
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.budgets import MAX_ENTRY_PAYLOAD_BYTES, MAX_TRANSACTION_BYTES, MIB, within_bytes
@@ -129,3 +130,37 @@ def test_a_member_larger_than_the_page_budget_gets_a_page_of_its_own(engine: sa.
     (claim,) = connectors.claim("w", pack_install_ids=[pack])
     pages = list(connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token))
     assert [len(page.inputs) for page in pages] == [1, 1] and pages[-1].last
+
+
+def test_listmembers_pages_are_bounded_in_bytes_like_loadinputs(engine: sa.Engine) -> None:
+    connectors = budgeted(engine, max_payload_bytes=4 * KIB, max_page_bytes=5 * KIB)
+    pack = install_pack(engine)
+    sizes = [2 * KIB, 2 * KIB, 2 * KIB, 4 * KIB, 1 * KIB, 1 * KIB]
+    (first, *_) = connectors.ingest(pack, items=[delivery(payload=bytes([n]) * s) for n, s in enumerate(sizes)])
+    pages: list[list[int]] = []
+    token = ""
+    while not pages or token:
+        page = connectors.list_members(str(first.work_id), page_size=500, page_token=token)
+        pages.append([len(i.payload) for i in page.inputs])
+        token = page.next_page_token
+    assert pages == [[2 * KIB, 2 * KIB], [2 * KIB], [4 * KIB, KIB], [KIB]]
+    assert_invariants(engine)
+
+
+def test_the_legacy_runtime_applies_native_ingest_s_byte_limits(engine: sa.Engine) -> None:
+    """Issue 19 item 2 for the old-protocol writer: a payload and a call above the limits are refused whole."""
+    settings = Settings(max_payload_bytes=4 * KIB, max_transaction_bytes=10 * KIB)
+    legacy = LegacyRuntime(engine, FakeClock(), settings=settings)
+    pack = install_pack(engine, legacy_max_ordinal=None)  # an old-protocol pack
+    with pytest.raises(InvalidArgument) as too_big:
+        legacy.ingest(pack, [delivery(payload=b"y"), delivery(payload=b"x" * (4 * KIB + 1))])
+    assert too_big.value.field == "payload"
+    assert str(too_big.value) == f"payload is {4 * KIB + 1} bytes; the limit is {4 * KIB} (max_payload_bytes)"
+    with pytest.raises(InvalidArgument) as too_many:
+        legacy.ingest(pack, [delivery(payload=b"x" * (4 * KIB)) for _ in range(3)])
+    assert too_many.value.field == "items"
+    assert f"items carry {12 * KIB} payload bytes; the limit per call is {10 * KIB}" in str(too_many.value)
+    assert count(engine, IngressReceipt) == 0 and count(engine, Event) == 0  # nothing written
+    (admitted,) = legacy.ingest(pack, [delivery(payload=b"x" * (4 * KIB))])
+    assert admitted.outcome is Outcome.ADMITTED
+    assert_invariants(engine)

@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.database import DatabaseUnavailable, TransactionConflict
+from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, PrunedReceipt, PrunedWork, WorkItem
 from nexuscrm_sdk.timestamps import naive_utc
 from workqueue import WorkStatus
@@ -172,9 +173,9 @@ def check_history(history: History, engine: sa.Engine, *, lease_seconds: int) ->
                 Event.c.EnqueueOrdinal,
                 Event.c.ProjectionKey,
                 Event.c.ReceiptKey,
-                Event.c.Payload,
+                EVENT_PAYLOAD,
                 Event.c.IsReplay,
-            )
+            ).select_from(EVENT_WITH_PAYLOAD)
         ).all()
         work = connection.execute(sa.select(WorkItem)).all()
         events, work = _with_pruned(connection, events, work)

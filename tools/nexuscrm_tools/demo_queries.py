@@ -13,7 +13,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_schema.tables import Event, EventPayload, PrunedReceipt, WorkItem
+from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
+from nexuscrm_schema.tables import Event, PrunedReceipt, WorkItem
 from nexuscrm_tools.demo_tables import DemoContactProjection
 
 IN_CHUNK = 500  # values per IN list: bounded statements on every backend
@@ -63,17 +64,10 @@ def demo_contact_update(
 
 
 def event_payloads(connection: Connection, pack_install_id: str) -> list[tuple[int, bytes]]:
-    """(ordinal, payload) of every non-replay Event of the pack, in ordinal order.
-
-    The payload is in EventPayload, or still in Event for an Event admitted before schema v8
-    was copied (decision 126).
-    """
-    stored = sa.and_(
-        EventPayload.c.PackInstallId == Event.c.PackInstallId, EventPayload.c.EnqueueOrdinal == Event.c.EnqueueOrdinal
-    )
+    """(ordinal, payload) of every non-replay Event of the pack, in ordinal order."""
     rows = connection.execute(
-        sa.select(Event.c.EnqueueOrdinal, sa.func.coalesce(EventPayload.c.Payload, Event.c.Payload).label("Payload"))
-        .select_from(Event.outerjoin(EventPayload, stored))
+        sa.select(Event.c.EnqueueOrdinal, EVENT_PAYLOAD)
+        .select_from(EVENT_WITH_PAYLOAD)
         .where(Event.c.PackInstallId == pack_install_id, Event.c.IsReplay == sa.false())
         .order_by(Event.c.EnqueueOrdinal)
     )

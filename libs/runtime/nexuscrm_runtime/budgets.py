@@ -16,10 +16,10 @@ T = TypeVar("T")
 
 MIB = 1024 * 1024  # bytes
 # The largest payload a row may carry: TiDB's 6 MiB entry limit less 64 KiB for the rest of an
-# Event or receipt row (keys, digest, times: a few KiB at most).
+# EventPayload, Event or receipt row (keys, digest, times: a few KiB at most).
 MAX_ENTRY_PAYLOAD_BYTES = 6 * MIB - 64 * 1024
 # The most payload one transaction may write: a quarter of TiDB's 100 MiB transaction limit. An
-# admission writes each payload once (its Event, or its stored receipt) beside index entries
+# admission writes each payload once (its EventPayload row, or its stored receipt) beside index entries
 # and small rows; the rest is headroom for them and for a server configured lower.
 MAX_TRANSACTION_BYTES = 25 * MIB
 

@@ -4,6 +4,10 @@ A generation's predecessor is the previous generation of its projection identity
 identity's WorkItem with the highest LaneOrdinal below the generation's InputStartOrdinal
 (one seek of ``ix_workitem_projection_order``). Connectors' liveness sweep and the
 Controlplane dashboard's stranded gauge both judge a blocked generation by it.
+
+An Event's payload is its EventPayload row's, or for an Event admitted before schema v8
+copied it, its own Event.Payload (decision 126): ``EVENT_WITH_PAYLOAD`` and ``EVENT_PAYLOAD``
+read it for whole-table readers (demo checks, test histories).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from nexuscrm_schema.tables import WorkItem
+from nexuscrm_schema.tables import Event, EventPayload, WorkItem
 
 _PREDECESSOR = WorkItem.alias("Predecessor")
 
@@ -29,3 +33,14 @@ PREDECESSOR_STATUS: sa.ScalarSelect[Any] = (
     .scalar_subquery()
 )
 """The status of the outer WorkItem row's predecessor; NULL when it has none."""
+
+EVENT_WITH_PAYLOAD = Event.outerjoin(
+    EventPayload,
+    sa.and_(
+        EventPayload.c.PackInstallId == Event.c.PackInstallId, EventPayload.c.EnqueueOrdinal == Event.c.EnqueueOrdinal
+    ),
+)
+"""Event joined to its EventPayload row (none for a payload still kept in Event)."""
+
+EVENT_PAYLOAD: sa.ColumnElement[bytes] = sa.func.coalesce(EventPayload.c.Payload, Event.c.Payload).label("Payload")
+"""The payload of the Event row of ``EVENT_WITH_PAYLOAD``, wherever it is stored."""

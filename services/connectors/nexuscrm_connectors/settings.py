@@ -35,7 +35,7 @@ class Settings:
     Keep it below the RPC handler threads (NEXUSCRM_MAX_WORKERS) so that Ingest always finds one.
     ``default_page_size`` / ``max_page_size``: rows per page of every paged read (LoadInputs,
     ListMembers, ListGenerations, ListReceipts) (NEXUSCRM_DEFAULT_PAGE_SIZE, NEXUSCRM_MAX_PAGE_SIZE).
-    ``max_page_bytes``: payload bytes per LoadInputs page; a page holds at least one member
+    ``max_page_bytes``: payload bytes per LoadInputs or ListMembers page; a page holds at least one member
     (NEXUSCRM_MAX_PAGE_BYTES; the default stays below gRPC's 4 MiB default receive limit).
     ``materialize_interval_seconds``: how often the service admits stored receipts; 0 = never
     (NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS). The background retention pass runs on the same
