@@ -6,7 +6,7 @@ release still reads payloads from Event. Each batch is one transaction of at mos
 ``COPY_BATCH_ROWS`` Events of one pack and ``MAX_TRANSACTION_BYTES`` of payload (TiDB's
 transaction limit, decision 122). An Event is copied when its PayloadBytes is NULL and marked
 by setting it in the same transaction, so an interrupted copy resumes where it stopped and a
-repeated one copies nothing twice.
+repeated or concurrent one (two schema catalogs starting) copies nothing twice.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def _copy_batch(engine: Engine, pack: str, after: int) -> tuple[int, int] | None
             .where(_uncopied(pack, after))
             .order_by(Event.c.EnqueueOrdinal)
             .limit(COPY_BATCH_ROWS)
+            .with_for_update()  # a concurrent copy waits, then finds these copied and skips them
         ).all()
         if not sizes:
             return None
