@@ -19,6 +19,7 @@ from nexuscrm_connectors.retention_queries import events_delete
 from nexuscrm_controlplane import audit, cutover, fences
 from nexuscrm_controlplane.audit import Rule
 from nexuscrm_controlplane.cutover import Outcome
+from nexuscrm_schema import verification
 from nexuscrm_schema.tables import Event, PackInstall, WorkItem
 from nexuscrm_schema_catalog import migrations
 from nexuscrm_tools.exits import ExitCode
@@ -380,7 +381,9 @@ def test_an_incomplete_schema_refuses_the_cutover(empty_engine: sa.Engine, clock
     result = cut(empty_engine, "pk-old", clock)
     assert result.outcome is Outcome.REFUSED_GATE
     finding = rules(result)[Rule.SCHEMA_INCOMPLETE]
-    assert "_System_ConnectorProjectionProtocol" in finding.sample_ids
+    missing = verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)
+    assert "_System_ConnectorProjectionProtocol" in missing and finding.count == len(missing)
+    assert finding.sample_ids == tuple(missing[: len(finding.sample_ids)])  # a sample, in the checker's order
     assert "WorkItem.InputStartOrdinal" in finding.sample_ids
 
 
