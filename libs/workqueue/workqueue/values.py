@@ -61,10 +61,13 @@ class Outcome(enum.StrEnum):
     FENCED = "fenced"  # stored durably; admitted once the fence is lifted
     COVERAGE_MISSING = "coverage_missing"  # an explicit error: never acknowledged
     REJECTED = "rejected"  # nothing written for this item
+    # An unknown key whose SourceTime is at or below the pack's duplicate-window horizon: it may be
+    # a duplicate whose tombstone expired, so it is acknowledged and never admitted (decision 127).
+    EXPIRED = "expired"
 
 
 ACKNOWLEDGED_OUTCOMES = frozenset(
-    {Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_PRUNED}
+    {Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_PRUNED, Outcome.EXPIRED}
 )
 
 

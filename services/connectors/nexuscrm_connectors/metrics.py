@@ -49,7 +49,8 @@ MATERIALIZER_HEALTHY = Gauge(
 )
 PRUNED = Counter(
     "nexuscrm_retention_pruned_total",
-    "Rows the retention pruner deleted, by kind (generations, events, receipts); dry runs are not counted.",
+    "Rows the retention pruner deleted, by kind (generations, events, receipts; expired_receipts and "
+    "expired_generations: tombstones and generation records the duplicate window expired); dry runs are not counted.",
     ["kind"],
 )
 PRUNE_KEPT = Counter(
@@ -87,6 +88,7 @@ _DUPLICATE_KINDS = {
     Outcome.DUPLICATE_LEGACY: "legacy",
     Outcome.DUPLICATE_COVERED: "covered",
     Outcome.DUPLICATE_PRUNED: "pruned",
+    Outcome.EXPIRED: "expired",
 }
 
 
@@ -149,4 +151,6 @@ def record_prune(reports: Sequence[PruneReport]) -> None:
         PRUNED.labels("generations").inc(report.generations)
         PRUNED.labels("events").inc(report.events)
         PRUNED.labels("receipts").inc(report.receipts)
+        PRUNED.labels("expired_receipts").inc(report.expired_receipts)
+        PRUNED.labels("expired_generations").inc(report.expired_generations)
         PRUNE_KEPT.inc(report.kept)

@@ -15,7 +15,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow, after_keyset
-from nexuscrm_schema.tables import Event, IngressReceipt, PrunedReceipt, PrunedWork, RetentionPolicy, WorkItem
+from nexuscrm_schema.tables import (
+    Event,
+    IngressReceipt,
+    PackInstall,
+    PrunedReceipt,
+    PrunedWork,
+    RetentionPolicy,
+    WorkItem,
+)
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 
@@ -32,10 +40,16 @@ def policy_upsert(
     *,
     keep_generations: int | None,
     keep_seconds: int | None,
+    duplicate_window_seconds: int | None,
     now: dt.datetime,
 ) -> None:
-    """Write the pack's policy, keeping its horizon; the caller holds the PackInstall row lock."""
-    values = {"KeepGenerations": keep_generations, "KeepSeconds": keep_seconds, "UpdatedAt": now}
+    """Write the pack's policy, keeping its horizons; the caller holds the PackInstall row lock."""
+    values = {
+        "KeepGenerations": keep_generations,
+        "KeepSeconds": keep_seconds,
+        "DuplicateWindowSeconds": duplicate_window_seconds,
+        "UpdatedAt": now,
+    }
     updated = connection.execute(
         sa.update(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id).values(**values)
     ).rowcount
@@ -44,11 +58,17 @@ def policy_upsert(
 
 
 def policies_active(connection: Connection) -> list[DbRow]:
-    """Every policy that limits something (a handful of rows: one per pack at most)."""
+    """Every policy that limits something or has a duplicate window (a handful of rows: one per pack at most)."""
     return list(
         connection.execute(
             sa.select(RetentionPolicy)
-            .where(sa.or_(RetentionPolicy.c.KeepGenerations.is_not(None), RetentionPolicy.c.KeepSeconds.is_not(None)))
+            .where(
+                sa.or_(
+                    RetentionPolicy.c.KeepGenerations.is_not(None),
+                    RetentionPolicy.c.KeepSeconds.is_not(None),
+                    RetentionPolicy.c.DuplicateWindowSeconds.is_not(None),
+                )
+            )
             .order_by(RetentionPolicy.c.PackInstallId)
         )
     )
@@ -134,7 +154,7 @@ def events_members_page(
     """Up to ``limit`` members of an identity in ``[start, end]``, lowest first (ix_event_source_lane)."""
     return list(
         connection.execute(
-            sa.select(Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash)
+            sa.select(Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash, Event.c.SourceTime)
             .where(
                 Event.c.PackInstallId == pack_install_id,
                 Event.c.ProjectionKey == projection_key,
@@ -172,8 +192,11 @@ def receipts_prune(connection: Connection, rows: Sequence[dict[str, Any]]) -> in
     )
 
 
-def work_item_prune(connection: Connection, row: Any, now: dt.datetime) -> int:
-    """Replace terminal generation ``row`` by its ``PrunedWork`` record; 0 when it is not terminal (any more)."""
+def work_item_prune(connection: Connection, row: Any, now: dt.datetime, source_time: dt.datetime | None) -> int:
+    """Replace terminal generation ``row`` by its ``PrunedWork`` record; 0 when it is not terminal (any more).
+
+    ``source_time``: the newest SourceTime of the members pruned with it (None: one had none).
+    """
     deleted = connection.execute(
         sa.delete(WorkItem).where(WorkItem.c.WorkId == row.WorkId, WorkItem.c.Status.in_(TERMINAL_WORK_STATUSES))
     ).rowcount
@@ -190,6 +213,7 @@ def work_item_prune(connection: Connection, row: Any, now: dt.datetime) -> int:
                 LeaseToken=row.LeaseToken,
                 LeaseExpiresAt=row.LeaseExpiresAt,
                 PrunedAt=now,
+                SourceTime=source_time,
             )
         )
     return int(deleted)
@@ -212,3 +236,84 @@ def events_member_counts(
         )
     ).one()
     return int(row[0]), int(row[1])
+
+
+def pack_control_version_bump(connection: Connection, pack_install_id: str) -> int:
+    """Bump the pack row's ControlVersion, the row every admitting transaction writes (decision 107).
+
+    Expiring tombstones changes what admission decides from (decision 127): on a multi-primary
+    engine an admission that read the old horizon and admits anything then conflicts with the
+    expiry at commit; on one server the row lock orders them.
+    """
+    return int(
+        connection.execute(
+            sa.update(PackInstall)
+            .where(PackInstall.c.PackInstallId == pack_install_id)
+            .values(ControlVersion=sa.func.coalesce(PackInstall.c.ControlVersion, 0) + 1)
+        ).rowcount
+    )
+
+
+def tombstones_expiring(connection: Connection, pack_install_id: str, before: dt.datetime, limit: int) -> list[DbRow]:
+    """Up to ``limit`` tombstones whose SourceTime is before ``before``, oldest first (ix_prunedreceipt_source_time)."""
+    return list(
+        connection.execute(
+            sa.select(PrunedReceipt.c.ReceiptKey, PrunedReceipt.c.SourceTime)
+            .where(PrunedReceipt.c.PackInstallId == pack_install_id, PrunedReceipt.c.SourceTime < before)
+            .order_by(PrunedReceipt.c.SourceTime)
+            .limit(limit)
+        )
+    )
+
+
+def tombstones_delete(connection: Connection, pack_install_id: str, keys: Sequence[str], before: dt.datetime) -> int:
+    """Delete tombstones by primary key, each only while its SourceTime is still before ``before``."""
+    if not keys:
+        return 0
+    return int(
+        connection.execute(
+            sa.delete(PrunedReceipt).where(
+                PrunedReceipt.c.PackInstallId == pack_install_id,
+                PrunedReceipt.c.ReceiptKey.in_(keys),
+                PrunedReceipt.c.SourceTime < before,
+            )
+        ).rowcount
+    )
+
+
+def pruned_work_expiring(connection: Connection, pack_install_id: str, before: dt.datetime, limit: int) -> list[str]:
+    """Up to ``limit`` pruned-generation records whose SourceTime is before ``before`` (ix_prunedwork_source_time)."""
+    return list(
+        connection.execute(
+            sa.select(PrunedWork.c.WorkId)
+            .where(PrunedWork.c.PackInstallId == pack_install_id, PrunedWork.c.SourceTime < before)
+            .order_by(PrunedWork.c.SourceTime)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def pruned_work_delete(connection: Connection, work_ids: Sequence[str]) -> int:
+    """Delete pruned-generation records by primary key."""
+    if not work_ids:
+        return 0
+    return int(connection.execute(sa.delete(PrunedWork).where(PrunedWork.c.WorkId.in_(work_ids))).rowcount)
+
+
+def policy_record_expiry(
+    connection: Connection, pack_install_id: str, *, horizon: dt.datetime | None, now: dt.datetime
+) -> int:
+    """Set LastPrunedAt and raise HorizonSourceTime to ``horizon`` (never lower it); rows updated (1).
+
+    Like every pruning transaction it writes the policy row, so a concurrent policy change
+    conflicts with it (decision 123).
+    """
+    values: dict[str, Any] = {"LastPrunedAt": now}
+    if horizon is not None:
+        current = RetentionPolicy.c.HorizonSourceTime
+        values["HorizonSourceTime"] = sa.case((sa.or_(current.is_(None), current < horizon), horizon), else_=current)
+    return int(
+        connection.execute(
+            sa.update(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id).values(**values)
+        ).rowcount
+    )

@@ -108,11 +108,21 @@ class Connectors:
         return report
 
     def set_retention_policy(
-        self, pack_install_id: str, *, keep_generations: int | None, keep_seconds: int | None
+        self,
+        pack_install_id: str,
+        *,
+        keep_generations: int | None,
+        keep_seconds: int | None,
+        duplicate_window_seconds: int | None = None,
     ) -> retention.RetentionPolicy:
         """See ``retention.set_policy``."""
         return retention.set_policy(
-            self.engine, self.clock, pack_install_id, keep_generations=keep_generations, keep_seconds=keep_seconds
+            self.engine,
+            self.clock,
+            pack_install_id,
+            keep_generations=keep_generations,
+            keep_seconds=keep_seconds,
+            duplicate_window_seconds=duplicate_window_seconds,
         )
 
     def get_retention_policy(self, pack_install_id: str) -> retention.RetentionPolicy:

@@ -140,6 +140,9 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             request.pack_install_id,
             keep_generations=request.keep_generations if request.HasField("keep_generations") else None,
             keep_seconds=request.keep_seconds if request.HasField("keep_seconds") else None,
+            duplicate_window_seconds=(
+                request.duplicate_window_seconds if request.HasField("duplicate_window_seconds") else None
+            ),
         )
         return pb.SetRetentionPolicyResponse(policy=_policy_to_proto(policy))
 
@@ -162,6 +165,9 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             receipts=report.receipts,
             kept=report.kept,
             horizon_ordinal=report.horizon_ordinal,
+            expired_receipts=report.expired_receipts,
+            expired_generations=report.expired_generations,
+            horizon_source_time=to_timestamp(report.horizon_source_time),
         )
 
 
@@ -171,6 +177,8 @@ def _policy_to_proto(policy: RetentionPolicy) -> pb.RetentionPolicy:
         keep_generations=policy.keep_generations,
         keep_seconds=policy.keep_seconds,
         horizon_ordinal=policy.horizon_ordinal,
+        duplicate_window_seconds=policy.duplicate_window_seconds,
+        horizon_source_time=to_timestamp(policy.horizon_source_time),
         pruned_generations=policy.pruned_generations,
         last_pruned_at=to_timestamp(policy.last_pruned_at),
     )
