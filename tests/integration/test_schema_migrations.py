@@ -110,6 +110,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
             "PrunedWork(ix_prunedwork_source_time)",
             "RetentionPolicy.DuplicateWindowSeconds",
             "RetentionPolicy.HorizonSourceTime",
+            "RetentionPolicy.ExpiredReceipts",
         ],
     }
     order = [
@@ -124,6 +125,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "RetentionPolicy",
         "RetentionPolicy.DuplicateWindowSeconds",
         "RetentionPolicy.HorizonSourceTime",
+        "RetentionPolicy.ExpiredReceipts",
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
         "WorkItem.ClaimedMemberCount",

@@ -254,6 +254,8 @@ RetentionPolicy = sa.Table(
     # The newest SourceTime of an expired tombstone (NULL before the first); never moves back.
     # A delivery of an unknown key at or below it is answered expired, never admitted.
     sa.Column("HorizonSourceTime", Timestamp(), nullable=True),
+    # Tombstones expired so far (their inputs leave no other record).
+    sa.Column("ExpiredReceipts", sa.BigInteger, nullable=False, server_default="0"),
     **MYSQL_TABLE_OPTIONS,
 )
 

@@ -70,6 +70,7 @@ class RetentionPolicy:
     duplicate_window_seconds: int | None = None
     horizon_ordinal: int = 0
     horizon_source_time: dt.datetime | None = None
+    expired_receipts: int = 0
     pruned_generations: int = 0
     last_pruned_at: dt.datetime | None = None
 
@@ -85,6 +86,7 @@ class RetentionPolicy:
             duplicate_window_seconds=row.DuplicateWindowSeconds,
             horizon_ordinal=int(row.HorizonOrdinal),
             horizon_source_time=row.HorizonSourceTime,
+            expired_receipts=int(row.ExpiredReceipts),
             pruned_generations=int(row.PrunedGenerations),
             last_pruned_at=row.LastPrunedAt,
         )
@@ -302,7 +304,7 @@ def _expire_batch(
     tombstones = rq.tombstones_delete(connection, pack_install_id, [row.ReceiptKey for row in due], before)
     expired = rq.pruned_work_delete(connection, records)
     horizon = max((row.SourceTime for row in due), default=None)
-    recorded = rq.policy_record_expiry(connection, pack_install_id, horizon=horizon, now=now)
+    recorded = rq.policy_record_expiry(connection, pack_install_id, horizon=horizon, expired=tombstones, now=now)
     if recorded != 1:
         raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
     return tombstones, expired, len(due) == limit or len(records) == limit

@@ -301,14 +301,16 @@ def pruned_work_delete(connection: Connection, work_ids: Sequence[str]) -> int:
 
 
 def policy_record_expiry(
-    connection: Connection, pack_install_id: str, *, horizon: dt.datetime | None, now: dt.datetime
+    connection: Connection, pack_install_id: str, *, horizon: dt.datetime | None, expired: int, now: dt.datetime
 ) -> int:
-    """Set LastPrunedAt and raise HorizonSourceTime to ``horizon`` (never lower it); rows updated (1).
+    """Set LastPrunedAt, count ``expired`` tombstones and raise HorizonSourceTime to ``horizon`` (never lower it).
+
+    Returns the rows updated (1).
 
     Like every pruning transaction it writes the policy row, so a concurrent policy change
     conflicts with it (decision 123).
     """
-    values: dict[str, Any] = {"LastPrunedAt": now}
+    values: dict[str, Any] = {"LastPrunedAt": now, "ExpiredReceipts": RetentionPolicy.c.ExpiredReceipts + expired}
     if horizon is not None:
         current = RetentionPolicy.c.HorizonSourceTime
         values["HorizonSourceTime"] = sa.case((sa.or_(current.is_(None), current < horizon), horizon), else_=current)

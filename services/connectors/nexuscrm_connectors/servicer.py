@@ -179,6 +179,7 @@ def _policy_to_proto(policy: RetentionPolicy) -> pb.RetentionPolicy:
         horizon_ordinal=policy.horizon_ordinal,
         duplicate_window_seconds=policy.duplicate_window_seconds,
         horizon_source_time=to_timestamp(policy.horizon_source_time),
+        expired_receipts=policy.expired_receipts,
         pruned_generations=policy.pruned_generations,
         last_pruned_at=to_timestamp(policy.last_pruned_at),
     )

@@ -7,7 +7,7 @@ _System_ConnectorProjectionProtocol table. Version 3 adds WorkItem.SuccessorWork
 106), version 4 PackInstall.ControlVersion (decision 107), version 5
 WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table (decision
 107, amendment), version 7 the retention tables and WorkItem(ix_workitem_retention) (decision
-123), version 9 the duplicate window: two RetentionPolicy columns, a SourceTime column and
+123), version 9 the duplicate window: three RetentionPolicy columns, a SourceTime column and
 index on each of PrunedWork and PrunedReceipt (decision 127). Steps only create tables, indexes and nullable
 columns, each guarded so a repeated or concurrent run is a no-op; no step writes a data row
 other than its own _System_SchemaVersion record.
@@ -37,7 +37,7 @@ V6_TABLES = (tables.NamespaceControl,)
 V7_TABLES = (tables.RetentionPolicy, tables.PrunedWork, tables.PrunedReceipt)
 V7_INDEX = "ix_workitem_retention"
 V9_COLUMNS = {
-    tables.RetentionPolicy: ("DuplicateWindowSeconds", "HorizonSourceTime"),
+    tables.RetentionPolicy: ("DuplicateWindowSeconds", "HorizonSourceTime", "ExpiredReceipts"),
     tables.PrunedWork: ("SourceTime",),
     tables.PrunedReceipt: ("SourceTime",),
 }
