@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import grpc
 import pytest
 import sqlalchemy as sa
 
@@ -11,14 +12,17 @@ from nexuscrm_connectors.errors import WorkNotFound
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, PrunedReceipt, PrunedWork, RetentionPolicy, WorkItem
+from nexuscrm_sdk.client import ConnectorsClient
+from tests.integration.test_queue_and_generation_reads import channel, client, server
 from tests.integration.test_retention import TABLES
 from tests.support.checksums import database_checksums
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants, window_violations
 from workqueue.errors import InvalidArgument
-from workqueue.values import IngestItem, Outcome
+from workqueue.values import IngestItem, Outcome, PruneReport
 
 pytestmark = pytest.mark.database
+__all__ = ["channel", "client", "server"]  # the gRPC fixtures, shared
 
 WINDOW = 60
 
@@ -162,4 +166,31 @@ def test_a_tombstone_outliving_its_generation_record_still_answers_its_duplicate
     clock.advance(WINDOW)  # now the recent member is old too: its tombstone goes
     assert connectors.prune(pack).expired_receipts == 1
     assert connectors.ingest(pack, items=[items[0]])[0].outcome is Outcome.EXPIRED
+    assert_invariants(engine)
+
+
+def test_the_sdk_client_sets_shows_and_runs_retention_like_the_facade(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock, client: ConnectorsClient
+) -> None:
+    pack = install_pack(engine)
+    now = _now(engine, clock)
+    _completed(connectors, pack, [delivery(lane="a", source_time=now - dt.timedelta(seconds=2 * WINDOW))])
+    _completed(connectors, pack, [delivery(lane="a", source_time=now)])
+    with pytest.raises(grpc.RpcError) as refused:
+        client.set_retention_policy(pack, keep_generations=1, keep_seconds=None, duplicate_window_seconds=-5)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "duplicate_window_seconds must be at least 1" in str(refused.value.details())
+
+    policy = client.set_retention_policy(pack, keep_generations=1, keep_seconds=None, duplicate_window_seconds=WINDOW)
+
+    assert (policy.keep_generations, policy.keep_seconds, policy.duplicate_window_seconds) == (1, None, WINDOW)
+    assert client.get_retention_policy(pack) == connectors.get_retention_policy(pack) == policy
+    dry = client.prune(pack, dry_run=True)
+    assert dry == PruneReport(pack_install_id=pack, dry_run=True, generations=1, events=1, receipts=1, kept=1)
+    done = client.prune(pack)
+    assert (done.generations, done.expired_receipts, done.expired_generations) == (1, 1, 1)
+    shown = client.get_retention_policy(pack)
+    assert shown.expired_receipts == 1 and shown.horizon_source_time is not None
+    assert shown.horizon_source_time.tzinfo is not None  # aware UTC, as the SDK returns every datetime
+    assert shown.horizon_source_time.replace(tzinfo=None) == now - dt.timedelta(seconds=2 * WINDOW)
     assert_invariants(engine)

@@ -14,9 +14,8 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import Counter, Gauge, Histogram
 
 from nexuscrm_connectors.leases import ClaimBatch
-from nexuscrm_connectors.retention import PruneReport
 from workqueue import WorkStatus
-from workqueue.values import IngestResult, InputPage, Outcome, WorkItemRow
+from workqueue.values import IngestResult, InputPage, Outcome, PruneReport, WorkItemRow
 
 INPUTS_ADMITTED = Counter("nexuscrm_inputs_admitted_total", "Inputs admitted: an Event in a generation.")
 GENERATIONS_CREATED = Counter(
@@ -31,7 +30,9 @@ GENERATION_INPUTS = Histogram(
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
 )
 DUPLICATES = Counter(
-    "nexuscrm_duplicates_total", "Receipt duplicates acknowledged, by kind (legacy, covered, pruned).", ["kind"]
+    "nexuscrm_duplicates_total",
+    "Receipt duplicates acknowledged, by kind (legacy, covered, pruned, expired).",
+    ["kind"],
 )
 COVERAGE_MISSING = Counter(
     "nexuscrm_coverage_missing_total", "Duplicates whose input no generation covers (an explicit error)."

@@ -55,72 +55,27 @@ from nexuscrm_runtime.database import run_transaction
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import TERMINAL_WORK_STATUSES
+from workqueue.values import PruneReport, RetentionPolicy
 
 Cursor = tuple[dt.datetime, str]  # (FinishedAt, WorkId) of the last candidate read
 EXPIRE_BATCHES_PER_PASS = 20  # expiring transactions per pack and pass (each up to prune_batch_events tombstones)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RetentionPolicy:
-    """A pack's retention policy and horizon; both limits None means retention is off."""
-
-    pack_install_id: str
-    keep_generations: int | None = None
-    keep_seconds: int | None = None
-    duplicate_window_seconds: int | None = None
-    horizon_ordinal: int = 0
-    horizon_source_time: dt.datetime | None = None
-    expired_receipts: int = 0
-    pruned_generations: int = 0
-    last_pruned_at: dt.datetime | None = None
-
-    @classmethod
-    def from_row(cls, pack_install_id: str, row: Any) -> RetentionPolicy:
-        """The policy of a ``RetentionPolicy`` row; the default (off) when there is none."""
-        if row is None:
-            return cls(pack_install_id=pack_install_id)
-        return cls(
-            pack_install_id=pack_install_id,
-            keep_generations=row.KeepGenerations,
-            keep_seconds=row.KeepSeconds,
-            duplicate_window_seconds=row.DuplicateWindowSeconds,
-            horizon_ordinal=int(row.HorizonOrdinal),
-            horizon_source_time=row.HorizonSourceTime,
-            expired_receipts=int(row.ExpiredReceipts),
-            pruned_generations=int(row.PrunedGenerations),
-            last_pruned_at=row.LastPrunedAt,
-        )
-
-    @property
-    def active(self) -> bool:
-        """Whether the policy lets anything go."""
-        return self.keep_generations is not None or self.keep_seconds is not None
-
-    def finished_before(self, now: dt.datetime) -> dt.datetime:
-        """Generations finished after this instant are kept by age."""
-        return now - dt.timedelta(seconds=self.keep_seconds or 0)
-
-    def expire_before(self, now: dt.datetime) -> dt.datetime | None:
-        """Tombstones whose SourceTime is before this instant expire; None without a duplicate window."""
-        if self.duplicate_window_seconds is None:
-            return None
-        return now - dt.timedelta(seconds=self.duplicate_window_seconds)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PruneReport:
-    """What one pass over a pack pruned (or, dry, would prune), and the candidates it kept."""
-
-    pack_install_id: str
-    dry_run: bool
-    generations: int = 0
-    events: int = 0
-    receipts: int = 0
-    kept: int = 0
-    horizon_ordinal: int = 0
-    expired_receipts: int = 0
-    expired_generations: int = 0
-    horizon_source_time: dt.datetime | None = None
+def policy_from_row(pack_install_id: str, row: Any) -> RetentionPolicy:
+    """The policy of a ``RetentionPolicy`` row; the default (off) when there is none."""
+    if row is None:
+        return RetentionPolicy(pack_install_id=pack_install_id)
+    return RetentionPolicy(
+        pack_install_id=pack_install_id,
+        keep_generations=row.KeepGenerations,
+        keep_seconds=row.KeepSeconds,
+        duplicate_window_seconds=row.DuplicateWindowSeconds,
+        horizon_ordinal=int(row.HorizonOrdinal),
+        horizon_source_time=row.HorizonSourceTime,
+        expired_receipts=int(row.ExpiredReceipts),
+        pruned_generations=int(row.PrunedGenerations),
+        last_pruned_at=row.LastPrunedAt,
+    )
 
 
 def set_policy(
@@ -171,7 +126,7 @@ def set_policy(
             duplicate_window_seconds=duplicate_window_seconds,
             now=pack.now,
         )
-        return RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+        return policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
 
     return run_transaction(engine, run, name="retention policy")
 
@@ -181,7 +136,7 @@ def get_policy(engine: Engine, pack_install_id: str) -> RetentionPolicy:
     with engine.connect() as connection:
         if queries.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        return RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+        return policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
 
 
 def prune(
@@ -291,7 +246,7 @@ def _expire_batch(
     and records deleted, and whether more may be due.
     """
     now = clock.read(connection)
-    policy = RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    policy = policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
     before = policy.expire_before(now)
     if before is None:
         return 0, 0, False
@@ -370,7 +325,7 @@ def _prune_batch(
     the next transaction.
     """
     now = clock.read(connection)
-    policy = RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    policy = policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
     budget = settings.prune_batch_events
     tally, settled, horizon = _Tally(), 0, None
     for work_id in work_ids:
