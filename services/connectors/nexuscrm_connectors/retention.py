@@ -320,14 +320,19 @@ def _prune_batch(
     """One pruning transaction over the first of ``work_ids``, up to ``prune_batch_events`` members.
 
     Whole generations go together while they fit; the first one that does not fit goes alone,
-    in chunks (its lowest members first, its WorkItem with the last chunk). Returns what went
-    and how many of ``work_ids`` are settled (pruned or kept); an unsettled one comes first in
-    the next transaction.
+    in chunks (its lowest members first, its WorkItem with the last chunk). Each generation is
+    decided on its own; the writes of the whole transaction go in one statement each at the
+    end (tombstones, receipts, Events, WorkItems, records). Returns what went and how many of
+    ``work_ids`` are settled (pruned or kept); an unsettled one comes first in the next
+    transaction.
     """
     now = clock.read(connection)
     policy = policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
     budget = settings.prune_batch_events
     tally, settled, horizon = _Tally(), 0, None
+    tombstones: list[dict[str, Any]] = []
+    ordinals: list[int] = []
+    pruned: list[tuple[Any, dt.datetime | None]] = []  # generations and their records' SourceTime
     for work_id in work_ids:
         # Keeping needs no lock; the row lock is taken only to delete (admission locks an
         # identity's newest generation, which the policy always keeps), then decided again.
@@ -345,7 +350,7 @@ def _prune_batch(
         if not done and budget < settings.prune_batch_events:
             break  # too large to share this transaction: it starts the next one
         chunk = members[:budget]
-        tombstones = [
+        own = [
             {
                 "PackInstallId": pack_install_id,
                 "ReceiptKey": member.ReceiptKey,
@@ -358,19 +363,22 @@ def _prune_batch(
             for member in chunk
             if member.ReceiptKey is not None  # a replay Event has no receipt
         ]
-        rq.receipts_prune(connection, tombstones)
-        tally.events += rq.events_delete(connection, pack_install_id, [member.EnqueueOrdinal for member in chunk])
-        tally.receipts += len(tombstones)
+        tombstones += own
+        ordinals += [member.EnqueueOrdinal for member in chunk]
         budget -= len(chunk)
         if not done:
             break
-        if rq.work_item_prune(connection, row, now, _newest_source_time(tombstones)) != 1:
-            raise RuntimeError(f"terminal generation {work_id} changed under its row lock")
-        tally.generations += 1
+        pruned.append((row, _newest_source_time(own)))
         settled += 1
         horizon = max(horizon or 0, row.LaneOrdinal)
         if budget <= 0:
             break
+    rq.receipts_prune(connection, tombstones)
+    tally.receipts = len(tombstones)
+    tally.events = rq.events_delete(connection, pack_install_id, ordinals)
+    tally.generations = rq.work_items_prune(connection, pruned, now)
+    if tally.generations != len(pruned):
+        raise RuntimeError(f"a terminal generation of pack {pack_install_id} changed under its row lock")
     if tally.events or tally.generations:
         recorded = rq.policy_record_pruning(
             connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now

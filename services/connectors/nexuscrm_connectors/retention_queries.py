@@ -192,30 +192,39 @@ def receipts_prune(connection: Connection, rows: Sequence[dict[str, Any]]) -> in
     )
 
 
-def work_item_prune(connection: Connection, row: Any, now: dt.datetime, source_time: dt.datetime | None) -> int:
-    """Replace terminal generation ``row`` by its ``PrunedWork`` record; 0 when it is not terminal (any more).
+def work_items_prune(connection: Connection, pruned: Sequence[tuple[Any, dt.datetime | None]], now: dt.datetime) -> int:
+    """Replace terminal generations by their ``PrunedWork`` records; return the WorkItems deleted.
 
-    ``source_time``: the newest SourceTime of the members pruned with it (None: one had none).
+    ``pruned``: each generation's row (locked by the caller) and the newest SourceTime of the
+    members pruned with it (None: one had none). Only terminal rows are deleted: a count below
+    ``len(pruned)`` means one changed, and the caller rolls back.
     """
+    if not pruned:
+        return 0
     deleted = connection.execute(
-        sa.delete(WorkItem).where(WorkItem.c.WorkId == row.WorkId, WorkItem.c.Status.in_(TERMINAL_WORK_STATUSES))
-    ).rowcount
-    if deleted:
-        connection.execute(
-            sa.insert(PrunedWork).values(
-                WorkId=row.WorkId,
-                PackInstallId=row.PackInstallId,
-                ProjectionKey=row.ProjectionKey,
-                InputStartOrdinal=row.InputStartOrdinal,
-                LaneOrdinal=row.LaneOrdinal,
-                Status=row.Status,
-                FinishedAt=row.FinishedAt,
-                LeaseToken=row.LeaseToken,
-                LeaseExpiresAt=row.LeaseExpiresAt,
-                PrunedAt=now,
-                SourceTime=source_time,
-            )
+        sa.delete(WorkItem).where(
+            WorkItem.c.WorkId.in_([row.WorkId for row, _ in pruned]), WorkItem.c.Status.in_(TERMINAL_WORK_STATUSES)
         )
+    ).rowcount
+    connection.execute(
+        sa.insert(PrunedWork),
+        [
+            {
+                "WorkId": row.WorkId,
+                "PackInstallId": row.PackInstallId,
+                "ProjectionKey": row.ProjectionKey,
+                "InputStartOrdinal": row.InputStartOrdinal,
+                "LaneOrdinal": row.LaneOrdinal,
+                "Status": row.Status,
+                "FinishedAt": row.FinishedAt,
+                "LeaseToken": row.LeaseToken,
+                "LeaseExpiresAt": row.LeaseExpiresAt,
+                "PrunedAt": now,
+                "SourceTime": source_time,
+            }
+            for row, source_time in pruned
+        ],
+    )
     return int(deleted)
 
 
