@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from nexuscrm_connectors.service import Connectors
-from tests.support.factories import delivery, install_pack
+from nexuscrm_schema.tables import RetentionPolicy
+from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue.values import IngestItem, Outcome
 
@@ -97,4 +99,34 @@ def test_ingest_statements_do_not_grow_with_batch_size_or_duplicates(engine: sa.
     }
     assert {shape: set(outcomes) for shape, (_, outcomes) in large.items()} == expected
     # D: duplicates wrote no Event or WorkItem; M, O, B, X, P on the final database.
+    assert_invariants(engine)
+
+
+def test_the_duplicate_window_adds_no_statement(engine: sa.Engine, clock: FakeClock) -> None:
+    """A pack with a window and a horizon: expired, admitted and duplicate deliveries cost what they cost before."""
+    connectors = Connectors(engine, clock=clock)
+    plain, windowed = install_pack(engine), install_pack(engine)
+    connectors.set_retention_policy(windowed, keep_generations=1, keep_seconds=None, duplicate_window_seconds=60)
+    with engine.connect() as connection:
+        now = clock.read(connection)
+    horizon = now - dt.timedelta(seconds=120)
+    with engine.begin() as connection:  # as an expiry would leave it
+        connection.execute(
+            sa.update(RetentionPolicy)
+            .where(RetentionPolicy.c.PackInstallId == windowed)
+            .values(HorizonSourceTime=horizon)
+        )
+    counts: dict[tuple[str, int], list[str]] = {}
+    for pack in (plain, windowed):
+        for size in SIZES:
+            items = [
+                delivery(f"{pack}-{size}-{n}", lane=f"w-{size}-{n // 2}", source_time=horizon if n % 2 else now)
+                for n in range(size)
+            ]
+            with counting(engine) as counted:
+                results = connectors.ingest(pack, items=items)
+            counts[(pack, size)] = counted.statements
+            admitted = {Outcome.ADMITTED} if pack == plain else {Outcome.ADMITTED, Outcome.EXPIRED}
+            assert {r.outcome for r in results} == admitted
+    assert counts[(windowed, SIZES[0])] == counts[(windowed, SIZES[1])] == counts[(plain, SIZES[1])]
     assert_invariants(engine)

@@ -274,6 +274,9 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "events_members_page": lambda c: rq.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
         "events_member_counts": lambda c: rq.events_member_counts(c, pack, key, seeded.start, seeded.end),
         "pruned_work_get": lambda c: rq.pruned_work_get(c, seeded.claimed_work_id),
+        # Connectors: the duplicate window's expiry (decision 127), oldest SourceTime first.
+        "tombstones_expiring": lambda c: rq.tombstones_expiring(c, pack, now, 500),
+        "pruned_work_expiring": lambda c: rq.pruned_work_expiring(c, pack, now, 500),
         "work_namespace": lambda c: queries.work_namespace(c, seeded.claimed_work_id),
         # Controlplane: drain counts (GetDrainStatus, the cutover gate).
         "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),

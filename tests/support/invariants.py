@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 import sqlalchemy as sa
 
-from nexuscrm_tools.invariants import bounds_violations, check_invariants, generation_bounds
+from nexuscrm_tools.invariants import bounds_violations, check_invariants, generation_bounds, window_violations
 
-__all__ = ["assert_invariants", "bounds_violations", "check_invariants", "generation_bounds"]
+__all__ = ["assert_invariants", "bounds_violations", "check_invariants", "generation_bounds", "window_violations"]
 
 
 def assert_invariants(engine: sa.Engine, *, damaged: Iterable[tuple[str, int]] = ()) -> None:

@@ -511,6 +511,12 @@ def _policy_outcome(policy: cn_pb.RetentionPolicy, title: str) -> Outcome:
         "keep generations": policy.keep_generations if policy.HasField("keep_generations") else "-",
         "keep age": f"{policy.keep_seconds}s" if policy.HasField("keep_seconds") else "-",
         "horizon ordinal": policy.horizon_ordinal,
+        "duplicate window": f"{policy.duplicate_window_seconds}s"
+        if policy.HasField("duplicate_window_seconds")
+        else "-",
+        "horizon source time": (
+            policy.horizon_source_time.ToJsonString() if policy.HasField("horizon_source_time") else "-"
+        ),
         "generations pruned": policy.pruned_generations,
         "last pruned at": policy.last_pruned_at.ToJsonString() if policy.HasField("last_pruned_at") else "-",
     }
@@ -524,6 +530,8 @@ def retention_set(clients: Clients, args: argparse.Namespace) -> Outcome:
         request.keep_generations = args.keep_generations
     if args.keep_age is not None:
         request.keep_seconds = whole_seconds(args.keep_age)
+    if args.duplicate_window is not None:
+        request.duplicate_window_seconds = whole_seconds(args.duplicate_window)
     response = clients.connectors.SetRetentionPolicy(request, timeout=RPC_TIMEOUT)
     return _policy_outcome(response.policy, f"retention of {args.pack}")
 
@@ -549,6 +557,8 @@ def retention_prune(clients: Clients, args: argparse.Namespace) -> Outcome:
         f"receipts {verb}": response.receipts,
         "old generations kept": response.kept,
         "horizon ordinal": response.horizon_ordinal,
+        f"tombstones {'would expire' if response.dry_run else 'expired'}": response.expired_receipts,
+        "generation records expired": response.expired_generations,
     }
     return Outcome(data=_dict(response), view=_fields(f"retention pass over {args.pack}", view))
 
@@ -688,6 +698,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("pack")
     sub.add_argument("--keep-generations", type=int, metavar="N", help="newest generations kept per identity")
     sub.add_argument("--keep-age", type=parse_duration, metavar="DURATION", help="keep generations finished since")
+    sub.add_argument(
+        "--duplicate-window",
+        type=parse_duration,
+        metavar="DURATION",
+        help="expire tombstones of inputs whose source time is older (every delivery then needs a source time)",
+    )
     leaf(retention, "show", retention_show, "a pack's policy and horizon").add_argument("pack")
     sub = leaf(retention, "prune", retention_prune, "one pruning pass now (or a dry-run report)")
     sub.add_argument("pack")

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
-from nexuscrm_schema.tables import Event, PrunedReceipt, WorkItem
+from nexuscrm_schema.tables import Event, PrunedReceipt, RetentionPolicy, WorkItem
 from nexuscrm_tools.demo_tables import DemoContactProjection
 
 IN_CHUNK = 500  # values per IN list: bounded statements on every backend
@@ -94,7 +94,8 @@ def work_item_inputs_finished(connection: Connection, pack_install_id: str) -> i
     """Inputs of the pack in completed generations (each counted as its claim froze it), any Flow.
 
     Inputs that retention pruned with their terminal generation count through their receipts'
-    tombstones.
+    tombstones, and those whose tombstones expired with the duplicate window through the
+    policy's count of them.
     """
     total = sa.select(sa.func.coalesce(sa.func.sum(WorkItem.c.ClaimedMemberCount), 0)).where(
         WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == "completed"
@@ -102,4 +103,14 @@ def work_item_inputs_finished(connection: Connection, pack_install_id: str) -> i
     pruned = (
         sa.select(sa.func.count()).select_from(PrunedReceipt).where(PrunedReceipt.c.PackInstallId == pack_install_id)
     )
-    return int(connection.execute(total).scalar_one()) + int(connection.execute(pruned).scalar_one())
+    return (
+        int(connection.execute(total).scalar_one())
+        + int(connection.execute(pruned).scalar_one())
+        + expired_count(connection, pack_install_id)
+    )
+
+
+def expired_count(connection: Connection, pack_install_id: str) -> int:
+    """Inputs of the pack whose tombstones the duplicate window expired (0 without a policy)."""
+    statement = sa.select(RetentionPolicy.c.ExpiredReceipts).where(RetentionPolicy.c.PackInstallId == pack_install_id)
+    return int(connection.execute(statement).scalar() or 0)

@@ -2,10 +2,12 @@
 
 M membership, O ordinals, B bounds, D duplicates, X execution, P payload, and R the retention
 horizon (decision 125): M and D hold over what is retained, and what retention pruned left
-only its records, all at or below the pack's horizon, never reused. P also covers where a
-payload is stored (decision 126): an Event with PayloadBytes has exactly one EventPayload row
-of that length, one without (admitted before schema v8 copied it) has none, and no
-EventPayload row lacks its Event. The checker reads
+only its records, all at or below the pack's horizon, never reused; with a duplicate window
+(decision 127) a tombstone may outlive its generation's record, and ``window_violations``
+checks, against what a test delivered, that every input whose records expired lies at or below
+the pack's HorizonSourceTime. P also covers where a payload is stored (decision 126): an Event
+with PayloadBytes has exactly one EventPayload row of that length, one without (admitted before
+schema v8 copied it) has none, and no EventPayload row lacks its Event. The checker reads
 every row, so it is for tests, demos and operator audits of small databases, never a hot
 path; it returns violations prefixed with the invariant's letter. Every scenario test ends
 with it (tests/support/invariants.py), and `make run` prints its verdict.
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -34,6 +37,7 @@ from nexuscrm_schema.tables import (
     RetentionPolicy,
     WorkItem,
 )
+from nexuscrm_sdk.timestamps import naive_utc
 from workqueue import ReceiptState, WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
@@ -135,10 +139,7 @@ def check_invariants(engine: sa.Engine) -> list[str]:
                 IngressReceipt.c.State,
             )
         ).all()
-        horizons = {
-            r.PackInstallId: r.HorizonOrdinal
-            for r in connection.execute(sa.select(RetentionPolicy.c.PackInstallId, RetentionPolicy.c.HorizonOrdinal))
-        }
+        policies = {r.PackInstallId: r for r in connection.execute(sa.select(RetentionPolicy))}
         pruned_work = connection.execute(sa.select(PrunedWork)).all()
         tombstones = connection.execute(sa.select(PrunedReceipt)).all()
     problems: list[str] = []
@@ -156,13 +157,47 @@ def check_invariants(engine: sa.Engine) -> list[str]:
     problems += _payload_rows(events, payloads)
     problems += _execution(generations)
     problems += _duplicates(events, receipts)
-    problems += _retention(packs, horizons, events, receipts, generations, pruned_work, tombstones)
+    problems += _retention(packs, policies, events, receipts, generations, pruned_work, tombstones)
+    return problems
+
+
+def window_violations(engine: sa.Engine, acknowledged: Mapping[tuple[str, str], dt.datetime]) -> list[str]:
+    """W: every acknowledged input (pack, receipt key) -> SourceTime is retained, or expired at or below the horizon.
+
+    An input is retained as an Event or a tombstone; one that is neither must have expired with
+    its pack's duplicate window, so its SourceTime is at or below HorizonSourceTime: a
+    redelivery of it is then answered expired, never admitted again (decision 127).
+    """
+    with snapshot(engine) as connection:
+        events = {
+            (r.PackInstallId, r.ReceiptKey)
+            for r in connection.execute(sa.select(Event.c.PackInstallId, Event.c.ReceiptKey))
+        }
+        tombstones = {
+            (r.PackInstallId, r.ReceiptKey)
+            for r in connection.execute(sa.select(PrunedReceipt.c.PackInstallId, PrunedReceipt.c.ReceiptKey))
+        }
+        horizons = {
+            r.PackInstallId: r.HorizonSourceTime
+            for r in connection.execute(sa.select(RetentionPolicy.c.PackInstallId, RetentionPolicy.c.HorizonSourceTime))
+        }
+    problems = []
+    for (pack, key), source_time in acknowledged.items():
+        if (pack, key) in events or (pack, key) in tombstones:
+            continue
+        horizon = horizons.get(pack)
+        naive = naive_utc(source_time)
+        if horizon is None or naive > horizon:
+            problems.append(
+                f"W: input {pack}/{key} (source time {naive.isoformat()}) has no Event and no tombstone, and lies "
+                f"above the pack's horizon {horizon}: a redelivery would be admitted again"
+            )
     return problems
 
 
 def _retention(
     packs: dict[str, int],
-    horizons: dict[str, int],
+    policies: dict[str, DbRow],
     events: Iterable[DbRow],
     receipts: Iterable[DbRow],
     generations: Generations,
@@ -174,7 +209,8 @@ def _retention(
     A pruned generation lies at or below its pack's horizon (which is at or below the counter),
     no retained generation of its identity overlaps it and no Event of its identity is left in
     its range (a reused ordinal would be); each tombstone names a pruned generation containing
-    its ordinal, and neither an Event nor a receipt holds its key or ordinal any more.
+    its ordinal (or, once its pack's duplicate window expired tombstones, a record that expired
+    before it), and neither an Event nor a receipt holds its key or ordinal any more.
     """
     problems = []
     pruned = {w.WorkId: w for w in pruned_work}
@@ -183,7 +219,8 @@ def _retention(
     for (pack, ordinal), e in retained.items():
         by_identity[(pack, e.ProjectionKey)].append(ordinal)
     for w in pruned.values():
-        horizon = horizons.get(w.PackInstallId, 0)
+        policy = policies.get(w.PackInstallId)
+        horizon = 0 if policy is None else policy.HorizonOrdinal
         if not w.LaneOrdinal <= horizon <= packs[w.PackInstallId]:
             problems.append(
                 f"R: pruned {w.WorkId} [{w.InputStartOrdinal},{w.LaneOrdinal}] is above the horizon {horizon} "
@@ -201,7 +238,11 @@ def _retention(
     for t in tombstones:
         key = (t.PackInstallId, t.ReceiptKey)
         owner = pruned.get(t.WorkId)
-        if owner is None or not owner.InputStartOrdinal <= t.EnqueueOrdinal <= owner.LaneOrdinal:
+        policy = policies.get(t.PackInstallId)
+        expired_first = owner is None and policy is not None and policy.HorizonSourceTime is not None
+        if not expired_first and (
+            owner is None or not owner.InputStartOrdinal <= t.EnqueueOrdinal <= owner.LaneOrdinal
+        ):
             problems.append(f"R: tombstone {key} (input {t.EnqueueOrdinal}) is not in its pruned generation {t.WorkId}")
         if key in receipt_keys or key in event_keys or (t.PackInstallId, t.EnqueueOrdinal) in retained:
             problems.append(f"R: tombstone {key} (input {t.EnqueueOrdinal}) is still (or again) a receipt or Event")

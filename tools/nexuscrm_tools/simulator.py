@@ -155,9 +155,10 @@ class SimulatorStats:
 
     @property
     def duplicates_acknowledged(self) -> int:
-        """Duplicates acknowledged without new work (covered, below the legacy cutoff, or pruned by retention)."""
+        """Duplicates acknowledged without new work (covered, below the legacy cutoff, pruned or expired)."""
         return sum(
-            self.outcomes[o] for o in (Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_PRUNED)
+            self.outcomes[o]
+            for o in (Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_PRUNED, Outcome.EXPIRED)
         )
 
 

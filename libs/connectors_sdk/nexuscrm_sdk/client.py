@@ -24,10 +24,12 @@ from workqueue.values import (
     IngestResult,
     InputPage,
     MemberPage,
+    PruneReport,
     QueueState,
     ReceiptExplanation,
     ReceiptSummary,
     ReplayResult,
+    RetentionPolicy,
     Route,
     WorkDescription,
     WorkItemRow,
@@ -194,3 +196,36 @@ class ConnectorsClient:
             pb.ListMembersRequest(work_id=work_id, page_size=page_size, page_token=page_token), timeout=self._timeout
         )
         return convert.members_from_proto(response)
+
+    def set_retention_policy(
+        self,
+        pack_install_id: str,
+        *,
+        keep_generations: int | None,
+        keep_seconds: int | None,
+        duplicate_window_seconds: int | None = None,
+    ) -> RetentionPolicy:
+        """Set a pack's retention policy (both limits None: pruning off; no window: tombstones kept forever)."""
+        request = pb.SetRetentionPolicyRequest(
+            pack_install_id=pack_install_id,
+            keep_generations=keep_generations,
+            keep_seconds=keep_seconds,
+            duplicate_window_seconds=duplicate_window_seconds,
+        )
+        response = self._stub.SetRetentionPolicy(request, timeout=self._timeout)
+        return convert.policy_from_proto(response.policy)
+
+    def get_retention_policy(self, pack_install_id: str) -> RetentionPolicy:
+        """A pack's retention policy and horizons (off when none was set)."""
+        response = self._stub.GetRetentionPolicy(
+            pb.GetRetentionPolicyRequest(pack_install_id=pack_install_id), timeout=self._timeout
+        )
+        return convert.policy_from_proto(response.policy)
+
+    def prune(self, pack_install_id: str, *, dry_run: bool = False, max_generations: int = 0) -> PruneReport:
+        """One bounded pruning and expiry pass over a pack now; ``dry_run`` only counts what would go."""
+        response = self._stub.Prune(
+            pb.PruneRequest(pack_install_id=pack_install_id, dry_run=dry_run, max_generations=max_generations),
+            timeout=self._timeout,
+        )
+        return convert.prune_report_from_proto(response)

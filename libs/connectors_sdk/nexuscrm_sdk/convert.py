@@ -20,9 +20,11 @@ from workqueue.values import (
     InputRow,
     MemberPage,
     Outcome,
+    PruneReport,
     QueueState,
     ReceiptExplanation,
     ReceiptSummary,
+    RetentionPolicy,
     Route,
     WorkItemRow,
 )
@@ -35,6 +37,7 @@ OUTCOMES = {
     Outcome.COVERAGE_MISSING: pb.INGEST_OUTCOME_COVERAGE_MISSING,
     Outcome.REJECTED: pb.INGEST_OUTCOME_REJECTED,
     Outcome.DUPLICATE_PRUNED: pb.INGEST_OUTCOME_DUPLICATE_PRUNED,
+    Outcome.EXPIRED: pb.INGEST_OUTCOME_EXPIRED,
 }
 OUTCOMES_BACK = {value: key for key, value in OUTCOMES.items()}
 STATUSES = {
@@ -313,4 +316,70 @@ def queue_state_from_proto(message: pb.QueueState) -> QueueState:
         oldest_waiting_since=from_timestamp(message, "oldest_waiting_since"),
         oldest_waiting_age=message.oldest_waiting_age.ToTimedelta() if message.HasField("oldest_waiting_age") else None,
         read_at=from_timestamp(message, "read_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
+    )
+
+
+def policy_to_proto(policy: RetentionPolicy) -> pb.RetentionPolicy:
+    """RetentionPolicy -> proto (an unset limit or window stays unset)."""
+    return pb.RetentionPolicy(
+        pack_install_id=policy.pack_install_id,
+        keep_generations=policy.keep_generations,
+        keep_seconds=policy.keep_seconds,
+        duplicate_window_seconds=policy.duplicate_window_seconds,
+        horizon_ordinal=policy.horizon_ordinal,
+        horizon_source_time=to_timestamp(policy.horizon_source_time),
+        expired_receipts=policy.expired_receipts,
+        pruned_generations=policy.pruned_generations,
+        last_pruned_at=to_timestamp(policy.last_pruned_at),
+    )
+
+
+def policy_from_proto(message: pb.RetentionPolicy) -> RetentionPolicy:
+    """Proto -> RetentionPolicy (timezone-aware UTC datetimes)."""
+
+    def optional(field: str) -> int | None:
+        return int(getattr(message, field)) if message.HasField(field) else None
+
+    return RetentionPolicy(
+        pack_install_id=message.pack_install_id,
+        keep_generations=optional("keep_generations"),
+        keep_seconds=optional("keep_seconds"),
+        duplicate_window_seconds=optional("duplicate_window_seconds"),
+        horizon_ordinal=message.horizon_ordinal,
+        horizon_source_time=from_timestamp(message, "horizon_source_time"),
+        expired_receipts=message.expired_receipts,
+        pruned_generations=message.pruned_generations,
+        last_pruned_at=from_timestamp(message, "last_pruned_at"),
+    )
+
+
+def prune_report_to_proto(report: PruneReport) -> pb.PruneResponse:
+    """PruneReport -> PruneResponse."""
+    return pb.PruneResponse(
+        pack_install_id=report.pack_install_id,
+        dry_run=report.dry_run,
+        generations=report.generations,
+        events=report.events,
+        receipts=report.receipts,
+        kept=report.kept,
+        horizon_ordinal=report.horizon_ordinal,
+        expired_receipts=report.expired_receipts,
+        expired_generations=report.expired_generations,
+        horizon_source_time=to_timestamp(report.horizon_source_time),
+    )
+
+
+def prune_report_from_proto(message: pb.PruneResponse) -> PruneReport:
+    """PruneResponse -> PruneReport (timezone-aware UTC datetimes)."""
+    return PruneReport(
+        pack_install_id=message.pack_install_id,
+        dry_run=message.dry_run,
+        generations=message.generations,
+        events=message.events,
+        receipts=message.receipts,
+        kept=message.kept,
+        horizon_ordinal=message.horizon_ordinal,
+        expired_receipts=message.expired_receipts,
+        expired_generations=message.expired_generations,
+        horizon_source_time=from_timestamp(message, "horizon_source_time"),
     )

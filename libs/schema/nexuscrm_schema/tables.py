@@ -267,6 +267,15 @@ RetentionPolicy = sa.Table(
     sa.Column("PrunedGenerations", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("LastPrunedAt", Timestamp(), nullable=True),
     sa.Column("UpdatedAt", Timestamp(), nullable=False),
+    # Added by schema v9 (decision 127): the duplicate window in seconds (NULL: tombstones are
+    # kept forever). With it every delivery must carry SourceTime, and tombstones whose
+    # SourceTime is older than the database clock minus the window expire.
+    sa.Column("DuplicateWindowSeconds", sa.BigInteger, nullable=True),
+    # The newest SourceTime of an expired tombstone (NULL before the first); never moves back.
+    # A delivery of an unknown key at or below it is answered expired, never admitted.
+    sa.Column("HorizonSourceTime", Timestamp(), nullable=True),
+    # Tombstones expired so far (their inputs leave no other record).
+    sa.Column("ExpiredReceipts", sa.BigInteger, nullable=False, server_default="0"),
     **MYSQL_TABLE_OPTIONS,
 )
 
@@ -286,6 +295,10 @@ PrunedWork = sa.Table(
     sa.Column("LeaseToken", sa.String(LEASE_TOKEN_LENGTH), nullable=True),
     sa.Column("LeaseExpiresAt", Timestamp(), nullable=True),
     sa.Column("PrunedAt", Timestamp(), nullable=False),
+    # Added by schema v9: the newest SourceTime of the members pruned with the record (NULL when
+    # one has none); the record expires with the duplicate window once that is old enough.
+    sa.Column("SourceTime", Timestamp(), nullable=True),
+    sa.Index("ix_prunedwork_source_time", "PackInstallId", "SourceTime"),
     **MYSQL_TABLE_OPTIONS,
 )
 
@@ -301,6 +314,10 @@ PrunedReceipt = sa.Table(
     sa.Column("PayloadHash", sa.String(64), nullable=False),
     sa.Column("WorkId", sa.String(WORK_ID_LENGTH), nullable=False),  # the PrunedWork it was a member of
     sa.Column("PrunedAt", Timestamp(), nullable=False),
+    # Added by schema v9: the input's SourceTime, copied from its Event; tombstones expire by it,
+    # oldest first, along this index (decision 127).
+    sa.Column("SourceTime", Timestamp(), nullable=True),
+    sa.Index("ix_prunedreceipt_source_time", "PackInstallId", "SourceTime"),
     **MYSQL_TABLE_OPTIONS,
 )
 

@@ -61,10 +61,13 @@ class Outcome(enum.StrEnum):
     FENCED = "fenced"  # stored durably; admitted once the fence is lifted
     COVERAGE_MISSING = "coverage_missing"  # an explicit error: never acknowledged
     REJECTED = "rejected"  # nothing written for this item
+    # An unknown key whose SourceTime is at or below the pack's duplicate-window horizon: it may be
+    # a duplicate whose tombstone expired, so it is acknowledged and never admitted (decision 127).
+    EXPIRED = "expired"
 
 
 ACKNOWLEDGED_OUTCOMES = frozenset(
-    {Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_PRUNED}
+    {Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY, Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_PRUNED, Outcome.EXPIRED}
 )
 
 
@@ -246,3 +249,49 @@ def lease_seconds(lease: dt.timedelta | None) -> int:
             f"lease must be a whole number of seconds other than 0, got {lease.total_seconds():g} s", field="lease"
         )
     return int(seconds)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetentionPolicy:
+    """A pack's retention policy and horizons (decisions 123, 127); both limits None means pruning is off."""
+
+    pack_install_id: str
+    keep_generations: int | None = None
+    keep_seconds: int | None = None
+    duplicate_window_seconds: int | None = None
+    horizon_ordinal: int = 0
+    horizon_source_time: dt.datetime | None = None
+    expired_receipts: int = 0
+    pruned_generations: int = 0
+    last_pruned_at: dt.datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether the policy lets anything go."""
+        return self.keep_generations is not None or self.keep_seconds is not None
+
+    def finished_before(self, now: dt.datetime) -> dt.datetime:
+        """Generations finished after this instant are kept by age."""
+        return now - dt.timedelta(seconds=self.keep_seconds or 0)
+
+    def expire_before(self, now: dt.datetime) -> dt.datetime | None:
+        """Tombstones whose SourceTime is before this instant expire; None without a duplicate window."""
+        if self.duplicate_window_seconds is None:
+            return None
+        return now - dt.timedelta(seconds=self.duplicate_window_seconds)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PruneReport:
+    """What one pass over a pack pruned (or, dry, would prune), and the candidates it kept."""
+
+    pack_install_id: str
+    dry_run: bool
+    generations: int = 0
+    events: int = 0
+    receipts: int = 0
+    kept: int = 0
+    horizon_ordinal: int = 0
+    expired_receipts: int = 0
+    expired_generations: int = 0
+    horizon_source_time: dt.datetime | None = None

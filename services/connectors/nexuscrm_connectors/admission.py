@@ -34,9 +34,10 @@ from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.budgets import within_bytes
-from nexuscrm_runtime.clock import DatabaseClock
+from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
+from nexuscrm_sdk.timestamps import naive_utc
 from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import DomainError, InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
@@ -262,6 +263,7 @@ def _admission(
                 results[delivery.item.receipt_key] = _rejected(delivery)
                 del events[delivery.item.receipt_key]
         results.update(verify_duplicates(connection, protocol, events))
+        results.update(_outside_window(protocol, [d for d in accepted if d.item.receipt_key not in results], stored))
     fresh: list[Delivery] = []
     for delivery in accepted:
         if delivery.item.receipt_key in results:
@@ -277,7 +279,46 @@ def _admission(
 
 
 def _differs(recorded: Any, delivery: Delivery) -> bool:
-    return bool(recorded.PayloadHash != delivery.payload_hash or recorded.ProjectionKey != delivery.projection_key)
+    # A tombstone whose generation record expired first has no route: its payload still decides.
+    route_differs = recorded.ProjectionKey is not None and recorded.ProjectionKey != delivery.projection_key
+    return bool(recorded.PayloadHash != delivery.payload_hash or route_differs)
+
+
+def _outside_window(
+    protocol: packs.Protocol, unknown: Sequence[Delivery], stored: Mapping[str, Any]
+) -> dict[str, IngestResult]:
+    """The verdicts of the duplicate window on deliveries of keys with no Event and no tombstone.
+
+    A pack with a window needs every delivery's SourceTime (rejected without one). One at or
+    below the horizon may repeat an input whose tombstone expired: it is acknowledged as
+    expired and never admitted (decision 127). A key already stored as a receipt (fenced) was
+    received inside the window and is admitted whatever its SourceTime.
+    """
+    window, horizon = protocol.duplicate_window_seconds, protocol.horizon_source_time
+    results: dict[str, IngestResult] = {}
+    if window is None and horizon is None:
+        return results
+    for delivery in unknown:
+        key, source_time = delivery.item.receipt_key, delivery.item.source_time
+        if key in stored:
+            continue
+        if source_time is None:
+            if window is not None:
+                results[key] = IngestResult(
+                    receipt_key=key,
+                    outcome=Outcome.REJECTED,
+                    message=f"source_time is required: pack {protocol.pack_install_id} has a duplicate window of "
+                    f"{window} s, and a delivery's source_time decides whether it falls inside it",
+                )
+        elif horizon is not None and naive_utc(source_time) <= horizon:
+            results[key] = IngestResult(
+                receipt_key=key,
+                outcome=Outcome.EXPIRED,
+                message=f"source_time {iso_utc(source_time)} is at or below the pack's duplicate-window horizon "
+                f"{iso_utc(horizon)}: the input may repeat one whose tombstone expired, so it is acknowledged "
+                "as expired and no work is created",
+            )
+    return results
 
 
 def _rejected(delivery: Delivery) -> IngestResult:
@@ -314,8 +355,9 @@ def _record_receipts(
         outcome = results[key].outcome
         state = _receipt_state(outcome)
         if key not in stored:
-            # An admitted input's receipt is copied from its Event below; a pruned one's tombstone is its record.
-            if outcome not in (Outcome.ADMITTED, Outcome.DUPLICATE_PRUNED, Outcome.REJECTED):
+            # An admitted input's receipt is copied from its Event below; a pruned one's tombstone is its
+            # record; an expired one leaves none (the window's horizon answers every redelivery alike).
+            if outcome not in (Outcome.ADMITTED, Outcome.DUPLICATE_PRUNED, Outcome.EXPIRED, Outcome.REJECTED):
                 new_rows.append(receipt_row(pack_install_id, delivery, now, state=state))
         elif state in verdicts and stored[key].State in queries.RECEIPT_VERDICT_FROM[state]:
             verdicts[state].append(key)

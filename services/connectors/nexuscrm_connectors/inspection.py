@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import packs, page_tokens, queries, retention
 from nexuscrm_connectors.duplicates import verify_duplicates
@@ -47,7 +47,10 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
         if receipt is None:
             pruned = queries.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
             if pruned is None or pruned.PrunedAt is None:
-                raise WorkNotFound(f"no receipt {receipt_key!r} in pack {pack_install_id}", field="receipt_key")
+                raise WorkNotFound(
+                    f"no receipt {receipt_key!r} in pack {pack_install_id}{_expired_hint(connection, pack_install_id)}",
+                    field="receipt_key",
+                )
             return ReceiptExplanation(
                 receipt_state=PRUNED_STATE,
                 enqueue_ordinal=pruned.EnqueueOrdinal,
@@ -88,6 +91,17 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
             covered_by=queries.work_item_value(covering) if covering is not None else None,
             explanation=explanation,
         )
+
+
+def _expired_hint(connection: Connection, pack_install_id: str) -> str:
+    """What an unknown key may be in a pack whose duplicate window expired tombstones (decision 127)."""
+    protocol = packs.protocol_get(connection, pack_install_id)
+    if protocol is None or protocol.horizon_source_time is None:
+        return ""
+    return (
+        f"; the pack's duplicate window has expired the records of inputs with source time at or below "
+        f"{iso_utc(protocol.horizon_source_time)}: a delivery at or below it is acknowledged as expired, no work"
+    )
 
 
 def list_receipts(

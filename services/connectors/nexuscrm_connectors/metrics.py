@@ -14,9 +14,8 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import Counter, Gauge, Histogram
 
 from nexuscrm_connectors.leases import ClaimBatch
-from nexuscrm_connectors.retention import PruneReport
 from workqueue import WorkStatus
-from workqueue.values import IngestResult, InputPage, Outcome, WorkItemRow
+from workqueue.values import IngestResult, InputPage, Outcome, PruneReport, WorkItemRow
 
 INPUTS_ADMITTED = Counter("nexuscrm_inputs_admitted_total", "Inputs admitted: an Event in a generation.")
 GENERATIONS_CREATED = Counter(
@@ -31,7 +30,9 @@ GENERATION_INPUTS = Histogram(
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
 )
 DUPLICATES = Counter(
-    "nexuscrm_duplicates_total", "Receipt duplicates acknowledged, by kind (legacy, covered, pruned).", ["kind"]
+    "nexuscrm_duplicates_total",
+    "Receipt duplicates acknowledged, by kind (legacy, covered, pruned, expired).",
+    ["kind"],
 )
 COVERAGE_MISSING = Counter(
     "nexuscrm_coverage_missing_total", "Duplicates whose input no generation covers (an explicit error)."
@@ -49,7 +50,8 @@ MATERIALIZER_HEALTHY = Gauge(
 )
 PRUNED = Counter(
     "nexuscrm_retention_pruned_total",
-    "Rows the retention pruner deleted, by kind (generations, events, receipts); dry runs are not counted.",
+    "Rows the retention pruner deleted, by kind (generations, events, receipts; expired_receipts and "
+    "expired_generations: tombstones and generation records the duplicate window expired); dry runs are not counted.",
     ["kind"],
 )
 PRUNE_KEPT = Counter(
@@ -87,6 +89,7 @@ _DUPLICATE_KINDS = {
     Outcome.DUPLICATE_LEGACY: "legacy",
     Outcome.DUPLICATE_COVERED: "covered",
     Outcome.DUPLICATE_PRUNED: "pruned",
+    Outcome.EXPIRED: "expired",
 }
 
 
@@ -149,4 +152,6 @@ def record_prune(reports: Sequence[PruneReport]) -> None:
         PRUNED.labels("generations").inc(report.generations)
         PRUNED.labels("events").inc(report.events)
         PRUNED.labels("receipts").inc(report.receipts)
+        PRUNED.labels("expired_receipts").inc(report.expired_receipts)
+        PRUNED.labels("expired_generations").inc(report.expired_generations)
         PRUNE_KEPT.inc(report.kept)

@@ -24,6 +24,7 @@ from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
     Event,
     PackInstall,
+    RetentionPolicy,
 )
 
 REPAIR = "docs/runbook-cutover.md, 'Ordinal counter behind the history'"
@@ -44,11 +45,18 @@ class LockedPack:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Protocol:
-    """A pack's immutable projection protocol row."""
+    """A pack's immutable projection protocol row, with its retention policy's duplicate window.
+
+    ``duplicate_window_seconds`` (None: tombstones kept forever) and ``horizon_source_time``
+    (None before a tombstone expired) come from the pack's RetentionPolicy row, read in the
+    same statement so admission checks the window without a statement of its own (decision 127).
+    """
 
     pack_install_id: str
     protocol_version: int
     legacy_max_ordinal: int
+    duplicate_window_seconds: int | None = None
+    horizon_source_time: dt.datetime | None = None
 
 
 def pack_lock(connection: Connection, pack_install_id: str, clock: DatabaseClock) -> LockedPack:
@@ -138,16 +146,29 @@ def _refuse_collision(connection: Connection, pack_install_id: str, last_ordinal
 
 
 def protocol_get(connection: Connection, pack_install_id: str) -> Protocol | None:
-    """The pack's protocol row by primary key, or None before activation/cutover."""
+    """The pack's protocol row by primary key (and its policy's window), or None before activation/cutover."""
     row = connection.execute(
-        sa.select(ConnectorProjectionProtocol.c.ProtocolVersion, ConnectorProjectionProtocol.c.LegacyMaxOrdinal).where(
-            ConnectorProjectionProtocol.c.PackInstallId == pack_install_id
+        sa.select(
+            ConnectorProjectionProtocol.c.ProtocolVersion,
+            ConnectorProjectionProtocol.c.LegacyMaxOrdinal,
+            RetentionPolicy.c.DuplicateWindowSeconds,
+            RetentionPolicy.c.HorizonSourceTime,
         )
+        .select_from(
+            ConnectorProjectionProtocol.outerjoin(
+                RetentionPolicy, RetentionPolicy.c.PackInstallId == ConnectorProjectionProtocol.c.PackInstallId
+            )
+        )
+        .where(ConnectorProjectionProtocol.c.PackInstallId == pack_install_id)
     ).first()
     if row is None:
         return None
     return Protocol(
-        pack_install_id=pack_install_id, protocol_version=row.ProtocolVersion, legacy_max_ordinal=row.LegacyMaxOrdinal
+        pack_install_id=pack_install_id,
+        protocol_version=row.ProtocolVersion,
+        legacy_max_ordinal=row.LegacyMaxOrdinal,
+        duplicate_window_seconds=row.DuplicateWindowSeconds,
+        horizon_source_time=row.HorizonSourceTime,
     )
 
 

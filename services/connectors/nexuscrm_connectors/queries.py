@@ -239,7 +239,8 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
     """Inputs already admitted for ``keys``: ReceiptKey, EnqueueOrdinal, ProjectionKey, PayloadHash, WorkId, PrunedAt.
 
     WorkId and PrunedAt come from the tombstone of an input that retention pruned (NULL for a
-    retained Event).
+    retained Event); its ProjectionKey from the pruned generation's record, NULL when that
+    record expired with the duplicate window first (decision 127): the tombstone still counts.
 
     One statement (uq_event_receipt, and PrunedReceipt's primary key): it reads one snapshot, so
     an input pruned concurrently shows up exactly once, as Event or as tombstone (decision 123).
@@ -261,7 +262,7 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
             PrunedReceipt.c.WorkId,
             PrunedReceipt.c.PrunedAt,
         )
-        .join(PrunedWork, PrunedWork.c.WorkId == PrunedReceipt.c.WorkId)
+        .outerjoin(PrunedWork, PrunedWork.c.WorkId == PrunedReceipt.c.WorkId)
         .where(PrunedReceipt.c.PackInstallId == pack_install_id, PrunedReceipt.c.ReceiptKey.in_(keys))
     )
     return {row.ReceiptKey: row for row in connection.execute(sa.union_all(retained, pruned))}

@@ -27,6 +27,14 @@ one of the newest ``KeepGenerations``), a terminal generation's bounds and membe
 and a blocked successor is only ever unblocked. The one decision a concurrent writer can
 invalidate, the policy itself, is written by both: each pruning transaction writes the policy
 row (LastPrunedAt), so a policy change and a pruning that read the old policy conflict.
+
+The duplicate window (decision 127, opt-in per pack): tombstones whose input's SourceTime is
+older than the database clock minus the window expire, oldest first, in bounded batches; each
+expiring transaction raises the policy row's HorizonSourceTime over every SourceTime it deleted
+(it never moves back) and bumps the pack row admission writes, so an admission that read the
+old horizon cannot commit beside it. Admission answers an unknown key at or below the horizon
+``expired``: a duplicate never creates work, even after its tombstone is gone. Records of
+pruned generations expire with the window too, once no tombstone below the cutoff is left.
 """
 
 from __future__ import annotations
@@ -47,56 +55,27 @@ from nexuscrm_runtime.database import run_transaction
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import TERMINAL_WORK_STATUSES
+from workqueue.values import PruneReport, RetentionPolicy
 
 Cursor = tuple[dt.datetime, str]  # (FinishedAt, WorkId) of the last candidate read
+EXPIRE_BATCHES_PER_PASS = 20  # expiring transactions per pack and pass (each up to prune_batch_events tombstones)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RetentionPolicy:
-    """A pack's retention policy and horizon; both limits None means retention is off."""
-
-    pack_install_id: str
-    keep_generations: int | None = None
-    keep_seconds: int | None = None
-    horizon_ordinal: int = 0
-    pruned_generations: int = 0
-    last_pruned_at: dt.datetime | None = None
-
-    @classmethod
-    def from_row(cls, pack_install_id: str, row: Any) -> RetentionPolicy:
-        """The policy of a ``RetentionPolicy`` row; the default (off) when there is none."""
-        if row is None:
-            return cls(pack_install_id=pack_install_id)
-        return cls(
-            pack_install_id=pack_install_id,
-            keep_generations=row.KeepGenerations,
-            keep_seconds=row.KeepSeconds,
-            horizon_ordinal=int(row.HorizonOrdinal),
-            pruned_generations=int(row.PrunedGenerations),
-            last_pruned_at=row.LastPrunedAt,
-        )
-
-    @property
-    def active(self) -> bool:
-        """Whether the policy lets anything go."""
-        return self.keep_generations is not None or self.keep_seconds is not None
-
-    def finished_before(self, now: dt.datetime) -> dt.datetime:
-        """Generations finished after this instant are kept by age."""
-        return now - dt.timedelta(seconds=self.keep_seconds or 0)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PruneReport:
-    """What one pass over a pack pruned (or, dry, would prune), and the candidates it kept."""
-
-    pack_install_id: str
-    dry_run: bool
-    generations: int = 0
-    events: int = 0
-    receipts: int = 0
-    kept: int = 0
-    horizon_ordinal: int = 0
+def policy_from_row(pack_install_id: str, row: Any) -> RetentionPolicy:
+    """The policy of a ``RetentionPolicy`` row; the default (off) when there is none."""
+    if row is None:
+        return RetentionPolicy(pack_install_id=pack_install_id)
+    return RetentionPolicy(
+        pack_install_id=pack_install_id,
+        keep_generations=row.KeepGenerations,
+        keep_seconds=row.KeepSeconds,
+        duplicate_window_seconds=row.DuplicateWindowSeconds,
+        horizon_ordinal=int(row.HorizonOrdinal),
+        horizon_source_time=row.HorizonSourceTime,
+        expired_receipts=int(row.ExpiredReceipts),
+        pruned_generations=int(row.PrunedGenerations),
+        last_pruned_at=row.LastPrunedAt,
+    )
 
 
 def set_policy(
@@ -106,11 +85,14 @@ def set_policy(
     *,
     keep_generations: int | None,
     keep_seconds: int | None,
+    duplicate_window_seconds: int | None = None,
 ) -> RetentionPolicy:
-    """Set the pack's policy (both None turns retention off; the horizon stays).
+    """Set the pack's policy (both limits None turns pruning off; the horizons stay).
 
-    Refuses ``keep_generations`` below 1 or negative ``keep_seconds`` (INVALID_ARGUMENT), an
-    unknown pack (``UnknownPack``) and a pack without a protocol row (``ProtocolMissing``).
+    ``duplicate_window_seconds`` (None: tombstones kept forever) makes tombstones expire and
+    every delivery's SourceTime required (decision 127). Refuses ``keep_generations`` below 1,
+    negative ``keep_seconds`` or a window below one second (INVALID_ARGUMENT), an unknown
+    pack (``UnknownPack``) and a pack without a protocol row (``ProtocolMissing``).
     """
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
@@ -122,6 +104,11 @@ def set_policy(
         )
     if keep_seconds is not None and keep_seconds < 0:
         raise InvalidArgument(f"keep_seconds must not be negative, got {keep_seconds}", field="keep_seconds")
+    if duplicate_window_seconds is not None and duplicate_window_seconds < 1:
+        raise InvalidArgument(
+            f"duplicate_window_seconds must be at least 1, got {duplicate_window_seconds}",
+            field="duplicate_window_seconds",
+        )
 
     def run(connection: Connection) -> RetentionPolicy:
         pack = packs.pack_lock(connection, pack_install_id, clock)
@@ -132,9 +119,14 @@ def set_policy(
                 field="pack_install_id",
             )
         rq.policy_upsert(
-            connection, pack_install_id, keep_generations=keep_generations, keep_seconds=keep_seconds, now=pack.now
+            connection,
+            pack_install_id,
+            keep_generations=keep_generations,
+            keep_seconds=keep_seconds,
+            duplicate_window_seconds=duplicate_window_seconds,
+            now=pack.now,
         )
-        return RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+        return policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
 
     return run_transaction(engine, run, name="retention policy")
 
@@ -144,7 +136,7 @@ def get_policy(engine: Engine, pack_install_id: str) -> RetentionPolicy:
     with engine.connect() as connection:
         if queries.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        return RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+        return policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
 
 
 def prune(
@@ -160,7 +152,8 @@ def prune(
     """One bounded pass over a pack; returns the report and the cursor to continue from (None at the end).
 
     Reads up to ``max_generations`` (0: the per-pass setting) candidates after ``after`` and
-    prunes those the policy lets go; ``dry_run`` counts them and changes nothing.
+    prunes those the policy lets go, then expires what the duplicate window lets go (up to
+    ``EXPIRE_BATCHES_PER_PASS`` transactions); ``dry_run`` counts them and changes nothing.
     """
     limit = max_generations or settings.prune_generations_per_pass
     if not 1 <= limit <= settings.prune_generations_per_pass:
@@ -170,9 +163,8 @@ def prune(
         )
     policy = get_policy(engine, pack_install_id)
     if not policy.active:
-        return PruneReport(
-            pack_install_id=pack_install_id, dry_run=dry_run, horizon_ordinal=policy.horizon_ordinal
-        ), None
+        expired = _expire(engine, settings, clock, policy, dry_run=dry_run)
+        return dataclasses.replace(expired, horizon_ordinal=policy.horizon_ordinal), None
     with engine.connect() as connection:
         now = clock.read(connection)  # ages on the database's clock, as FinishedAt was (decision 118)
         candidates = rq.work_items_retention_candidates(
@@ -197,10 +189,80 @@ def prune(
             events=pruned.events,
             receipts=pruned.receipts,
             kept=pruned.kept,
-            horizon_ordinal=get_policy(engine, pack_install_id).horizon_ordinal,
         )
+    expired = _expire(engine, settings, clock, policy, dry_run=dry_run)
+    report = dataclasses.replace(
+        report,
+        expired_receipts=expired.expired_receipts,
+        expired_generations=expired.expired_generations,
+        horizon_source_time=expired.horizon_source_time,
+        horizon_ordinal=report.horizon_ordinal if dry_run else get_policy(engine, pack_install_id).horizon_ordinal,
+    )
     cursor = (candidates[-1].FinishedAt, candidates[-1].WorkId) if len(candidates) == limit else None
     return report, cursor
+
+
+def _expire(
+    engine: Engine, settings: Settings, clock: DatabaseClock, policy: RetentionPolicy, *, dry_run: bool
+) -> PruneReport:
+    """Expire what the duplicate window lets go, in bounded transactions; the report's expiry fields.
+
+    A dry run counts the tombstones that would expire now, up to one batch.
+    """
+    report = PruneReport(
+        pack_install_id=policy.pack_install_id, dry_run=dry_run, horizon_source_time=policy.horizon_source_time
+    )
+    if policy.duplicate_window_seconds is None:
+        return report
+    if dry_run:
+        with engine.connect() as connection:
+            before = clock.read(connection) - dt.timedelta(seconds=policy.duplicate_window_seconds)
+            due = rq.tombstones_expiring(connection, policy.pack_install_id, before, settings.prune_batch_events)
+        return dataclasses.replace(report, expired_receipts=len(due))
+    receipts = generations = 0
+    for _ in range(EXPIRE_BATCHES_PER_PASS):
+        batch = functools.partial(_expire_batch, settings=settings, clock=clock, pack_install_id=policy.pack_install_id)
+        tombstones, records, more = run_transaction(engine, batch, name="retention expire")
+        receipts, generations = receipts + tombstones, generations + records
+        if not more:
+            break
+    return dataclasses.replace(
+        report,
+        expired_receipts=receipts,
+        expired_generations=generations,
+        horizon_source_time=get_policy(engine, policy.pack_install_id).horizon_source_time,
+    )
+
+
+def _expire_batch(
+    connection: Connection, settings: Settings, clock: DatabaseClock, pack_install_id: str
+) -> tuple[int, int, bool]:
+    """One expiring transaction: up to ``prune_batch_events`` tombstones, oldest SourceTime first.
+
+    Raises the horizon over every SourceTime it deletes, and bumps the pack row admission
+    writes (decision 107): an admission that read the old horizon cannot commit an admission
+    of a key whose tombstone this deletes. Once no tombstone below the cutoff is left, records
+    of pruned generations below it go too (their tombstones are gone). Returns the tombstones
+    and records deleted, and whether more may be due.
+    """
+    now = clock.read(connection)
+    policy = policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    before = policy.expire_before(now)
+    if before is None:
+        return 0, 0, False
+    limit = settings.prune_batch_events
+    due = rq.tombstones_expiring(connection, pack_install_id, before, limit)
+    records = [] if len(due) == limit else rq.pruned_work_expiring(connection, pack_install_id, before, limit)
+    if not due and not records:
+        return 0, 0, False
+    rq.pack_control_version_bump(connection, pack_install_id)  # the pack row first, as admission locks it
+    tombstones = rq.tombstones_delete(connection, pack_install_id, [row.ReceiptKey for row in due], before)
+    expired = rq.pruned_work_delete(connection, records)
+    horizon = max((row.SourceTime for row in due), default=None)
+    recorded = rq.policy_record_expiry(connection, pack_install_id, horizon=horizon, expired=tombstones, now=now)
+    if recorded != 1:
+        raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
+    return tombstones, expired, len(due) == limit or len(records) == limit
 
 
 def _dry_run(connection: Connection, policy: RetentionPolicy, candidates: list[Any], now: dt.datetime) -> PruneReport:
@@ -258,14 +320,19 @@ def _prune_batch(
     """One pruning transaction over the first of ``work_ids``, up to ``prune_batch_events`` members.
 
     Whole generations go together while they fit; the first one that does not fit goes alone,
-    in chunks (its lowest members first, its WorkItem with the last chunk). Returns what went
-    and how many of ``work_ids`` are settled (pruned or kept); an unsettled one comes first in
-    the next transaction.
+    in chunks (its lowest members first, its WorkItem with the last chunk). Each generation is
+    decided on its own; the writes of the whole transaction go in one statement each at the
+    end (tombstones, receipts, Events, WorkItems, records). Returns what went and how many of
+    ``work_ids`` are settled (pruned or kept); an unsettled one comes first in the next
+    transaction.
     """
     now = clock.read(connection)
-    policy = RetentionPolicy.from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    policy = policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
     budget = settings.prune_batch_events
     tally, settled, horizon = _Tally(), 0, None
+    tombstones: list[dict[str, Any]] = []
+    ordinals: list[int] = []
+    pruned: list[tuple[Any, dt.datetime | None]] = []  # generations and their records' SourceTime
     for work_id in work_ids:
         # Keeping needs no lock; the row lock is taken only to delete (admission locks an
         # identity's newest generation, which the policy always keeps), then decided again.
@@ -283,7 +350,7 @@ def _prune_batch(
         if not done and budget < settings.prune_batch_events:
             break  # too large to share this transaction: it starts the next one
         chunk = members[:budget]
-        tombstones = [
+        own = [
             {
                 "PackInstallId": pack_install_id,
                 "ReceiptKey": member.ReceiptKey,
@@ -291,23 +358,27 @@ def _prune_batch(
                 "PayloadHash": member.PayloadHash,
                 "WorkId": work_id,
                 "PrunedAt": now,
+                "SourceTime": member.SourceTime,  # the duplicate window expires it by this (decision 127)
             }
             for member in chunk
             if member.ReceiptKey is not None  # a replay Event has no receipt
         ]
-        rq.receipts_prune(connection, tombstones)
-        tally.events += rq.events_delete(connection, pack_install_id, [member.EnqueueOrdinal for member in chunk])
-        tally.receipts += len(tombstones)
+        tombstones += own
+        ordinals += [member.EnqueueOrdinal for member in chunk]
         budget -= len(chunk)
         if not done:
             break
-        if rq.work_item_prune(connection, row, now) != 1:
-            raise RuntimeError(f"terminal generation {work_id} changed under its row lock")
-        tally.generations += 1
+        pruned.append((row, _newest_source_time(own)))
         settled += 1
         horizon = max(horizon or 0, row.LaneOrdinal)
         if budget <= 0:
             break
+    rq.receipts_prune(connection, tombstones)
+    tally.receipts = len(tombstones)
+    tally.events = rq.events_delete(connection, pack_install_id, ordinals)
+    tally.generations = rq.work_items_prune(connection, pruned, now)
+    if tally.generations != len(pruned):
+        raise RuntimeError(f"a terminal generation of pack {pack_install_id} changed under its row lock")
     if tally.events or tally.generations:
         recorded = rq.policy_record_pruning(
             connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now
@@ -317,11 +388,27 @@ def _prune_batch(
     return tally, settled
 
 
+def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:
+    """The newest SourceTime of a generation's last chunk of tombstones; None if one has none (or there are none).
+
+    The record expires with the window by it. A generation pruned in several chunks may have
+    earlier tombstones newer than this: they outlive the record, and still answer duplicates
+    (``queries.events_by_receipt`` reads tombstones without their record too).
+    """
+    times: list[dt.datetime | None] = [t["SourceTime"] for t in tombstones]
+    if not times or None in times:
+        return None
+    return max(time for time in times if time is not None)
+
+
 def refuse_if_pruned(connection: Connection, work_id: str) -> NoReturn:
     """Raise ``WorkPruned`` saying when ``work_id`` was pruned, if it was; else ``WorkNotFound``."""
     pruned = rq.pruned_work_get(connection, work_id)
     if pruned is None:
-        raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
+        raise WorkNotFound(
+            f"work {work_id} does not exist (or it was pruned and its record expired with its pack's duplicate window)",
+            field="work_id",
+        )
     raise WorkPruned(
         f"work {work_id} was pruned at {iso_utc(pruned.PrunedAt)} by the retention policy of pack "
         f"{pruned.PackInstallId}: generation [{pruned.InputStartOrdinal}, {pruned.LaneOrdinal}] was {pruned.Status} "

@@ -19,6 +19,7 @@ from nexuscrm_schema.tables import (
     Event,
     EventPayload,
     IngressReceipt,
+    PackInstall,
     PrunedReceipt,
     PrunedWork,
     RetentionPolicy,
@@ -40,10 +41,16 @@ def policy_upsert(
     *,
     keep_generations: int | None,
     keep_seconds: int | None,
+    duplicate_window_seconds: int | None,
     now: dt.datetime,
 ) -> None:
-    """Write the pack's policy, keeping its horizon; the caller holds the PackInstall row lock."""
-    values = {"KeepGenerations": keep_generations, "KeepSeconds": keep_seconds, "UpdatedAt": now}
+    """Write the pack's policy, keeping its horizons; the caller holds the PackInstall row lock."""
+    values = {
+        "KeepGenerations": keep_generations,
+        "KeepSeconds": keep_seconds,
+        "DuplicateWindowSeconds": duplicate_window_seconds,
+        "UpdatedAt": now,
+    }
     updated = connection.execute(
         sa.update(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id).values(**values)
     ).rowcount
@@ -52,11 +59,17 @@ def policy_upsert(
 
 
 def policies_active(connection: Connection) -> list[DbRow]:
-    """Every policy that limits something (a handful of rows: one per pack at most)."""
+    """Every policy that limits something or has a duplicate window (a handful of rows: one per pack at most)."""
     return list(
         connection.execute(
             sa.select(RetentionPolicy)
-            .where(sa.or_(RetentionPolicy.c.KeepGenerations.is_not(None), RetentionPolicy.c.KeepSeconds.is_not(None)))
+            .where(
+                sa.or_(
+                    RetentionPolicy.c.KeepGenerations.is_not(None),
+                    RetentionPolicy.c.KeepSeconds.is_not(None),
+                    RetentionPolicy.c.DuplicateWindowSeconds.is_not(None),
+                )
+            )
             .order_by(RetentionPolicy.c.PackInstallId)
         )
     )
@@ -142,7 +155,7 @@ def events_members_page(
     """Up to ``limit`` members of an identity in ``[start, end]``, lowest first (ix_event_source_lane)."""
     return list(
         connection.execute(
-            sa.select(Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash)
+            sa.select(Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash, Event.c.SourceTime)
             .where(
                 Event.c.PackInstallId == pack_install_id,
                 Event.c.ProjectionKey == projection_key,
@@ -185,26 +198,39 @@ def receipts_prune(connection: Connection, rows: Sequence[dict[str, Any]]) -> in
     )
 
 
-def work_item_prune(connection: Connection, row: Any, now: dt.datetime) -> int:
-    """Replace terminal generation ``row`` by its ``PrunedWork`` record; 0 when it is not terminal (any more)."""
+def work_items_prune(connection: Connection, pruned: Sequence[tuple[Any, dt.datetime | None]], now: dt.datetime) -> int:
+    """Replace terminal generations by their ``PrunedWork`` records; return the WorkItems deleted.
+
+    ``pruned``: each generation's row (locked by the caller) and the newest SourceTime of the
+    members pruned with it (None: one had none). Only terminal rows are deleted: a count below
+    ``len(pruned)`` means one changed, and the caller rolls back.
+    """
+    if not pruned:
+        return 0
     deleted = connection.execute(
-        sa.delete(WorkItem).where(WorkItem.c.WorkId == row.WorkId, WorkItem.c.Status.in_(TERMINAL_WORK_STATUSES))
-    ).rowcount
-    if deleted:
-        connection.execute(
-            sa.insert(PrunedWork).values(
-                WorkId=row.WorkId,
-                PackInstallId=row.PackInstallId,
-                ProjectionKey=row.ProjectionKey,
-                InputStartOrdinal=row.InputStartOrdinal,
-                LaneOrdinal=row.LaneOrdinal,
-                Status=row.Status,
-                FinishedAt=row.FinishedAt,
-                LeaseToken=row.LeaseToken,
-                LeaseExpiresAt=row.LeaseExpiresAt,
-                PrunedAt=now,
-            )
+        sa.delete(WorkItem).where(
+            WorkItem.c.WorkId.in_([row.WorkId for row, _ in pruned]), WorkItem.c.Status.in_(TERMINAL_WORK_STATUSES)
         )
+    ).rowcount
+    connection.execute(
+        sa.insert(PrunedWork),
+        [
+            {
+                "WorkId": row.WorkId,
+                "PackInstallId": row.PackInstallId,
+                "ProjectionKey": row.ProjectionKey,
+                "InputStartOrdinal": row.InputStartOrdinal,
+                "LaneOrdinal": row.LaneOrdinal,
+                "Status": row.Status,
+                "FinishedAt": row.FinishedAt,
+                "LeaseToken": row.LeaseToken,
+                "LeaseExpiresAt": row.LeaseExpiresAt,
+                "PrunedAt": now,
+                "SourceTime": source_time,
+            }
+            for row, source_time in pruned
+        ],
+    )
     return int(deleted)
 
 
@@ -225,3 +251,86 @@ def events_member_counts(
         )
     ).one()
     return int(row[0]), int(row[1])
+
+
+def pack_control_version_bump(connection: Connection, pack_install_id: str) -> int:
+    """Bump the pack row's ControlVersion, the row every admitting transaction writes (decision 107).
+
+    Expiring tombstones changes what admission decides from (decision 127): on a multi-primary
+    engine an admission that read the old horizon and admits anything then conflicts with the
+    expiry at commit; on one server the row lock orders them.
+    """
+    return int(
+        connection.execute(
+            sa.update(PackInstall)
+            .where(PackInstall.c.PackInstallId == pack_install_id)
+            .values(ControlVersion=sa.func.coalesce(PackInstall.c.ControlVersion, 0) + 1)
+        ).rowcount
+    )
+
+
+def tombstones_expiring(connection: Connection, pack_install_id: str, before: dt.datetime, limit: int) -> list[DbRow]:
+    """Up to ``limit`` tombstones whose SourceTime is before ``before``, oldest first (ix_prunedreceipt_source_time)."""
+    return list(
+        connection.execute(
+            sa.select(PrunedReceipt.c.ReceiptKey, PrunedReceipt.c.SourceTime)
+            .where(PrunedReceipt.c.PackInstallId == pack_install_id, PrunedReceipt.c.SourceTime < before)
+            .order_by(PrunedReceipt.c.SourceTime)
+            .limit(limit)
+        )
+    )
+
+
+def tombstones_delete(connection: Connection, pack_install_id: str, keys: Sequence[str], before: dt.datetime) -> int:
+    """Delete tombstones by primary key, each only while its SourceTime is still before ``before``."""
+    if not keys:
+        return 0
+    return int(
+        connection.execute(
+            sa.delete(PrunedReceipt).where(
+                PrunedReceipt.c.PackInstallId == pack_install_id,
+                PrunedReceipt.c.ReceiptKey.in_(keys),
+                PrunedReceipt.c.SourceTime < before,
+            )
+        ).rowcount
+    )
+
+
+def pruned_work_expiring(connection: Connection, pack_install_id: str, before: dt.datetime, limit: int) -> list[str]:
+    """Up to ``limit`` pruned-generation records whose SourceTime is before ``before`` (ix_prunedwork_source_time)."""
+    return list(
+        connection.execute(
+            sa.select(PrunedWork.c.WorkId)
+            .where(PrunedWork.c.PackInstallId == pack_install_id, PrunedWork.c.SourceTime < before)
+            .order_by(PrunedWork.c.SourceTime)
+            .limit(limit)
+        ).scalars()
+    )
+
+
+def pruned_work_delete(connection: Connection, work_ids: Sequence[str]) -> int:
+    """Delete pruned-generation records by primary key."""
+    if not work_ids:
+        return 0
+    return int(connection.execute(sa.delete(PrunedWork).where(PrunedWork.c.WorkId.in_(work_ids))).rowcount)
+
+
+def policy_record_expiry(
+    connection: Connection, pack_install_id: str, *, horizon: dt.datetime | None, expired: int, now: dt.datetime
+) -> int:
+    """Set LastPrunedAt, count ``expired`` tombstones and raise HorizonSourceTime to ``horizon`` (never lower it).
+
+    Returns the rows updated (1).
+
+    Like every pruning transaction it writes the policy row, so a concurrent policy change
+    conflicts with it (decision 123).
+    """
+    values: dict[str, Any] = {"LastPrunedAt": now, "ExpiredReceipts": RetentionPolicy.c.ExpiredReceipts + expired}
+    if horizon is not None:
+        current = RetentionPolicy.c.HorizonSourceTime
+        values["HorizonSourceTime"] = sa.case((sa.or_(current.is_(None), current < horizon), horizon), else_=current)
+    return int(
+        connection.execute(
+            sa.update(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id).values(**values)
+        ).rowcount
+    )

@@ -42,10 +42,12 @@ from workqueue.values import (
     InputPage,
     MemberPage,
     Outcome,
+    PruneReport,
     QueueState,
     ReceiptExplanation,
     ReceiptSummary,
     ReplayResult,
+    RetentionPolicy,
     Route,
     WorkDescription,
     WorkItemRow,
@@ -92,14 +94,14 @@ class Connectors:
             follow_up("heal stranded", self.claimers.notify)
         return healed
 
-    def prune_pass(self) -> list[retention.PruneReport]:
+    def prune_pass(self) -> list[PruneReport]:
         """One background pass of ``retention.Pruner``, counted by ``nexuscrm_retention_*``."""
         with metrics.PRUNE_PASS_SECONDS.time():
             reports = self.pruner.run(self.engine, self.settings, self.clock)
         follow_up("retention", lambda: metrics.record_prune(reports))
         return reports
 
-    def prune(self, pack_install_id: str, *, dry_run: bool = False, max_generations: int = 0) -> retention.PruneReport:
+    def prune(self, pack_install_id: str, *, dry_run: bool = False, max_generations: int = 0) -> PruneReport:
         """See ``retention.prune`` (one pass from the start of the pack's candidates)."""
         report, _ = retention.prune(
             self.engine, self.settings, self.clock, pack_install_id, dry_run=dry_run, max_generations=max_generations
@@ -108,14 +110,24 @@ class Connectors:
         return report
 
     def set_retention_policy(
-        self, pack_install_id: str, *, keep_generations: int | None, keep_seconds: int | None
-    ) -> retention.RetentionPolicy:
+        self,
+        pack_install_id: str,
+        *,
+        keep_generations: int | None,
+        keep_seconds: int | None,
+        duplicate_window_seconds: int | None = None,
+    ) -> RetentionPolicy:
         """See ``retention.set_policy``."""
         return retention.set_policy(
-            self.engine, self.clock, pack_install_id, keep_generations=keep_generations, keep_seconds=keep_seconds
+            self.engine,
+            self.clock,
+            pack_install_id,
+            keep_generations=keep_generations,
+            keep_seconds=keep_seconds,
+            duplicate_window_seconds=duplicate_window_seconds,
         )
 
-    def get_retention_policy(self, pack_install_id: str) -> retention.RetentionPolicy:
+    def get_retention_policy(self, pack_install_id: str) -> RetentionPolicy:
         """See ``retention.get_policy``."""
         return retention.get_policy(self.engine, pack_install_id)
 

@@ -14,7 +14,6 @@ from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors import authorization
 from nexuscrm_connectors.errors import LimitExceeded
-from nexuscrm_connectors.retention import RetentionPolicy
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.server import Registration
 from nexuscrm_sdk import convert
@@ -140,40 +139,24 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             request.pack_install_id,
             keep_generations=request.keep_generations if request.HasField("keep_generations") else None,
             keep_seconds=request.keep_seconds if request.HasField("keep_seconds") else None,
+            duplicate_window_seconds=(
+                request.duplicate_window_seconds if request.HasField("duplicate_window_seconds") else None
+            ),
         )
-        return pb.SetRetentionPolicyResponse(policy=_policy_to_proto(policy))
+        return pb.SetRetentionPolicyResponse(policy=convert.policy_to_proto(policy))
 
     def GetRetentionPolicy(
         self, request: pb.GetRetentionPolicyRequest, context: grpc.ServicerContext
     ) -> pb.GetRetentionPolicyResponse:
         return pb.GetRetentionPolicyResponse(
-            policy=_policy_to_proto(self._connectors.get_retention_policy(request.pack_install_id))
+            policy=convert.policy_to_proto(self._connectors.get_retention_policy(request.pack_install_id))
         )
 
     def Prune(self, request: pb.PruneRequest, context: grpc.ServicerContext) -> pb.PruneResponse:
         report = self._connectors.prune(
             request.pack_install_id, dry_run=request.dry_run, max_generations=request.max_generations
         )
-        return pb.PruneResponse(
-            pack_install_id=report.pack_install_id,
-            dry_run=report.dry_run,
-            generations=report.generations,
-            events=report.events,
-            receipts=report.receipts,
-            kept=report.kept,
-            horizon_ordinal=report.horizon_ordinal,
-        )
-
-
-def _policy_to_proto(policy: RetentionPolicy) -> pb.RetentionPolicy:
-    return pb.RetentionPolicy(
-        pack_install_id=policy.pack_install_id,
-        keep_generations=policy.keep_generations,
-        keep_seconds=policy.keep_seconds,
-        horizon_ordinal=policy.horizon_ordinal,
-        pruned_generations=policy.pruned_generations,
-        last_pruned_at=to_timestamp(policy.last_pruned_at),
-    )
+        return convert.prune_report_to_proto(report)
 
 
 def _lease(seconds: int) -> dt.timedelta | None:

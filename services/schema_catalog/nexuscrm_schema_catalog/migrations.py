@@ -7,12 +7,13 @@ _System_ConnectorProjectionProtocol table. Version 3 adds WorkItem.SuccessorWork
 106), version 4 PackInstall.ControlVersion (decision 107), version 5
 WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table (decision
 107, amendment), version 7 the retention tables and WorkItem(ix_workitem_retention) (decision
-123), version 8 the EventPayload table and Event.PayloadBytes (decision 126). Steps only
-create tables, indexes and nullable columns, each guarded so a repeated or concurrent run is a
-no-op, so the previous release keeps running while the schema moves. One step also copies
-data: v8 copies every payload into EventPayload (``payload_copy``), in batches committed one
-by one after its DDL; the version is recorded when the copy is done, so an interrupted copy
-resumes on the next run.
+123), version 8 the EventPayload table and Event.PayloadBytes (decision 126), version 9
+the duplicate window: three RetentionPolicy columns, a SourceTime column and index on each
+of PrunedWork and PrunedReceipt (decision 127). Steps only create tables, indexes and
+nullable columns, each guarded so a repeated or concurrent run is a no-op, so the previous
+release keeps running while the schema moves. One step also copies data: v8 copies every
+payload into EventPayload (``payload_copy``), in batches committed one by one after its DDL;
+the version is recorded when the copy is done, so an interrupted copy resumes on the next run.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ V7_TABLES = (tables.RetentionPolicy, tables.PrunedWork, tables.PrunedReceipt)
 V7_INDEX = "ix_workitem_retention"
 V8_TABLES = (tables.EventPayload,)
 V8_COLUMN = "PayloadBytes"
+V9_COLUMNS = {
+    tables.RetentionPolicy: ("DuplicateWindowSeconds", "HorizonSourceTime", "ExpiredReceipts"),
+    tables.PrunedWork: ("SourceTime",),
+    tables.PrunedReceipt: ("SourceTime",),
+}
 
 
 def _v1_metadata() -> sa.MetaData:
@@ -112,7 +118,16 @@ def _apply_v6(connection: Connection) -> None:
 
 
 def _apply_v7(connection: Connection) -> None:
-    tables.metadata.create_all(connection, tables=list(V7_TABLES), checkfirst=True)
+    # The v7 tables as they were then: v9 adds columns and indexes to them.
+    v7 = sa.MetaData()
+    for table in V7_TABLES:
+        sa.Table(
+            table.name,
+            v7,
+            *(column._copy() for column in table.columns if column.name not in V9_COLUMNS[table]),
+            **tables.MYSQL_TABLE_OPTIONS,
+        )
+    v7.create_all(connection, checkfirst=True)
     indexes = {i["name"] for i in sa.inspect(connection).get_indexes(tables.WorkItem.name)}
     if V7_INDEX not in indexes:
         (index,) = (i for i in tables.WorkItem.indexes if i.name == V7_INDEX)
@@ -125,6 +140,20 @@ def _apply_v8(connection: Connection) -> None:
     if V8_COLUMN not in columns:
         operations = Operations(MigrationContext.configure(connection))
         operations.add_column(tables.Event.name, tables.Event.c[V8_COLUMN]._copy())
+
+
+def _apply_v9(connection: Connection) -> None:
+    inspector = sa.inspect(connection)
+    operations = Operations(MigrationContext.configure(connection))
+    for table, names in V9_COLUMNS.items():
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for name in names:
+            if name not in present:
+                operations.add_column(table.name, table.c[name]._copy())
+        indexes = {i["name"] for i in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name not in indexes:
+                index.create(connection)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +175,7 @@ STEPS = (
     Step(6, "v6_namespace_control", _apply_v6),
     Step(7, "v7_retention", _apply_v7),
     Step(8, "v8_event_payload", _apply_v8, copy_event_payloads),
+    Step(9, "v9_duplicate_window", _apply_v9),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
