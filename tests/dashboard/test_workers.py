@@ -126,3 +126,5 @@ def test_integration_targets_default_dedupe_and_refuse_what_is_not_host_port() -
     assert integration_targets(" a:1, b:2 ,a:1,", "unused:1") == ("a:1", "b:2")
     with pytest.raises(ConfigError, match="NEXUSCRM_DASHBOARD_INTEGRATION_TARGETS must be host:port, got 'b'"):
         integration_targets("a:1,b", "unused:1")
+    with pytest.raises(ConfigError, match="NEXUSCRM_INTEGRATION_TARGET must be host:port"):
+        integration_targets(" ", "nowhere")

@@ -39,8 +39,13 @@ def skew_flagged(skew_seconds: float | None, lease_seconds: float) -> bool:
 
 
 def integration_targets(value: str, default: str) -> tuple[str, ...]:
-    """The hosts ``value`` names (comma-separated host:port; empty: ``default``); else ``ConfigError``."""
-    targets = [part.strip() for part in value.split(",") if part.strip()] or [default]
+    """The hosts ``value`` names (comma-separated host:port), else ``default`` (NEXUSCRM_INTEGRATION_TARGET).
+
+    ``ConfigError`` naming the variable whose address is not host:port.
+    """
+    targets = [part.strip() for part in value.split(",") if part.strip()]
+    if not targets:
+        return (check_address("NEXUSCRM_INTEGRATION_TARGET", default),)
     return tuple(dict.fromkeys(check_address(TARGETS_VARIABLE, target) for target in targets))
 
 
