@@ -37,10 +37,15 @@ def connectors(connectors_target: str) -> Iterator[ConnectorsReads]:
 
 
 @pytest.fixture
-def unreachable_connectors() -> Iterator[ConnectorsReads]:
-    """Reads aimed at a port nothing listens on (bound, then closed, so no one else got it yet)."""
+def unreachable_target() -> str:
+    """host:port where nothing listens (bound, then closed, so no one else got it yet)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with connectors_reads(Targets(connectors=f"127.0.0.1:{port}"), None) as reads:
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.fixture
+def unreachable_connectors(unreachable_target: str) -> Iterator[ConnectorsReads]:
+    """Reads aimed at ``unreachable_target``."""
+    with connectors_reads(Targets(connectors=unreachable_target), None) as reads:
         yield reads

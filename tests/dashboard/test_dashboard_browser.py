@@ -6,10 +6,14 @@ explain a WorkId and a ReceiptKey, and show a fence armed through the CLI after 
 refresh, without a reload and without console errors. The metrics endpoints agree. The page
 asks Connectors (its own process) over gRPC for the explanations and receipt lists; once
 Connectors stops, those parts say "Connectors unavailable" and the pack cards keep refreshing.
+It lists the workers of the Integration hosts it is given: a real host whose clock is 90 s
+ahead of the database's shows its worker's skew flagged, and a host that does not answer is
+shown unreachable while the rest of the page refreshes.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -27,6 +31,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
+from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
@@ -43,6 +48,8 @@ from nexuscrm_tools.launcher import (
 from nexuscrm_tools.run import install_demo_pack
 from nexuscrm_tools.simulator import Simulator, WorkloadConfig
 from tests.dashboard.browser import ARTIFACTS, browser_session, console_errors
+from tests.dashboard.integration_host import SkewedHost
+from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
 from workqueue import decode_projection_key
@@ -60,7 +67,17 @@ def browser() -> Iterator[webdriver.Chrome]:
 
 
 @pytest.fixture
-def system(empty_dsn: str, tmp_path: Path) -> Iterator[list[ServiceProcess]]:
+def skewed_host() -> Iterator[SkewedHost]:
+    """An Integration host in this process, 90 s ahead of the database; activated by the test."""
+    host = SkewedHost(dt.timedelta(seconds=90))
+    yield host
+    assert host.stop()
+
+
+@pytest.fixture
+def system(
+    empty_dsn: str, tmp_path: Path, skewed_host: SkewedHost, unreachable_target: str
+) -> Iterator[list[ServiceProcess]]:
     env = {
         "NEXUSCRM_DSN": empty_dsn,
         "NEXUSCRM_DASHBOARD_ADDRESS": "127.0.0.1:0",
@@ -72,7 +89,8 @@ def system(empty_dsn: str, tmp_path: Path) -> Iterator[list[ServiceProcess]]:
     services = start_services((SCHEMA_CATALOG,), env=env, workdir=tmp_path)
     try:
         services += start_services((CONNECTORS,), env={**env, "NEXUSCRM_OTEL": "console"}, workdir=tmp_path)
-        services += start_services((CONTROLPLANE,), env={**env, **target_env(services)}, workdir=tmp_path)
+        hosts = {"NEXUSCRM_DASHBOARD_INTEGRATION_TARGETS": f"{skewed_host.target},{unreachable_target}"}
+        services += start_services((CONTROLPLANE,), env={**env, **target_env(services), **hosts}, workdir=tmp_path)
     except BaseException:
         stop_services(services)
         raise
@@ -211,7 +229,12 @@ def scrape(port: int | None) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
 
 
 def test_dashboard_shows_the_database_explains_and_follows_a_fence(
-    page: webdriver.Chrome, system: list[ServiceProcess], empty_dsn: str, request: pytest.FixtureRequest
+    page: webdriver.Chrome,
+    system: list[ServiceProcess],
+    empty_dsn: str,
+    request: pytest.FixtureRequest,
+    skewed_host: SkewedHost,
+    unreachable_target: str,
 ) -> None:
     browser = page
     controlplane, connectors_process = service(system, CONTROLPLANE), service(system, CONNECTORS)
@@ -304,6 +327,23 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
         (("code", "OK"), ("method", "/nexuscrm.connectors.v1.ConnectorsService/Ingest")),
     )
     assert counters[ingest] >= 1
+
+    # Issue 17 item 3: the skewed host's worker runs a generation of another pack (the numbers
+    # above stay the database's) and the page flags its measured skew; the silent host is marked.
+    other = install_pack(engine, namespace=NAMESPACE)
+    Connectors(engine).ingest(other, items=[delivery()])
+    skewed_host.activate(engine, connectors_process.address, {other: 30})
+    [skew] = wait_until(
+        lambda: present(browser, f'[data-host="{skewed_host.target}"] [data-skew-flagged="true"] [data-skew]'),
+        "the skewed worker's flagged clock skew",
+    )
+    assert abs(float(skew.removesuffix(" s")) - 90) < 5, skew
+    [silent] = wait_until(
+        lambda: present(browser, f'[data-host="{unreachable_target}"][data-host-state="unreachable"]'),
+        "the silent Integration host marked unreachable",
+    )
+    assert "UNAVAILABLE" in silent
+    assert console_errors(browser) == []
 
     stop_services([connectors_process])
     refreshes = int(browser.find_element(By.ID, "refreshed").get_attribute("data-count") or 0)

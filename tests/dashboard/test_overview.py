@@ -27,6 +27,7 @@ from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_controlplane.dashboard.server import DashboardServer
+from nexuscrm_controlplane.dashboard.workers import integration_hosts
 from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
@@ -225,15 +226,18 @@ def _get(port: int, path: str) -> tuple[int, Any]:
 
 
 @pytest.fixture
-def dashboard_without_connectors(engine: sa.Engine, unreachable_connectors: ConnectorsReads) -> Iterator[int]:
-    """The dashboard app served on a free port, its Connectors target unreachable; yields the port."""
-    server = DashboardServer(create_app(engine, connectors=unreachable_connectors), "127.0.0.1:0")
-    server.start()
-    yield server.port
-    server.stop()
+def dashboard_without_connectors(
+    engine: sa.Engine, unreachable_connectors: ConnectorsReads, unreachable_target: str
+) -> Iterator[int]:
+    """The dashboard app served on a free port, its Connectors and Integration targets unreachable; yields the port."""
+    with integration_hosts([unreachable_target], None) as workers:
+        server = DashboardServer(create_app(engine, connectors=unreachable_connectors, workers=workers), "127.0.0.1:0")
+        server.start()
+        yield server.port
+        server.stop()
 
 
-def test_without_connectors_search_and_receipts_answer_503_and_the_rest_200(
+def test_without_connectors_or_integration_search_and_receipts_answer_503_and_the_rest_200(
     engine: sa.Engine, dashboard_without_connectors: int
 ) -> None:
     pack = install_pack(engine)
@@ -254,6 +258,8 @@ def test_without_connectors_search_and_receipts_answer_503_and_the_rest_200(
         assert status == 503, (path, body)
         assert str(body["error"]).startswith("Connectors unavailable"), (path, body)
     assert _get(port, "/api/search?q=%20")[0] == 400  # checked before asking Connectors
+    status, body = _get(port, "/api/workers")  # a host that does not answer is marked, the page answers
+    assert status == 200 and [h["state"] for h in body["hosts"]] == ["unreachable"], body
     assert_invariants(engine)
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
+from nexuscrm_runtime import database
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG, DatabaseClock
-from nexuscrm_runtime.database import is_sqlite
+from nexuscrm_runtime.database import create_engine, is_sqlite
 from tests.support.factories import FakeClock
 
 
@@ -35,3 +37,25 @@ def test_on_tidb_the_clock_is_the_transactions_tso_from_pd() -> None:
     sql = str(sa.select(DatabaseClock().now()).compile(dialect=dialect))
     assert "(@@tidb_current_ts >> 18) * 1000" in sql and "UTC_TIMESTAMP(6)" in sql  # the latter only outside a txn
     assert "tidb_current_ts" not in str(sa.select(DatabaseClock().now()).compile(dialect=mysql.dialect()))
+
+
+def test_the_engine_asks_the_prerequisites_test_whether_the_server_is_tidb(
+    mysql_server_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first connection's server version goes through ``prerequisites.is_tidb``, the one TiDB test."""
+    asked: list[str] = []
+
+    def recording(version: str) -> bool:
+        asked.append(version)
+        return True  # the real MariaDB, taken for TiDB: the clock must then read PD's timestamps
+
+    monkeypatch.setattr(database, "is_tidb", recording)
+    engine = create_engine(mysql_server_dsn, pool_size=1)
+    try:
+        with engine.connect() as connection:
+            version = str(connection.execute(sa.select(sa.func.version())).scalar_one())
+        # Once, with the handshake's server version (MariaDB 10 prefixes VERSION() with "5.5.5-").
+        assert len(asked) == 1 and version in asked[0], (asked, version)
+        assert "tidb_current_ts" in str(sa.select(DatabaseClock().now()).compile(dialect=engine.dialect))
+    finally:
+        engine.dispose()

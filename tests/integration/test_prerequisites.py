@@ -18,6 +18,7 @@ from nexuscrm_runtime.prerequisites import (
     IDLE_TRANSACTION_TIMEOUT,
     PrerequisiteError,
     ServerFacts,
+    is_tidb,
     problems,
     read_server,
     session_statements,
@@ -48,6 +49,18 @@ def test_tidb_versions_are_read_from_the_version_string() -> None:
     assert tidb_version("5.7.25-TiDB-v7.5.0-alpha") == (7, 5, 0)
     assert tidb_version("10.11.19-MariaDB-0+deb12u1") is None
     assert tidb_version("8.0.36") is None
+
+
+def test_one_test_names_tidb_and_a_release_it_cannot_read_is_refused_not_taken_for_mysql() -> None:
+    assert is_tidb(TIDB) and is_tidb("5.7.25-TiDB-v7.5.0-alpha")
+    assert not is_tidb("10.11.19-MariaDB-0+deb12u1") and not is_tidb("8.0.36")
+    unreadable = "8.0.11-TiDB-nightly"
+    # TiDB for the session settings and the database clock alike, and refused at start for its release.
+    assert is_tidb(unreadable) and tidb_version(unreadable) is None
+    assert session_statements(unreadable) == session_statements(TIDB)
+    assert problems(ServerFacts(version=unreadable, variables=GOOD_TIDB)) == [
+        f"TiDB v8.1.0 (LTS) or newer is required, the server reports {unreadable!r}"
+    ]
 
 
 def test_a_tidb_session_is_set_pessimistic_with_in_place_checks_and_an_idle_timeout() -> None:
@@ -100,7 +113,7 @@ def test_the_real_server_reads_back_read_committed_and_passes(server_engine: sa.
             assert int(timeout) == IDLE_TRANSACTION_TIMEOUT
     isolation = facts.variables.get("transaction_isolation") or facts.variables["tx_isolation"]
     assert isolation == "READ-COMMITTED"
-    assert tidb_version(facts.version) is None
+    assert not is_tidb(facts.version)
     verify(server_engine)  # MariaDB/MySQL: nothing else required
 
 

@@ -27,6 +27,7 @@ from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.connectors import connectors_reads
 from nexuscrm_controlplane.dashboard.headers import security_headers
 from nexuscrm_controlplane.dashboard.server import DashboardServer
+from nexuscrm_controlplane.dashboard.workers import integration_hosts
 from nexuscrm_controlplane.servicer import registration as controlplane_registration
 from nexuscrm_runtime.metrics_endpoint import metrics_server
 from nexuscrm_runtime.server import RunningServer, create_server
@@ -129,9 +130,16 @@ def test_the_metrics_endpoint_speaks_mutual_tls_to_principals_of_every_namespace
 def secure_dashboard(engine: sa.Engine, pki: Pki) -> Iterator[int]:
     """The dashboard over HTTPS behind the policy's tokens, in this process; yields its port."""
     security = pki.security()
-    with connectors_reads(Targets(connectors="127.0.0.1:1"), None) as connectors:  # search is not asked here
+    with (  # search is not asked here; the worker list answers 200, its one host unreachable
+        connectors_reads(Targets(connectors="127.0.0.1:1"), None) as connectors,
+        integration_hosts(["127.0.0.1:1"], None) as workers,
+    ):
         app = create_app(
-            engine, connectors=connectors, middleware=[token_middleware(lambda: security.policy)], https=True
+            engine,
+            connectors=connectors,
+            workers=workers,
+            middleware=[token_middleware(lambda: security.policy)],
+            https=True,
         )
         dashboard = DashboardServer(app, "127.0.0.1:0", security.tls, grace=1)
         dashboard.start()
@@ -148,6 +156,8 @@ def secure_dashboard(engine: sa.Engine, pki: Pki) -> Iterator[int]:
         ("/no/such/page", "operator", 404),
         ("/api/overview", None, 401),
         ("/api/overview", "acme", 403),
+        ("/api/workers", "operator", 200),
+        ("/api/workers", "acme", 403),
     ],
 )
 def test_every_dashboard_answer_carries_the_browser_security_headers(

@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from nexuscrm_runtime.database import is_sqlite
-from nexuscrm_runtime.prerequisites import tidb_version
+from nexuscrm_runtime.prerequisites import is_tidb
 
 # Tables whose size grows with history: a full scan or a sort over one of them is a failure.
 GROWING_TABLES = frozenset({"Event", "EventPayload", "WorkItem", "IngressReceipt", "PrunedReceipt", "PrunedWork"})
@@ -148,6 +148,6 @@ def explain_problems(connection: sa.Connection, statement: str, parameters: Any)
         return problems_sqlite(connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all())
     version = str(connection.execute(sa.select(sa.func.version())).scalar_one())
     result = connection.exec_driver_sql("EXPLAIN " + statement, parameters)
-    if tidb_version(version) is not None:
+    if is_tidb(version):
         return problems_tidb(result.all())
     return problems_mysql(result.mappings().all())

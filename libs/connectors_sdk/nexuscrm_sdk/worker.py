@@ -127,6 +127,11 @@ class WorkerStats:
     clock_skew: dt.timedelta | None = None
 
 
+def host_clock() -> dt.datetime:
+    """This host's wall clock (timezone-aware UTC): a worker's default ``wall_clock``."""
+    return dt.datetime.now(dt.UTC)
+
+
 class Worker:
     """Claims generations of some packs and work types, up to ``batch_size`` at once, and runs ``flow`` on each in turn.
 
@@ -149,7 +154,7 @@ class Worker:
         batch_size: int = 1,
         claim_wait: dt.timedelta = dt.timedelta(seconds=1),
         poll_interval: dt.timedelta = dt.timedelta(milliseconds=200),
-        wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        wall_clock: Callable[[], dt.datetime] = host_clock,
     ) -> None:
         self._source = source
         self._flow = flow

@@ -27,7 +27,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
 from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
-from nexuscrm_runtime.prerequisites import install_session_settings
+from nexuscrm_runtime.prerequisites import install_session_settings, is_tidb
 from nexuscrm_runtime.tidb_profile import ENV as PROFILE_ENV
 from nexuscrm_runtime.tidb_profile import TidbProfile
 from workqueue.errors import DomainError, ErrorKind
@@ -137,7 +137,7 @@ def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | N
     @event.listens_for(engine, "first_connect")
     def _detect_tidb(dbapi_connection: Any, _record: Any) -> None:
         # TiDB's SQL nodes each have their own clock: the database clock reads PD's instead.
-        setattr(engine.dialect, TIDB_DIALECT_FLAG, "TiDB" in dbapi_connection.get_server_info())
+        setattr(engine.dialect, TIDB_DIALECT_FLAG, is_tidb(dbapi_connection.get_server_info()))
 
     install_session_settings(engine)
     event.listen(engine, "before_cursor_execute", _check_transaction_deadline)

@@ -55,9 +55,20 @@ class ServerFacts:
     variables: Mapping[str, str]  # variable name (lower case) -> value as the server shows it
 
 
+def is_tidb(version: str) -> bool:
+    """Whether the server reporting ``version`` is TiDB: the one test, for the clock and the prerequisites.
+
+    ``version`` is ``VERSION()`` or the connection handshake's server version, which TiDB
+    reports alike (``8.0.11-TiDB-v8.5.0``). ``database.create_engine`` asks it on the first
+    connection (the database clock then reads PD's timestamps, decision 118); this module asks
+    it of every session (``session_statements``) and at start (``problems``).
+    """
+    return "TiDB" in version
+
+
 def tidb_version(version: str) -> tuple[int, int, int] | None:
-    """TiDB's release from a ``VERSION()`` string (``8.0.11-TiDB-v8.5.0``); None for another engine."""
-    match = _TIDB_VERSION.search(version)
+    """TiDB's release from its version string (``is_tidb``); None for another engine or an unreadable release."""
+    match = _TIDB_VERSION.search(version) if is_tidb(version) else None
     return None if match is None else (int(match[1]), int(match[2]), int(match[3]))
 
 
@@ -68,7 +79,7 @@ def session_statements(version: str) -> list[str]:
     so a client that vanished mid-transaction frees its locks as on TiDB. MySQL has none: it
     drops such a session only after ``wait_timeout``, or when TCP keepalive gives up.
     """
-    if tidb_version(version) is not None:
+    if is_tidb(version):
         settings = ", ".join(f"{name} = {_literal(value)}" for name, value in TIDB_SESSION_SETTINGS.items())
         return [f"SET SESSION {settings}"]
     if "MariaDB" in version:
@@ -112,12 +123,13 @@ def problems(facts: ServerFacts) -> list[str]:
     isolation = next((facts.variables[name] for name in _ISOLATION_NAMES if name in facts.variables), None)
     if isolation is not None and isolation.upper() != ISOLATION:
         found.append(f"transaction_isolation must be {ISOLATION}, the session has {isolation}")
-    release = tidb_version(facts.version)
-    if release is None:
+    if not is_tidb(facts.version):
         return found
-    if release < MINIMUM_TIDB:
+    release = tidb_version(facts.version)
+    if release is None or release < MINIMUM_TIDB:
         wanted = ".".join(map(str, MINIMUM_TIDB))
-        found.append(f"TiDB v{wanted} (LTS) or newer is required, the server is v{'.'.join(map(str, release))}")
+        shown = f"reports {facts.version!r}" if release is None else f"is v{'.'.join(map(str, release))}"
+        found.append(f"TiDB v{wanted} (LTS) or newer is required, the server {shown}")
     for name, wanted in {**TIDB_SESSION_SETTINGS, **TIDB_GLOBAL_SETTINGS}.items():
         value = facts.variables.get(name)
         if value is None or value.upper() != wanted.upper():

@@ -8,7 +8,9 @@ NEXUSCRM_LOG_FORMAT (docs/observability.md), NEXUSCRM_TLS_CA / _CERT / _KEY and
 NEXUSCRM_AUTHZ_POLICY (docs/security.md: with them, the dashboard is HTTPS and asks for a
 token of a principal of every namespace). The dashboard's search and receipt lists ask
 Connectors at NEXUSCRM_CONNECTORS_TARGET (``nexuscrm_runtime.targets``) over the same mutual
-TLS, with the Controlplane's certificate, whose principal must then span every namespace.
+TLS, with the Controlplane's certificate, whose principal must then span every namespace;
+its worker list asks the Integration hosts at NEXUSCRM_DASHBOARD_INTEGRATION_TARGETS
+(comma-separated; default NEXUSCRM_INTEGRATION_TARGET) the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
 from nexuscrm_controlplane.dashboard.connectors import connectors_reads
 from nexuscrm_controlplane.dashboard.server import DashboardServer
+from nexuscrm_controlplane.dashboard.workers import TARGETS_VARIABLE, integration_hosts, integration_targets
 from nexuscrm_controlplane.servicer import registration
 from nexuscrm_runtime.config import ServiceConfig, check_address, env_str
 from nexuscrm_runtime.security import Security
@@ -44,13 +47,16 @@ def main() -> None:
         if dashboard_address:
             check_address("NEXUSCRM_DASHBOARD_ADDRESS", dashboard_address)
             tls = security.tls if security else None
-            connectors = channels.enter_context(connectors_reads(Targets.from_env(), tls))
+            targets = Targets.from_env()
+            hosts = integration_targets(env_str(TARGETS_VARIABLE, ""), targets.integration)
+            connectors = channels.enter_context(connectors_reads(targets, tls))
+            workers = channels.enter_context(integration_hosts(hosts, tls))
             if security is None:
-                app = create_app(engine, connectors=connectors)
+                app = create_app(engine, connectors=connectors, workers=workers)
                 dashboard = DashboardServer(app, dashboard_address, grace=config.grace_seconds)
             else:
                 access = token_middleware(lambda: security.policy)
-                app = create_app(engine, connectors=connectors, middleware=[access], https=True)
+                app = create_app(engine, connectors=connectors, workers=workers, middleware=[access], https=True)
                 dashboard = DashboardServer(app, dashboard_address, security.tls, grace=config.grace_seconds)
                 security.on_reload(dashboard.follow)
             dashboard.start()

@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.engine import Engine
 
@@ -23,7 +23,7 @@ from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVA
 from nexuscrm_integration.errors import ActivationRefused, NotGranted
 from nexuscrm_integration.flows import resolve_flow
 from nexuscrm_sdk.flows import FlowContext
-from nexuscrm_sdk.worker import Flow, Worker, WorkSource
+from nexuscrm_sdk.worker import Flow, Worker, WorkSource, host_clock
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ class WorkerInfo:
 
     ``clock_skew_seconds``: this host's wall clock minus the database's, as the worker last
     measured it (None before its first grant); reported only, leases never depend on it.
+    ``lease_seconds``: the lease the worker claims with, against which a reader judges the skew.
     """
 
     worker_id: str
@@ -44,6 +45,7 @@ class WorkerInfo:
     current_work_id: str | None
     executions: int
     clock_skew_seconds: float | None
+    lease_seconds: float
 
 
 def standalone_worker(
@@ -59,11 +61,13 @@ def standalone_worker(
     batch_size: int = 1,
     claim_wait: dt.timedelta = dt.timedelta(seconds=DEFAULT_CLAIM_WAIT),
     poll_interval: dt.timedelta = dt.timedelta(seconds=DEFAULT_POLL_INTERVAL),
+    wall_clock: Callable[[], dt.datetime] = host_clock,
 ) -> Worker:
     """One worker of one pack and work type, for library consumers that host it themselves.
 
     Raises ``NotGranted`` unless ``grant`` (from the activation gate) covers the pack. The
-    worker claims nothing until its owner calls ``start`` or ``run_once``.
+    worker claims nothing until its owner calls ``start`` or ``run_once``. ``wall_clock``:
+    this host's clock, read only to measure its skew (``Worker``).
     """
     if not isinstance(grant, ActivationGrant) or not grant.covers(pack_install_id):
         raise NotGranted(
@@ -81,6 +85,7 @@ def standalone_worker(
         batch_size=batch_size,
         claim_wait=claim_wait,
         poll_interval=poll_interval,
+        wall_clock=wall_clock,
     )
 
 
@@ -94,8 +99,9 @@ class WorkerHost:
     """Every configured pool's workers; built only with a grant covering every pool's pack.
 
     Construction resolves each pool's Flow factory once (raising ``FlowNotFound``) and builds
-    its workers; ``start`` starts them; ``run_until_drained`` stops every claim first, then
-    waits for the in-flight generations (it does not drain the durable queue).
+    its workers, which measure their skew with ``wall_clock`` (this host's clock); ``start``
+    starts them; ``run_until_drained`` stops every claim first, then waits for the in-flight
+    generations (it does not drain the durable queue).
     """
 
     def __init__(
@@ -106,6 +112,7 @@ class WorkerHost:
         engine: Engine,
         *,
         host_id: str,
+        wall_clock: Callable[[], dt.datetime] = host_clock,
     ) -> None:
         self._members: list[_Member] = []
         self._stopped = False
@@ -131,6 +138,7 @@ class WorkerHost:
                     batch_size=pool.batch_size,
                     claim_wait=dt.timedelta(seconds=pool.claim_wait_seconds),
                     poll_interval=dt.timedelta(seconds=pool.poll_interval_seconds),
+                    wall_clock=wall_clock,
                 )
                 self._members.append(_Member(pool=pool, worker=worker))
 
@@ -172,6 +180,7 @@ class WorkerHost:
                     current_work_id=current,
                     executions=member.worker.stats.executions,
                     clock_skew_seconds=None if skew is None else skew.total_seconds(),
+                    lease_seconds=float(member.pool.lease_seconds),
                 )
             )
         return infos

@@ -39,6 +39,7 @@ class IntegrationServicer(pb_grpc.IntegrationServiceServicer):
                     current_work_id=w.current_work_id or "",
                     executions=w.executions,
                     clock_skew_seconds=w.clock_skew_seconds,
+                    lease_seconds=w.lease_seconds,
                 )
                 for w in self._status.workers()
             ]

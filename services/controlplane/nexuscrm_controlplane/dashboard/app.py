@@ -6,7 +6,8 @@ reads of ``overview``. A domain error (an invalid search, an unknown pack) answe
 its message; Connectors not answering the reads it serves (``dashboard.connectors``) answers
 503 with ``{"error": "Connectors unavailable: ..."}``, and another refusal of Connectors 502;
 nothing else of the error reaches the page. The overview and the timeline read the database
-only, so they keep answering while Connectors is down.
+only, so they keep answering while Connectors is down. The worker list asks every Integration
+host (``dashboard.workers``) and always answers 200, a host that does not answer marked so.
 
 | route | answer |
 |---|---|
@@ -16,6 +17,7 @@ only, so they keep answering while Connectors is down.
 | ``/api/packs/{pack}/timeline?after=`` | ``overview.pack_timeline`` |
 | ``/api/receipts?state=&pack=`` | ``overview.receipts`` |
 | ``/api/search?q=`` | ``overview.search`` |
+| ``/api/workers`` | ``workers.IntegrationHosts.workers`` |
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from starlette.staticfiles import StaticFiles
 from nexuscrm_controlplane.dashboard import overview
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, ConnectorsRefused, ConnectorsUnavailable
 from nexuscrm_controlplane.dashboard.headers import security_headers_middleware
+from nexuscrm_controlplane.dashboard.workers import IntegrationHosts
 from nexuscrm_controlplane.lifecycle import validate_pack_id
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from workqueue.errors import DomainError
@@ -61,13 +64,15 @@ def create_app(
     engine: Engine,
     *,
     connectors: ConnectorsReads,
+    workers: IntegrationHosts,
     clock: DatabaseClock = DATABASE_CLOCK,
     middleware: Sequence[Middleware] = (),
     https: bool = False,
 ) -> Starlette:
-    """The dashboard over ``engine`` and ``connectors``; it only ever reads.
+    """The dashboard over ``engine``, ``connectors`` and ``workers``; it only ever reads.
 
     ``connectors``: the Connectors RPCs behind search and the receipt lists.
+    ``workers``: the Integration hosts whose workers (and their clock skew) the page lists.
     ``middleware``: its access control, if any, inside the security headers (``headers``).
     ``https``: it is served over HTTPS (the headers then include HSTS).
     """
@@ -94,6 +99,7 @@ def create_app(
             Route("/api/packs/{pack}/timeline", _json(timeline)),
             Route("/api/receipts", _json(receipts)),
             Route("/api/search", _json(search)),
+            Route("/api/workers", _json(lambda request: workers.workers())),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[security_headers_middleware(https=https), *middleware],

@@ -167,6 +167,34 @@ async function renderReceipts() {
   }
 }
 
+function skew(w) {
+  if (w.clock_skew_seconds === null) return `<span class="muted">not measured yet</span>`;
+  const text = `${w.clock_skew_seconds >= 0 ? "+" : ""}${w.clock_skew_seconds.toFixed(1)} s`;
+  return w.skew_flagged ? `<span class="badge bad" title="more than a third of its ${w.lease_seconds} s lease">${esc(text)}</span>` : esc(text);
+}
+
+function hostBlock(host) {
+  const head = `<h3 class="mono">${esc(host.target)}</h3>`;
+  if (host.state !== "answered") {
+    return `<div data-host="${esc(host.target)}" data-host-state="${esc(host.state)}">${head}<p><span class="badge bad">${esc(host.state)}</span> <span class="muted">${esc(host.error)}</span></p></div>`;
+  }
+  const rows = host.workers.map((w) => `<tr data-worker="${esc(w.worker_id)}" data-skew-flagged="${w.skew_flagged}"><td class="mono">${esc(w.worker_id)}</td>
+    <td class="mono">${esc(w.pack_install_id)}</td><td>${esc(w.work_type)}</td><td>${esc(w.state)}</td><td>${w.executions}</td>
+    <td>${w.lease_seconds} s</td><td data-skew>${skew(w)}</td></tr>`);
+  const table = rows.length ? `<table><tr><th>worker</th><th>pack</th><th>work type</th><th>state</th><th>executions</th><th>lease</th><th>clock skew</th></tr>${rows.join("")}</table>`
+    : `<p class="muted">No worker: the host waits for its activation gate, or has no pool.</p>`;
+  return `<div data-host="${esc(host.target)}" data-host-state="answered">${head}${table}</div>`;
+}
+
+async function renderWorkers() {
+  // Each host's answer is its own: one that does not answer is marked, the others still show.
+  try {
+    update($("workers"), (await getJSON("/api/workers")).hosts.map(hostBlock).join(""));
+  } catch (error) {
+    update($("workers"), `<p class="muted" data-error>${esc(error.message)}</p>`);
+  }
+}
+
 function workDetails(w) {
   const range = `[${w.range[0] ?? "legacy"}, ${w.range[1]}]`;
   return `<dt>WorkId</dt><dd class="mono">${esc(w.work_id)}</dd><dt>pack</dt><dd class="mono">${esc(w.pack_install_id)}</dd>
@@ -202,7 +230,7 @@ async function explain(text) {
 async function refresh() {
   try {
     renderPacks(await getJSON("/api/overview"));
-    await Promise.all([renderTimeline(), renderReceipts()]);
+    await Promise.all([renderTimeline(), renderReceipts(), renderWorkers()]);
     view.refreshes += 1;
     $("refreshed").textContent = `refreshed ${new Date().toLocaleTimeString()}`;
     $("refreshed").dataset.count = String(view.refreshes);
