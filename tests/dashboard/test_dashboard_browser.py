@@ -344,6 +344,8 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
     )
     assert "UNAVAILABLE" in silent
     assert console_errors(browser) == []
+    browser.execute_script("document.getElementById('workers-panel').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / f"dashboard-workers-{backend}.png"))
 
     stop_services([connectors_process])
     refreshes = int(browser.find_element(By.ID, "refreshed").get_attribute("data-count") or 0)
