@@ -10,7 +10,7 @@ must still hold: a lost middle member answers DATA_LOSS, never the remaining mem
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -79,9 +79,53 @@ def _page(
     connection: Connection, settings: Settings, work: queries.DbRow, after: int, end: int, size: int
 ) -> tuple[list[queries.DbRow], bool]:
     """The next members after ``after`` within ``size`` members and the byte budget; and whether none follow."""
-    sizes = queries.event_range_sizes(connection, work.PackInstallId, work.ProjectionKey, after, end, size)
+    members = queries.EventRange(work.PackInstallId, work.ProjectionKey, after, end)
+    (sizes,) = queries.event_ranges_sizes(connection, [members], size)
     ordinals = within_bytes([(r.EnqueueOrdinal, r.PayloadBytes) for r in sizes], settings.max_page_bytes)
     if not ordinals:
         return [], True
-    rows = queries.event_range_page(connection, work.PackInstallId, work.ProjectionKey, after, ordinals[-1], size)
+    (rows,) = queries.event_ranges_page(connection, [members._replace(through=ordinals[-1])], size)
     return rows, len(sizes) < size and len(ordinals) == len(sizes)
+
+
+def whole_pages(connection: Connection, settings: Settings, works: Sequence[queries.DbRow]) -> dict[str, InputPage]:
+    """The whole membership of each of ``works`` that fits in one page, by WorkId: a claim's inline inputs.
+
+    ``works`` are WorkItem rows the caller's transaction has just leased (their bounds are
+    frozen under its row locks). Two statements whatever their number: the members' sizes, then
+    the payloads of those that fit. A generation fits when it has fewer members than the default
+    page size and its payloads fit, with those of the generations before it in ``works`` that
+    fit, in one page's byte budget (``max_page_bytes``: the claim's answer stays below a
+    client's message limit). One that does not fit, or whose membership fails a check LoadInputs
+    makes (first and selected member present, no fewer members than the first claim counted), is
+    left out: the worker streams it with LoadInputs, which answers every refusal.
+    """
+    size = settings.page_size(0)
+    ranges = [
+        queries.EventRange(w.PackInstallId, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
+    ]
+    budget = settings.max_page_bytes
+    fitting: list[tuple[queries.DbRow, queries.EventRange, int]] = []
+    for work, members, sizes in zip(works, ranges, queries.event_ranges_sizes(connection, ranges, size), strict=True):
+        payload_bytes = sum(r.PayloadBytes for r in sizes)
+        if len(sizes) < size and payload_bytes <= budget and _whole(work, [r.EnqueueOrdinal for r in sizes]):
+            budget -= payload_bytes
+            fitting.append((work, members, len(sizes)))
+    if not fitting:
+        return {}
+    pages = queries.event_ranges_page(connection, [members for _, members, _ in fitting], size)
+    return {
+        work.WorkId: InputPage(inputs=tuple(queries.input_value(r) for r in rows), last=True, member_count=len(rows))
+        for (work, _, count), rows in zip(fitting, pages, strict=True)
+        if len(rows) == count
+    }
+
+
+def _whole(work: queries.DbRow, ordinals: Sequence[int]) -> bool:
+    """Whether ``ordinals`` are a membership LoadInputs would stream whole: both ends, no fewer than first counted."""
+    return (
+        bool(ordinals)
+        and ordinals[0] == work.InputStartOrdinal
+        and ordinals[-1] == work.LaneOrdinal
+        and (work.ClaimedMemberCount is None or len(ordinals) >= work.ClaimedMemberCount)
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
@@ -342,49 +342,103 @@ def event_set_status(
     ).rowcount
 
 
-def _event_range(
-    columns: Sequence[sa.ColumnElement[Any]],
-    pack_install_id: str,
-    projection_key: str,
-    after: int,
-    through: int,
-    limit: int,
-) -> sa.Select[Any]:
-    """``columns`` of the first ``limit`` members of an identity with ``after < ordinal <= through``, in order."""
-    return (
+class EventRange(NamedTuple):
+    """The members of an identity with ``after < EnqueueOrdinal <= through``."""
+
+    pack_install_id: str
+    projection_key: str
+    after: int
+    through: int
+
+
+# What a page's byte budget reads of each member (payloads are measured by the server, never
+# sent), and what a page carries.
+_SIZE_COLUMNS = (Event.c.EnqueueOrdinal, sa.func.length(Event.c.Payload).label("PayloadBytes"))
+_PAGE_COLUMNS = (Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.Payload, Event.c.SourceTime, Event.c.IsReplay)
+
+
+@functools.lru_cache(maxsize=256)
+def _event_ranges_statement(
+    columns: tuple[sa.ColumnElement[Any], ...], count: int
+) -> sa.Select[Any] | sa.CompoundSelect[Any]:
+    """``columns`` of the first ``limit`` members of ``count`` ranges, built once per shape (building costs more CPU).
+
+    Each range is one range scan of ix_event_source_lane (parameters ``pack_<n>``,
+    ``identity_<n>``, ``after_<n>``, ``through_<n>``); several are a UNION ALL of those scans,
+    each a derived table (SQLite takes no LIMIT in a compound's member) tagged with its place.
+    """
+    scans = [
         sa.select(*columns)
         .where(
-            Event.c.PackInstallId == pack_install_id,
-            Event.c.ProjectionKey == projection_key,
-            Event.c.EnqueueOrdinal > after,
-            Event.c.EnqueueOrdinal <= through,
+            Event.c.PackInstallId == sa.bindparam(f"pack_{n}"),
+            Event.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
+            Event.c.EnqueueOrdinal > sa.bindparam(f"after_{n}"),
+            Event.c.EnqueueOrdinal <= sa.bindparam(f"through_{n}"),
         )
         .order_by(Event.c.EnqueueOrdinal)
-        .limit(limit)
+        .limit(sa.bindparam("limit", type_=sa.Integer()))
+        for n in range(count)
+    ]
+    if count == 1:
+        return scans[0]
+    return sa.union_all(
+        *(sa.select(sa.literal(n).label("RangeIndex"), *scan.subquery().c) for n, scan in enumerate(scans))
     )
 
 
-def event_range_sizes(
-    connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
-) -> list[DbRow]:
-    """EnqueueOrdinal and PayloadBytes of the next ``limit`` members after ``after``, for a page's byte budget.
+def _event_ranges(
+    connection: Connection,
+    columns: tuple[sa.ColumnElement[Any], ...],
+    ranges: Sequence[EventRange],
+    limit: int,
+) -> list[list[DbRow]]:
+    """``columns`` of the first ``limit`` members of each range, in order, in one statement whatever their number.
 
-    The same range of ix_event_source_lane as ``event_range_page``; payloads are measured by
-    the server, never sent.
+    The union's row order is not guaranteed: each range's rows are put in ordinal order here.
     """
-    columns = [Event.c.EnqueueOrdinal, sa.func.length(Event.c.Payload).label("PayloadBytes")]
-    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
+    if not ranges:
+        return []
+    parameters: dict[str, Any] = {"limit": limit}
+    for n, members in enumerate(ranges):
+        parameters |= {
+            f"pack_{n}": members.pack_install_id,
+            f"identity_{n}": members.projection_key,
+            f"after_{n}": members.after,
+            f"through_{n}": members.through,
+        }
+    result = connection.execute(_event_ranges_statement(columns, len(ranges)), parameters)
+    if len(ranges) == 1:
+        return [list(result)]
+    found: list[list[DbRow]] = [[] for _ in ranges]
+    for row in result:
+        found[row.RangeIndex].append(row)
+    for rows in found:
+        rows.sort(key=lambda row: row.EnqueueOrdinal)
+    return found
+
+
+def event_ranges_sizes(connection: Connection, ranges: Sequence[EventRange], limit: int) -> list[list[DbRow]]:
+    """EnqueueOrdinal and PayloadBytes of the first ``limit`` members of each range, for a page's byte budget.
+
+    The same ranges of ix_event_source_lane as ``event_ranges_page``.
+    """
+    return _event_ranges(connection, _SIZE_COLUMNS, ranges, limit)
+
+
+def event_ranges_page(connection: Connection, ranges: Sequence[EventRange], limit: int) -> list[list[DbRow]]:
+    """The first ``limit`` members of each range, in ordinal order, in one statement.
+
+    Range scans of ix_event_source_lane; callers paginate by keyset (``after``).
+    """
+    return _event_ranges(connection, _PAGE_COLUMNS, ranges, limit)
 
 
 def event_range_page(
     connection: Connection, pack_install_id: str, projection_key: str, after: int, through: int, limit: int
 ) -> list[DbRow]:
-    """Members of an identity with ``after < ordinal <= through``, in ordinal order.
-
-    A range scan of ix_event_source_lane; callers paginate by keyset (``after``).
-    """
-    columns = [Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.Payload, Event.c.SourceTime, Event.c.IsReplay]
-    return list(connection.execute(_event_range(columns, pack_install_id, projection_key, after, through, limit)))
+    """Members of an identity with ``after < ordinal <= through``, in ordinal order (``event_ranges_page``)."""
+    (rows,) = event_ranges_page(connection, [EventRange(pack_install_id, projection_key, after, through)], limit)
+    return rows
 
 
 def input_value(row: Any) -> InputRow:
