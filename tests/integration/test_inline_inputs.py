@@ -1,7 +1,7 @@
 """Claims that carry their generations' inputs (decision 129), on every backend, in process and over gRPC.
 
-A claim asked for inline inputs reads the whole membership of the generations that fit (fewer
-members than a page, payloads within one page's byte budget for the whole answer) in two more
+A claim asked for inline inputs reads the whole membership of the generations that fit (the
+answer's inline inputs together at most one page of members and of payload bytes) in two more
 statements whatever their number; the worker then makes no LoadInputs call for them. Larger
 generations, and every generation from a server that sends no inline inputs, still stream
 through LoadInputs, every member in ordinal order.
@@ -94,20 +94,28 @@ def test_a_claim_that_does_not_ask_carries_no_inputs_and_runs_no_more_statements
 
 
 def _budgeted(engine: sa.Engine, clock: FakeClock) -> Connectors:
-    """Pages of 4 members and 6 KiB: inline inputs are a generation of at most 3 members within 6 KiB."""
+    """Pages of 4 members and 6 KiB: the inline inputs of one claim are at most that, together."""
     settings = Settings(default_page_size=4, max_payload_bytes=4 * KIB, max_page_bytes=6 * KIB)
     return Connectors(engine, settings, clock=clock)
 
 
-def test_the_inline_inputs_of_one_claim_share_one_page_s_byte_budget(engine: sa.Engine, clock: FakeClock) -> None:
+@pytest.mark.parametrize(
+    ("members", "payload_bytes"),
+    [(1, 4 * KIB), (3, KIB)],  # 4 KiB each under 6 KiB; 3 members each under 4
+    ids=["bytes", "members"],
+)
+def test_the_inline_inputs_of_one_claim_are_at_most_one_page_together(
+    engine: sa.Engine, clock: FakeClock, members: int, payload_bytes: int
+) -> None:
     connectors = _budgeted(engine, clock)
     pack = install_pack(engine)
-    connectors.ingest(pack, items=[delivery(lane=lane, payload=b"x" * (4 * KIB)) for lane in ("a", "b")])
+    items = [delivery(lane=lane, payload=b"x" * payload_bytes) for lane in ("a", "b") for _ in range(members)]
+    connectors.ingest(pack, items=items)
     claims = connectors.claim("w", pack_install_ids=[pack], max_items=2, inline_inputs=True)
-    # 4 KiB each under 6 KiB: the first claimed fits, the second would not fit beside it.
+    # The first claimed fits; the second would not fit beside it.
     assert [claim.inputs is not None for claim in claims] == [True, False]
     for claim in claims:
-        assert [len(row.payload) for row in _streamed(connectors, claim)] == [4 * KIB]
+        assert [len(row.payload) for row in _streamed(connectors, claim)] == [payload_bytes] * members
         connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert_invariants(engine)
 

@@ -89,26 +89,28 @@ def _page(
 
 
 def whole_pages(connection: Connection, settings: Settings, works: Sequence[queries.DbRow]) -> dict[str, InputPage]:
-    """The whole membership of each of ``works`` that fits in one page, by WorkId: a claim's inline inputs.
+    """The whole membership of those of ``works`` that fit together in one page, by WorkId: a claim's inline inputs.
 
-    ``works`` are WorkItem rows the caller's transaction has just leased (their bounds are
-    frozen under its row locks). Two statements whatever their number: the members' sizes, then
-    the payloads of those that fit. A generation fits when it has fewer members than the default
-    page size and its payloads fit, with those of the generations before it in ``works`` that
-    fit, in one page's byte budget (``max_page_bytes``: the claim's answer stays below a
-    client's message limit). One that does not fit, or whose membership fails a check LoadInputs
-    makes (first and selected member present, no fewer members than the first claim counted), is
-    left out: the worker streams it with LoadInputs, which answers every refusal.
+    ``works`` are WorkItem rows the caller's transaction has just leased, oldest first (their
+    bounds are frozen under its row locks). Two statements whatever their number: the members'
+    sizes, then the payloads of those that fit. Together the inline inputs of one claim are at
+    most one LoadInputs page: ``default_page_size`` members and ``max_page_bytes`` of payload
+    (the claim's answer stays below a client's message limit); each generation takes its place
+    if its whole membership fits in what the ones before it left. One that does not fit, or
+    whose membership fails a check LoadInputs makes (first and selected member present, no
+    fewer members than the first claim counted), is left out: the worker streams it with
+    LoadInputs, which answers every refusal.
     """
-    size = settings.page_size(0)
+    room = size = settings.page_size(0)
+    budget = settings.max_page_bytes
     ranges = [
         queries.EventRange(w.PackInstallId, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
     ]
-    budget = settings.max_page_bytes
     fitting: list[tuple[queries.DbRow, queries.EventRange, int]] = []
     for work, members, sizes in zip(works, ranges, queries.event_ranges_sizes(connection, ranges, size), strict=True):
         payload_bytes = sum(r.PayloadBytes for r in sizes)
-        if len(sizes) < size and payload_bytes <= budget and _whole(work, [r.EnqueueOrdinal for r in sizes]):
+        if len(sizes) <= room and payload_bytes <= budget and _whole(work, [r.EnqueueOrdinal for r in sizes]):
+            room -= len(sizes)
             budget -= payload_bytes
             fitting.append((work, members, len(sizes)))
     if not fitting:
