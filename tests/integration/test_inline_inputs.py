@@ -10,6 +10,7 @@ through LoadInputs, every member in ordinal order.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from tests.integration.test_claims import CLAIM_STATEMENTS
 from tests.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants
+from tests.support.waiting import wait_until
 from workqueue import WorkStatus
 from workqueue.values import Claim, InputPage, InputRow
 
@@ -202,6 +204,46 @@ def test_over_grpc_the_worker_skips_loadinputs_for_inline_inputs_and_an_old_serv
             assert len(loaded) == 3 and set(loaded) > streamed  # every generation through LoadInputs
     finally:
         server.stop(0)
+    assert_invariants(engine)
+
+
+class _RefusingRenewals(_Counting):
+    """Counts LoadInputs calls and refuses every lease renewal of one generation (a lease it lost)."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__(source)
+        self.refuse: str | None = None
+        self.refused = threading.Event()
+
+    def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
+        if work_id == self.refuse:
+            self.refused.set()
+            raise RuntimeError(f"lease of work {work_id} is no longer held")
+        expires: dt.datetime = self._source.heartbeat(work_id, lease_token=lease_token, lease=lease)
+        return expires
+
+
+def test_a_generation_whose_renewal_was_refused_while_it_waited_its_turn_is_loaded_not_run_from_the_claim(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    first, second = connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
+    source = _RefusingRenewals(connectors)
+    ran: list[str] = []
+
+    def flow(generation: Generation) -> None:
+        list(generation.inputs)
+        if not ran:  # while the first runs, the other one's renewal is refused
+            source.refuse = next(str(r.work_id) for r in (first, second) if r.work_id != generation.work.work_id)
+            wait_until(source.refused.is_set, "a refused renewal of the waiting generation")
+        ran.append(generation.work.work_id)
+
+    worker = Worker(source, flow, worker_id="w", pack_install_ids=[pack], lease=dt.timedelta(seconds=3), batch_size=2)
+    assert worker.run_once()
+    # Its inputs came with the claim, but the worker asked LoadInputs, which judges the lease
+    # (held here: only the renewal was refused), and nothing else.
+    assert source.loaded == [source.refuse]
+    assert worker.stats.completed == 2
     assert_invariants(engine)
 
 
