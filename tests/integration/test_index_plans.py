@@ -214,6 +214,14 @@ def _analyze(engine: sa.Engine) -> None:
             )
 
 
+def ranges(seeded: Seeded) -> list[queries.EventRange]:
+    """Member ranges of three identities of the native pack."""
+    return [
+        queries.EventRange(seeded.native_pack, key, seeded.start - 1, seeded.end)
+        for key in list(seeded.projection_keys)[:3]
+    ]
+
+
 def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
     """Every hot query by builder name, each as the real call the runtime makes."""
     now = START + dt.timedelta(hours=1)
@@ -250,6 +258,9 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         ),
         "event_range_count": lambda c: queries.event_range_count(c, pack, key, seeded.start, seeded.end),
         "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500, MIB),
+        # A claim's inline inputs (decision 129): one UNION ALL of range scans for its generations.
+        "event_ranges_sizes (several)": lambda c: queries.event_ranges_sizes(c, ranges(seeded), 500),
+        "event_ranges_page (several)": lambda c: queries.event_ranges_page(c, ranges(seeded), 500),
         "receipt_pack_stored_after": lambda c: queries.receipt_pack_stored_after(c, ""),
         # the allocation UPDATE proves no Event sits above the counter (rolled back here)
         "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack, DATABASE_CLOCK), 1),

@@ -65,10 +65,13 @@ class ConnectorsClient:
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
+        inline_inputs: bool = False,
     ) -> list[Claim]:
         """Claim up to ``max_items`` generations, waiting up to ``wait`` for work when there is none.
 
         ``lease``: how long each claim is held before a heartbeat (None: the server's default).
+        ``inline_inputs``: ask for small generations' inputs in the answer (``Claim.inputs``); a
+        server that predates it answers without them.
         """
         seconds = lease_seconds(lease)
         response = self._stub.Claim(
@@ -79,6 +82,7 @@ class ConnectorsClient:
                 max_items=max_items,
                 lease_seconds=seconds,
                 wait_ms=wait // dt.timedelta(milliseconds=1),
+                inline_inputs=inline_inputs,
             ),
             timeout=self._timeout + wait.total_seconds(),  # the server's wait is not its processing time
         )

@@ -164,12 +164,20 @@ def work_from_proto(message: pb.WorkItem) -> WorkItemRow:
 
 def claim_to_proto(claim: Claim) -> pb.ClaimedWork:
     """Claim -> proto."""
-    return pb.ClaimedWork(work=work_to_proto(claim.work), lease_token=claim.lease_token)
+    return pb.ClaimedWork(
+        work=work_to_proto(claim.work),
+        lease_token=claim.lease_token,
+        inputs=page_to_proto(claim.inputs) if claim.inputs is not None else None,
+    )
 
 
 def claim_from_proto(message: pb.ClaimedWork) -> Claim:
     """Proto -> Claim."""
-    return Claim(work=work_from_proto(message.work), lease_token=message.lease_token)
+    return Claim(
+        work=work_from_proto(message.work),
+        lease_token=message.lease_token,
+        inputs=page_from_proto(message.inputs) if message.HasField("inputs") else None,
+    )
 
 
 def explanation_to_proto(explained: ReceiptExplanation) -> pb.ExplainReceiptResponse:

@@ -238,10 +238,12 @@ class InMemoryWorkSource:
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
+        inline_inputs: bool = False,
     ) -> list[Claim]:
         """Lease up to ``max_items`` claimable generations (pending, or retry whose time has come), oldest first.
 
-        ``wait`` is ignored: the answer comes at once.
+        ``wait`` is ignored: the answer comes at once. ``inline_inputs`` is ignored too: the
+        claims carry no inputs (as from a server that predates them); ``load_inputs`` reads them.
         """
         if max_items < 1:
             raise InvalidArgument(f"max_items must be at least 1, got {max_items}", field="max_items")

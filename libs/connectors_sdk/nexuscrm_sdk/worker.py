@@ -19,6 +19,10 @@ A Flow sees timezone-aware UTC datetimes whichever source it runs on: the client
 aware ones, the in-process facade the naive UTC the services store, and the worker makes the
 latter aware before handing a generation to the Flow (docs/decisions/104-connectors-sdk.md).
 
+Small generations come with their inputs in the claim's answer (``Claim.inputs``, decision
+129): the worker then makes no ``load_inputs`` call for them; larger ones, and every
+generation from a source that sends none, are streamed with ``load_inputs``.
+
 Leases are judged on the database's clock, never this host's (decision 118): the heartbeat
 renews every third of the lease it was granted (a duration: the service grants the lease
 asked for, or refuses), whatever this host's clock says about the expiry. The worker only
@@ -64,8 +68,13 @@ class WorkSource(Protocol):
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
+        inline_inputs: bool = False,
     ) -> list[Claim]:
-        """Lease up to ``max_items`` claimable generations for ``lease`` (None: the source's default)."""
+        """Lease up to ``max_items`` claimable generations for ``lease`` (None: the source's default).
+
+        ``inline_inputs``: ask for each generation's inputs in its ``Claim`` when they fit; a
+        source may answer without them (``Claim.inputs`` None: read them with ``load_inputs``).
+        """
         ...
 
     def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
@@ -183,24 +192,25 @@ class Worker:
             max_items=self._batch_size,
             lease=self._lease,
             wait=wait,
+            inline_inputs=True,
         )
         if claims:  # a claim that waited for work answers right after its grant: time it on arrival
             self._observe_skew(self._wall_clock(), claims[0].work.lease_expires_at)
         # Every lease is renewed from the claim on: the batch's later generations wait their turn.
         heartbeats = [self._start_heartbeat(claim) for claim in claims]
-        for claim, stop_heartbeat in zip(claims, heartbeats, strict=True):
+        for claim, heartbeat in zip(claims, heartbeats, strict=True):
             with log_context(pack=claim.work.pack_install_id, work_id=claim.work.work_id):
-                self._execute_attempt(claim, stop_heartbeat)
+                self._execute_attempt(claim, heartbeat)
         return bool(claims)
 
-    def _start_heartbeat(self, claim: Claim) -> Callable[[], None]:
-        """Renew ``claim``'s lease every third of it until the returned function is called."""
-        stop = threading.Event()
+    def _start_heartbeat(self, claim: Claim) -> _Heartbeat:
+        """Renew ``claim``'s lease every third of it until the returned heartbeat is stopped."""
+        stop, refused = threading.Event(), threading.Event()
         with log_context(pack=claim.work.pack_install_id, work_id=claim.work.work_id):
             # The heartbeat thread logs with its attempt's context (pack, WorkId).
             heart = threading.Thread(
                 target=contextvars.copy_context().run,
-                args=(self._heartbeat, claim.work.work_id, claim.lease_token, stop),
+                args=(self._heartbeat, claim.work.work_id, claim.lease_token, stop, refused),
                 daemon=True,
             )
         heart.start()
@@ -209,26 +219,32 @@ class Worker:
             stop.set()
             heart.join()
 
-        return stop_heartbeat
+        return _Heartbeat(stop=stop_heartbeat, refused=refused)
 
-    def _execute_attempt(self, claim: Claim, stop_heartbeat: Callable[[], None]) -> None:
+    def _execute_attempt(self, claim: Claim, heartbeat: _Heartbeat) -> None:
         work_id, token = claim.work.work_id, claim.lease_token
         self.stats.current_work_id = work_id
         self.stats.executions += 1
         try:
-            inputs = _Members(self._source.load_inputs(work_id, lease_token=token, page_size=self._page_size))
+            # The claim carried the whole membership: no LoadInputs call. Unless a renewal was
+            # refused while the generation waited its turn: LoadInputs then says why (lease lost).
+            if claim.inputs is not None and not heartbeat.refused.is_set():
+                pages: Iterator[InputPage] = iter((claim.inputs,))
+            else:
+                pages = self._source.load_inputs(work_id, lease_token=token, page_size=self._page_size)
+            inputs = _Members(pages)
             self._flow(Generation(work=_aware_work(claim.work), inputs=iter(inputs)))
             if not inputs.exhausted():
                 raise IncompleteConsumption(f"flow returned before reading every input of {work_id}")
         except Exception as error:
-            stop_heartbeat()
+            heartbeat.stop()
             self.stats.failed_attempts += 1
             message = f"{type(error).__name__}: {error}"
             # A Flow's message may quote its inputs: it goes to LastError (GetWork), never to the log.
             log.warning("work %s failed with %s; GetWork shows its message", work_id, type(error).__name__)
             self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message))
         else:
-            stop_heartbeat()
+            heartbeat.stop()
             if self._settle(lambda: self._source.complete(work_id, lease_token=token)):
                 self.stats.completed += 1
         finally:
@@ -244,7 +260,7 @@ class Worker:
             return False
         return True
 
-    def _heartbeat(self, work_id: str, token: str, stop: threading.Event) -> None:
+    def _heartbeat(self, work_id: str, token: str, stop: threading.Event, refused: threading.Event) -> None:
         interval = max(0.05, self._lease.total_seconds() / 3)  # from the granted duration, not a local expiry
         while not stop.wait(interval):
             try:
@@ -253,6 +269,7 @@ class Worker:
                 self._observe_skew(sent + (self._wall_clock() - sent) / 2, expires)
             except Exception as error:
                 log.warning("heartbeat of %s refused: %s", work_id, error)
+                refused.set()
                 return
 
     def _observe_skew(self, local: dt.datetime, expires: dt.datetime | None) -> None:
@@ -289,6 +306,14 @@ class Worker:
             return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Heartbeat:
+    """A claimed generation's lease renewal: ``stop`` ends it; ``refused`` is set once a renewal failed."""
+
+    stop: Callable[[], None]
+    refused: threading.Event
 
 
 class _Members:

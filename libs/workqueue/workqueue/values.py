@@ -112,10 +112,15 @@ class WorkItemRow:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Claim:
-    """A claimed generation and the fencing token every later call must present."""
+    """A claimed generation and the fencing token every later call must present.
+
+    ``inputs``: the generation's whole membership when the claim asked for it inline and it
+    fitted (decision 129); None: read it with LoadInputs.
+    """
 
     work: WorkItemRow
     lease_token: str
+    inputs: InputPage | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

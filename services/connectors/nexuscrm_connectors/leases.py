@@ -47,7 +47,7 @@ from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
-from workqueue.values import Claim, WorkItemRow
+from workqueue.values import Claim, InputPage, WorkItemRow
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,11 @@ class ClaimBatch:
         self.failed_damaged += other.failed_damaged
 
 
+# Reads the whole membership of the generations a claim leased, by WorkId, on the claim's
+# connection (``payloads.whole_pages``): the claim's inline inputs.
+InputReader = Callable[[Connection, Sequence[DbRow]], dict[str, InputPage]]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Request:
     """A validated claim request."""
@@ -99,6 +104,7 @@ class _Request:
     work_types: tuple[str, ...]
     max_items: int
     lease: dt.timedelta
+    read_inputs: InputReader | None
 
 
 def claim(
@@ -113,6 +119,7 @@ def claim(
     max_items: int = 1,
     lease_seconds: int = 0,
     wait: dt.timedelta = dt.timedelta(0),
+    read_inputs: InputReader | None = None,
 ) -> ClaimBatch:
     """Lease up to ``max_items`` claimable native generations to ``worker_id``.
 
@@ -128,6 +135,9 @@ def claim(
     ``claimers.notify`` for work of this process, else polling every
     ``settings.claim_poll_ms``. It returns at once when ``settings.max_claim_waiters`` other
     claims are waiting already.
+
+    ``read_inputs``: called in the claim transaction with the leased generations; the pages it
+    returns go with their claims (``Claim.inputs``), in a constant number of statements.
     """
     validate_text("worker_id", worker_id, WORKER_ID_MAX_LENGTH)
     if not 1 <= max_items <= settings.max_claim_items:
@@ -147,6 +157,7 @@ def claim(
         work_types=tuple(work_types),
         max_items=max_items,
         lease=dt.timedelta(seconds=check_lease_seconds(settings, lease_seconds)),
+        read_inputs=read_inputs,
     )
     deadline = time.monotonic() + wait.total_seconds()
     poll = settings.claim_poll_ms / 1000
@@ -229,9 +240,12 @@ def _claim_transaction(
     selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in leased.values()]
     if queries.selected_events_set_status(connection, selected, EventStatus.PROCESSING) != len(selected):
         raise MembershipMissing(f"a selected Event of {sorted(leased)} disappeared during the claim")
+    won = [leased[candidate.WorkId] for candidate in chosen if candidate.WorkId in leased]  # oldest first
+    inputs = request.read_inputs(connection, won) if request.read_inputs else {}
     for candidate in chosen:
         if candidate.WorkId in leased:
-            batch.claims.append(Claim(work=queries.work_item_value(leased[candidate.WorkId]), lease_token=token))
+            work = queries.work_item_value(leased[candidate.WorkId])
+            batch.claims.append(Claim(work=work, lease_token=token, inputs=inputs.get(candidate.WorkId)))
             # The UPDATE re-checked claimability: a candidate read as processing had expired.
             batch.reclaimed += candidate.Status == WorkStatus.PROCESSING
     return batch

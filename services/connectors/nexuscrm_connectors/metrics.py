@@ -119,6 +119,9 @@ def record_ingest(results: Sequence[IngestResult]) -> None:
 def record_claim(batch: ClaimBatch) -> None:
     """Count the leases a claim granted, the expired ones among them, and the generations it failed (expiry, damage)."""
     CLAIMS.inc(len(batch.claims))
+    for claim in batch.claims:
+        if claim.inputs is not None:  # read inline: the worker sends no LoadInputs for it
+            GENERATION_INPUTS.observe(claim.inputs.member_count)
     LEASES_RECLAIMED.inc(batch.reclaimed)
     FAILURES.labels("lease_expired").inc(batch.expired_failed)
     GENERATIONS_FAILED_DAMAGED.inc(batch.failed_damaged)

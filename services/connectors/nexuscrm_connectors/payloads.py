@@ -10,7 +10,7 @@ must still hold: a lost middle member answers DATA_LOSS, never the remaining mem
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -85,3 +85,48 @@ def _page(
         connection, work.PackInstallId, work.ProjectionKey, after, end, size, settings.max_page_bytes
     )
     return rows, not rows or (rows[0].Candidates < size and len(rows) == rows[0].Candidates)
+
+
+def whole_pages(connection: Connection, settings: Settings, works: Sequence[queries.DbRow]) -> dict[str, InputPage]:
+    """The whole membership of those of ``works`` that fit together in one page, by WorkId: a claim's inline inputs.
+
+    ``works`` are WorkItem rows the caller's transaction has just leased, oldest first (their
+    bounds are frozen under its row locks). Two statements whatever their number: the members'
+    sizes, then the payloads of those that fit. Together the inline inputs of one claim are at
+    most one LoadInputs page: ``default_page_size`` members and ``max_page_bytes`` of payload
+    (the claim's answer stays below a client's message limit); each generation takes its place
+    if its whole membership fits in what the ones before it left. One that does not fit, or
+    whose membership fails a check LoadInputs makes (first and selected member present, no
+    fewer members than the first claim counted), is left out: the worker streams it with
+    LoadInputs, which answers every refusal.
+    """
+    room = size = settings.page_size(0)
+    budget = settings.max_page_bytes
+    ranges = [
+        queries.EventRange(w.PackInstallId, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
+    ]
+    fitting: list[tuple[queries.DbRow, queries.EventRange, int]] = []
+    for work, members, sizes in zip(works, ranges, queries.event_ranges_sizes(connection, ranges, size), strict=True):
+        payload_bytes = sum(r.PayloadBytes for r in sizes)
+        if len(sizes) <= room and payload_bytes <= budget and _whole(work, [r.EnqueueOrdinal for r in sizes]):
+            room -= len(sizes)
+            budget -= payload_bytes
+            fitting.append((work, members, len(sizes)))
+    if not fitting:
+        return {}
+    pages = queries.event_ranges_page(connection, [members for _, members, _ in fitting], size)
+    return {
+        work.WorkId: InputPage(inputs=tuple(queries.input_value(r) for r in rows), last=True, member_count=len(rows))
+        for (work, _, count), rows in zip(fitting, pages, strict=True)
+        if len(rows) == count
+    }
+
+
+def _whole(work: queries.DbRow, ordinals: Sequence[int]) -> bool:
+    """Whether ``ordinals`` are a membership LoadInputs would stream whole: both ends, no fewer than first counted."""
+    return (
+        bool(ordinals)
+        and ordinals[0] == work.InputStartOrdinal
+        and ordinals[-1] == work.LaneOrdinal
+        and (work.ClaimedMemberCount is None or len(ordinals) >= work.ClaimedMemberCount)
+    )

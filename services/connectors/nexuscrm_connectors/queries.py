@@ -10,13 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
 from nexuscrm_schema.hints import probe_exists
-from nexuscrm_schema.relations import PREDECESSOR_STATUS
+from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD, PREDECESSOR_STATUS
 from nexuscrm_schema.tables import (
     Event,
     EventPayload,
@@ -370,17 +370,40 @@ def event_set_status(
     ).rowcount
 
 
+class EventRange(NamedTuple):
+    """The members of an identity with ``after < EnqueueOrdinal <= through``."""
+
+    pack_install_id: str
+    projection_key: str
+    after: int
+    through: int
+
+
+# The bytes of an Event's payload: its PayloadBytes, or for an Event whose payload is still in
+# Event.Payload (admitted by a release older than schema v8, decision 126) that payload's length.
+_PAYLOAD_BYTES = sa.func.coalesce(Event.c.PayloadBytes, sa.func.length(Event.c.Payload))
+_KEPT = Event.alias("Kept")  # the Event again, for a payload still kept in Event.Payload
+# What a page's byte budget reads of each member (no payload is read), and what a page carries.
+_SIZE_COLUMNS = (Event.c.EnqueueOrdinal, _PAYLOAD_BYTES.label("PayloadBytes"))
+_PAGE_COLUMNS = (Event.c.EnqueueOrdinal, Event.c.ReceiptKey, EVENT_PAYLOAD, Event.c.SourceTime, Event.c.IsReplay)
+
+
 def _event_range(
     columns: Sequence[sa.ColumnElement[Any]],
-    pack_install_id: str,
-    projection_key: str,
-    after: int,
-    through: int,
-    limit: int,
+    pack_install_id: Any,
+    projection_key: Any,
+    after: Any,
+    through: Any,
+    limit: Any,
+    source: sa.FromClause = Event,
 ) -> sa.Select[Any]:
-    """``columns`` of the first ``limit`` members of an identity with ``after < ordinal <= through``, in order."""
+    """``columns`` of ``source`` for the first ``limit`` members of an identity with ``after < ordinal <= through``.
+
+    In ordinal order; the bounds are values or bind parameters.
+    """
     return (
         sa.select(*columns)
+        .select_from(source)
         .where(
             Event.c.PackInstallId == pack_install_id,
             Event.c.ProjectionKey == projection_key,
@@ -392,10 +415,81 @@ def _event_range(
     )
 
 
-# The bytes of an Event's payload: its PayloadBytes, or for an Event whose payload is still in
-# Event.Payload (admitted by a release older than schema v8, decision 126) that payload's length.
-_PAYLOAD_BYTES = sa.func.coalesce(Event.c.PayloadBytes, sa.func.length(Event.c.Payload))
-_KEPT = Event.alias("Kept")  # the Event again, for a payload still kept in Event.Payload
+@functools.lru_cache(maxsize=256)
+def _event_ranges_statement(
+    columns: tuple[sa.ColumnElement[Any], ...], source: sa.FromClause, count: int
+) -> sa.Select[Any] | sa.CompoundSelect[Any]:
+    """``columns`` of the first ``limit`` members of ``count`` ranges, built once per shape (building costs more CPU).
+
+    Each range is one range scan of ix_event_source_lane (parameters ``pack_<n>``,
+    ``identity_<n>``, ``after_<n>``, ``through_<n>``); several are a UNION ALL of those scans,
+    each a derived table (SQLite takes no LIMIT in a compound's member) tagged with its place.
+    """
+    scans = [
+        _event_range(
+            columns,
+            sa.bindparam(f"pack_{n}"),
+            sa.bindparam(f"identity_{n}"),
+            sa.bindparam(f"after_{n}"),
+            sa.bindparam(f"through_{n}"),
+            sa.bindparam("limit", type_=sa.Integer()),
+            source,
+        )
+        for n in range(count)
+    ]
+    if count == 1:
+        return scans[0]
+    return sa.union_all(
+        *(sa.select(sa.literal(n).label("RangeIndex"), *scan.subquery().c) for n, scan in enumerate(scans))
+    )
+
+
+def _event_ranges(
+    connection: Connection,
+    columns: tuple[sa.ColumnElement[Any], ...],
+    source: sa.FromClause,
+    ranges: Sequence[EventRange],
+    limit: int,
+) -> list[list[DbRow]]:
+    """``columns`` of the first ``limit`` members of each range, in order, in one statement whatever their number.
+
+    The union's row order is not guaranteed: each range's rows are put in ordinal order here.
+    """
+    if not ranges:
+        return []
+    parameters: dict[str, Any] = {"limit": limit}
+    for n, members in enumerate(ranges):
+        parameters |= {
+            f"pack_{n}": members.pack_install_id,
+            f"identity_{n}": members.projection_key,
+            f"after_{n}": members.after,
+            f"through_{n}": members.through,
+        }
+    result = connection.execute(_event_ranges_statement(columns, source, len(ranges)), parameters)
+    if len(ranges) == 1:
+        return [list(result)]
+    found: list[list[DbRow]] = [[] for _ in ranges]
+    for row in result:
+        found[row.RangeIndex].append(row)
+    for rows in found:
+        rows.sort(key=lambda row: row.EnqueueOrdinal)
+    return found
+
+
+def event_ranges_sizes(connection: Connection, ranges: Sequence[EventRange], limit: int) -> list[list[DbRow]]:
+    """EnqueueOrdinal and PayloadBytes of the first ``limit`` members of each range, for a claim's inline inputs.
+
+    The same ranges of ix_event_source_lane as ``event_ranges_page``; sizes from Event.PayloadBytes.
+    """
+    return _event_ranges(connection, _SIZE_COLUMNS, Event, ranges, limit)
+
+
+def event_ranges_page(connection: Connection, ranges: Sequence[EventRange], limit: int) -> list[list[DbRow]]:
+    """The first ``limit`` members of each range with their payloads, in ordinal order, in one statement.
+
+    Range scans of ix_event_source_lane, each payload a primary-key lookup of EventPayload.
+    """
+    return _event_ranges(connection, _PAGE_COLUMNS, EVENT_WITH_PAYLOAD, ranges, limit)
 
 
 def event_range_page(

@@ -147,8 +147,9 @@ class Connectors:
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
+        inline_inputs: bool = False,
     ) -> list[Claim]:
-        """See ``leases.claim``."""
+        """See ``leases.claim``; ``inline_inputs``: claims carry inputs that fit (``payloads.whole_pages``)."""
         batch = leases.claim(
             self.engine,
             self.settings,
@@ -160,6 +161,7 @@ class Connectors:
             max_items=max_items,
             lease_seconds=lease_seconds(lease),
             wait=wait,
+            read_inputs=(lambda c, works: payloads.whole_pages(c, self.settings, works)) if inline_inputs else None,
         )
         follow_up("claim", lambda: metrics.record_claim(batch))  # the leases are the caller's: never lose them
         return batch.claims

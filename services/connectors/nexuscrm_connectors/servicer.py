@@ -53,6 +53,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             max_items=request.max_items if request.HasField("max_items") else 1,  # 0 is refused, unset is 1
             lease=_lease(request.lease_seconds),
             wait=dt.timedelta(milliseconds=request.wait_ms),
+            inline_inputs=request.inline_inputs,
         )
         return pb.ClaimResponse(claims=[convert.claim_to_proto(c) for c in claims])
 
