@@ -23,7 +23,7 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.server import create_server
-from nexuscrm_schema.tables import Event
+from nexuscrm_schema.tables import Event, EventPayload
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.worker import Generation, Worker, WorkSource
 from tests.integration.test_claims import CLAIM_STATEMENTS
@@ -257,9 +257,12 @@ def test_a_member_lost_since_the_first_claim_is_never_inlined_and_loadinputs_ref
     retried = connectors.fail(first.work.work_id, lease_token=first.lease_token, error="try again")
     assert retried.status is WorkStatus.RETRY
     with engine.begin() as connection:  # the middle member is lost between the attempts
-        connection.execute(
-            sa.delete(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == results[1].enqueue_ordinal)
-        )
+        for table in (EventPayload, Event):
+            connection.execute(
+                sa.delete(table).where(
+                    table.c.PackInstallId == pack, table.c.EnqueueOrdinal == results[1].enqueue_ordinal
+                )
+            )
     clock.advance(dt.timedelta(days=1).total_seconds())  # past the backoff
     (second,) = connectors.claim("w", pack_install_ids=[pack], inline_inputs=True)
     assert second.inputs is None  # two members where the first claim counted three

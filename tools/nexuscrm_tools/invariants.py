@@ -104,6 +104,18 @@ def snapshot(engine: sa.Engine) -> Iterator[sa.Connection]:
             yield connection
 
 
+_PAYLOAD_SIZES = sa.select(
+    EventPayload.c.PackInstallId, EventPayload.c.EnqueueOrdinal, sa.func.length(EventPayload.c.Payload).label("Bytes")
+)
+
+
+def payload_storage_violations(engine: sa.Engine) -> list[str]:
+    """P's rule of where payloads are stored alone: it reads only Event and EventPayload, so it runs on schema v8."""
+    with snapshot(engine) as connection:
+        events = connection.execute(sa.select(Event.c.PackInstallId, Event.c.EnqueueOrdinal, Event.c.PayloadBytes))
+        return _payload_rows(events.all(), connection.execute(_PAYLOAD_SIZES).all())
+
+
 def check_invariants(engine: sa.Engine) -> list[str]:
     """Every violation of M, O, B, D, X, P and R visible in one snapshot of the database."""
     with snapshot(engine) as connection:
@@ -123,13 +135,7 @@ def check_invariants(engine: sa.Engine) -> list[str]:
                 Event.c.PayloadBytes,
             )
         ).all()
-        payloads = connection.execute(
-            sa.select(
-                EventPayload.c.PackInstallId,
-                EventPayload.c.EnqueueOrdinal,
-                sa.func.length(EventPayload.c.Payload).label("Bytes"),
-            )
-        ).all()
+        payloads = connection.execute(_PAYLOAD_SIZES).all()
         work = connection.execute(sa.select(WorkItem)).all()
         receipts = connection.execute(
             sa.select(
