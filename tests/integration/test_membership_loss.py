@@ -22,6 +22,7 @@ from tests.integration.test_claims import CLAIM_STATEMENTS
 from tests.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants
+from tests.support.sessions import processlist
 from tests.support.waiting import wait_until
 from workqueue.errors import ErrorKind
 from workqueue.values import Claim
@@ -97,7 +98,7 @@ def _claim_waits_for_a_lock(engine: sa.Engine, claim_thread: threading.Thread, s
     # the generation's row lock (MariaDB lists no InnoDB transaction for it in INNODB_TRX).
     with engine.connect() as connection:
         waiting = connection.exec_driver_sql(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+            f"SELECT COUNT(*) FROM {processlist(connection)} WHERE DB = DATABASE()"
             " AND COMMAND = 'Query' AND INFO LIKE 'UPDATE `WorkItem` SET `Attempt`%%' AND TIME >= 1"
         ).scalar_one()
     return bool(waiting)

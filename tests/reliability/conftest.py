@@ -34,6 +34,7 @@ from nexuscrm_tools.launcher import (
 )
 from tests.conftest import REQUIRED
 from tests.support.private_mariadb import PrivateMariaDB, PrivateServerError
+from tests.support.sessions import processlist
 from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 
 FULL = os.environ.get("NEXUSCRM_RELIABILITY_FULL") == "1"
@@ -89,7 +90,7 @@ class ProxiedConnectors(ConnectorsCluster):
         """Server-side ids of the Connectors process's database connections (``busy``: running a statement)."""
         ports = {f"127.0.0.1:{port}" for port in self.proxy.upstream_ports()}
         with self.admin.connect() as connection:
-            rows = connection.execute(sa.text("SELECT ID, HOST, COMMAND FROM information_schema.PROCESSLIST")).all()
+            rows = connection.execute(sa.text(f"SELECT ID, HOST, COMMAND FROM {processlist(connection)}")).all()
         return [row.ID for row in rows if row.HOST in ports and (not busy or row.COMMAND == "Query")]
 
     def kill_connection(self, connection_id: int) -> bool:
