@@ -247,7 +247,7 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "work_items_get": lambda c: queries.work_items_get(c, [seeded.claimed_work_id]),
         "work_item_successor": lambda c: queries.work_item_successor(c, pack, key, seeded.start),
         "work_items_claimable": lambda c: queries.work_items_claimable(
-            c, [pack, legacy], ["project"], DATABASE_CLOCK.now(), 10
+            c, [pack, legacy], ["project"], DATABASE_CLOCK, 10
         ),
         "work_items_claim": lambda c: queries.work_items_claim(
             c, [seeded.claimed_work_id, "no-such-work"], now, lease_grant("plan", "token", now)

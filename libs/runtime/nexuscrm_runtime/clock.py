@@ -55,6 +55,13 @@ def _sqlite_now(element: _DatabaseNow, compiler: SQLCompiler, **kw: Any) -> str:
     return f"{_SQLITE_NOW}, ({offset} / 1000000.0) || ' seconds')"
 
 
+# The bound parameter holding the clock's offset in a statement built once (``NOW_PARAMETER``).
+OFFSET_PARAMETER = "clock_offset_us"
+# ``DatabaseClock.now()`` for statements built once and cached: the offset is a parameter that
+# ``DatabaseClock.parameters()`` supplies, so one statement serves every clock.
+NOW_PARAMETER: sa.ColumnElement[dt.datetime] = _DatabaseNow(sa.bindparam(OFFSET_PARAMETER, type_=sa.BigInteger()))
+
+
 @dataclasses.dataclass
 class DatabaseClock:
     """The database's clock, as SQL that the server evaluates in the statement holding it.
@@ -69,6 +76,10 @@ class DatabaseClock:
     def now(self) -> sa.ColumnElement[dt.datetime]:
         """The database's current UTC time, as a SQL expression (naive UTC when read)."""
         return _DatabaseNow(sa.literal(self.offset // dt.timedelta(microseconds=1), sa.BigInteger()))
+
+    def parameters(self) -> dict[str, int]:
+        """The parameter a statement holding ``NOW_PARAMETER`` needs: this clock's offset."""
+        return {OFFSET_PARAMETER: self.offset // dt.timedelta(microseconds=1)}
 
     def read(self, connection: Connection) -> dt.datetime:
         """The database's current UTC time, read in its own statement.

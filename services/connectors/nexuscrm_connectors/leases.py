@@ -268,7 +268,7 @@ def _live_candidates(
     """
     now: dt.datetime | None = None
     for _ in range(CLAIM_PASSES):
-        candidates = queries.work_items_claimable(connection, served, request.work_types, clock.now(), window)
+        candidates = queries.work_items_claimable(connection, served, request.work_types, clock, window)
         now = candidates[0].Now if candidates else now
         exhausted = {c.WorkId for c in candidates if _last_attempt_expired(c)}
         for candidate in candidates:
@@ -328,19 +328,23 @@ def _fail_damaged(connection: Connection, row: DbRow, token: str, reason: str, n
     return True
 
 
+# Every installed pack with its protocol row (Native is None without one), and those named.
+_PACKS = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.PackInstallId.label("Native")).outerjoin(
+    ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
+)
+_PACKS_NAMED = _PACKS.where(PackInstall.c.PackInstallId.in_(sa.bindparam("requested", expanding=True)))
+
+
 def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]:
     """The requested packs (default: all) that have a protocol row; refuse named ones without.
 
     This is claim's protocol check: candidates are read from these packs only, and a
     protocol row is never deleted.
     """
-    statement = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.PackInstallId.label("Native"))
-    statement = statement.outerjoin(
-        ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
-    )
     if requested:
-        statement = statement.where(PackInstall.c.PackInstallId.in_(list(requested)))
-    rows = connection.execute(statement).all()
+        rows = connection.execute(_PACKS_NAMED, {"requested": list(requested)}).all()
+    else:
+        rows = connection.execute(_PACKS).all()
     if requested:
         known = {row.PackInstallId for row in rows}
         for pack_install_id in requested:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD, PREDECESSOR_STATUS
 from nexuscrm_schema.tables import (
@@ -847,25 +848,15 @@ def work_item_unblock(connection: Connection, work_id: str, now: Instant) -> int
     ).rowcount
 
 
-def work_items_claimable(
-    connection: Connection,
-    pack_install_ids: Sequence[str],
-    work_types: Sequence[str],
-    now: sa.ColumnElement[dt.datetime],
-    limit: int,
-) -> list[DbRow]:
-    """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
+@functools.lru_cache(maxsize=64)
+def _claimable_statement(packs: int, by_work_type: bool) -> sa.CompoundSelect[Any]:
+    """The candidate read of ``work_items_claimable`` for ``packs`` packs; built once per shape.
 
-    Due at ``now``, the database clock, which each row carries as column ``Now``: the instant
-    the claim transaction decides with.
-
-    One ordered, limited range scan of ix_workitem_claim per (pack, status), combined with
-    UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
-    by ClaimableAt with a stable sort (ties keep each branch's index order). Each row carries
-    what a claim decides on: its state, attempts, range and identity.
+    Parameters: ``pack_<n>`` for n < ``packs``, ``limit``, the clock's offset
+    (``DatabaseClock.parameters``) and, if ``by_work_type``, ``work_types``.
     """
     selects = []
-    for pack_install_id in pack_install_ids:
+    for n in range(packs):
         for status in (WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.PROCESSING):
             statement = (
                 sa.select(
@@ -880,22 +871,48 @@ def work_items_claimable(
                     WorkItem.c.InputStartOrdinal,
                     WorkItem.c.LaneOrdinal,
                     WorkItem.c.SuccessorWorkId,
-                    now.label("Now"),
+                    NOW_PARAMETER.label("Now"),
                 )
                 .where(
-                    WorkItem.c.PackInstallId == pack_install_id,
+                    WorkItem.c.PackInstallId == sa.bindparam(f"pack_{n}"),
                     WorkItem.c.Status == status,
-                    WorkItem.c.ClaimableAt <= now,
+                    WorkItem.c.ClaimableAt <= NOW_PARAMETER,
                 )
                 .order_by(WorkItem.c.ClaimableAt)
-                .limit(limit)
+                .limit(sa.bindparam("limit", type_=sa.Integer()))
             )
-            if work_types:
-                statement = statement.where(WorkItem.c.WorkType.in_(work_types))
+            if by_work_type:
+                statement = statement.where(WorkItem.c.WorkType.in_(sa.bindparam("work_types", expanding=True)))
             selects.append(statement.subquery().select())
-    if not selects:
+    return sa.union_all(*selects)
+
+
+def work_items_claimable(
+    connection: Connection,
+    pack_install_ids: Sequence[str],
+    work_types: Sequence[str],
+    clock: DatabaseClock,
+    limit: int,
+) -> list[DbRow]:
+    """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
+
+    Due at ``clock``'s now, which each row carries as column ``Now``: the instant the claim
+    transaction decides with.
+
+    One ordered, limited range scan of ix_workitem_claim per (pack, status), combined with
+    UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
+    by ClaimableAt with a stable sort (ties keep each branch's index order). Each row carries
+    what a claim decides on: its state, attempts, range and identity. The statement is built
+    once per number of packs (building it cost more CPU than running it).
+    """
+    if not pack_install_ids:
         return []
-    rows = connection.execute(sa.union_all(*selects)).all()
+    parameters: dict[str, Any] = {"limit": limit, **clock.parameters()}
+    parameters |= {f"pack_{n}": pack_install_id for n, pack_install_id in enumerate(pack_install_ids)}
+    if work_types:
+        parameters["work_types"] = list(work_types)
+    statement = _claimable_statement(len(pack_install_ids), bool(work_types))
+    rows = connection.execute(statement, parameters).all()
     return sorted(rows, key=lambda row: row.ClaimableAt)[:limit]
 
 
@@ -914,6 +931,16 @@ def work_items_claim(
     """
     if not work_ids:
         return 0
+    parameters = {"work_ids": list(work_ids), "now": now, **{f"grant_{name}": value for name, value in grant.items()}}
+    return connection.execute(_claim_statement(tuple(grant)), parameters).rowcount
+
+
+@functools.lru_cache(maxsize=4)
+def _claim_statement(granted: tuple[str, ...]) -> sa.Update:
+    """The lease UPDATE of ``work_items_claim`` setting the ``granted`` columns; built once.
+
+    Parameters: ``work_ids``, ``now`` and ``grant_<column>`` for each granted column.
+    """
     expired = WorkItem.c.Status == WorkStatus.PROCESSING
     claimable = sa.or_(
         WorkItem.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY]),
@@ -922,12 +949,40 @@ def work_items_claim(
     # Attempt first: MySQL evaluates SET assignments left to right, so the CASE must see the
     # old Status (SQLite and TiDB read old values anyway).
     attempt = WorkItem.c.Attempt + sa.case((expired, 1), else_=0)
-    assignments = [(WorkItem.c.Attempt, attempt), *((WorkItem.c[name], value) for name, value in grant.items())]
-    return connection.execute(
+    assignments = [
+        (WorkItem.c.Attempt, attempt),
+        *((WorkItem.c[name], sa.bindparam(f"grant_{name}", type_=WorkItem.c[name].type)) for name in granted),
+    ]
+    return (
         sa.update(WorkItem)
-        .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.ClaimableAt <= now, claimable)
+        .where(
+            WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
+            WorkItem.c.ClaimableAt <= sa.bindparam("now", type_=WorkItem.c.ClaimableAt.type),
+            claimable,
+        )
         .ordered_values(*assignments)
-    ).rowcount
+    )
+
+
+_MEMBER_COUNT_RECORD = (
+    sa.update(WorkItem)
+    .where(
+        WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
+        WorkItem.c.LeaseToken == sa.bindparam("lease_token"),
+        WorkItem.c.ClaimedMemberCount.is_(None),
+    )
+    .values(
+        ClaimedMemberCount=sa.select(sa.func.count())
+        .select_from(Event)
+        .where(
+            Event.c.PackInstallId == WorkItem.c.PackInstallId,
+            Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            Event.c.EnqueueOrdinal.between(WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal),
+        )
+        .correlate(WorkItem)
+        .scalar_subquery()
+    )
+)
 
 
 def work_items_record_member_count(connection: Connection, work_ids: Sequence[str], lease_token: str) -> int:
@@ -941,26 +996,26 @@ def work_items_record_member_count(connection: Connection, work_ids: Sequence[st
     subqueries keep the read view taken before the wait and would miss the extension's
     Events. A new statement reads them (READ COMMITTED). Primary-key lookups.
     """
-    members = (
-        sa.select(sa.func.count())
-        .select_from(Event)
-        .where(
-            Event.c.PackInstallId == WorkItem.c.PackInstallId,
-            Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
-            Event.c.EnqueueOrdinal.between(WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal),
+    return connection.execute(_MEMBER_COUNT_RECORD, {"work_ids": list(work_ids), "lease_token": lease_token}).rowcount
+
+
+_LEASED = (
+    sa.select(WorkItem, Event.c.EnqueueOrdinal.label("SelectedOrdinal"))
+    .select_from(
+        WorkItem.outerjoin(
+            Event,
+            sa.and_(
+                Event.c.PackInstallId == WorkItem.c.PackInstallId,
+                Event.c.EnqueueOrdinal == WorkItem.c.LaneOrdinal,
+                Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            ),
         )
-        .correlate(WorkItem)
-        .scalar_subquery()
     )
-    return connection.execute(
-        sa.update(WorkItem)
-        .where(
-            WorkItem.c.WorkId.in_(list(work_ids)),
-            WorkItem.c.LeaseToken == lease_token,
-            WorkItem.c.ClaimedMemberCount.is_(None),
-        )
-        .values(ClaimedMemberCount=members)
-    ).rowcount
+    .where(
+        WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
+        WorkItem.c.LeaseToken == sa.bindparam("lease_token"),
+    )
+)
 
 
 def work_items_leased(connection: Connection, work_ids: Sequence[str], lease_token: str) -> list[DbRow]:
@@ -969,18 +1024,7 @@ def work_items_leased(connection: Connection, work_ids: Sequence[str], lease_tok
     ``SelectedOrdinal`` is None when the Event at the generation's LaneOrdinal (its selected
     Event, of its identity) is missing. Primary-key lookups of WorkItem and Event.
     """
-    selected = sa.and_(
-        Event.c.PackInstallId == WorkItem.c.PackInstallId,
-        Event.c.EnqueueOrdinal == WorkItem.c.LaneOrdinal,
-        Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
-    )
-    return list(
-        connection.execute(
-            sa.select(WorkItem, Event.c.EnqueueOrdinal.label("SelectedOrdinal"))
-            .select_from(WorkItem.outerjoin(Event, selected))
-            .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.LeaseToken == lease_token)
-        )
-    )
+    return list(connection.execute(_LEASED, {"work_ids": list(work_ids), "lease_token": lease_token}))
 
 
 def selected_events_set_status(
@@ -994,12 +1038,27 @@ def selected_events_set_status(
     """
     if not selected:
         return 0
+    parameters: dict[str, Any] = {"status": status}
+    for n, (pack, ordinal, key) in enumerate(selected):
+        parameters |= {f"pack_{n}": pack, f"ordinal_{n}": ordinal, f"key_{n}": key}
+    return connection.execute(_selected_status_statement(len(selected)), parameters).rowcount
+
+
+@functools.lru_cache(maxsize=128)
+def _selected_status_statement(size: int) -> sa.Update:
+    """The UPDATE of ``selected_events_set_status`` for ``size`` Events; built once per size.
+
+    Parameters: ``status`` and ``pack_<n>``, ``ordinal_<n>``, ``key_<n>`` for n < ``size``.
+    """
     keys = [
-        sa.and_(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == ordinal, Event.c.ProjectionKey == key)
-        for pack, ordinal, key in selected
+        sa.and_(
+            Event.c.PackInstallId == sa.bindparam(f"pack_{n}"),
+            Event.c.EnqueueOrdinal == sa.bindparam(f"ordinal_{n}"),
+            Event.c.ProjectionKey == sa.bindparam(f"key_{n}"),
+        )
+        for n in range(size)
     ]
-    statement = sa.update(Event).where(sa.or_(*keys)).values(Status=status, Payload=_PAYLOAD_AFTER_STATUS)
-    return connection.execute(statement).rowcount
+    return sa.update(Event).where(sa.or_(*keys)).values(Status=sa.bindparam("status"), Payload=_PAYLOAD_AFTER_STATUS)
 
 
 def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, Any], values: dict[str, Any]) -> int:
