@@ -445,7 +445,7 @@ def current_lease(connection: Connection, work_id: str, lease_token: str, clock:
         raise InvalidArgument("work_id is required", field="work_id")
     if not lease_token:
         raise InvalidArgument("lease_token is required", field="lease_token")
-    row = queries.work_item_get(connection, work_id, now=clock.now())
+    row = queries.work_item_get(connection, work_id, clock=clock)
     if row is None:
         raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
     if row.Status == WorkStatus.PENDING and row.Attempt == 0:

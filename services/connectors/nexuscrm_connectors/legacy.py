@@ -318,7 +318,7 @@ class LegacyRuntime:
     def _claim_one(
         self, connection: Connection, *, candidate: DbRow, worker_id: str, lease_seconds: int
     ) -> Claim | None:
-        row = queries.work_item_get(connection, candidate.WorkId, lock=True, now=self.clock.now())
+        row = queries.work_item_get(connection, candidate.WorkId, lock=True, clock=self.clock)
         if row is None:
             return None
         now = row.Now
@@ -417,7 +417,7 @@ class LegacyRuntime:
     # --- helpers -------------------------------------------------------------------------
 
     def _held(self, connection: Connection, work_id: str, lease_token: str) -> DbRow:
-        row = queries.work_item_get(connection, work_id, now=self.clock.now())
+        row = queries.work_item_get(connection, work_id, clock=self.clock)
         if row is None:
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
         if row.Status != WorkStatus.PROCESSING or row.LeaseToken != lease_token:

@@ -360,15 +360,8 @@ def event_set_status(
     connection: Connection, pack_install_id: str, ordinal: int, status: EventStatus, projection_key: str
 ) -> int:
     """Set the status of the selected Event of a generation (primary key)."""
-    return connection.execute(
-        sa.update(Event)
-        .where(
-            Event.c.PackInstallId == pack_install_id,
-            Event.c.EnqueueOrdinal == ordinal,
-            Event.c.ProjectionKey == projection_key,
-        )
-        .values(Status=status, Payload=_PAYLOAD_AFTER_STATUS)
-    ).rowcount
+    parameters = {"pack_0": pack_install_id, "ordinal_0": ordinal, "key_0": projection_key, "status": status}
+    return connection.execute(_selected_status_statement(1), parameters).rowcount
 
 
 class EventRange(NamedTuple):
@@ -742,14 +735,19 @@ def work_items_link_successors(connection: Connection, successors: Mapping[str, 
 
 
 def work_item_get(
-    connection: Connection, work_id: str, *, lock: bool = False, now: sa.ColumnElement[dt.datetime] | None = None
+    connection: Connection, work_id: str, *, lock: bool = False, clock: DatabaseClock | None = None
 ) -> DbRow | None:
-    """One WorkItem by primary key, optionally locked; with ``now`` (the database clock) as column ``Now``."""
-    columns: list[Any] = [WorkItem] if now is None else [WorkItem, now.label("Now")]
-    statement = sa.select(*columns).where(WorkItem.c.WorkId == work_id)
-    if lock:
-        statement = statement.with_for_update()
-    return connection.execute(statement).first()
+    """One WorkItem by primary key, optionally locked; with ``clock``'s now as column ``Now``."""
+    parameters: dict[str, Any] = {"work_id": work_id, **(clock.parameters() if clock else {})}
+    return connection.execute(_work_item_statement(lock, clock is not None), parameters).first()
+
+
+@functools.lru_cache(maxsize=4)
+def _work_item_statement(lock: bool, clocked: bool) -> sa.Select[Any]:
+    """``work_item_get``'s statement; built once per shape. Parameters: ``work_id`` (and the clock's)."""
+    columns: list[Any] = [WorkItem, NOW_PARAMETER.label("Now")] if clocked else [WorkItem]
+    statement = sa.select(*columns).where(WorkItem.c.WorkId == sa.bindparam("work_id"))
+    return statement.with_for_update() if lock else statement
 
 
 def work_item_value(row: Any) -> WorkItemRow:
@@ -782,20 +780,24 @@ def work_items_get(connection: Connection, work_ids: Collection[str]) -> dict[st
     return {row.WorkId: row for row in connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId.in_(work_ids)))}
 
 
+_SUCCESSOR = (
+    sa.select(WorkItem.c.WorkId, WorkItem.c.Status)
+    .where(
+        WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
+        WorkItem.c.ProjectionKey == sa.bindparam("projection_key"),
+        WorkItem.c.LaneOrdinal > sa.bindparam("lane_ordinal"),
+    )
+    .order_by(WorkItem.c.LaneOrdinal)
+    .limit(1)
+)
+
+
 def work_item_successor(
     connection: Connection, pack_install_id: str, projection_key: str, lane_ordinal: int
 ) -> DbRow | None:
     """The next generation of an identity after ``lane_ordinal`` (ix_workitem_projection_order)."""
-    return connection.execute(
-        sa.select(WorkItem.c.WorkId, WorkItem.c.Status)
-        .where(
-            WorkItem.c.PackInstallId == pack_install_id,
-            WorkItem.c.ProjectionKey == projection_key,
-            WorkItem.c.LaneOrdinal > lane_ordinal,
-        )
-        .order_by(WorkItem.c.LaneOrdinal)
-        .limit(1)
-    ).first()
+    parameters = {"pack_install_id": pack_install_id, "projection_key": projection_key, "lane_ordinal": lane_ordinal}
+    return connection.execute(_SUCCESSOR, parameters).first()
 
 
 def work_items_blocked_page(connection: Connection, pack_install_id: str, after: str, limit: int) -> list[DbRow]:
@@ -1067,10 +1069,28 @@ def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, 
     The update applies only if every column in ``expect`` still holds its value (None
     compares with IS NULL).
     """
-    conditions = [WorkItem.c.WorkId == work_id]
-    for column, value in expect.items():
-        conditions.append(WorkItem.c[column].is_(None) if value is None else WorkItem.c[column] == value)
-    return connection.execute(sa.update(WorkItem).where(*conditions).values(**values)).rowcount
+    compared = tuple((column, value is None) for column, value in expect.items())
+    parameters = {
+        "work_id": work_id,
+        **{f"expect_{column}": value for column, value in expect.items() if value is not None},
+        **{f"value_{column}": value for column, value in values.items()},
+    }
+    return connection.execute(_update_if_statement(compared, tuple(values)), parameters).rowcount
+
+
+@functools.lru_cache(maxsize=64)
+def _update_if_statement(compared: tuple[tuple[str, bool], ...], written: tuple[str, ...]) -> sa.Update:
+    """``work_item_update_if``'s statement; built once per shape.
+
+    ``compared``: (column, whether it must be NULL); ``written``: the columns set. Parameters:
+    ``work_id``, ``expect_<column>`` for each compared column not NULL, ``value_<column>``.
+    """
+    conditions = [WorkItem.c.WorkId == sa.bindparam("work_id")]
+    for column, null in compared:
+        expected = sa.bindparam(f"expect_{column}", type_=WorkItem.c[column].type)
+        conditions.append(WorkItem.c[column].is_(None) if null else WorkItem.c[column] == expected)
+    assignments = {column: sa.bindparam(f"value_{column}", type_=WorkItem.c[column].type) for column in written}
+    return sa.update(WorkItem).where(*conditions).values(assignments)
 
 
 def work_item_live_replay(connection: Connection, work_id: str) -> DbRow | None:
