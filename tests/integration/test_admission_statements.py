@@ -26,10 +26,11 @@ from workqueue.values import IngestItem, Outcome
 pytestmark = pytest.mark.database
 
 # The most statements one Ingest call may run: pack lock, fence, protocol row, receipts,
-# Events of the keys, covering seeks, covering generations, ordinals, Events, their payloads
-# (EventPayload, decision 126), newest seek, newest lock, extension, new generations, receipts
-# of the new Events, new receipts of duplicates, two receipt verdict updates.
-ADMISSION_STATEMENT_BOUND = 18
+# Events of the keys with their identities' newest generations (decision 132), covering seeks
+# of older inputs, ordinals, Events, their payloads (EventPayload, decision 126), newest seek,
+# newest lock, extension, new generations, receipts of the new Events, new receipts of
+# duplicates, two receipt verdict updates.
+ADMISSION_STATEMENT_BOUND = 17
 SIZES = (4, 400)  # deliveries per batch: two per identity
 
 
@@ -99,6 +100,31 @@ def test_ingest_statements_do_not_grow_with_batch_size_or_duplicates(engine: sa.
     }
     assert {shape: set(outcomes) for shape, (_, outcomes) in large.items()} == expected
     # D: duplicates wrote no Event or WorkItem; M, O, B, X, P on the final database.
+    assert_invariants(engine)
+
+
+def test_duplicates_of_older_generations_cost_one_statement(engine: sa.Engine) -> None:
+    """Duplicates of inputs older than their identity's newest generation: one statement more, whatever their number."""
+    connectors = Connectors(engine)
+    pack = install_pack(engine)
+    counts: dict[int, list[str]] = {}
+    for size in SIZES:
+        first = _batch(f"older-{size}", size, f"older-{size}")
+        admitted = connectors.ingest(pack, items=first)
+        claimed = 0
+        while claims := connectors.claim("w", pack_install_ids=[pack], max_items=100):
+            claimed += len(claims)
+        assert claimed == size // 2  # every generation of the batch is processing: the next ones succeed them
+        assert {r.outcome for r in connectors.ingest(pack, items=_batch(f"newer-{size}", size, f"older-{size}"))} == {
+            Outcome.ADMITTED
+        }
+        with counting(engine) as counted:
+            again = connectors.ingest(pack, items=first)
+        counts[size] = counted.statements
+        assert [(r.outcome, r.work_id) for r in again] == [(Outcome.DUPLICATE_COVERED, r.work_id) for r in admitted]
+        assert counted.commits == 1
+    small, large = (counts[size] for size in SIZES)
+    assert small == large and len(large) <= ADMISSION_STATEMENT_BOUND, large
     assert_invariants(engine)
 
 

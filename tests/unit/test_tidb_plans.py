@@ -46,11 +46,14 @@ GROUP_BY_BACKLOG = plan("group_by_backlog")
 GROUP_BY_PAGE = plan("group_by_page")
 ANTI_SEMI_HASH_JOIN = plan("anti_semi_hash_join")
 ANTI_SEMI_APPLY = plan("anti_semi_apply")
+NEWEST_BESIDE_EVENTS = plan("newest_beside_events")
 TOPN_OVER_RANGE = plan("topn_over_range")
 FULL_SCAN = plan("full_scan")
 
 
-@pytest.mark.parametrize("plan", [RANGE_PAGE, PAYLOAD_PAGE, POINT_GETS, NEXT_PACK, GROUP_BY_PAGE, ANTI_SEMI_APPLY])
+@pytest.mark.parametrize(
+    "plan", [RANGE_PAGE, PAYLOAD_PAGE, POINT_GETS, NEXT_PACK, GROUP_BY_PAGE, ANTI_SEMI_APPLY, NEWEST_BESIDE_EVENTS]
+)
 def test_the_shapes_our_hot_queries_must_have_pass(plan: str) -> None:
     assert problems_tidb(rows(plan)) == []
 

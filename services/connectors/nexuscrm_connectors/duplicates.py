@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.packs import Protocol
-from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import DbRow, Generation
 from nexuscrm_runtime.clock import iso_utc
 from workqueue.values import IngestResult, Outcome
 
@@ -28,21 +28,33 @@ def verify_duplicates(
 ) -> dict[str, IngestResult]:
     """Classify deliveries whose receipt keys already have Events; results by receipt key.
 
-    ``events`` maps receipt keys to rows of ``queries.events_by_receipt``. Two statements
-    however many duplicates there are: the candidate covering generations
-    (``queries.work_items_covering``), then those generations by primary key.
+    ``events`` maps receipt keys to rows of ``queries.events_by_receipt``, which carry their
+    identity's newest generation: when it holds the input, it is the covering generation
+    (generations never overlap). Only the other inputs (older than their identity's newest
+    generation) cost a statement, one however many they are: ``queries.work_items_covering``
+    (decision 132).
     """
-    above = {
-        key: event
-        for key, event in events.items()
-        if event.EnqueueOrdinal > protocol.legacy_max_ordinal and event.PrunedAt is None
-    }
-    covering = queries.work_items_covering(connection, protocol.pack_install_id, above)
-    candidates = queries.work_items_get(connection, set(covering.values()))
-    return {key: _verdict(protocol, key, event, candidates.get(covering.get(key, ""))) for key, event in events.items()}
+    candidates: dict[str, Generation | None] = {}
+    older: dict[str, DbRow] = {}
+    for key, event in events.items():
+        if event.EnqueueOrdinal <= protocol.legacy_max_ordinal or event.PrunedAt is not None:
+            continue
+        newest = queries.newest_generation(event)
+        if newest is not None and _holds(newest, int(event.EnqueueOrdinal)):
+            candidates[key] = newest
+        else:
+            older[key] = event
+    candidates.update(queries.work_items_covering(connection, protocol.pack_install_id, older))
+    return {key: _verdict(protocol, key, event, candidates.get(key)) for key, event in events.items()}
 
 
-def _verdict(protocol: Protocol, receipt_key: str, event: DbRow, candidate: DbRow | None) -> IngestResult:
+def _holds(generation: Generation, ordinal: int) -> bool:
+    """Whether the input of ``ordinal`` is a member of ``generation`` (old-protocol work has no start)."""
+    start = generation.InputStartOrdinal
+    return start is not None and start <= ordinal <= generation.LaneOrdinal
+
+
+def _verdict(protocol: Protocol, receipt_key: str, event: DbRow, candidate: Generation | None) -> IngestResult:
     ordinal = int(event.EnqueueOrdinal)
     if event.PrunedAt is not None:
         return IngestResult(
@@ -61,9 +73,9 @@ def _verdict(protocol: Protocol, receipt_key: str, event: DbRow, candidate: DbRo
             message=f"duplicate of an input admitted under the old protocol (ordinal {ordinal} <= "
             f"LegacyMaxOrdinal {protocol.legacy_max_ordinal})",
         )
-    # The candidate is the identity's first generation ending at or above the ordinal; it holds
-    # the input only if it also starts at or below it (old-protocol work has no start).
-    if candidate is not None and candidate.InputStartOrdinal is not None and candidate.InputStartOrdinal <= ordinal:
+    # The candidate is the identity's first generation ending at or above the ordinal (or its
+    # newest, holding the input); it holds the input only if it also starts at or below it.
+    if candidate is not None and _holds(candidate, ordinal):
         return IngestResult(
             receipt_key=receipt_key,
             outcome=Outcome.DUPLICATE_COVERED,

@@ -236,15 +236,48 @@ def receipt_get(connection: Connection, pack_install_id: str, receipt_key: str) 
     ).first()
 
 
+class Generation(NamedTuple):
+    """The columns of a generation that a duplicate's verdict reads (named as WorkItem's)."""
+
+    WorkId: str
+    InputStartOrdinal: int | None
+    LaneOrdinal: int
+    Status: str
+
+
+_GENERATION = (WorkItem.c.WorkId, WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal, WorkItem.c.Status)
+
+
+def _event_generation(column: sa.Column[Any], *, covering: bool) -> sa.ScalarSelect[Any]:
+    """``column`` of one generation of the outer Event's identity: one seek of ix_workitem_projection_order.
+
+    The identity's newest generation (the top of its range), or with ``covering`` the first
+    one ending at or above the Event's ordinal (a correlated range: SQLite plans it per Event,
+    MariaDB does not, see ``work_items_covering``).
+    """
+    conditions = [WorkItem.c.PackInstallId == Event.c.PackInstallId, WorkItem.c.ProjectionKey == Event.c.ProjectionKey]
+    if covering:
+        conditions.append(WorkItem.c.LaneOrdinal >= Event.c.EnqueueOrdinal)
+    order = WorkItem.c.LaneOrdinal if covering else WorkItem.c.LaneOrdinal.desc()
+    return sa.select(column).where(*conditions).order_by(order).limit(1).correlate(Event).scalar_subquery()
+
+
+_NEWEST_PREFIX = "Newest"  # the newest generation beside a retained Event: NewestWorkId, NewestStatus, ...
+
+
 def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
     """Inputs already admitted for ``keys``: ReceiptKey, EnqueueOrdinal, ProjectionKey, PayloadHash, WorkId, PrunedAt.
 
     WorkId and PrunedAt come from the tombstone of an input that retention pruned (NULL for a
     retained Event); its ProjectionKey from the pruned generation's record, NULL when that
     record expired with the duplicate window first (decision 127): the tombstone still counts.
+    A retained Event also carries its identity's newest generation (``newest_generation``),
+    which holds most duplicates' inputs, so verifying them needs no further statement
+    (decision 132).
 
-    One statement (uq_event_receipt, and PrunedReceipt's primary key): it reads one snapshot, so
-    an input pruned concurrently shows up exactly once, as Event or as tombstone (decision 123).
+    One statement (uq_event_receipt, a top-of-range seek of ix_workitem_projection_order per
+    Event and column, and PrunedReceipt's primary key): it reads one snapshot, so an input
+    pruned concurrently shows up exactly once, as Event or as tombstone (decision 123).
     """
     retained = sa.select(
         Event.c.ReceiptKey,
@@ -253,6 +286,7 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
         Event.c.PayloadHash,
         sa.cast(sa.null(), PrunedReceipt.c.WorkId.type).label("WorkId"),
         sa.cast(sa.null(), PrunedReceipt.c.PrunedAt.type).label("PrunedAt"),  # typed: SQLite takes the first branch's
+        *(_event_generation(column, covering=False).label(_NEWEST_PREFIX + column.name) for column in _GENERATION),
     ).where(Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys))
     pruned = (
         sa.select(
@@ -262,6 +296,7 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
             PrunedReceipt.c.PayloadHash,
             PrunedReceipt.c.WorkId,
             PrunedReceipt.c.PrunedAt,
+            *(sa.cast(sa.null(), column.type) for column in _GENERATION),
         )
         .outerjoin(PrunedWork, PrunedWork.c.WorkId == PrunedReceipt.c.WorkId)
         .where(PrunedReceipt.c.PackInstallId == pack_install_id, PrunedReceipt.c.ReceiptKey.in_(keys))
@@ -269,21 +304,16 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
     return {row.ReceiptKey: row for row in connection.execute(sa.union_all(retained, pruned))}
 
 
-# Per Event of the given receipt keys, the first generation of its identity ending at or above
-# its ordinal: a correlated top-of-range seek of ix_workitem_projection_order (SQLite).
+def newest_generation(event: DbRow) -> Generation | None:
+    """The newest generation of a retained Event's identity as ``events_by_receipt`` read it; None for a tombstone."""
+    values = [getattr(event, _NEWEST_PREFIX + column.name) for column in _GENERATION]
+    return None if values[0] is None else Generation(*values)
+
+
+# Per Event of the given receipt keys, its candidate covering generation's columns: correlated
+# top-of-range seeks of ix_workitem_projection_order (SQLite).
 _COVERING_CORRELATED = sa.select(
-    Event.c.ReceiptKey,
-    sa.select(WorkItem.c.WorkId)
-    .where(
-        WorkItem.c.PackInstallId == Event.c.PackInstallId,
-        WorkItem.c.ProjectionKey == Event.c.ProjectionKey,
-        WorkItem.c.LaneOrdinal >= Event.c.EnqueueOrdinal,
-    )
-    .order_by(WorkItem.c.LaneOrdinal)
-    .limit(1)
-    .correlate(Event)
-    .scalar_subquery()
-    .label("WorkId"),
+    Event.c.ReceiptKey, *(_event_generation(column, covering=True).label(column.name) for column in _GENERATION)
 ).where(
     Event.c.PackInstallId == sa.bindparam("pack_install_id"),
     Event.c.ReceiptKey.in_(sa.bindparam("keys", expanding=True)),
@@ -298,7 +328,7 @@ def _covering_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
     """
     return sa.union_all(
         *(
-            sa.select(sa.bindparam(f"key_{n}", type_=sa.String()).label("ReceiptKey"), WorkItem.c.WorkId)
+            sa.select(sa.bindparam(f"key_{n}", type_=sa.String()).label("ReceiptKey"), *_GENERATION)
             .where(
                 WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
                 WorkItem.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
@@ -311,8 +341,10 @@ def _covering_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
     )
 
 
-def work_items_covering(connection: Connection, pack_install_id: str, events: Mapping[str, DbRow]) -> dict[str, str]:
-    """The candidate covering generation of each admitted input: receipt key -> WorkId, one statement.
+def work_items_covering(
+    connection: Connection, pack_install_id: str, events: Mapping[str, DbRow]
+) -> dict[str, Generation]:
+    """The candidate covering generation of each admitted input, by receipt key: one statement.
 
     ``events`` maps receipt keys to their Events (``events_by_receipt``). The candidate is the
     first generation of the Event's identity whose LaneOrdinal is at or above its ordinal:
@@ -335,7 +367,11 @@ def work_items_covering(connection: Connection, pack_install_id: str, events: Ma
         for n, (key, event) in enumerate(inputs):
             parameters |= {f"key_{n}": key, f"identity_{n}": event.ProjectionKey, f"ordinal_{n}": event.EnqueueOrdinal}
         rows = connection.execute(_covering_seeks(size), parameters)
-    return {row.ReceiptKey: row.WorkId for row in rows if row.WorkId is not None}
+    return {
+        row.ReceiptKey: Generation(row.WorkId, row.InputStartOrdinal, row.LaneOrdinal, row.Status)
+        for row in rows
+        if row.WorkId is not None
+    }
 
 
 def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
