@@ -8,15 +8,11 @@ Event (an Event a release older than v8 admitted after the copy) like any other.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema import verification
@@ -26,6 +22,7 @@ from nexuscrm_tools.invariants import payload_storage_violations
 from tests.support.checksums import row_checksums
 from tests.support.factories import START, delivery, install_pack
 from tests.support.invariants import assert_invariants
+from tests.support.statements import statements
 
 pytestmark = pytest.mark.database
 
@@ -99,11 +96,11 @@ def test_an_interrupted_copy_resumes_and_copies_each_payload_once(
     real_copy = payload_copy._copy_range
     batches: list[int] = []
 
-    def copy_then_fail(connection: sa.Connection, pack: str, after: int, through: int) -> int:
+    def copy_then_fail(connection: sa.Connection, batch: sa.ColumnElement[bool]) -> int:
         if len(batches) == 2:
             raise ConnectionError("the schema catalog stopped mid-copy")
-        batches.append(through)
-        return real_copy(connection, pack, after, through)
+        batches.append(real_copy(connection, batch))
+        return batches[-1]
 
     monkeypatch.setattr(payload_copy, "_copy_range", copy_then_fail)
     with pytest.raises(ConnectionError):
@@ -131,20 +128,6 @@ def test_a_copy_batch_is_bounded_in_bytes(
     assert [(args[0], args[1], args[2]) for args in copied if isinstance(args, tuple)] == [
         (count, pack, through) for pack in PACKS for count, through in ((4, 3), (1, 4), (1, 5))
     ]
-
-
-@contextlib.contextmanager
-def statements(engine: sa.Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def on_statement(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", on_statement)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", on_statement)
 
 
 def _event_columns(engine: sa.Engine, pack: str) -> list[tuple[int, str, bytes, int | None]]:

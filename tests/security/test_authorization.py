@@ -124,6 +124,7 @@ NAMESPACED: dict[str, Build] = {
 # Requests over every namespace: a one-namespace caller is refused, the operator gets through.
 SPANNING: dict[str, Build] = {
     f"{CATALOG}/ApplySchema": lambda w: sc.ApplySchemaRequest(),
+    f"{CATALOG}/ContractPayloads": lambda w: sc.ContractPayloadsRequest(),
     f"{INTEGRATION}/GetActivation": lambda w: ig.GetActivationRequest(),
     f"{INTEGRATION}/ListWorkers": lambda w: ig.ListWorkersRequest(),
     f"{CONNECTORS}/Claim (every pack)": lambda w: cn.ClaimRequest(worker_id="w"),

@@ -2,7 +2,8 @@
 
 Subcommands: ``packs install|activate|protocol|show|find``, ``fences arm|disarm|list|override``,
 ``drain status|wait``, ``queue state|wait``, ``cutover audit|run``, ``work show|list|members``,
-``receipts missing``, ``retention set|show|prune``, ``why``, ``activation`` and ``workers``.
+``receipts missing``, ``retention set|show|prune``, ``schema contract-payloads``, ``why``,
+``activation`` and ``workers``.
 Tables by default, ``--json``
 for scripts. Services are found through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``;
 ``nexuscrm-run --serve`` prints them). With NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks
@@ -41,13 +42,14 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
+from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as sc_grpc
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from nexuscrm_sdk import convert
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_tools import tables
+from nexuscrm_tools import payload_contract, tables
 from nexuscrm_tools.durations import parse_duration, whole_seconds
 from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from workqueue import ReceiptState
@@ -98,6 +100,11 @@ class Clients:
         channel = open_channel(address)
         self._channels.append(channel)
         return channel
+
+    @property
+    def schema_catalog(self) -> sc_grpc.SchemaCatalogServiceStub:
+        """SchemaCatalogService."""
+        return sc_grpc.SchemaCatalogServiceStub(self._channel(self._targets.schema_catalog))
 
     @property
     def controlplane(self) -> cp_grpc.ControlplaneServiceStub:
@@ -563,6 +570,36 @@ def retention_prune(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=_dict(response), view=_fields(f"retention pass over {args.pack}", view))
 
 
+def schema_contract_payloads(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Set the payload contract once no v7 Connectors runs, then empty the old payload copies (decision 130).
+
+    Idempotent and resumable (``nexuscrm_tools.payload_contract``); refused below schema v10.
+    """
+    with payload_contract.shown_progress() as progress:
+        first, emptied, emptied_bytes = payload_contract.contract_payloads(
+            clients.schema_catalog,
+            after_pack=args.after_pack,
+            after_ordinal=args.after_ordinal,
+            batches_per_call=args.batches_per_call,
+            progress=progress,
+        )
+    view = {
+        "payload contract": "set now" if first.newly_set else "already set",
+        "set at": first.set_at,
+        "set by": first.set_by,
+        "old copies emptied": emptied,
+        "bytes emptied": emptied_bytes,
+    }
+    data = {
+        "newly_set": first.newly_set,
+        "set_at": first.set_at,
+        "set_by": first.set_by,
+        "emptied": emptied,
+        "emptied_bytes": emptied_bytes,
+    }
+    return Outcome(data=data, view=_fields("payload contract", view))
+
+
 def activation(clients: Clients, args: argparse.Namespace) -> Outcome:
     """The host's activation gate; exit 9 when not active."""
     response = clients.integration.GetActivation(in_pb.GetActivationRequest(), timeout=RPC_TIMEOUT)
@@ -709,6 +746,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("pack")
     sub.add_argument("--dry-run", action="store_true", help="count what would go, change nothing")
     sub.add_argument("--max-generations", type=int, default=0, metavar="N", help="default: the server's per-pass limit")
+
+    schema = commands.add_parser("schema", help="the canonical schema").add_subparsers(dest="action", required=True)
+    sub = leaf(schema, "contract-payloads", schema_contract_payloads, "after the v10 roll: payloads stored once")
+    sub.add_argument("--after-pack", default="", metavar="PACK", help="resume after this pack (default: the start)")
+    sub.add_argument("--after-ordinal", type=int, default=-1, metavar="N", help="and this ordinal of it")
+    sub.add_argument(
+        "--batches-per-call",
+        type=int,
+        default=payload_contract.BATCHES_PER_CALL,
+        metavar="N",
+        help="batches each call empties (default %(default)s)",
+    )
 
     sub = leaf(commands, "why", why, "why a receipt has (no) work")
     sub.add_argument("pack")

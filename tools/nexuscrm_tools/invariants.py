@@ -104,8 +104,21 @@ def snapshot(engine: sa.Engine) -> Iterator[sa.Connection]:
             yield connection
 
 
+# Each EventPayload row's size, and whether its Event keeps a copy in Event.Payload that
+# differs from it (a copy is allowed until the payload contract empties it: decision 130).
 _PAYLOAD_SIZES = sa.select(
-    EventPayload.c.PackInstallId, EventPayload.c.EnqueueOrdinal, sa.func.length(EventPayload.c.Payload).label("Bytes")
+    EventPayload.c.PackInstallId,
+    EventPayload.c.EnqueueOrdinal,
+    sa.func.length(EventPayload.c.Payload).label("Bytes"),
+    sa.and_(Event.c.Payload != b"", Event.c.Payload != EventPayload.c.Payload).label("CopyDiffers"),
+).select_from(
+    EventPayload.outerjoin(
+        Event,
+        sa.and_(
+            Event.c.PackInstallId == EventPayload.c.PackInstallId,
+            Event.c.EnqueueOrdinal == EventPayload.c.EnqueueOrdinal,
+        ),
+    )
 )
 
 
@@ -299,7 +312,9 @@ def _bounds_and_payload(events: Iterable[DbRow], generations: Generations) -> li
 
 
 def _payload_rows(events: Iterable[DbRow], payloads: Iterable[DbRow]) -> list[str]:
+    payloads = list(payloads)
     stored = {(p.PackInstallId, p.EnqueueOrdinal): p.Bytes for p in payloads}  # a primary key: one row each
+    differs = {(p.PackInstallId, p.EnqueueOrdinal): bool(p.CopyDiffers) for p in payloads}
     problems = []
     for e in events:
         key = (e.PackInstallId, e.EnqueueOrdinal)
@@ -307,6 +322,8 @@ def _payload_rows(events: Iterable[DbRow], payloads: Iterable[DbRow]) -> list[st
         if e.PayloadBytes is not None and size != e.PayloadBytes:
             found = "no EventPayload row" if size is None else f"an EventPayload of {size} bytes"
             problems.append(f"P: Event {key} records a {e.PayloadBytes}-byte payload but has {found}")
+        elif e.PayloadBytes is not None and differs.get(key):
+            problems.append(f"P: Event {key} keeps a copy in Event.Payload that differs from its EventPayload row")
         elif e.PayloadBytes is None and size is not None:
             problems.append(f"P: Event {key} keeps its payload in Event but also has an EventPayload row")
     problems += [f"P: EventPayload {key} has no Event" for key in sorted(stored)]

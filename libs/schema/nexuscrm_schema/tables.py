@@ -321,6 +321,21 @@ PrunedReceipt = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 
+# Added by schema v10 (decision 130): the payload contract, a one-way flag. Its one row
+# (Contract = PAYLOAD_CONTRACT) says that no release older than v8 serves the database, so
+# Connectors stores an admitted payload only in EventPayload and a status change empties an
+# old copy in Event.Payload; without it Connectors keeps a copy there for those releases.
+# Set by ApplySchema on an empty database, otherwise by the operator after the roll.
+PAYLOAD_CONTRACT = "event_payload_elsewhere"
+PayloadContract = sa.Table(
+    "_System_PayloadContract",
+    metadata,
+    sa.Column("Contract", sa.String(64), primary_key=True),
+    sa.Column("SetAt", Timestamp(), nullable=False),  # the database clock
+    sa.Column("SetBy", sa.String(255), nullable=False),  # what set it: ApplySchema, or the operator RPC's caller
+    **MYSQL_TABLE_OPTIONS,
+)
+
 SchemaVersion = sa.Table(
     "_System_SchemaVersion",
     metadata,

@@ -31,7 +31,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import packs, payload_contract, queries
 from nexuscrm_connectors.admission import (
     Delivery,
     check_call_bytes,
@@ -171,6 +171,8 @@ class LegacyRuntime:
         self.clock = clock
         # The byte limits of native Ingest and LoadInputs (decision 122); the rest is not used.
         self.settings = settings or Settings()
+        # Read at start only: an unset flag keeps the dual write (the safe side, decision 130).
+        payload_contract.refresh(engine)
 
     def record_work_item_handoff(self, pack_install_id: str) -> dt.datetime:
         """Switch a pack to WorkItem-only execution and record it (``PackInstall.WorkItemHandoffAt``).

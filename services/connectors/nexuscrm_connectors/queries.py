@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_connectors import payload_contract
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD, PREDECESSOR_STATUS
@@ -36,13 +37,16 @@ DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 # The Payload of a receipt whose input has an Event: the payload is stored once, in the Event
 # (the column is NOT NULL; the receipt's State says which receipts still carry theirs).
 ADMITTED_RECEIPT_PAYLOAD = b""
-# The Payload of an Event admitted from schema v8: its payload is in EventPayload (the column
-# is NOT NULL; Event.PayloadBytes set says where the payload is).
+# The Payload of an Event admitted under the payload contract: its payload is in EventPayload
+# (the column is NOT NULL; Event.PayloadBytes set says where the payload is). Before the
+# contract is set, admission also copies it into Event.Payload (decision 130).
 EVENT_PAYLOAD_ELSEWHERE = b""
-# What a status change leaves in Event.Payload: emptied once the payload is in EventPayload
-# (an Event schema v8 copied keeps its old copy until its first status change), so the new
-# row version never carries payload bytes; kept when it is the only copy (decision 126).
-_PAYLOAD_AFTER_STATUS = sa.case((Event.c.PayloadBytes.is_not(None), EVENT_PAYLOAD_ELSEWHERE), else_=Event.c.Payload)
+# What a status change leaves in Event.Payload under the contract: emptied once the payload is
+# in EventPayload, so the new row version never carries payload bytes; kept when it is the only
+# copy (decision 126). Before the contract, a status change leaves Event.Payload alone.
+_PAYLOAD_AFTER_STATUS: dict[str, sa.ColumnElement[bytes]] = {
+    "Payload": sa.case((Event.c.PayloadBytes.is_not(None), EVENT_PAYLOAD_ELSEWHERE), else_=Event.c.Payload)
+}
 # An instant to store or compare with: one the database clock gave this transaction, or the
 # database clock itself (``DatabaseClock.now()``) for a statement that reads none first.
 Instant = dt.datetime | sa.ColumnElement[dt.datetime]
@@ -379,12 +383,22 @@ def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> Non
 
     Each row carries its payload as ``Payload``: it goes to EventPayload, written once and
     never updated, and the Event row keeps its length and an empty payload, so a status
-    change writes a small row (decision 126).
+    change writes a small row (decision 126). Until the payload contract is set (the
+    engine's cached flag, ``payload_contract``), the Event row keeps a copy too, for a v7
+    Connectors serving the same database (decision 130).
     """
     if rows:
+        dual_write = not payload_contract.held(connection.engine)
         connection.execute(
             sa.insert(Event),
-            [{**row, "Payload": EVENT_PAYLOAD_ELSEWHERE, "PayloadBytes": len(row["Payload"])} for row in rows],
+            [
+                {
+                    **row,
+                    "Payload": row["Payload"] if dual_write else EVENT_PAYLOAD_ELSEWHERE,
+                    "PayloadBytes": len(row["Payload"]),
+                }
+                for row in rows
+            ],
         )
         connection.execute(
             sa.insert(EventPayload),
@@ -392,12 +406,17 @@ def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> Non
         )
 
 
+def _payload_after_status(contracted: bool) -> dict[str, sa.ColumnElement[bytes]]:
+    return _PAYLOAD_AFTER_STATUS if contracted else {}
+
+
 def event_set_status(
     connection: Connection, pack_install_id: str, ordinal: int, status: EventStatus, projection_key: str
 ) -> int:
     """Set the status of the selected Event of a generation (primary key)."""
     parameters = {"pack_0": pack_install_id, "ordinal_0": ordinal, "key_0": projection_key, "status": status}
-    return connection.execute(_selected_status_statement(1), parameters).rowcount
+    statement = _selected_status_statement(1, payload_contract.held(connection.engine))
+    return connection.execute(statement, parameters).rowcount
 
 
 class EventRange(NamedTuple):
@@ -1079,12 +1098,13 @@ def selected_events_set_status(
     parameters: dict[str, Any] = {"status": status}
     for n, (pack, ordinal, key) in enumerate(selected):
         parameters |= {f"pack_{n}": pack, f"ordinal_{n}": ordinal, f"key_{n}": key}
-    return connection.execute(_selected_status_statement(len(selected)), parameters).rowcount
+    statement = _selected_status_statement(len(selected), payload_contract.held(connection.engine))
+    return connection.execute(statement, parameters).rowcount
 
 
-@functools.lru_cache(maxsize=128)
-def _selected_status_statement(size: int) -> sa.Update:
-    """The UPDATE of ``selected_events_set_status`` for ``size`` Events; built once per size.
+@functools.lru_cache(maxsize=256)
+def _selected_status_statement(size: int, contracted: bool) -> sa.Update:
+    """The UPDATE of ``selected_events_set_status`` for ``size`` Events; built once per size and contract state.
 
     Parameters: ``status`` and ``pack_<n>``, ``ordinal_<n>``, ``key_<n>`` for n < ``size``.
     """
@@ -1096,7 +1116,9 @@ def _selected_status_statement(size: int) -> sa.Update:
         )
         for n in range(size)
     ]
-    return sa.update(Event).where(sa.or_(*keys)).values(Status=sa.bindparam("status"), Payload=_PAYLOAD_AFTER_STATUS)
+    return (
+        sa.update(Event).where(sa.or_(*keys)).values(Status=sa.bindparam("status"), **_payload_after_status(contracted))
+    )
 
 
 def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, Any], values: dict[str, Any]) -> int:

@@ -23,6 +23,7 @@ from nexuscrm_connectors import (
     leases,
     liveness,
     metrics,
+    payload_contract,
     payloads,
     queue_state,
     replay,
@@ -70,9 +71,15 @@ class Connectors:
         self.claimers = Claimers(self.settings.max_claim_waiters)
         self.stranded = liveness.StrandedSweep()
         self.pruner = retention.Pruner()
+        payload_contract.refresh(engine)  # read at start; refreshed before writes of Events while unset
+
+    def _events_written(self) -> None:
+        """Refresh the payload contract's cached flag when stale, outside the operation's transaction."""
+        payload_contract.refresh(self.engine)
 
     def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
+        self._events_written()
         results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
         follow_up("admission", lambda: metrics.record_ingest(results))
         if any(result.outcome is Outcome.ADMITTED for result in results):
@@ -81,6 +88,7 @@ class Connectors:
 
     def materialize(self, limit: int = 500) -> int:
         """See ``admission.materialize``."""
+        self._events_written()
         admitted = admission.materialize(self.engine, self.settings, self.clock, limit)
         if admitted:
             follow_up("admission", self.claimers.notify)
@@ -133,6 +141,7 @@ class Connectors:
 
     def replay(self, work_id: str) -> ReplayResult:
         """See ``replay.replay``."""
+        self._events_written()
         replayed = replay.replay(self.engine, self.settings, self.clock, work_id)
         follow_up("replay", metrics.GENERATIONS_CREATED.labels("replay").inc)
         follow_up("replay", self.claimers.notify)
@@ -150,6 +159,7 @@ class Connectors:
         inline_inputs: bool = False,
     ) -> list[Claim]:
         """See ``leases.claim``; ``inline_inputs``: claims carry inputs that fit (``payloads.whole_pages``)."""
+        self._events_written()
         batch = leases.claim(
             self.engine,
             self.settings,
@@ -178,6 +188,7 @@ class Connectors:
 
     def complete(self, work_id: str, *, lease_token: str) -> WorkItemRow:
         """See ``leases.complete``."""
+        self._events_written()
         work = leases.complete(self.engine, self.clock, work_id, lease_token)
         follow_up("complete", lambda: metrics.record_finish(work))
         follow_up("complete", self.claimers.notify)  # its successor may have become claimable
@@ -185,6 +196,7 @@ class Connectors:
 
     def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
         """See ``leases.fail``."""
+        self._events_written()
         work = leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
         follow_up("fail", lambda: metrics.record_finish(work, retryable=retryable))
         if work.status is WorkStatus.FAILED:

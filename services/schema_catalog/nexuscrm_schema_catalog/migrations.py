@@ -9,11 +9,13 @@ WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table
 107, amendment), version 7 the retention tables and WorkItem(ix_workitem_retention) (decision
 123), version 8 the EventPayload table and Event.PayloadBytes (decision 126), version 9
 the duplicate window: three RetentionPolicy columns, a SourceTime column and index on each
-of PrunedWork and PrunedReceipt (decision 127). Steps only create tables, indexes and
-nullable columns, each guarded so a repeated or concurrent run is a no-op, so the previous
-release keeps running while the schema moves. One step also copies data: v8 copies every
-payload into EventPayload (``payload_copy``), in batches committed one by one after its DDL;
-the version is recorded when the copy is done, so an interrupted copy resumes on the next run.
+of PrunedWork and PrunedReceipt (decision 127), version 10 the payload contract's one-way flag
+(decision 130: set at once on a database this apply creates, by the operator otherwise).
+Steps only create tables, indexes and nullable columns, each guarded so a repeated or
+concurrent run is a no-op, so the previous release keeps running while the schema moves. One
+step also copies data: v8 copies every payload into EventPayload (``payload_copy``), in
+batches committed one by one after its DDL; the version is recorded when the copy is done, so
+an interrupted copy resumes on the next run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema import tables
 from nexuscrm_schema.verification import NEWEST_VERSION, current_version
+from nexuscrm_schema_catalog.payload_contract import set_contract
 from nexuscrm_schema_catalog.payload_copy import copy_event_payloads
 from workqueue.errors import InvalidArgument
 
@@ -42,6 +45,9 @@ V7_TABLES = (tables.RetentionPolicy, tables.PrunedWork, tables.PrunedReceipt)
 V7_INDEX = "ix_workitem_retention"
 V8_TABLES = (tables.EventPayload,)
 V8_COLUMN = "PayloadBytes"
+V10_TABLES = (tables.PayloadContract,)
+# Who set the payload contract on a database that ApplySchema created from nothing.
+SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
 V9_COLUMNS = {
     tables.RetentionPolicy: ("DuplicateWindowSeconds", "HorizonSourceTime", "ExpiredReceipts"),
     tables.PrunedWork: ("SourceTime",),
@@ -53,7 +59,7 @@ def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
@@ -156,6 +162,14 @@ def _apply_v9(connection: Connection) -> None:
                 index.create(connection)
 
 
+def _apply_v10(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V10_TABLES), checkfirst=True)
+
+
+def _contract_empty_database(connection: Connection) -> None:
+    set_contract(connection, SET_BY_EMPTY_DATABASE)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One schema version: the additive DDL that reaches it, and the data it copies after that DDL commits."""
@@ -164,6 +178,8 @@ class Step:
     name: str
     apply: Callable[[Connection], None]
     copy: Callable[[Engine], object] | None = None
+    # Also run in the step's transaction when the apply started from a database without Events.
+    on_empty: Callable[[Connection], None] | None = None
 
 
 STEPS = (
@@ -176,6 +192,7 @@ STEPS = (
     Step(7, "v7_retention", _apply_v7),
     Step(8, "v8_event_payload", _apply_v8, copy_event_payloads),
     Step(9, "v9_duplicate_window", _apply_v9),
+    Step(10, "v10_payload_contract", _apply_v10, on_empty=_contract_empty_database),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
@@ -187,6 +204,8 @@ def apply_schema(engine: Engine, target_version: int = 0) -> tuple[int, int, lis
     Idempotent. Never migrates backwards: a target below the current version changes nothing.
     A step that copies data commits its DDL first, then copies in transactions of its own, and
     is recorded after the copy: interrupted, it is applied again (and resumes) on the next run.
+    An apply that starts without an Event table (nothing ever served the database) also runs
+    the steps' ``on_empty`` actions: v10 sets the payload contract at once.
     """
     target = target_version or NEWEST_VERSION
     if not 0 < target <= NEWEST_VERSION:
@@ -196,11 +215,14 @@ def apply_schema(engine: Engine, target_version: int = 0) -> tuple[int, int, lis
         )
     with engine.connect() as connection:
         start = current_version(connection)
+        empty = not sa.inspect(connection).has_table(tables.Event.name)
     applied: list[str] = []
     for step in STEPS:
         if start < step.version <= target:
             with engine.begin() as connection:
                 step.apply(connection)
+                if empty and step.on_empty is not None:
+                    step.on_empty(connection)
                 tables.SchemaVersion.create(connection, checkfirst=True)
                 if step.copy is None:
                     _record(connection, step)

@@ -7,11 +7,16 @@ release still reads payloads from Event. Each batch is one transaction of at mos
 transaction limit, decision 122). An Event is copied when its PayloadBytes is NULL and marked
 by setting it in the same transaction, so an interrupted copy resumes where it stopped and a
 repeated or concurrent one (two schema catalogs starting) copies nothing twice.
+
+``event_batches`` is that loop for any pass over Events that marks what it changed (the
+payload contract's emptying of old copies uses it too, decision 130).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -22,22 +27,69 @@ from nexuscrm_schema.tables import Event, EventPayload
 log = logging.getLogger(__name__)
 
 COPY_BATCH_ROWS = 500  # Events per copy transaction
+FIRST_ORDINAL = -1  # a pass starts above it: legacy history may hold ordinal 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Batch:
+    """One committed batch of a pass: ``rows`` Events of ``pack`` through ordinal ``through``, ``bytes`` in all."""
+
+    pack: str
+    through: int
+    rows: int
+    bytes: int
+
+
+# A pass changes the Events of one batch (the condition selects them) and returns how many.
+Change = Callable[[Connection, sa.ColumnElement[bool]], int]
+
+
+def event_batches(
+    engine: Engine,
+    *,
+    pending: sa.ColumnElement[bool],
+    size: sa.ColumnElement[int],
+    change: Change,
+    start: tuple[str, int] = ("", FIRST_ORDINAL),
+) -> Iterator[Batch]:
+    """Run ``change`` over every Event matching ``pending``, one committed batch at a time, from ``start``.
+
+    Packs in primary-key order, each in ordinal order (ranges of Event's clustered key), from
+    (pack, ordinal) ``start`` exclusive. A batch is at most ``COPY_BATCH_ROWS`` Events and
+    ``MAX_TRANSACTION_BYTES`` of ``size`` (at least one Event). ``change`` must make an Event
+    stop matching ``pending``, so a pass interrupted anywhere resumes from the start by
+    skipping what is done, and a concurrent pass waits on the batch's locks, then skips it.
+    """
+    pack, after = start
+    while True:
+        batch = _batch(engine, pending, size, change, pack, after) if pack else None
+        if batch is None:
+            following = _next_pack(engine, pack)
+            if following is None:
+                return
+            pack, after = following, FIRST_ORDINAL
+            continue
+        after = batch.through
+        yield batch
 
 
 def copy_event_payloads(engine: Engine) -> int:
     """Copy the payload of every Event whose PayloadBytes is NULL; return how many were copied.
 
-    Packs in primary-key order, each in ordinal order (ranges of Event's clustered key); logs
-    its progress per batch.
+    Logs its progress per batch.
     """
     copied = 0
-    pack = ""
-    while (found := _next_pack(engine, pack)) is not None:
-        pack, after = found, -1  # legacy history may hold ordinal 0  # legacy history may hold ordinal 0
-        while (batch := _copy_batch(engine, pack, after)) is not None:
-            count, after = batch
-            copied += count
-            log.info("v8: copied %d payloads of pack %s through ordinal %d (%d in all)", count, pack, after, copied)
+    for batch in event_batches(
+        engine, pending=Event.c.PayloadBytes.is_(None), size=sa.func.length(Event.c.Payload), change=_copy_range
+    ):
+        copied += batch.rows
+        log.info(
+            "v8: copied %d payloads of pack %s through ordinal %d (%d in all)",
+            batch.rows,
+            batch.pack,
+            batch.through,
+            copied,
+        )
     return copied
 
 
@@ -51,29 +103,29 @@ def _next_pack(engine: Engine, after: str) -> str | None:
         ).scalar_one_or_none()
 
 
-def _copy_batch(engine: Engine, pack: str, after: int) -> tuple[int, int] | None:
-    """Copy the next batch of ``pack`` above ordinal ``after``: (how many, last ordinal), None when done."""
+def _batch(
+    engine: Engine, pending: sa.ColumnElement[bool], size: sa.ColumnElement[int], change: Change, pack: str, after: int
+) -> Batch | None:
+    """Change the next batch of ``pack`` above ordinal ``after``; None when the pack has none left."""
+    in_pack = sa.and_(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal > after, pending)
     with engine.begin() as connection:
         sizes = connection.execute(
-            sa.select(Event.c.EnqueueOrdinal, sa.func.length(Event.c.Payload).label("Bytes"))
-            .where(_uncopied(pack, after))
+            sa.select(Event.c.EnqueueOrdinal, size.label("Bytes"))
+            .where(in_pack)
             .order_by(Event.c.EnqueueOrdinal)
             .limit(COPY_BATCH_ROWS)
-            .with_for_update()  # a concurrent copy waits, then finds these copied and skips them
+            .with_for_update()  # a concurrent pass waits, then finds these changed and skips them
         ).all()
         if not sizes:
             return None
         through = within_bytes([(r.EnqueueOrdinal, r.Bytes) for r in sizes], MAX_TRANSACTION_BYTES)[-1]
-        return _copy_range(connection, pack, after, through), through
+        rows = change(connection, sa.and_(in_pack, Event.c.EnqueueOrdinal <= through))
+        return Batch(
+            pack=pack, through=through, rows=rows, bytes=sum(r.Bytes for r in sizes if r.EnqueueOrdinal <= through)
+        )
 
 
-def _uncopied(pack: str, after: int, through: int | None = None) -> sa.ColumnElement[bool]:
-    condition = sa.and_(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal > after, Event.c.PayloadBytes.is_(None))
-    return condition if through is None else sa.and_(condition, Event.c.EnqueueOrdinal <= through)
-
-
-def _copy_range(connection: Connection, pack: str, after: int, through: int) -> int:
-    batch = _uncopied(pack, after, through)
+def _copy_range(connection: Connection, batch: sa.ColumnElement[bool]) -> int:
     connection.execute(
         sa.insert(EventPayload).from_select(
             ["PackInstallId", "EnqueueOrdinal", "Payload"],

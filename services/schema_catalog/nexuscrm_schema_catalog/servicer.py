@@ -8,9 +8,12 @@ from sqlalchemy.engine import Engine
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as pb
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as pb_grpc
 from nexuscrm_runtime.authorization import allow_any_principal, require_all_namespaces
+from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.server import Registration
 from nexuscrm_schema import verification
-from nexuscrm_schema_catalog import migrations
+from nexuscrm_schema_catalog import migrations, payload_contract
+from nexuscrm_schema_catalog.payload_copy import FIRST_ORDINAL
+from workqueue.errors import InvalidArgument
 
 SERVICE_NAME = "nexuscrm.schemacatalog.v1.SchemaCatalogService"
 
@@ -47,6 +50,34 @@ class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
         missing = verification.verify_schema(self._engine, feature)
         return pb.VerifySchemaResponse(feature=feature, complete=not missing, missing=missing)
 
+    def ContractPayloads(
+        self, request: pb.ContractPayloadsRequest, context: grpc.ServicerContext
+    ) -> pb.ContractPayloadsResponse:
+        if request.max_batches < 0:
+            raise InvalidArgument(f"max_batches must be 0 or more, got {request.max_batches}", field="max_batches")
+        start = (
+            (request.after_pack_install_id, request.after_ordinal)
+            if request.after_pack_install_id
+            else ("", FIRST_ORDINAL)
+        )
+        state, batches, done = payload_contract.contract_payloads(
+            self._engine,
+            f"ContractPayloads from {context.peer()}",
+            start=start,
+            max_batches=request.max_batches or 1,
+        )
+        pack, after = (batches[-1].pack, batches[-1].through) if batches else start
+        return pb.ContractPayloadsResponse(
+            set_at=iso_utc(state.set_at),
+            set_by=state.set_by,
+            newly_set=state.newly_set,
+            emptied=sum(b.rows for b in batches),
+            emptied_bytes=sum(b.bytes for b in batches),
+            next_pack_install_id=pack,
+            next_after_ordinal=after,
+            done=done,
+        )
+
 
 def registration(engine: Engine) -> Registration:
     """SchemaCatalogService over ``engine``: anyone the policy knows may read, only ``*`` may migrate."""
@@ -57,6 +88,7 @@ def registration(engine: Engine) -> Registration:
         service_name=SERVICE_NAME,
         rules={
             method + "ApplySchema": require_all_namespaces,
+            method + "ContractPayloads": require_all_namespaces,
             method + "DescribeSchema": allow_any_principal,
             method + "VerifySchema": allow_any_principal,
         },
