@@ -222,7 +222,7 @@ def test_over_grpc_a_running_worker_completes_in_its_next_claim_and_a_stopping_o
                 list(generation.inputs)
                 ran.append(generation.work.work_id)
 
-            worker = Worker(source, flow, worker_id="w", pack_install_ids=[pack], batch_size=4)
+            worker = Worker(source, flow, worker_id="w", pack_install_ids=[pack], batch_size=4, complete_in_claim=True)
             worker.start()
             wait_until(lambda: connectors.queue_state(pack).drained, "the queue to drain")
             assert source.completes == []  # every generation completed by a claim
@@ -243,6 +243,28 @@ def test_over_grpc_a_running_worker_completes_in_its_next_claim_and_a_stopping_o
             assert len(source.completes) == 1 and worker.stats.completed == 7
     finally:
         server.stop(0)
+    assert_invariants(engine)
+
+
+def test_a_default_worker_completes_each_generation_with_complete_as_it_finishes(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    """Without ``complete_in_claim`` no claim carries a completion: each finished generation is completed alone."""
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=[delivery(lane=f"lane-{n % 5}") for n in range(20)])
+    source = _CountingCompletes(connectors)
+    ran: list[str] = []
+
+    def flow(generation: Generation) -> None:
+        list(generation.inputs)
+        ran.append(generation.work.work_id)
+
+    worker = Worker(source, flow, worker_id="w", pack_install_ids=[pack], batch_size=4)
+    while worker.run_once():
+        pass
+    assert sorted(source.completes) == sorted(ran) and len(ran) == 5
+    assert worker.stats.completed == 5
+    assert connectors.queue_state(pack).drained
     assert_invariants(engine)
 
 

@@ -19,10 +19,11 @@ A Flow sees timezone-aware UTC datetimes whichever source it runs on: the client
 aware ones, the in-process facade the naive UTC the services store, and the worker makes the
 latter aware before handing a generation to the Flow (docs/decisions/104-connectors-sdk.md).
 
-A generation whose Flow consumed every input is completed by the worker's next claim, with
-the batch's others, in one call (decision 131); its heartbeat renews its
-lease until that claim is sent. A worker that stops, or whose claim failed, completes them
-one by one with ``complete``; a failed attempt is recorded at once with ``fail``.
+A generation whose Flow consumed every input is completed at once with ``complete``; with
+``complete_in_claim`` it is completed by the worker's next claim instead, with the batch's
+others, in one call (decision 131), its heartbeat renewing its lease until that claim is
+sent; a worker that stops, or whose claim failed, then completes them one by one. A failed
+attempt is recorded at once with ``fail``.
 
 Small generations come with their inputs in the claim's answer (``Claim.inputs``, decision
 129): the worker then makes no ``load_inputs`` call for them; larger ones, and every
@@ -158,6 +159,9 @@ class Worker:
     ``claim_wait``: how long each claim asks the service to wait for work when there is none.
     ``poll_interval``: the least time between two claims that both came back empty.
     ``wall_clock``: this host's clock (timezone-aware), read only to measure its skew.
+    ``complete_in_claim``: complete finished generations in the next claim (one call for the
+    batch, lower lag) instead of one ``complete`` each as they finish (more time for new
+    inputs to coalesce into pending generations: fewer Flow executions; decision 131).
     """
 
     def __init__(
@@ -174,6 +178,7 @@ class Worker:
         claim_wait: dt.timedelta = dt.timedelta(seconds=1),
         poll_interval: dt.timedelta = dt.timedelta(milliseconds=200),
         wall_clock: Callable[[], dt.datetime] = host_clock,
+        complete_in_claim: bool = False,
     ) -> None:
         self._source = source
         self._flow = flow
@@ -186,6 +191,7 @@ class Worker:
         self._claim_wait = claim_wait
         self._poll_interval = poll_interval
         self._wall_clock = wall_clock
+        self._complete_in_claim = complete_in_claim
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._finished: list[_Finished] = []  # run to their end, completed by the next claim
@@ -288,10 +294,12 @@ class Worker:
             log.warning("work %s failed with %s; GetWork shows its message", work_id, type(error).__name__)
             self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message))
         else:
-            # Completed by the next claim (or ``complete`` when none follows): its lease is renewed until then.
-            self._finished.append(
-                _Finished(completion=Completion(work_id=work_id, lease_token=token), heartbeat=heartbeat)
-            )
+            completion = Completion(work_id=work_id, lease_token=token)
+            if self._complete_in_claim:  # by the next claim (or ``complete``): its lease is renewed until then
+                self._finished.append(_Finished(completion=completion, heartbeat=heartbeat))
+            else:
+                heartbeat.stop()
+                self._complete(completion)
         finally:
             self.stats.current_work_id = None
 
