@@ -246,6 +246,16 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         ),
         "work_items_get": lambda c: queries.work_items_get(c, [seeded.claimed_work_id]),
         "work_item_successor": lambda c: queries.work_item_successor(c, pack, key, seeded.start),
+        # Completions (Complete, and a claim's: decision 131): locked read, compare-and-set, successors.
+        "work_items_lock": lambda c: queries.work_items_lock(
+            c, [seeded.claimed_work_id, "no-such-work"], DATABASE_CLOCK
+        ),
+        "work_items_complete": lambda c: queries.work_items_complete(
+            c, list(queries.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values()), now
+        ),
+        "work_items_successors": lambda c: queries.work_items_successors(
+            c, list(queries.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values())
+        ),
         "work_items_claimable": lambda c: queries.work_items_claimable(
             c, [pack, legacy], ["project"], DATABASE_CLOCK, 10
         ),

@@ -195,8 +195,8 @@ def test_over_grpc_the_worker_skips_loadinputs_for_inline_inputs_and_an_old_serv
             assert sorted(loaded) == sorted(streamed)  # the small generation's inputs came with the claim
 
             # A server that predates the field ignores it and answers without inputs.
-            claim = connectors.claim
-            monkeypatch.setattr(connectors, "claim", lambda *a, inline_inputs=False, **k: claim(*a, **k))
+            claim = connectors.complete_and_claim
+            monkeypatch.setattr(connectors, "complete_and_claim", lambda *a, inline_inputs=False, **k: claim(*a, **k))
             loaded.clear()
             old = install_pack(engine)
             seen, streamed = _run_mixed_batch(connectors, client, old)

@@ -19,6 +19,8 @@ from nexuscrm_sdk import convert
 from nexuscrm_sdk.draining import wait_until_drained
 from workqueue.values import (
     Claim,
+    ClaimAnswer,
+    Completion,
     GenerationPage,
     IngestItem,
     IngestResult,
@@ -73,6 +75,35 @@ class ConnectorsClient:
         ``inline_inputs``: ask for small generations' inputs in the answer (``Claim.inputs``); a
         server that predates it answers without them.
         """
+        return self.complete_and_claim(
+            worker_id,
+            completions=(),
+            pack_install_ids=pack_install_ids,
+            work_types=work_types,
+            max_items=max_items,
+            lease=lease,
+            wait=wait,
+            inline_inputs=inline_inputs,
+        ).claims
+
+    def complete_and_claim(
+        self,
+        worker_id: str,
+        *,
+        completions: Sequence[Completion],
+        pack_install_ids: Sequence[str] = (),
+        work_types: Sequence[str] = (),
+        max_items: int = 1,
+        lease: dt.timedelta | None = None,
+        wait: dt.timedelta = dt.timedelta(0),
+        inline_inputs: bool = False,
+    ) -> ClaimAnswer:
+        """Complete ``completions`` and claim as ``claim``, in one call; each completion is answered on its own.
+
+        A refused completion's ``CompletionResult.error`` is a ``DomainError`` of the kind
+        Complete would have answered. A server that predates completions in Claim ignores them
+        and answers none: the caller then completes them with ``complete`` (``Worker`` does).
+        """
         seconds = lease_seconds(lease)
         response = self._stub.Claim(
             pb.ClaimRequest(
@@ -83,10 +114,14 @@ class ConnectorsClient:
                 lease_seconds=seconds,
                 wait_ms=wait // dt.timedelta(milliseconds=1),
                 inline_inputs=inline_inputs,
+                completions=[convert.completion_to_proto(c) for c in completions],
             ),
             timeout=self._timeout + wait.total_seconds(),  # the server's wait is not its processing time
         )
-        return [convert.claim_from_proto(c) for c in response.claims]
+        return ClaimAnswer(
+            claims=[convert.claim_from_proto(c) for c in response.claims],
+            completed=[convert.completion_result_from_proto(r) for r in response.completions],
+        )
 
     def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """Stream a held generation's members."""

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import datetime as dt
 
+import grpc
+
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
+from workqueue.errors import DomainError, ErrorKind
 from workqueue.values import (
     Claim,
+    Completion,
+    CompletionResult,
     GenerationPage,
     IngestItem,
     IngestResult,
@@ -177,6 +182,42 @@ def claim_from_proto(message: pb.ClaimedWork) -> Claim:
         work=work_from_proto(message.work),
         lease_token=message.lease_token,
         inputs=page_from_proto(message.inputs) if message.HasField("inputs") else None,
+    )
+
+
+# The google.rpc.Code of each error kind (their names are the same), and back.
+_CODES = {kind: grpc.StatusCode[kind.value].value[0] for kind in ErrorKind}
+_KINDS = {code: kind for kind, code in _CODES.items()}
+
+
+def completion_to_proto(completion: Completion) -> pb.CompleteRequest:
+    """Completion -> proto (a ClaimRequest's completion is a CompleteRequest)."""
+    return pb.CompleteRequest(work_id=completion.work_id, lease_token=completion.lease_token)
+
+
+def completion_from_proto(message: pb.CompleteRequest) -> Completion:
+    """Proto -> Completion."""
+    return Completion(work_id=message.work_id, lease_token=message.lease_token)
+
+
+def completion_result_to_proto(result: CompletionResult) -> pb.CompletionResult:
+    """CompletionResult -> proto: the work, or the refusal's code and message."""
+    if result.error is not None:
+        return pb.CompletionResult(
+            work_id=result.work_id, error_code=_CODES[result.error.kind], error_message=str(result.error)
+        )
+    return pb.CompletionResult(
+        work_id=result.work_id, work=work_to_proto(result.work) if result.work is not None else None
+    )
+
+
+def completion_result_from_proto(message: pb.CompletionResult) -> CompletionResult:
+    """Proto -> CompletionResult; a refusal becomes a ``DomainError`` of its kind (unknown: FAILED_PRECONDITION)."""
+    if message.error_code:
+        kind = _KINDS.get(message.error_code, ErrorKind.FAILED_PRECONDITION)
+        return CompletionResult(work_id=message.work_id, error=DomainError(message.error_message, kind=kind))
+    return CompletionResult(
+        work_id=message.work_id, work=work_from_proto(message.work) if message.HasField("work") else None
     )
 
 

@@ -38,6 +38,9 @@ from workqueue import TERMINAL_WORK_STATUSES, ProjectionIdentity, WorkStatus, de
 from workqueue.errors import DomainError, ErrorKind, InvalidArgument
 from workqueue.values import (
     Claim,
+    ClaimAnswer,
+    Completion,
+    CompletionResult,
     IngestItem,
     IngestResult,
     InputPage,
@@ -276,6 +279,40 @@ class InMemoryWorkSource:
                 self._work[work.work_id] = held
                 claims.append(Claim(work=held, lease_token=token))
             return claims
+
+    def complete_and_claim(
+        self,
+        worker_id: str,
+        *,
+        completions: Sequence[Completion],
+        pack_install_ids: Sequence[str] = (),
+        work_types: Sequence[str] = (),
+        max_items: int = 1,
+        lease: dt.timedelta | None = None,
+        wait: dt.timedelta = dt.timedelta(0),
+        inline_inputs: bool = False,
+    ) -> ClaimAnswer:
+        """``complete`` each of ``completions`` (a refusal is its result's ``error``), then ``claim``."""
+        if len({c.work_id for c in completions}) != len(completions):
+            raise InvalidArgument("completions names a work twice", field="completions.work_id")
+        completed = []
+        for completion in completions:
+            try:
+                work = self.complete(completion.work_id, lease_token=completion.lease_token)
+            except DomainError as error:
+                completed.append(CompletionResult(work_id=completion.work_id, error=error))
+            else:
+                completed.append(CompletionResult(work_id=completion.work_id, work=work))
+        claims = self.claim(
+            worker_id,
+            pack_install_ids=pack_install_ids,
+            work_types=work_types,
+            max_items=max_items,
+            lease=lease,
+            wait=wait,
+            inline_inputs=inline_inputs,
+        )
+        return ClaimAnswer(claims=claims, completed=completed)
 
     def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """Every member of a held generation, in ordinal order, ``page_size`` per page (0: the default)."""

@@ -19,6 +19,12 @@ A Flow sees timezone-aware UTC datetimes whichever source it runs on: the client
 aware ones, the in-process facade the naive UTC the services store, and the worker makes the
 latter aware before handing a generation to the Flow (docs/decisions/104-connectors-sdk.md).
 
+A generation whose Flow consumed every input is completed at once with ``complete``; with
+``complete_in_claim`` it is completed by the worker's next claim instead, with the batch's
+others, in one call (decision 131), its heartbeat renewing its lease until that claim is
+sent; a worker that stops, or whose claim failed, then completes them one by one. A failed
+attempt is recorded at once with ``fail``.
+
 Small generations come with their inputs in the claim's answer (``Claim.inputs``, decision
 129): the worker then makes no ``load_inputs`` call for them; larger ones, and every
 generation from a source that sends none, are streamed with ``load_inputs``.
@@ -35,6 +41,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import threading
 import time
@@ -44,7 +51,7 @@ from typing import Protocol
 from nexuscrm_sdk.timestamps import aware_utc
 from workqueue import ProjectionIdentity, decode_projection_key
 from workqueue.logcontext import log_context
-from workqueue.values import Claim, InputPage, InputRow, Route, WorkItemRow
+from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, Route, WorkItemRow
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +66,25 @@ class WorkSource(Protocol):
     ``nexuscrm_sdk.timestamps.aware_utc``.
     """
 
-    def claim(
+    def complete_and_claim(
         self,
         worker_id: str,
         *,
+        completions: Sequence[Completion],
         pack_install_ids: Sequence[str] = (),
         work_types: Sequence[str] = (),
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
-    ) -> list[Claim]:
-        """Lease up to ``max_items`` claimable generations for ``lease`` (None: the source's default).
+    ) -> ClaimAnswer:
+        """Complete ``completions`` (each answered on its own, in order), then lease up to ``max_items`` generations.
 
-        ``inline_inputs``: ask for each generation's inputs in its ``Claim`` when they fit; a
-        source may answer without them (``Claim.inputs`` None: read them with ``load_inputs``).
+        ``lease``: how long each is held (None: the source's default). ``inline_inputs``: ask
+        for each generation's inputs in its ``Claim`` when they fit; a source may answer without
+        them (``Claim.inputs`` None: read them with ``load_inputs``). A source may answer fewer
+        completions than asked (a server that predates them answers none): the worker completes
+        the unanswered ones with ``complete``.
         """
         ...
 
@@ -148,6 +159,9 @@ class Worker:
     ``claim_wait``: how long each claim asks the service to wait for work when there is none.
     ``poll_interval``: the least time between two claims that both came back empty.
     ``wall_clock``: this host's clock (timezone-aware), read only to measure its skew.
+    ``complete_in_claim``: complete finished generations in the next claim (one call for the
+    batch, lower lag) instead of one ``complete`` each as they finish (more time for new
+    inputs to coalesce into pending generations: fewer Flow executions; decision 131).
     """
 
     def __init__(
@@ -164,6 +178,7 @@ class Worker:
         claim_wait: dt.timedelta = dt.timedelta(seconds=1),
         poll_interval: dt.timedelta = dt.timedelta(milliseconds=200),
         wall_clock: Callable[[], dt.datetime] = host_clock,
+        complete_in_claim: bool = False,
     ) -> None:
         self._source = source
         self._flow = flow
@@ -176,17 +191,25 @@ class Worker:
         self._claim_wait = claim_wait
         self._poll_interval = poll_interval
         self._wall_clock = wall_clock
+        self._complete_in_claim = complete_in_claim
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._finished: list[_Finished] = []  # run to their end, completed by the next claim
         self.stats = WorkerStats()
 
     def run_once(self) -> bool:
-        """Claim up to ``batch_size`` generations without waiting for work and run them; True if any was claimed."""
-        return self._claim_and_run(dt.timedelta(0))
+        """Claim up to ``batch_size`` generations without waiting, run and complete them; True if any was claimed."""
+        try:
+            return self._claim_and_run(dt.timedelta(0))
+        finally:
+            self._complete_finished()
 
     def _claim_and_run(self, wait: dt.timedelta) -> bool:
-        claims = self._source.claim(
+        for done in self._finished:  # renewed every third of the lease until now: most of it is left
+            done.heartbeat.stop()
+        answer = self._source.complete_and_claim(
             self.worker_id,
+            completions=[finished.completion for finished in self._finished],
             pack_install_ids=self._packs,
             work_types=self._work_types,
             max_items=self._batch_size,
@@ -194,6 +217,8 @@ class Worker:
             wait=wait,
             inline_inputs=True,
         )
+        self._settle_finished({result.work_id: result for result in answer.completed})
+        claims = answer.claims
         if claims:  # a claim that waited for work answers right after its grant: time it on arrival
             self._observe_skew(self._wall_clock(), claims[0].work.lease_expires_at)
         # Every lease is renewed from the claim on: the batch's later generations wait their turn.
@@ -202,6 +227,31 @@ class Worker:
             with log_context(pack=claim.work.pack_install_id, work_id=claim.work.work_id):
                 self._execute_attempt(claim, heartbeat)
         return bool(claims)
+
+    def _settle_finished(self, answered: dict[str, CompletionResult]) -> None:
+        """Count the finished generations a claim completed, log its refusals, ``complete`` those it did not answer."""
+        finished, self._finished = self._finished, []
+        for done in finished:
+            result = answered.get(done.completion.work_id)
+            if result is None:  # a source that predates completions in a claim
+                self._complete(done.completion)
+            elif result.error is not None:
+                log.warning("could not finish attempt of %s: %s", result.work_id, result.error)
+            else:
+                self.stats.completed += 1
+
+    def _complete_finished(self) -> None:
+        """Complete the finished generations no claim will carry (the worker stops, or a claim failed)."""
+        finished, self._finished = self._finished, []
+        for done in finished:
+            done.heartbeat.stop()
+            self._complete(done.completion)
+
+    def _complete(self, completion: Completion) -> None:
+        call = functools.partial(self._source.complete, completion.work_id, lease_token=completion.lease_token)
+        with log_context(work_id=completion.work_id):
+            if self._settle(call):
+                self.stats.completed += 1
 
     def _start_heartbeat(self, claim: Claim) -> _Heartbeat:
         """Renew ``claim``'s lease every third of it until the returned heartbeat is stopped."""
@@ -244,9 +294,12 @@ class Worker:
             log.warning("work %s failed with %s; GetWork shows its message", work_id, type(error).__name__)
             self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message))
         else:
-            heartbeat.stop()
-            if self._settle(lambda: self._source.complete(work_id, lease_token=token)):
-                self.stats.completed += 1
+            completion = Completion(work_id=work_id, lease_token=token)
+            if self._complete_in_claim:  # by the next claim (or ``complete``): its lease is renewed until then
+                self._finished.append(_Finished(completion=completion, heartbeat=heartbeat))
+            else:
+                heartbeat.stop()
+                self._complete(completion)
         finally:
             self.stats.current_work_id = None
 
@@ -285,10 +338,12 @@ class Worker:
                 claimed = self._claim_and_run(self._claim_wait)
             except Exception as error:  # the service may be away: keep polling
                 log.warning("claim failed: %s", error)
+                self._complete_finished()  # one by one: a refusal of the whole claim must not hold them
                 claimed = False
             if not claimed:
                 # A claim that waited for work paced this loop already; one answered at once did not.
                 self._stopping.wait(max(0.0, self._poll_interval.total_seconds() - (time.monotonic() - started)))
+        self._complete_finished()
 
     def start(self) -> None:
         """Run in a background thread."""
@@ -314,6 +369,14 @@ class _Heartbeat:
 
     stop: Callable[[], None]
     refused: threading.Event
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Finished:
+    """A generation whose Flow consumed every input, waiting for the next claim to complete it."""
+
+    completion: Completion
+    heartbeat: _Heartbeat
 
 
 class _Members:

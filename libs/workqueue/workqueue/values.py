@@ -12,7 +12,7 @@ import datetime as dt
 import enum
 
 from workqueue import ProjectionIdentity, WorkStatus
-from workqueue.errors import InvalidArgument
+from workqueue.errors import DomainError, InvalidArgument
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,6 +121,31 @@ class Claim:
     work: WorkItemRow
     lease_token: str
     inputs: InputPage | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Completion:
+    """A generation a worker finished, to complete in its next claim: what Complete takes."""
+
+    work_id: str
+    lease_token: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompletionResult:
+    """The answer to one ``Completion``: the completed generation, or the refusal Complete would have raised."""
+
+    work_id: str
+    work: WorkItemRow | None = None
+    error: DomainError | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClaimAnswer:
+    """What a claim that completed generations first returns: its claims, and one result per completion in order."""
+
+    claims: list[Claim]
+    completed: list[CompletionResult]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

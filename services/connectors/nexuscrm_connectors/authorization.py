@@ -1,6 +1,8 @@
 """Who may call each ConnectorsService RPC: the namespace of the pack or WorkId it names.
 
 Claim and ListReceipts may omit the pack (every pack); only a caller of every namespace may.
+A Claim's completions are checked as Complete's WorkId: one not the caller's (or unknown)
+refuses the whole call (NOT_FOUND), before anything changes (decision 131).
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ def require_work(engine: Engine, principal: Principal, work_id: str) -> None:
     require_visible(principal, namespace, "work_id", work_id)
 
 
+def require_works(engine: Engine, principal: Principal, field: str, work_ids: list[str]) -> None:
+    """``require_work`` for every WorkId of a request's ``field``, in one statement (a Claim's completions)."""
+    if not work_ids:
+        return
+    with engine.connect() as connection:
+        namespaces = queries.work_namespaces(connection, work_ids)
+    for work_id in work_ids:
+        require_visible(principal, namespaces.get(work_id), field, work_id)
+
+
 def rules(engine: Engine) -> dict[str, Rule]:
     """The rule of every ConnectorsService method, resolving namespaces through ``engine``."""
 
@@ -46,6 +58,7 @@ def rules(engine: Engine) -> dict[str, Rule]:
             require_all_namespaces(principal, request)
         for pack_install_id in request.pack_install_ids:
             require_pack(engine, principal, "pack_install_ids", pack_install_id)
+        require_works(engine, principal, "completions.work_id", [c.work_id for c in request.completions])
 
     def list_receipts(principal: Principal, request: Any) -> None:
         if request.pack_install_id:

@@ -42,12 +42,12 @@ from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMis
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
-from nexuscrm_runtime.database import run_transaction
+from nexuscrm_runtime.database import follow_up, run_transaction
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
-from workqueue.values import Claim, InputPage, WorkItemRow
+from workqueue.values import Claim, CompletionResult, InputPage, WorkItemRow
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class ClaimBatch:
     expired_failed: int = 0  # generations whose expired lease was the last attempt: failed for good
     lost: int = 0  # chosen generations that another claim leased first
     failed_damaged: int = 0  # leased generations whose selected Event is missing: failed for good
+    completed: list[CompletionResult] = dataclasses.field(default_factory=list)  # the request's completions
 
     def add(self, other: ClaimBatch) -> None:
         """Count ``other`` (a later transaction of the same claim) into this batch."""
@@ -93,6 +94,9 @@ class ClaimBatch:
 # Reads the whole membership of the generations a claim leased, by WorkId, on the claim's
 # connection (``payloads.whole_pages``): the claim's inline inputs.
 InputReader = Callable[[Connection, Sequence[DbRow]], dict[str, InputPage]]
+# Completes the generations a claim request finished, in a transaction before the claim's
+# (``completions.complete_all``): one result per completion.
+Completer = Callable[[Connection], list[CompletionResult]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,6 +124,7 @@ def claim(
     lease_seconds: int = 0,
     wait: dt.timedelta = dt.timedelta(0),
     read_inputs: InputReader | None = None,
+    complete_first: Completer | None = None,
 ) -> ClaimBatch:
     """Lease up to ``max_items`` claimable native generations to ``worker_id``.
 
@@ -138,6 +143,8 @@ def claim(
 
     ``read_inputs``: called in the claim transaction with the leased generations; the pages it
     returns go with their claims (``Claim.inputs``), in a constant number of statements.
+    ``complete_first``: run in a transaction of its own once the request is valid, before the
+    claim's; its results are ``ClaimBatch.completed`` (decision 131 says why not in the claim's).
     """
     validate_text("worker_id", worker_id, WORKER_ID_MAX_LENGTH)
     if not 1 <= max_items <= settings.max_claim_items:
@@ -161,7 +168,10 @@ def claim(
     )
     deadline = time.monotonic() + wait.total_seconds()
     poll = settings.claim_poll_ms / 1000
-    batch = ClaimBatch()
+    completed = run_transaction(engine, complete_first, name="complete") if complete_first else []
+    batch = ClaimBatch(completed=completed)
+    if any(result.work for result in batch.completed):
+        follow_up("complete", claimers.notify)  # their successors may have become claimable
     while True:
         seen = claimers.version()
         attempt = _claim_attempt(engine, claimers, request, clock)
@@ -301,7 +311,7 @@ def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
     }
     if queries.work_item_update_if(connection, candidate.WorkId, expect, values) != 1:
         return False
-    _finish(connection, candidate, EventStatus.FAILED, now)
+    finish(connection, [candidate], EventStatus.FAILED, now)
     return True
 
 
@@ -324,7 +334,7 @@ def _fail_damaged(connection: Connection, row: DbRow, token: str, reason: str, n
     }
     if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
         return False
-    _finish(connection, row, EventStatus.FAILED, now)
+    finish(connection, [row], EventStatus.FAILED, now)
     return True
 
 
@@ -420,20 +430,24 @@ def lease_values(worker_id: str, attempt: int, now: dt.datetime, lease: dt.timed
     return token, {"Attempt": attempt, **lease_grant(worker_id, token, now + lease)}
 
 
-def _finish(connection: Connection, row: DbRow, event_status: EventStatus, now: dt.datetime) -> None:
-    """After a generation became terminal: settle its selected Event, unblock its successor.
+def finish(connection: Connection, rows: Sequence[DbRow], event_status: EventStatus, now: dt.datetime) -> None:
+    """After generations became terminal: settle their selected Events, unblock their successors; set-wise.
 
-    The successor is the one linked on the row (``SuccessorWorkId``, written by the admission
-    that created it blocked: decision 106), else found by its ordinals (rows linked by no
-    admission: those of schema v2, and generations with no successor yet).
+    At most three statements whatever ``len(rows)``. The successor is the one linked on the row
+    (``SuccessorWorkId``, written by the admission or replay that created it blocked: decision
+    106), else found by its ordinals, all such rows in one statement (rows linked by no
+    admission: those of schema v2, and generations with no successor yet; decision 131 says
+    why those still look).
     """
-    queries.event_set_status(connection, row.PackInstallId, row.LaneOrdinal, event_status, row.ProjectionKey)
-    successor_id = row.SuccessorWorkId
-    if successor_id is None:
-        successor = queries.work_item_successor(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal)
-        successor_id = None if successor is None else successor.WorkId
-    if successor_id is not None:
-        queries.work_item_unblock(connection, successor_id, now)
+    if not rows:
+        return
+    selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in rows]
+    queries.selected_events_set_status(connection, selected, event_status)
+    successors = [row.SuccessorWorkId for row in rows if row.SuccessorWorkId is not None]
+    successors += queries.work_items_successors(
+        connection, [row for row in rows if row.SuccessorWorkId is None]
+    ).values()
+    queries.work_items_unblock(connection, successors, now)
 
 
 def current_lease(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> DbRow:
@@ -441,11 +455,24 @@ def current_lease(connection: Connection, work_id: str, lease_token: str, clock:
 
     The row carries the database's time it was read at (``Now``): the caller's instant.
     """
+    require_lease_fields(work_id, lease_token)
+    return check_lease(queries.work_item_get(connection, work_id, clock=clock), work_id, lease_token)
+
+
+def require_lease_fields(work_id: str, lease_token: str) -> None:
+    """Refuse (INVALID_ARGUMENT) a call on a held generation that omits its WorkId or lease token."""
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
     if not lease_token:
         raise InvalidArgument("lease_token is required", field="lease_token")
-    row = queries.work_item_get(connection, work_id, clock=clock)
+
+
+def check_lease(row: DbRow | None, work_id: str, lease_token: str) -> DbRow:
+    """``row`` (read with the database's ``Now``) if it is processing under ``lease_token``, unexpired; else refuse.
+
+    ``WorkNotFound`` for no row; else ``LeaseLost`` saying why: never claimed, no longer
+    processing (a completed generation answers so), another lease, or expired.
+    """
     if row is None:
         raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
     if row.Status == WorkStatus.PENDING and row.Attempt == 0:
@@ -467,7 +494,8 @@ def _held(connection: Connection, work_id: str, lease_token: str, clock: Databas
     return row, {"Status": WorkStatus.PROCESSING, "LeaseToken": lease_token, "LeaseExpiresAt": row.LeaseExpiresAt}
 
 
-def _lost(work_id: str) -> LeaseLost:
+def lost(work_id: str) -> LeaseLost:
+    """The refusal of a compare-and-set that found a lease changed since it was read (the transaction rolls back)."""
     return LeaseLost(f"lease of work {work_id} changed concurrently; nothing was changed", field="lease_token")
 
 
@@ -486,25 +514,10 @@ def heartbeat(
             )
             != 1
         ):
-            raise _lost(work_id)
+            raise lost(work_id)
         return expires
 
     return run_transaction(engine, extend, name="heartbeat")
-
-
-def complete(engine: Engine, clock: DatabaseClock, work_id: str, lease_token: str) -> WorkItemRow:
-    """Finish a held generation; its successor becomes claimable in the same transaction."""
-
-    def finish(connection: Connection) -> WorkItemRow:
-        row, expect = _held(connection, work_id, lease_token, clock)
-        now = row.Now
-        values = {"Status": WorkStatus.COMPLETED, "ClaimableAt": None, "FinishedAt": now}
-        if queries.work_item_update_if(connection, work_id, expect, values) != 1:
-            raise _lost(work_id)
-        _finish(connection, row, EventStatus.PROCESSED, now)
-        return _written(row, values)
-
-    return run_transaction(engine, finish, name="complete")
 
 
 def fail(
@@ -533,15 +546,15 @@ def fail(
         else:
             values = {**common, "Status": WorkStatus.FAILED, "ClaimableAt": None, "FinishedAt": now}
         if queries.work_item_update_if(connection, work_id, expect, values) != 1:
-            raise _lost(work_id)
+            raise lost(work_id)
         if values["Status"] == WorkStatus.FAILED:
-            _finish(connection, row, EventStatus.FAILED, now)
-        return _written(row, values)
+            finish(connection, [row], EventStatus.FAILED, now)
+        return written(row, values)
 
     return run_transaction(engine, record, name="fail")
 
 
-def _written(row: DbRow, values: dict[str, Any]) -> WorkItemRow:
+def written(row: DbRow, values: dict[str, Any]) -> WorkItemRow:
     """The WorkItem as a compare-and-set left it: the row it read, with the values it wrote (no re-read)."""
     written = {**row._asdict(), **values}
     written.pop("Now", None)

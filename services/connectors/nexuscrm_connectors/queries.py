@@ -60,15 +60,20 @@ def pack_namespace(connection: Connection, pack_install_id: str) -> str | None:
 
 def work_namespace(connection: Connection, work_id: str) -> str | None:
     """The namespace of the WorkItem's pack (or of its pack when it was pruned), None when the WorkId is unknown."""
+    return work_namespaces(connection, [work_id]).get(work_id)
+
+
+def work_namespaces(connection: Connection, work_ids: Collection[str]) -> dict[str, str]:
+    """``work_namespace`` of many WorkIds in one statement: WorkId -> namespace, unknown ones left out."""
     statement = sa.union_all(
         *(
-            sa.select(PackInstall.c.Namespace)
+            sa.select(table.c.WorkId, PackInstall.c.Namespace)
             .join(table, table.c.PackInstallId == PackInstall.c.PackInstallId)
-            .where(table.c.WorkId == work_id)
+            .where(table.c.WorkId.in_(list(work_ids)))
             for table in (WorkItem, PrunedWork)
         )
     )
-    return connection.execute(statement).scalars().first()
+    return {row.WorkId: row.Namespace for row in connection.execute(statement)}
 
 
 def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
@@ -845,6 +850,109 @@ _SUCCESSOR = (
     .order_by(WorkItem.c.LaneOrdinal)
     .limit(1)
 )
+
+
+# ``work_items_lock``'s statement, built once. Parameters: ``work_ids`` (expanding) and the clock's.
+_LOCK_HELD = (
+    sa.select(WorkItem, NOW_PARAMETER.label("Now"))
+    .where(WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
+    .with_for_update()
+)
+
+
+def work_items_lock(connection: Connection, work_ids: Collection[str], clock: DatabaseClock) -> dict[str, DbRow]:
+    """WorkItems by primary key, locked (FOR UPDATE), each with ``clock``'s now as ``Now``; one statement.
+
+    The lock keeps the leases read unchanged until the caller's compare-and-set in the same
+    transaction (``work_items_complete``), so its row count is exact.
+    """
+    rows = connection.execute(_LOCK_HELD, {"work_ids": list(work_ids), **clock.parameters()})
+    return {row.WorkId: row for row in rows}
+
+
+@functools.lru_cache(maxsize=16)
+def _complete_statement(size: int) -> sa.Update:
+    """``work_items_complete``'s UPDATE of ``size`` leases; built once per size (padded, as ``_link_statement``)."""
+    leases = [
+        sa.and_(
+            WorkItem.c.WorkId == sa.bindparam(f"work_{n}"),
+            WorkItem.c.LeaseToken == sa.bindparam(f"token_{n}"),
+            WorkItem.c.LeaseExpiresAt == sa.bindparam(f"expires_{n}"),
+        )
+        for n in range(size)
+    ]
+    return (
+        sa.update(WorkItem)
+        .where(sa.or_(*leases), WorkItem.c.Status == WorkStatus.PROCESSING)
+        .values(Status=WorkStatus.COMPLETED, ClaimableAt=None, FinishedAt=sa.bindparam("finished_at"))
+    )
+
+
+def work_items_complete(connection: Connection, held: Sequence[DbRow], now: dt.datetime) -> int:
+    """Complete the generations ``held`` (rows as read), each only if it still holds the lease read; one UPDATE.
+
+    The compare-and-set of each row is its WorkId, lease token and lease expiry as read, and
+    processing; an OR of primary-key conjunctions (as ``selected_events_set_status``), padded to
+    a power of two by repeating the last row. Returns the row count for the caller to compare
+    with ``len(held)``.
+    """
+    if not held:
+        return 0
+    padded = list(held)
+    size = 1 << (len(padded) - 1).bit_length()
+    padded += padded[-1:] * (size - len(padded))
+    parameters: dict[str, Any] = {"finished_at": now}
+    for n, row in enumerate(padded):
+        parameters |= {f"work_{n}": row.WorkId, f"token_{n}": row.LeaseToken, f"expires_{n}": row.LeaseExpiresAt}
+    return connection.execute(_complete_statement(size), parameters).rowcount
+
+
+@functools.lru_cache(maxsize=16)
+def _successor_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
+    """UNION ALL of ``size`` next-generation seeks (ix_workitem_projection_order); built once per size.
+
+    Parameters ``work_<n>``, ``pack_<n>``, ``identity_<n>``, ``ordinal_<n>``. Each seek is a
+    derived table, so its ORDER BY and LIMIT hold on every engine (SQLite refuses them on a
+    compound's members).
+    """
+    return sa.union_all(
+        *(
+            sa.select(sa.bindparam(f"work_{n}", type_=sa.String()).label("PredecessorId"), WorkItem.c.WorkId)
+            .where(
+                WorkItem.c.PackInstallId == sa.bindparam(f"pack_{n}"),
+                WorkItem.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
+                WorkItem.c.LaneOrdinal > sa.bindparam(f"ordinal_{n}"),
+            )
+            .order_by(WorkItem.c.LaneOrdinal)
+            .limit(1)
+            .subquery()
+            .select()
+            for n in range(size)
+        )
+    )
+
+
+def work_items_successors(connection: Connection, rows: Sequence[DbRow]) -> dict[str, str]:
+    """The next generation of each row's identity after its LaneOrdinal: predecessor WorkId -> successor WorkId.
+
+    One statement whatever ``len(rows)``: a UNION ALL of index seeks, padded to a power of two
+    by repeating the last row (a few cached statements serve every size). A row whose
+    identity has no later generation has no entry.
+    """
+    if not rows:
+        return {}
+    padded = list(rows)
+    size = 1 << (len(padded) - 1).bit_length()
+    padded += padded[-1:] * (size - len(padded))
+    parameters: dict[str, Any] = {}
+    for n, row in enumerate(padded):
+        parameters |= {
+            f"work_{n}": row.WorkId,
+            f"pack_{n}": row.PackInstallId,
+            f"identity_{n}": row.ProjectionKey,
+            f"ordinal_{n}": row.LaneOrdinal,
+        }
+    return {found.PredecessorId: found.WorkId for found in connection.execute(_successor_seeks(size), parameters)}
 
 
 def work_item_successor(

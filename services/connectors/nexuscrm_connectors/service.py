@@ -29,6 +29,7 @@ from nexuscrm_connectors import (
     replay,
     retention,
 )
+from nexuscrm_connectors import completions as completing
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
@@ -37,6 +38,8 @@ from nexuscrm_sdk.draining import wait_until_drained
 from workqueue import WorkStatus
 from workqueue.values import (
     Claim,
+    ClaimAnswer,
+    Completion,
     GenerationPage,
     IngestItem,
     IngestResult,
@@ -159,6 +162,34 @@ class Connectors:
         inline_inputs: bool = False,
     ) -> list[Claim]:
         """See ``leases.claim``; ``inline_inputs``: claims carry inputs that fit (``payloads.whole_pages``)."""
+        return self.complete_and_claim(
+            worker_id,
+            completions=(),
+            pack_install_ids=pack_install_ids,
+            work_types=work_types,
+            max_items=max_items,
+            lease=lease,
+            wait=wait,
+            inline_inputs=inline_inputs,
+        ).claims
+
+    def complete_and_claim(
+        self,
+        worker_id: str,
+        *,
+        completions: Sequence[Completion],
+        pack_install_ids: Sequence[str] = (),
+        work_types: Sequence[str] = (),
+        max_items: int = 1,
+        lease: dt.timedelta | None = None,
+        wait: dt.timedelta = dt.timedelta(0),
+        inline_inputs: bool = False,
+    ) -> ClaimAnswer:
+        """Complete ``completions`` (each answered on its own, one transaction), then claim as ``claim``.
+
+        See ``completions.complete_all`` and ``leases.claim`` (decision 131).
+        """
+        completing.validate(completions, self.settings.max_claim_items)
         self._events_written()
         batch = leases.claim(
             self.engine,
@@ -172,9 +203,18 @@ class Connectors:
             lease_seconds=lease_seconds(lease),
             wait=wait,
             read_inputs=(lambda c, works: payloads.whole_pages(c, self.settings, works)) if inline_inputs else None,
+            complete_first=(lambda c: completing.complete_all(c, self.clock, completions)) if completions else None,
         )
         follow_up("claim", lambda: metrics.record_claim(batch))  # the leases are the caller's: never lose them
-        return batch.claims
+        done = [result.work for result in batch.completed if result.work is not None]
+        if done:
+
+            def count() -> None:
+                for work in done:
+                    metrics.record_finish(work)
+
+            follow_up("complete", count)  # the claim woke waiting claims once they committed
+        return ClaimAnswer(claims=batch.claims, completed=batch.completed)
 
     def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """See ``payloads.load_inputs``."""
@@ -189,7 +229,7 @@ class Connectors:
     def complete(self, work_id: str, *, lease_token: str) -> WorkItemRow:
         """See ``leases.complete``."""
         self._events_written()
-        work = leases.complete(self.engine, self.clock, work_id, lease_token)
+        work = completing.complete(self.engine, self.clock, work_id, lease_token)
         follow_up("complete", lambda: metrics.record_finish(work))
         follow_up("complete", self.claimers.notify)  # its successor may have become claimable
         return work

@@ -46,8 +46,9 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         )
 
     def Claim(self, request: pb.ClaimRequest, context: grpc.ServicerContext) -> pb.ClaimResponse:
-        claims = self._connectors.claim(
+        answer = self._connectors.complete_and_claim(
             request.worker_id,
+            completions=[convert.completion_from_proto(c) for c in request.completions],
             pack_install_ids=list(request.pack_install_ids),
             work_types=list(request.work_types),
             max_items=request.max_items if request.HasField("max_items") else 1,  # 0 is refused, unset is 1
@@ -55,7 +56,10 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             wait=dt.timedelta(milliseconds=request.wait_ms),
             inline_inputs=request.inline_inputs,
         )
-        return pb.ClaimResponse(claims=[convert.claim_to_proto(c) for c in claims])
+        return pb.ClaimResponse(
+            claims=[convert.claim_to_proto(c) for c in answer.claims],
+            completions=[convert.completion_result_to_proto(r) for r in answer.completed],
+        )
 
     def LoadInputs(
         self, request: pb.LoadInputsRequest, context: grpc.ServicerContext

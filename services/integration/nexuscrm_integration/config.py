@@ -22,6 +22,7 @@ Example file::
     batch_size = 4                  # generations per claim, run in turn by each worker
     claim_wait_seconds = 1.0        # each claim waits this long for work when there is none
     poll_interval_seconds = 0.2     # least time between two claims that both came back empty
+    complete_in_claim = false       # complete finished generations in the next claim (decision 131)
 
     [[pool]]                        # the pack named instead of its PackInstallId:
     pack = { namespace = "acme", name = "contacts", version = "1.0" }
@@ -94,6 +95,9 @@ class PoolConfig:
     work when there is none; it answers as soon as it claimed some (0: answer at once; at most
     Connectors' NEXUSCRM_MAX_CLAIM_WAIT_MS; a drain waits for a waiting claim too).
     ``poll_interval_seconds``: the least time between two claims that both came back empty.
+    ``complete_in_claim``: a worker completes its finished generations in its next claim, one
+    call for the batch (lower lag, fewer calls), instead of one Complete each as they finish
+    (more coalescing: fewer Flow executions); decision 131.
     ``settings``: strings the Flow factory gets as ``FlowContext.settings`` (the Flow's own
     configuration, such as the URL of a read-model database of its own).
     """
@@ -108,6 +112,7 @@ class PoolConfig:
     batch_size: int = 1
     claim_wait_seconds: float = DEFAULT_CLAIM_WAIT
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL
+    complete_in_claim: bool = False
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -126,6 +131,11 @@ class PoolConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < minimum:
                 raise HostConfigError(f"pool {name} must be an integer >= {minimum}, got {value!r}", field=name)
+        if not isinstance(self.complete_in_claim, bool):
+            raise HostConfigError(
+                f"pool complete_in_claim must be true or false, got {self.complete_in_claim!r}",
+                field="complete_in_claim",
+            )
         for name in ("claim_wait_seconds", "poll_interval_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:

@@ -62,12 +62,13 @@ def standalone_worker(
     claim_wait: dt.timedelta = dt.timedelta(seconds=DEFAULT_CLAIM_WAIT),
     poll_interval: dt.timedelta = dt.timedelta(seconds=DEFAULT_POLL_INTERVAL),
     wall_clock: Callable[[], dt.datetime] = host_clock,
+    complete_in_claim: bool = False,
 ) -> Worker:
     """One worker of one pack and work type, for library consumers that host it themselves.
 
     Raises ``NotGranted`` unless ``grant`` (from the activation gate) covers the pack. The
     worker claims nothing until its owner calls ``start`` or ``run_once``. ``wall_clock``:
-    this host's clock, read only to measure its skew (``Worker``).
+    this host's clock, read only to measure its skew, and ``complete_in_claim`` as ``Worker``'s.
     """
     if not isinstance(grant, ActivationGrant) or not grant.covers(pack_install_id):
         raise NotGranted(
@@ -86,6 +87,7 @@ def standalone_worker(
         claim_wait=claim_wait,
         poll_interval=poll_interval,
         wall_clock=wall_clock,
+        complete_in_claim=complete_in_claim,
     )
 
 
@@ -139,6 +141,7 @@ class WorkerHost:
                     claim_wait=dt.timedelta(seconds=pool.claim_wait_seconds),
                     poll_interval=dt.timedelta(seconds=pool.poll_interval_seconds),
                     wall_clock=wall_clock,
+                    complete_in_claim=pool.complete_in_claim,
                 )
                 self._members.append(_Member(pool=pool, worker=worker))
 
