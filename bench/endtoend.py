@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from bench.environment import Backend, scratch_database
 from bench.laneflow import FLOW_REFERENCE, BenchLaneApplied, BenchLaneSum
-from bench.lanesum import WORKERS, Outcome, deliver, lanes_of, sum_problems, wait_until
+from bench.lanesum import WORKERS, Outcome, busy_since, deliver, lanes_of, sum_problems, wait_until
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
@@ -95,6 +95,7 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
         engine = create_engine(dsn)
         try:
             complete = wait_until(lambda: _settled(engine, pack, sent.admitted))
+            cpu_seconds = busy_since(sent)
             executions = system.executions(by_name[INTEGRATION.name])
             problems = [] if complete else ["not every input was projected in time"]
             problems += _admission_problems(engine, sent.distinct, sent.duplicates, outcomes)
@@ -126,6 +127,7 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
         seconds=last - sent.started,
         ingest_seconds=sent.ingested - sent.started,
         executions=executions,
+        cpu_seconds=cpu_seconds,
         problems=tuple(problems),
         lags=tuple(float(row.AppliedAt) - float(row.SentAt) for row in applied),
     )

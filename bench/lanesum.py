@@ -11,6 +11,7 @@ misrouted input shows up as a wrong lane.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ class Sent:
     admitted: int = 0  # as the side under test answered
     started: float = 0.0  # epoch seconds: the first batch was made
     ingested: float = 0.0  # epoch seconds: the last batch was answered
+    busy_at_start: float | None = None  # the machine's busy CPU-seconds when the first batch was made
 
     def add(self, batch: Iterable[Delivery]) -> None:
         """Count a batch; a receipt key seen before is a duplicate delivery."""
@@ -69,7 +71,7 @@ def deliver(ingest: Ingest, inputs: int, rate: float) -> Sent:
     epoch seconds, the clock the projection's times are compared with.
     """
     config = WorkloadConfig(lanes=LANES, inputs=inputs, rate=0)
-    sent = Sent(started=time.time())
+    sent = Sent(started=time.time(), busy_at_start=machine_busy_seconds())
     for batch in workload(config):
         sent.add(batch)
         sent.admitted += ingest([d.item for d in batch])
@@ -78,6 +80,28 @@ def deliver(ingest: Ingest, inputs: int, rate: float) -> Sent:
             time.sleep(max(0.0, sent.started + sent.deliveries / rate - time.time()))
     sent.ingested = time.time()
     return sent
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU-seconds every core of this machine has spent busy since boot (Linux's /proc/stat); None elsewhere.
+
+    Busy is every state but idle and iowait. Machine-wide on purpose: each side's work is
+    spread over processes the bench does not own (the database server, the services, the
+    peer's workers), and on a machine with few cores the sum of them is what bounds the rate.
+    """
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except OSError:
+        return None
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_since(sent: Sent) -> float | None:
+    """The machine's busy CPU-seconds since ``sent``'s first batch (None without /proc/stat)."""
+    now = machine_busy_seconds()
+    return None if now is None or sent.busy_at_start is None else now - sent.busy_at_start
 
 
 def wait_until(settled: Callable[[], bool], timeout: float = SETTLE_TIMEOUT) -> bool:
@@ -106,9 +130,11 @@ class Outcome:
 
     ``seconds`` runs from the first delivery sent to the last input projected (the newest
     projection time the side recorded); ``ingest_seconds`` to the last batch answered.
-    ``executions``: Flow executions (ours) or jobs run (the
-    peer). ``problems`` is empty when the projection is exact and every delivery was admitted
-    once; ``lags`` holds every input's delivery-sent to projected time, seconds.
+    ``executions``: Flow executions (ours) or jobs run (the peer). ``cpu_seconds``: the
+    machine's busy CPU-seconds from the first batch until the side had projected every input
+    (``busy_since``; None where it cannot be read). ``problems`` is empty when the projection
+    is exact and every delivery was admitted once; ``lags`` holds every input's delivery-sent
+    to projected time, seconds.
     """
 
     side: str
@@ -118,6 +144,7 @@ class Outcome:
     seconds: float
     ingest_seconds: float
     executions: int
+    cpu_seconds: float | None
     problems: tuple[str, ...]
     lags: tuple[float, ...]
 
@@ -125,6 +152,11 @@ class Outcome:
     def rate(self) -> float:
         """Inputs projected per second."""
         return self.inputs / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_ms_per_input(self) -> float | None:
+        """The machine's busy CPU-milliseconds per input projected (None where unmeasured)."""
+        return 1000 * self.cpu_seconds / self.inputs if self.cpu_seconds is not None and self.inputs else None
 
     @property
     def executions_per_input(self) -> float:

@@ -40,7 +40,7 @@ from procrastinate.exceptions import AlreadyEnqueued
 from procrastinate.job_context import JobContext
 from psycopg import sql
 
-from bench.lanesum import WORKERS, Outcome, deliver, lanes_of, sum_problems, wait_until
+from bench.lanesum import WORKERS, Outcome, busy_since, deliver, lanes_of, sum_problems, wait_until
 from workqueue.values import IngestItem
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"  # NEXUSCRM_BENCH_PG_DSN overrides
@@ -234,6 +234,7 @@ def run(server_dsn: str, *, inputs: int, rate: float = 0.0) -> Outcome:
                 runner.run(_close(bound, ingesting))
         with psycopg.connect(dsn, autocommit=True) as connection:
             wait_until(lambda: _settled(connection) or any(w.poll() is not None for w in workers))
+            cpu_seconds = busy_since(sent)
             problems = [] if _settled(connection) else ["not every input was folded in time (or a worker died)"]
             problems += _check(connection, sent.distinct, sent.admitted)
             projected = lanes_of(connection.execute("SELECT lane, total, inputs FROM lane_sums").fetchall())
@@ -256,6 +257,7 @@ def run(server_dsn: str, *, inputs: int, rate: float = 0.0) -> Outcome:
         seconds=last - sent.started,
         ingest_seconds=sent.ingested - sent.started,
         executions=int(jobs[0]) if jobs else 0,
+        cpu_seconds=cpu_seconds,
         problems=tuple(problems),
         lags=tuple(lags),
     )

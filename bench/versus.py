@@ -35,10 +35,12 @@ SECTION = "peer"
 
 
 def _describe(outcome: Outcome) -> str:
+    cpu = outcome.cpu_ms_per_input
     return (
         f"{outcome.rate:,.0f} inputs/s ({outcome.inputs} inputs in {outcome.seconds:.1f} s, "
         f"ingest done at {outcome.ingest_seconds:.1f} s), "
-        f"{outcome.executions_per_input:.3f} executions/input; {outcome.correctness()}"
+        f"{outcome.executions_per_input:.3f} executions/input, "
+        f"{'n/a' if cpu is None else f'{cpu:.2f}'} machine CPU-ms/input; {outcome.correctness()}"
     )
 
 
@@ -96,6 +98,15 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         else f"{ours_executions:.3f} / {peer_executions:.3f}",
         f"fewer {verdict(ours_executions < peer_executions)}",
     )
+    cpu = {side: [o.cpu_ms_per_input for o in runs[side] if o.cpu_ms_per_input is not None] for side in runs}
+    if cpu["ours"] and cpu["peer"]:
+        ours_cpu, peer_cpu = median(cpu["ours"]), median(cpu["peer"])
+        report.add(
+            SECTION,
+            backend.name,
+            "machine CPU-ms per input, median: ours / peer (every process: database, services, client)",
+            f"{ours_cpu:.2f} / {peer_cpu:.2f} (ours / peer {ours_cpu / peer_cpu:.2f})",
+        )
     every = runs["ours"] + runs["peer"]
     failed = [outcome for outcome in every if outcome.problems]
     report.add(
