@@ -45,8 +45,7 @@ def counting(engine: sa.Engine) -> Iterator[Counted]:
     counted = Counted()
 
     def on_statement(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if not statement.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE opens what MySQL opens implicitly
-            counted.statements.append(statement.split()[0])
+        counted.statements.append(statement.split()[0])
 
     def on_commit(_conn: Any) -> None:
         counted.commits += 1

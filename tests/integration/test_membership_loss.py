@@ -17,6 +17,7 @@ from sqlalchemy import event
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.retention_queries import events_delete
 from nexuscrm_connectors.service import Connectors
+from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
 from nexuscrm_schema.tables import WorkItem
 from tests.integration.test_claims import CLAIM_STATEMENTS
 from tests.integration.test_index_plans import capture
@@ -51,7 +52,7 @@ def test_the_first_claim_records_the_member_count_in_its_constant_statements(
     assert _claimed_member_count(engine, str(results[0].work_id)) is None  # unclaimed: the range may still grow
     with capture(engine) as captured:
         claims = connectors.claim("w", pack_install_ids=[pack], max_items=2)
-    statements = [c.statement.split()[0].upper() for c in captured if c.statement != "BEGIN IMMEDIATE"]
+    statements = [c.statement.split()[0].upper() for c in captured]
     assert statements == CLAIM_STATEMENTS
     counts = {c.work.work_id: _claimed_member_count(engine, c.work.work_id) for c in claims}
     assert counts == {str(results[0].work_id): 2, str(results[1].work_id): 1}
@@ -92,8 +93,8 @@ def test_a_lost_middle_member_answers_data_loss(
 
 def _claim_waits_for_a_lock(engine: sa.Engine, claim_thread: threading.Thread, statements: list[str]) -> bool:
     """Whether the claim is blocked behind the admission's locks (not merely about to be)."""
-    if engine.dialect.name == "sqlite":  # the whole claim waits in BEGIN IMMEDIATE
-        return "BEGIN IMMEDIATE" in statements
+    if isinstance(engine.dialect, SerializedWriterDialect):  # the whole claim waits for the writer
+        return engine.dialect.waiting > 0
     # The lease UPDATE has run for a second while the admission cannot commit: it waits for
     # the generation's row lock (MariaDB lists no InnoDB transaction for it in INNODB_TRX).
     with engine.connect() as connection:

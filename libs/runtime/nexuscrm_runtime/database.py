@@ -17,13 +17,14 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from prometheus_client import Counter
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
 from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
@@ -172,10 +173,12 @@ def _sqlite_engine(url: URL) -> Engine:
     if url.database and url.database != ":memory:":
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(
-        url,
+        url.set(drivername=f"sqlite+{sqlite_writer.DRIVER}"),  # BEGIN IMMEDIATE behind the engine's writer lock
         hide_parameters=True,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        writer_timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
     )
+    dialect = cast(sqlite_writer.SerializedWriterDialect, engine.dialect)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -186,10 +189,9 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
+    # A connection back in the pool, or dropped, never keeps the writer (its transaction ended).
+    for ended in ("checkin", "invalidate"):
+        event.listen(engine, ended, lambda dbapi_connection, *_: dialect.release(dbapi_connection))
     event.listen(engine, "before_cursor_execute", _check_transaction_deadline)
     return engine
 
