@@ -34,6 +34,7 @@ from nexuscrm_runtime.budgets import MIB
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.hints import NO_DECORRELATE
+from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.factories import START, FakeClock, delivery, install_pack, route
 from tests.support.plans import explain_problems
 from workqueue import EventStatus, ReceiptState, WorkStatus
@@ -45,6 +46,7 @@ ROUNDS = 3  # admission rounds through the real path, over the bulk-inserted his
 HISTORY = 4000  # retained native inputs (one completed generation each)
 LEGACY_HISTORY = 600  # retained old-protocol inputs
 ORPHANED_ORDINAL = LEGACY_HISTORY // 2 + 1  # its Event is gone, so the audit samples orphaned work
+MEMBER_COUNT_BATCHES, MEMBER_COUNT_LANES = 25, 200  # a pack grown by admission: 5 000 Events, 200 identities
 LEGACY_TAIL_STATUSES = (WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.BLOCKED, WorkStatus.PROCESSING)
 
 
@@ -263,6 +265,9 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
             c, [seeded.claimed_work_id, "no-such-work"], now, lease_grant("plan", "token", now)
         ),
         "work_items_leased": lambda c: queries.work_items_leased(c, [seeded.claimed_work_id], "token"),
+        "work_items_record_member_count": lambda c: queries.work_items_record_member_count(
+            c, [seeded.claimed_work_id], "token"
+        ),
         "selected_events_set_status": lambda c: queries.selected_events_set_status(
             c, [(pack, seeded.end, key), (pack, seeded.start, key)], EventStatus.PROCESSING
         ),
@@ -339,3 +344,48 @@ def test_hot_queries_use_index_ranges(engine: sa.Engine) -> None:
     # Every correlated [NOT] EXISTS over a growing table stays correlated on TiDB (a comment elsewhere).
     probes = {"receipts_insert_admitted", "legacy_dependency_waits", "legacy_work_orphaned", "identity_events_page"}
     assert hinted == (set() if is_sqlite(engine) else probes)
+
+
+def test_a_claims_member_count_reads_the_members_identity_not_the_pack(engine: sa.Engine) -> None:
+    """The recorded member count reads the claimed identity's index entries, never every Event of the pack.
+
+    On a pack grown through admission with the statistics InnoDB keeps by itself (no ANALYZE,
+    as in production and the peer benchmark), MariaDB planned the correlated count on the
+    primary key by PackInstallId alone, every Event of the pack for each claimed generation,
+    until the statement named ix_event_source_lane. EXPLAIN shows only ``ref`` either way; the
+    handler counters show what the statement read.
+    """
+    if is_sqlite(engine):
+        pytest.skip("SQLite keeps no handler counters; test_hot_queries_use_index_ranges checks its plan")
+    connectors = Connectors(engine, clock=FakeClock())
+    pack = install_pack(engine)
+    for batch in range(MEMBER_COUNT_BATCHES):
+        items = [delivery(f"m-{batch}-{n}", lane=f"lane-{n}") for n in range(MEMBER_COUNT_LANES)]
+        connectors.ingest(pack, items=items)
+    with engine.begin() as connection:
+        work = connection.execute(
+            sa.select(WorkItem.c.WorkId, WorkItem.c.ProjectionKey).where(WorkItem.c.PackInstallId == pack).limit(1)
+        ).one()
+        connection.execute(sa.update(WorkItem).where(WorkItem.c.WorkId == work.WorkId).values(LeaseToken="t"))
+
+        def count(*where: sa.ColumnElement[bool]) -> int:
+            statement = sa.select(sa.func.count()).where(Event.c.PackInstallId == pack, *where)
+            return int(connection.execute(statement).scalar_one())
+
+        def rows_read() -> int:
+            counters = connection.exec_driver_sql("SHOW SESSION STATUS LIKE 'Handler_read_%%'").all()
+            return sum(int(value) for _name, value in counters)
+
+        identity_events, pack_events = count(Event.c.ProjectionKey == work.ProjectionKey), count()
+        overhead = -rows_read() + rows_read()  # what reading the counters itself adds
+        before = rows_read()
+        assert queries.work_items_record_member_count(connection, [work.WorkId], "t") == 1
+        read = rows_read() - before - overhead
+        recorded = connection.execute(
+            sa.select(WorkItem.c.ClaimedMemberCount).where(WorkItem.c.WorkId == work.WorkId)
+        ).scalar_one()
+    assert recorded == identity_events == MEMBER_COUNT_BATCHES * 200 // MEMBER_COUNT_LANES  # one generation each
+    assert pack_events == MEMBER_COUNT_BATCHES * 200
+    assert read <= identity_events + 10, (
+        f"read {read} rows to count {identity_events} members in a pack of {pack_events}"
+    )

@@ -1144,6 +1144,7 @@ _MEMBER_COUNT_RECORD = (
             Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
             Event.c.EnqueueOrdinal.between(WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal),
         )
+        .with_hint(Event, "FORCE INDEX (ix_event_source_lane)", dialect_name="mysql")
         .correlate(WorkItem)
         .scalar_subquery()
     )
@@ -1159,7 +1160,10 @@ def work_items_record_member_count(connection: Connection, work_ids: Sequence[st
     of its own, after the lease UPDATE: an UPDATE that waited for the row lock of an
     admission extending the generation re-reads the row, but on MySQL-protocol servers its
     subqueries keep the read view taken before the wait and would miss the extension's
-    Events. A new statement reads them (READ COMMITTED). Primary-key lookups.
+    Events. A new statement reads them (READ COMMITTED). Primary-key lookups, and the count
+    named to ix_event_source_lane (``FORCE INDEX`` on MySQL-protocol servers): with the
+    statistics InnoDB keeps by itself MariaDB counted on the primary key by PackInstallId
+    alone, reading every Event of the pack for each claimed generation.
     """
     return connection.execute(_MEMBER_COUNT_RECORD, {"work_ids": list(work_ids), "lease_token": lease_token}).rowcount
 
