@@ -37,10 +37,14 @@ NAMESPACE = "bench-peer"
 # many small generations, as the peer runs one worker process with concurrency 4. Measured
 # side by side on MariaDB: 4 gave 9-11 % more inputs/s than 1 (docs/performance.md).
 CLAIM_BATCH = 4
+# The host's workers call a Connectors replica of their own on MariaDB (decision 135): how a
+# deployment runs Connectors past one Python process. Not on SQLite, where one process holds
+# the one writer and hands it between its threads (decision 134).
+WORKER_CONNECTORS = {"mysql": True, "sqlite": False}
 
 
 @contextlib.contextmanager
-def running_system(dsn: str, workdir: Path) -> Iterator[tuple[list[ServiceProcess], str]]:
+def running_system(dsn: str, workdir: Path, *, worker_connectors: bool) -> Iterator[tuple[list[ServiceProcess], str]]:
     """The four services on ``dsn``, the host serving the lane-sum Flow with 4 workers; and the pack id."""
     root = Path(__file__).resolve().parent.parent
     # The host imports the Flow by module path: make this checkout importable from any directory.
@@ -53,6 +57,7 @@ def running_system(dsn: str, workdir: Path) -> Iterator[tuple[list[ServiceProces
         flow=FLOW_REFERENCE,
         batch_size=CLAIM_BATCH,
         extra_env={"PYTHONPATH": path},
+        worker_connectors=worker_connectors,
     )
     try:
         yield services, pack
@@ -78,11 +83,12 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
     with (
         scratch_database(backend) as dsn,
         tempfile.TemporaryDirectory(prefix="nxbench-peer-") as workdir,
-        running_system(dsn, Path(workdir)) as (services, pack),
+        running_system(dsn, Path(workdir), worker_connectors=WORKER_CONNECTORS[backend.name]) as (services, pack),
     ):
-        by_name = {service.spec.name: service for service in services}
+        integration = next(service for service in services if service.spec is INTEGRATION)
         outcomes: dict[IngestOutcome, int] = {}
-        with by_name[CONNECTORS.name].channel() as channel:
+        # The first Connectors: the one the ingest client calls (the host may call a replica).
+        with next(service for service in services if service.spec is CONNECTORS).channel() as channel:
             client = ConnectorsClient(channel)
 
             def ingest(items: Sequence[IngestItem]) -> int:
@@ -96,7 +102,7 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
         try:
             complete = wait_until(lambda: _settled(engine, pack, sent.admitted))
             cpu_seconds = busy_since(sent)
-            executions = system.executions(by_name[INTEGRATION.name])
+            executions = system.executions(integration)
             problems = [] if complete else ["not every input was projected in time"]
             problems += _admission_problems(engine, sent.distinct, sent.duplicates, outcomes)
             problems += [f"invariant {problem}" for problem in check_invariants(engine)]

@@ -61,7 +61,8 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         "peer": lambda rate: peer.run(server, inputs=inputs, rate=rate),
         "ours": lambda rate: endtoend.run(backend, inputs=inputs, rate=rate),
     }
-    names = {"peer": peer_name, "ours": f"ours (gRPC, Integration host, {backend.name})"}
+    host = "Integration host, own Connectors" if endtoend.WORKER_CONNECTORS[backend.name] else "Integration host"
+    names = {"peer": peer_name, "ours": f"ours (gRPC, {host}, {backend.name})"}
     runs: dict[str, list[Outcome]] = {"peer": [], "ours": []}
     ratios = []
     for alternation in range(1, (QUICK_ALTERNATIONS if quick else ALTERNATIONS) + 1):

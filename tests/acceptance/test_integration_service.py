@@ -305,3 +305,27 @@ def test_sigterm_during_work_drains_in_flight_generations_and_loses_nothing(empt
     assert demo.verify_projection(engine, pack) == []
     assert_invariants(engine)
     engine.dispose()
+
+
+def test_workers_on_their_own_connectors_replica_need_only_that_replica(empty_dsn: str, tmp_path: Path) -> None:
+    """``start_system(worker_connectors=True)``: the host's workers call a second Connectors (decision 135).
+
+    The first Connectors is stopped before anything is ingested, then the workload goes in
+    through the replica: only a host wired to the replica can project it.
+    """
+    services, pack = start_system(empty_dsn, tmp_path, namespace="acme", workers=2, worker_connectors=True)
+    first, replica = (service for service in services if service.spec is CONNECTORS)
+    engine = create_engine(empty_dsn)
+    try:
+        assert first.address != replica.address
+        assert set(stop_services([first]).values()) == {0}
+        with replica.channel() as channel:
+            config = WorkloadConfig(lanes=10, inputs=200, rate=0, duplicate_ratio=0.1, seed=13)
+            stats = Simulator(ConnectorsClient(channel), pack, config, threading.Event()).run()
+        assert stats.admitted == 200
+        wait_until(lambda: settled(engine, pack, stats), "the host on the replica to project every input")
+    finally:
+        assert set(stop_services([service for service in services if service is not first]).values()) == {0}
+    assert demo.verify_projection(engine, pack) == []
+    assert_invariants(engine)
+    engine.dispose()

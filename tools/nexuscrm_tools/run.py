@@ -160,12 +160,17 @@ def start_system(
     batch_size: int = 1,
     settings: Mapping[str, str] | None = None,
     extra_env: dict[str, str] | None = None,
+    worker_connectors: bool = False,
 ) -> tuple[list[ServiceProcess], str]:
     """Start the services, install and activate a demo pack, then start the host serving it.
 
     Connectors starts before the Controlplane, whose dashboard asks it (NEXUSCRM_CONNECTORS_TARGET);
     the host starts last because its activation gate needs the pack's protocol receipt.
-    Returns the running services (stop them with ``stop_services``) and the pack id.
+    ``worker_connectors``: the host's workers call a Connectors replica of their own (a second
+    process on the same database, started before the host), so their Claims and Completes do
+    not share one interpreter with admission (decision 135). The first Connectors in the list
+    is the one clients ingest through. Returns the running services (stop them with
+    ``stop_services``) and the pack id.
     """
     env = {"NEXUSCRM_DSN": dsn, **(extra_env or {})}
     services = start_services((SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE), env=env, workdir=workdir)
@@ -173,9 +178,14 @@ def start_system(
         controlplane = next(s for s in services if s.spec is CONTROLPLANE)
         with controlplane.channel() as channel:
             pack_install_id = install_demo_pack(channel, namespace)
+        core = list(services)
+        if worker_connectors:
+            replica = start_services((CONNECTORS,), env=env, workdir=workdir / "worker-connectors")[0]
+            core = [replica if service.spec is CONNECTORS else service for service in services]
+            services.append(replica)
         services.append(
             start_host(
-                services,
+                core,
                 pack_install_id,
                 workdir,
                 env=env,
