@@ -1,4 +1,4 @@
-"""SQLite's writer lock within a process (``nexuscrm_runtime.sqlite_writer``, decision 134).
+"""SQLite's writer lock within a process (``nexuscrm_runtime.sqlite_writer``, decisions 134 and 136).
 
 Each test runs on a real SQLite file through ``database.create_engine``, as every service does.
 """
@@ -13,8 +13,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_runtime import database
-from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_runtime import database, sqlite_writer
+from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect, WriterLock
+from nexuscrm_schema_catalog import migrations
+from tests.support.factories import delivery, install_pack
+from tests.support.invariants import assert_invariants
+from tests.support.waiting import wait_until
+from workqueue.values import Outcome
 
 HANG_GUARD = 30.0  # seconds: a join that outlives this means a lock was never released
 
@@ -28,7 +34,7 @@ def engine(tmp_path: Path) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
-def writer(engine: sa.Engine) -> threading.Lock:
+def writer(engine: sa.Engine) -> WriterLock:
     dialect = engine.dialect
     assert isinstance(dialect, SerializedWriterDialect)
     return dialect.writer
@@ -114,3 +120,112 @@ def test_a_begin_that_sqlite_refuses_releases_the_writer(engine: sa.Engine, tmp_
     with engine.begin() as connection:  # the next transaction starts
         connection.execute(sa.text("INSERT INTO t VALUES (3)"))
     assert not writer(engine).locked()
+
+
+def _queue(lock: WriterLock, order: list[str], name: str, *, urgent: bool) -> threading.Thread:
+    """A thread that waits for ``lock``, notes ``name`` in ``order`` once it has it, and releases it."""
+
+    def take() -> None:
+        assert lock.acquire(urgent=urgent, timeout=HANG_GUARD)
+        order.append(name)
+        lock.release()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    return thread
+
+
+def _wait_for_waiters(lock: WriterLock, count: int) -> None:
+    wait_until(lambda: lock.waiting == count, f"{count} waiters to queue")
+
+
+def _grant_order(first_urgent: bool, queued: list[tuple[str, bool]]) -> list[str]:
+    """The order in which ``queued`` waiters (name, urgent), all waiting at once, get the lock after a holder."""
+    lock, order = WriterLock(), list[str]()
+    assert lock.acquire(urgent=first_urgent, timeout=1)
+    threads = []
+    for count, (name, urgent) in enumerate(queued, start=1):
+        threads.append(_queue(lock, order, name, urgent=urgent))
+        _wait_for_waiters(lock, count)  # queued in this order
+    lock.release()
+    for thread in threads:
+        thread.join(HANG_GUARD)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not lock.locked() and lock.waiting == 0
+    return order
+
+
+def test_an_urgent_waiter_goes_before_ordinary_ones_that_waited_longer() -> None:
+    order = _grant_order(False, [("ordinary-1", False), ("ordinary-2", False), ("urgent", True)])
+    assert order[0] == "urgent"
+    assert sorted(order[1:]) == ["ordinary-1", "ordinary-2"]
+
+
+def test_urgent_and_ordinary_waiters_alternate_so_that_neither_starves() -> None:
+    queued = [("ordinary-1", False), ("ordinary-2", False), ("urgent-1", True), ("urgent-2", True)]
+    order = _grant_order(True, queued)  # an urgent transaction held it: an ordinary one is next
+    assert ["urgent" in name for name in order] == [False, True, False, True]
+    assert sorted(order) == sorted(name for name, _ in queued)
+
+
+def test_a_waiter_that_times_out_leaves_the_lock_and_the_queue_as_they_were() -> None:
+    lock = WriterLock()
+    assert lock.acquire(urgent=False, timeout=1)
+    assert not lock.acquire(urgent=True, timeout=0.05)
+    assert lock.locked() and lock.waiting == 0
+    lock.release()
+    assert lock.acquire(urgent=False, timeout=1)  # the urgent one that gave up holds no turn
+    lock.release()
+
+
+def test_urgent_applies_to_the_transactions_begun_inside_only(engine: sa.Engine) -> None:
+    seen: list[bool] = []
+    lock = writer(engine)
+    original = lock.acquire
+
+    def record(*, urgent: bool, timeout: float) -> bool:
+        seen.append(urgent)
+        return original(urgent=urgent, timeout=timeout)
+
+    lock.acquire = record  # type: ignore[method-assign]  # observe the urgency each BEGIN asks for
+    with sqlite_writer.urgent(), engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO t VALUES (1)"))
+    with engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO t VALUES (2)"))
+    assert seen == [True, False]
+
+
+def test_an_ingest_goes_before_the_workers_transactions_waiting_for_the_writer(tmp_path: Path) -> None:
+    engine = database.create_engine(f"sqlite:///{tmp_path / 'queue.db'}")
+    try:
+        migrations.apply_schema(engine)
+        connectors = Connectors(engine)
+        pack = install_pack(engine)
+        order: list[str] = []
+        with engine.begin() as holder:  # an ordinary transaction holds the writer, as a worker's would
+            holder.execute(sa.text("SELECT 1"))
+            worker = threading.Thread(target=lambda: _background_write(engine, order))
+            worker.start()
+            wait_until(lambda: writer(engine).waiting == 1, "the background transaction to queue")
+            answers: list[Outcome] = []
+
+            def ingest() -> None:
+                answers.extend(r.outcome for r in connectors.ingest(pack, items=[delivery("r-1", lane="lane-1")]))
+                order.append("ingest")
+
+            client = threading.Thread(target=ingest)
+            client.start()
+            wait_until(lambda: writer(engine).waiting == 2, "the ingest to queue behind it")
+        for thread in (worker, client):
+            thread.join(HANG_GUARD)
+        assert order == ["ingest", "background"]
+        assert answers == [Outcome.ADMITTED]
+        assert_invariants(engine)
+    finally:
+        engine.dispose()
+
+
+def _background_write(engine: sa.Engine, order: list[str]) -> None:
+    with engine.begin() as connection:
+        connection.execute(sa.text("SELECT 1"))
+    order.append("background")

@@ -10,18 +10,89 @@ most of their transactions' time there (docs/performance.md, "Thirteenth pass").
 before ``BEGIN IMMEDIATE`` and released once ``COMMIT`` or ``ROLLBACK`` returned: the next
 waiter starts at once. Other engines and processes on the same file still meet SQLite's busy
 handler, which stays the arbiter of the file.
+
+Transactions begun inside ``urgent()`` (Ingest's: a client waits on each, while the workers'
+Claims and Completes are background) go before the ordinary ones waiting, but not twice in a
+row while ordinary ones wait: when both kinds wait the writer alternates, so neither starves
+and an Ingest waits for at most one ordinary transaction (decision 136). Other backends
+ignore ``urgent()``: their writers do not queue on one lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sqlite3
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
 DRIVER = "serialized_writer"  # the URL's driver: sqlite+serialized_writer://
+
+
+_URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("nexuscrm_sqlite_writer_urgent", default=False)
+
+
+@contextlib.contextmanager
+def urgent() -> Iterator[None]:
+    """Transactions begun inside go before the engine's other waiting transactions (alternating with them)."""
+    token = _URGENT.set(True)
+    try:
+        yield
+    finally:
+        _URGENT.reset(token)
+
+
+class WriterLock:
+    """Two queues, urgent and ordinary: urgent waiters go first, never twice in a row while ordinary ones wait."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._held = False
+        self._waiting = {True: 0, False: 0}  # waiters by urgency
+        self._last_urgent = False  # the kind of the last grant
+
+    def acquire(self, *, urgent: bool, timeout: float) -> bool:
+        """Take the lock within ``timeout`` seconds; False if it could not."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            self._waiting[urgent] += 1
+            try:
+                while not self._my_turn(urgent):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._changed.wait(remaining)
+                self._held, self._last_urgent = True, urgent
+                return True
+            finally:
+                self._waiting[urgent] -= 1
+
+    def _my_turn(self, urgent: bool) -> bool:
+        if self._held:
+            return False
+        other_waits = self._waiting[not urgent] > 0
+        # Both kinds waiting: the kind that did not take the last turn.
+        return not other_waits or urgent != self._last_urgent
+
+    def release(self) -> None:
+        with self._changed:
+            self._held = False
+            self._changed.notify_all()
+
+    def locked(self) -> bool:
+        """Whether a transaction holds the lock now."""
+        return self._held
+
+    @property
+    def waiting(self) -> int:
+        """Transactions queued for the lock now."""
+        with self._changed:
+            return self._waiting[True] + self._waiting[False]
 
 
 def _dbapi(connection: Any) -> Any:
@@ -36,16 +107,19 @@ class SerializedWriterDialect(SQLiteDialect_pysqlite):
 
     def __init__(self, writer_timeout: float = 30.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.writer = threading.Lock()
+        self.writer = WriterLock()
         self.writer_timeout = writer_timeout
-        self.waiting = 0  # transactions queued for ``writer`` now
-        self._waiting_lock = threading.Lock()
         self._holder: Any = None  # the DBAPI connection whose transaction holds ``writer``
+
+    @property
+    def waiting(self) -> int:
+        """Transactions queued for ``writer`` now."""
+        return self.writer.waiting
 
     def do_begin(self, dbapi_connection: Any) -> None:
         connection = _dbapi(dbapi_connection)
         if self._holder is not connection:  # never wait for a lock this connection holds
-            if not self._acquire():
+            if not self.writer.acquire(urgent=_URGENT.get(), timeout=self.writer_timeout):
                 # What SQLite itself says after its busy timeout: a conflict, retried as a whole.
                 raise sqlite3.OperationalError(
                     f"database is locked: another transaction of this process held the writer for "
@@ -57,15 +131,6 @@ class SerializedWriterDialect(SQLiteDialect_pysqlite):
         except BaseException:
             self.release(connection)
             raise
-
-    def _acquire(self) -> bool:
-        with self._waiting_lock:
-            self.waiting += 1
-        try:
-            return self.writer.acquire(timeout=self.writer_timeout)
-        finally:
-            with self._waiting_lock:
-                self.waiting -= 1
 
     def do_commit(self, dbapi_connection: Any) -> None:
         try:

@@ -33,6 +33,7 @@ from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
 from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.budgets import within_bytes
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, run_transaction
@@ -94,13 +95,14 @@ def ingest(
             continue
         first.setdefault(item.receipt_key, validated[index])
 
-    admitted = _GROUPS.setdefault(engine, AdmissionGroups()).admit(
-        pack_install_id,
-        list(first.values()),
-        lambda batch: admit(engine, settings, clock, pack_install_id, batch),
-        group_items=settings.admission_group_items,
-        group_bytes=settings.max_transaction_bytes,
-    )
+    with sqlite_writer.urgent():  # a client waits on this transaction; the workers' can wait (decision 136)
+        admitted = _GROUPS.setdefault(engine, AdmissionGroups()).admit(
+            pack_install_id,
+            list(first.values()),
+            lambda batch: admit(engine, settings, clock, pack_install_id, batch),
+            group_items=settings.admission_group_items,
+            group_bytes=settings.max_transaction_bytes,
+        )
     for index, delivery in validated.items():
         key = delivery.item.receipt_key
         results[index] = admitted[key] if first[key] is delivery else same_key_again(first[key], delivery, admitted)
