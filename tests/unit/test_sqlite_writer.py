@@ -168,6 +168,20 @@ def test_urgent_and_ordinary_waiters_alternate_so_that_neither_starves() -> None
     assert sorted(order) == sorted(name for name, _ in queued)
 
 
+def test_a_release_hands_the_lock_to_the_waiter_before_the_releaser_can_take_it_back() -> None:
+    lock, order = WriterLock(), list[str]()
+    assert lock.acquire(urgent=False, timeout=1)
+    waiter = _queue(lock, order, "waiter", urgent=False)
+    _wait_for_waiters(lock, 1)
+    lock.release()
+    assert lock.locked()  # the waiter's already, though its thread may not have run yet
+    retaken = lock.acquire(urgent=False, timeout=HANG_GUARD)  # queues behind the waiter
+    assert retaken and order == ["waiter"]
+    lock.release()
+    waiter.join(HANG_GUARD)
+    assert not lock.locked()
+
+
 def test_a_waiter_that_times_out_leaves_the_lock_and_the_queue_as_they_were() -> None:
     lock = WriterLock()
     assert lock.acquire(urgent=False, timeout=1)

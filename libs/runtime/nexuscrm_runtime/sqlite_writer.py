@@ -20,11 +20,11 @@ ignore ``urgent()``: their writers do not queue on one lock.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,41 +48,48 @@ def urgent() -> Iterator[None]:
 
 
 class WriterLock:
-    """Two queues, urgent and ordinary: urgent waiters go first, never twice in a row while ordinary ones wait."""
+    """Two queues, urgent and ordinary: urgent waiters go first, never twice in a row while ordinary ones wait.
+
+    A release hands the lock to the next waiter directly (first come, first served within a
+    kind): the releasing thread, which still holds the interpreter lock, cannot take it back
+    before the woken waiter runs.
+    """
 
     def __init__(self) -> None:
-        self._changed = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
         self._held = False
-        self._waiting = {True: 0, False: 0}  # waiters by urgency
+        self._queues: dict[bool, collections.deque[threading.Lock]] = {
+            True: collections.deque(),
+            False: collections.deque(),
+        }
         self._last_urgent = False  # the kind of the last grant
 
     def acquire(self, *, urgent: bool, timeout: float) -> bool:
         """Take the lock within ``timeout`` seconds; False if it could not."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            self._waiting[urgent] += 1
-            try:
-                while not self._my_turn(urgent):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    self._changed.wait(remaining)
+        with self._mutex:
+            if not self._held:  # free only while nobody waits
                 self._held, self._last_urgent = True, urgent
                 return True
-            finally:
-                self._waiting[urgent] -= 1
-
-    def _my_turn(self, urgent: bool) -> bool:
-        if self._held:
-            return False
-        other_waits = self._waiting[not urgent] > 0
-        # Both kinds waiting: the kind that did not take the last turn.
-        return not other_waits or urgent != self._last_urgent
+            turn = threading.Lock()
+            turn.acquire()
+            self._queues[urgent].append(turn)
+        if turn.acquire(timeout=timeout):
+            return True  # handed over by ``release``
+        with self._mutex:
+            if turn in self._queues[urgent]:
+                self._queues[urgent].remove(turn)
+                return False
+        return True  # handed over between the timeout and here
 
     def release(self) -> None:
-        with self._changed:
-            self._held = False
-            self._changed.notify_all()
+        with self._mutex:
+            urgent, ordinary = self._queues[True], self._queues[False]
+            if not urgent and not ordinary:
+                self._held = False
+                return
+            # Both kinds waiting: the kind that did not take the last turn.
+            self._last_urgent = bool(urgent) and not (ordinary and self._last_urgent)
+            self._queues[self._last_urgent].popleft().release()
 
     def locked(self) -> bool:
         """Whether a transaction holds the lock now."""
@@ -91,8 +98,8 @@ class WriterLock:
     @property
     def waiting(self) -> int:
         """Transactions queued for the lock now."""
-        with self._changed:
-            return self._waiting[True] + self._waiting[False]
+        with self._mutex:
+            return len(self._queues[True]) + len(self._queues[False])
 
 
 def _dbapi(connection: Any) -> Any:
