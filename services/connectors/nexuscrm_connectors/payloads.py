@@ -114,7 +114,7 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[quer
             fitting.append((work, members, len(sizes)))
     if not fitting:
         return {}
-    pages = queries.event_ranges_page(connection, [members for _, members, _ in fitting], size)
+    pages = queries.event_ranges_members(connection, [members for _, members, _ in fitting])
     return {
         work.WorkId: InputPage(inputs=tuple(queries.input_value(r) for r in rows), last=True, member_count=len(rows))
         for (work, _, count), rows in zip(fitting, pages, strict=True)

@@ -498,6 +498,19 @@ def _event_ranges_statement(
     )
 
 
+def _range_parameters(ranges: Sequence[EventRange]) -> dict[str, Any]:
+    """The bind parameters of ``ranges``: ``pack_<n>``, ``identity_<n>``, ``after_<n>``, ``through_<n>``."""
+    parameters: dict[str, Any] = {}
+    for n, members in enumerate(ranges):
+        parameters |= {
+            f"pack_{n}": members.pack_install_id,
+            f"identity_{n}": members.projection_key,
+            f"after_{n}": members.after,
+            f"through_{n}": members.through,
+        }
+    return parameters
+
+
 def _event_ranges(
     connection: Connection,
     columns: tuple[sa.ColumnElement[Any], ...],
@@ -511,14 +524,7 @@ def _event_ranges(
     """
     if not ranges:
         return []
-    parameters: dict[str, Any] = {"limit": limit}
-    for n, members in enumerate(ranges):
-        parameters |= {
-            f"pack_{n}": members.pack_install_id,
-            f"identity_{n}": members.projection_key,
-            f"after_{n}": members.after,
-            f"through_{n}": members.through,
-        }
+    parameters = {"limit": limit, **_range_parameters(ranges)}
     result = connection.execute(_event_ranges_statement(columns, source, len(ranges)), parameters)
     if len(ranges) == 1:
         return [list(result)]
@@ -533,17 +539,57 @@ def _event_ranges(
 def event_ranges_sizes(connection: Connection, ranges: Sequence[EventRange], limit: int) -> list[list[DbRow]]:
     """EnqueueOrdinal and PayloadBytes of the first ``limit`` members of each range, for a claim's inline inputs.
 
-    The same ranges of ix_event_source_lane as ``event_ranges_page``; sizes from Event.PayloadBytes.
+    The same ranges of ix_event_source_lane as ``event_ranges_members``; sizes from Event.PayloadBytes.
     """
     return _event_ranges(connection, _SIZE_COLUMNS, Event, ranges, limit)
 
 
-def event_ranges_page(connection: Connection, ranges: Sequence[EventRange], limit: int) -> list[list[DbRow]]:
-    """The first ``limit`` members of each range with their payloads, in ordinal order, in one statement.
+@functools.lru_cache(maxsize=64)
+def _event_ranges_members_statement(count: int) -> sa.Select[Any]:
+    """Every member of ``count`` ranges with its payload, in one scan of their intervals; built once per count.
 
-    Range scans of ix_event_source_lane, each payload a primary-key lookup of EventPayload.
+    One ``WHERE`` of ``count`` OR-ed intervals of ix_event_source_lane (parameters ``pack_<n>``,
+    ``identity_<n>``, ``after_<n>``, ``through_<n>``): no derived table, no UNION and no ORDER
+    BY, so a MySQL-protocol server builds no temporary table for the payloads (MariaDB puts a
+    temporary table with a BLOB column on disk).
     """
-    return _event_ranges(connection, _PAGE_COLUMNS, EVENT_WITH_PAYLOAD, ranges, limit)
+    intervals = [
+        sa.and_(
+            Event.c.PackInstallId == sa.bindparam(f"pack_{n}"),
+            Event.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
+            Event.c.EnqueueOrdinal > sa.bindparam(f"after_{n}"),
+            Event.c.EnqueueOrdinal <= sa.bindparam(f"through_{n}"),
+        )
+        for n in range(count)
+    ]
+    return (
+        sa.select(Event.c.PackInstallId, Event.c.ProjectionKey, *_PAGE_COLUMNS)
+        .select_from(EVENT_WITH_PAYLOAD)
+        .where(sa.or_(*intervals))
+    )
+
+
+def _holds(members: EventRange, row: DbRow) -> bool:
+    """Whether ``row`` (an Event) is one of ``members``."""
+    ordinal: int = row.EnqueueOrdinal
+    identity = (row.PackInstallId, row.ProjectionKey)
+    return identity == (members.pack_install_id, members.projection_key) and members.after < ordinal <= members.through
+
+
+def event_ranges_members(connection: Connection, ranges: Sequence[EventRange]) -> list[list[DbRow]]:
+    """Every member of each range with its payload, in ordinal order, in one statement: a claim's inline inputs.
+
+    For ranges the caller knows to be small (``event_ranges_sizes`` counted them under the
+    claim's locks; their bounds are frozen): nothing limits how many rows a range returns.
+    """
+    if not ranges:
+        return []
+    found: list[list[DbRow]] = [[] for _ in ranges]
+    for row in connection.execute(_event_ranges_members_statement(len(ranges)), _range_parameters(ranges)):
+        found[next(n for n, members in enumerate(ranges) if _holds(members, row))].append(row)
+    for rows in found:
+        rows.sort(key=lambda row: row.EnqueueOrdinal)
+    return found
 
 
 def event_range_page(
