@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
 from nexuscrm_connectors import payload_contract
+from nexuscrm_runtime.bulk import insert_many
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD, PREDECESSOR_STATUS
@@ -394,21 +395,16 @@ def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> Non
     """
     if rows:
         dual_write = not payload_contract.held(connection.engine)
-        connection.execute(
-            sa.insert(Event),
-            [
-                {
-                    **row,
-                    "Payload": row["Payload"] if dual_write else EVENT_PAYLOAD_ELSEWHERE,
-                    "PayloadBytes": len(row["Payload"]),
-                }
-                for row in rows
-            ],
-        )
-        connection.execute(
-            sa.insert(EventPayload),
-            [{name: row[name] for name in ("PackInstallId", "EnqueueOrdinal", "Payload")} for row in rows],
-        )
+        events = [
+            {
+                **row,
+                "Payload": row["Payload"] if dual_write else EVENT_PAYLOAD_ELSEWHERE,
+                "PayloadBytes": len(row["Payload"]),
+            }
+            for row in rows
+        ]
+        insert_many(connection, Event, tuple(events[0]), events)
+        insert_many(connection, EventPayload, ("PackInstallId", "EnqueueOrdinal", "Payload"), rows)
 
 
 def _payload_after_status(contracted: bool) -> dict[str, sa.ColumnElement[bytes]]:
