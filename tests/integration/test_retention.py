@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack, WorkNotFound, WorkPruned
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import iso_utc
+from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import (
     Event,
     IngressReceipt,
@@ -32,6 +36,8 @@ from workqueue.values import Outcome
 pytestmark = pytest.mark.database
 
 TABLES = [Event.name, WorkItem.name, IngressReceipt.name, PrunedWork.name, PrunedReceipt.name, RetentionPolicy.name]
+PRUNE_WAIT = 3.0  # seconds the verification waits for a concurrent pruning (SQLite: it cannot finish)
+HANG_GUARD = 60.0  # seconds: a pruning still running after this never ended
 
 
 @contextlib.contextmanager
@@ -234,3 +240,48 @@ def test_the_checker_finds_a_reused_ordinal_and_a_resurrected_receipt(
     problems = check_invariants(engine)
     assert any(p.startswith("R: Events [1] remain (or were reused)") for p in problems), problems
     assert any(p.startswith("R: tombstone") and "still (or again)" in p for p in problems), problems
+
+
+def test_a_duplicate_whose_generation_is_pruned_during_its_verification_is_acknowledged_as_pruned(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admission reads a duplicate's Event, then (another statement) its covering generation.
+
+    A pruning that commits between the two took the generation away: the verdict must read
+    the tombstone, not call the input's coverage missing. MySQL-protocol servers let the
+    pruning commit there (each statement reads its own snapshot); on SQLite it waits for the
+    admission's writer, and the duplicate is covered.
+    """
+    pack = install_pack(engine)
+    first = delivery(lane="a")
+    connectors.ingest(pack, items=[first])
+    claim = connectors.claim("w", pack_install_ids=[pack])[0]
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    _generations(connectors, pack, "a", 1)  # a newer generation: the first one is older, prunable
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    clock.advance(5)
+    covering = queries.work_items_covering
+    pruning: list[threading.Thread] = []
+
+    def prune_meanwhile(*args: Any) -> Any:
+        thread = threading.Thread(target=connectors.prune, args=(pack,))
+        thread.start()
+        thread.join(PRUNE_WAIT)  # on SQLite it waits for this transaction's writer
+        pruning.append(thread)
+        return covering(*args)
+
+    monkeypatch.setattr(queries, "work_items_covering", prune_meanwhile)
+    events_before = _count(engine, Event)
+    (again,) = connectors.ingest(pack, items=[first])
+    pruning[0].join(HANG_GUARD)
+    pruned_first = not pruning[0].is_alive() and connectors.get_retention_policy(pack).pruned_generations == 1
+
+    if is_sqlite(engine):
+        assert again.outcome is Outcome.DUPLICATE_COVERED
+    else:
+        assert again.outcome is Outcome.DUPLICATE_PRUNED, again.message
+        assert again.work_id == claim.work.work_id
+    assert again.enqueue_ordinal == 1
+    assert pruned_first  # the pruning ran, during the verification or right after it
+    assert _count(engine, Event) == events_before - 1  # the pruned input went; the duplicate wrote none
+    assert_invariants(engine)

@@ -32,7 +32,8 @@ def verify_duplicates(
     identity's newest generation: when it holds the input, it is the covering generation
     (generations never overlap). Only the other inputs (older than their identity's newest
     generation) cost a statement, one however many they are: ``queries.work_items_covering``
-    (decision 132).
+    (decision 132). Inputs that no generation covers then cost one more, read again in case
+    retention pruned them in between.
     """
     candidates: dict[str, Generation | None] = {}
     older: dict[str, DbRow] = {}
@@ -45,6 +46,16 @@ def verify_duplicates(
         else:
             older[key] = event
     candidates.update(queries.work_items_covering(connection, protocol.pack_install_id, older))
+    uncovered = [
+        key
+        for key, event in older.items()
+        if (candidate := candidates.get(key)) is None or not _holds(candidate, int(event.EnqueueOrdinal))
+    ]
+    if uncovered:
+        # Each statement reads its own snapshot (READ COMMITTED): retention may have pruned
+        # these inputs' generations since ``events`` was read. Read them again, so that a
+        # pruned one is acknowledged as pruned, and only a real gap is coverage missing.
+        events = {**events, **queries.events_by_receipt(connection, protocol.pack_install_id, uncovered)}
     return {key: _verdict(protocol, key, event, candidates.get(key)) for key, event in events.items()}
 
 
