@@ -9,6 +9,7 @@ Controlplane (``nexuscrm_controlplane.dashboard.collector``).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -94,24 +95,17 @@ _DUPLICATE_KINDS = {
 
 
 def record_ingest(results: Sequence[IngestResult]) -> None:
-    """Count a batch's outcomes, and the generations it created or extended."""
-    admitted_into: set[str] = set()
-    started: set[str] = set()
-    for result in results:
-        if result.outcome is Outcome.ADMITTED:
-            INPUTS_ADMITTED.inc()
-            if result.work_id is not None:
-                admitted_into.add(result.work_id)
-                if result.starts_generation:
-                    started.add(result.work_id)
-        elif result.outcome in _DUPLICATE_KINDS:
-            DUPLICATES.labels(_DUPLICATE_KINDS[result.outcome]).inc()
-        elif result.outcome is Outcome.COVERAGE_MISSING:
-            COVERAGE_MISSING.inc()
-        elif result.outcome is Outcome.FENCED:
-            RECEIPTS_FENCED.inc()
-        else:
-            DELIVERIES_REJECTED.inc()
+    """Count a batch's outcomes, and the generations it created or extended (one increment per counter)."""
+    outcomes = collections.Counter(result.outcome for result in results)
+    admitted = [r for r in results if r.outcome is Outcome.ADMITTED and r.work_id is not None]
+    admitted_into = {result.work_id for result in admitted}
+    started = {result.work_id for result in admitted if result.starts_generation}
+    INPUTS_ADMITTED.inc(outcomes[Outcome.ADMITTED])
+    COVERAGE_MISSING.inc(outcomes[Outcome.COVERAGE_MISSING])
+    RECEIPTS_FENCED.inc(outcomes[Outcome.FENCED])
+    DELIVERIES_REJECTED.inc(outcomes[Outcome.REJECTED])
+    for outcome, kind in _DUPLICATE_KINDS.items():
+        DUPLICATES.labels(kind).inc(outcomes[outcome])
     GENERATIONS_CREATED.labels("admission").inc(len(started))
     GENERATIONS_EXTENDED.inc(len(admitted_into - started))
 

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import OrdinalCollision, UnknownPack
-from nexuscrm_runtime.clock import DatabaseClock
+from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.tables import (
     NAMESPACE_SCOPE,
     AdmissionFence,
@@ -59,23 +59,45 @@ class Protocol:
     horizon_source_time: dt.datetime | None = None
 
 
+# Admission's statements are built once (decision 133, amended by 139); values are parameters.
+_PACK_LOCK = (
+    sa.select(
+        PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal, NOW_PARAMETER.label("Now")
+    )
+    .where(PackInstall.c.PackInstallId == sa.bindparam("pack_install_id"))
+    .with_for_update()
+)
+
+
 def pack_lock(connection: Connection, pack_install_id: str, clock: DatabaseClock) -> LockedPack:
     """Lock the PackInstall row: serializes admission and replay of one pack; read the database clock with it.
 
     Raises ``UnknownPack``. On SQLite the transaction already holds the write lock.
     """
-    row = connection.execute(
-        sa.select(
-            PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal, clock.now().label("Now")
-        )
-        .where(PackInstall.c.PackInstallId == pack_install_id)
-        .with_for_update()
-    ).first()
+    row = connection.execute(_PACK_LOCK, {"pack_install_id": pack_install_id, **clock.parameters()}).first()
     if row is None:
         raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
     return LockedPack(
         pack_install_id=row.PackInstallId, namespace=row.Namespace, last_ordinal=row.LastOrdinal, now=row.Now
     )
+
+
+# Moves a locked pack's ordinal counter from ``last_ordinal`` to ``new_last`` unless a retained
+# Event sits above ``last_ordinal`` (``ordinals_allocate``).
+_ALLOCATE = (
+    sa.update(PackInstall)
+    .where(
+        PackInstall.c.PackInstallId == sa.bindparam("pack_install_id"),
+        PackInstall.c.LastOrdinal == sa.bindparam("last_ordinal"),
+        ~sa.select(Event.c.EnqueueOrdinal)
+        .where(
+            Event.c.PackInstallId == sa.bindparam("pack_install_id"),
+            Event.c.EnqueueOrdinal > sa.bindparam("last_ordinal"),
+        )
+        .exists(),
+    )
+    .values(LastOrdinal=sa.bindparam("new_last"))
+)
 
 
 def ordinals_allocate(connection: Connection, pack: LockedPack, count: int) -> range:
@@ -87,19 +109,13 @@ def ordinals_allocate(connection: Connection, pack: LockedPack, count: int) -> r
     refusing, since the counter cannot move past that Event until an operator repairs it.
     """
     first = pack.last_ordinal + 1
-    ahead = (
-        sa.select(Event.c.EnqueueOrdinal)
-        .where(Event.c.PackInstallId == pack.pack_install_id, Event.c.EnqueueOrdinal > pack.last_ordinal)
-        .exists()
-    )
     result = connection.execute(
-        sa.update(PackInstall)
-        .where(
-            PackInstall.c.PackInstallId == pack.pack_install_id,
-            PackInstall.c.LastOrdinal == pack.last_ordinal,
-            ~ahead,
-        )
-        .values(LastOrdinal=pack.last_ordinal + count)
+        _ALLOCATE,
+        {
+            "pack_install_id": pack.pack_install_id,
+            "last_ordinal": pack.last_ordinal,
+            "new_last": pack.last_ordinal + count,
+        },
     )
     if result.rowcount != 1:
         _refuse_collision(connection, pack.pack_install_id, pack.last_ordinal, None)
@@ -145,22 +161,25 @@ def _refuse_collision(connection: Connection, pack_install_id: str, last_ordinal
     )
 
 
+_PROTOCOL = (
+    sa.select(
+        ConnectorProjectionProtocol.c.ProtocolVersion,
+        ConnectorProjectionProtocol.c.LegacyMaxOrdinal,
+        RetentionPolicy.c.DuplicateWindowSeconds,
+        RetentionPolicy.c.HorizonSourceTime,
+    )
+    .select_from(
+        ConnectorProjectionProtocol.outerjoin(
+            RetentionPolicy, RetentionPolicy.c.PackInstallId == ConnectorProjectionProtocol.c.PackInstallId
+        )
+    )
+    .where(ConnectorProjectionProtocol.c.PackInstallId == sa.bindparam("pack_install_id"))
+)
+
+
 def protocol_get(connection: Connection, pack_install_id: str) -> Protocol | None:
     """The pack's protocol row by primary key (and its policy's window), or None before activation/cutover."""
-    row = connection.execute(
-        sa.select(
-            ConnectorProjectionProtocol.c.ProtocolVersion,
-            ConnectorProjectionProtocol.c.LegacyMaxOrdinal,
-            RetentionPolicy.c.DuplicateWindowSeconds,
-            RetentionPolicy.c.HorizonSourceTime,
-        )
-        .select_from(
-            ConnectorProjectionProtocol.outerjoin(
-                RetentionPolicy, RetentionPolicy.c.PackInstallId == ConnectorProjectionProtocol.c.PackInstallId
-            )
-        )
-        .where(ConnectorProjectionProtocol.c.PackInstallId == pack_install_id)
-    ).first()
+    row = connection.execute(_PROTOCOL, {"pack_install_id": pack_install_id}).first()
     if row is None:
         return None
     return Protocol(
@@ -172,29 +191,38 @@ def protocol_get(connection: Connection, pack_install_id: str) -> Protocol | Non
     )
 
 
+# An unexpired fence of a namespace scoped to it (``*``) or to a pack, that no unexpired
+# override releases for that pack (``fence_active``).
+_FENCE = (
+    sa.select(AdmissionFence.c.FenceId)
+    .where(
+        AdmissionFence.c.Namespace == sa.bindparam("namespace"),
+        AdmissionFence.c.Scope.in_(sa.bindparam("scopes", expanding=True)),
+        sa.or_(AdmissionFence.c.ExpiresAt.is_(None), AdmissionFence.c.ExpiresAt > sa.bindparam("now")),
+        ~sa.select(AdmissionFenceOverride.c.FenceId)
+        .where(
+            AdmissionFenceOverride.c.FenceId == AdmissionFence.c.FenceId,
+            AdmissionFenceOverride.c.PackInstallId == sa.bindparam("pack_install_id"),
+            sa.or_(
+                AdmissionFenceOverride.c.ExpiresAt.is_(None), AdmissionFenceOverride.c.ExpiresAt > sa.bindparam("now")
+            ),
+        )
+        .exists(),
+    )
+    .limit(1)
+)
+
+
 def fence_active(connection: Connection, pack: LockedPack, now: dt.datetime) -> bool:
     """Tell whether an admission fence holds this pack now.
 
     A fence holds when it is unexpired, scoped to the pack's namespace (``*``) or to the pack
     itself, and no unexpired override of that fence releases this pack.
     """
-    override = (
-        sa.select(AdmissionFenceOverride.c.FenceId)
-        .where(
-            AdmissionFenceOverride.c.FenceId == AdmissionFence.c.FenceId,
-            AdmissionFenceOverride.c.PackInstallId == pack.pack_install_id,
-            sa.or_(AdmissionFenceOverride.c.ExpiresAt.is_(None), AdmissionFenceOverride.c.ExpiresAt > now),
-        )
-        .exists()
-    )
-    fence = connection.execute(
-        sa.select(AdmissionFence.c.FenceId)
-        .where(
-            AdmissionFence.c.Namespace == pack.namespace,
-            AdmissionFence.c.Scope.in_([NAMESPACE_SCOPE, pack.pack_install_id]),
-            sa.or_(AdmissionFence.c.ExpiresAt.is_(None), AdmissionFence.c.ExpiresAt > now),
-            ~override,
-        )
-        .limit(1)
-    ).first()
-    return fence is not None
+    parameters = {
+        "namespace": pack.namespace,
+        "scopes": [NAMESPACE_SCOPE, pack.pack_install_id],
+        "pack_install_id": pack.pack_install_id,
+        "now": now,
+    }
+    return connection.execute(_FENCE, parameters).first() is not None

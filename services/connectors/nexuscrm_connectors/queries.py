@@ -77,16 +77,20 @@ def work_namespaces(connection: Connection, work_ids: Collection[str]) -> dict[s
     return {row.WorkId: row.Namespace for row in connection.execute(statement)}
 
 
+_RECEIPTS_GET = sa.select(
+    IngressReceipt.c.ReceiptKey,
+    IngressReceipt.c.PayloadHash,
+    IngressReceipt.c.ProjectionKey,
+    IngressReceipt.c.State,
+).where(
+    IngressReceipt.c.PackInstallId == sa.bindparam("pack_install_id"),
+    IngressReceipt.c.ReceiptKey.in_(sa.bindparam("keys", expanding=True)),
+)
+
+
 def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
     """Stored receipts of ``keys`` (primary key lookups)."""
-    rows = connection.execute(
-        sa.select(
-            IngressReceipt.c.ReceiptKey,
-            IngressReceipt.c.PayloadHash,
-            IngressReceipt.c.ProjectionKey,
-            IngressReceipt.c.State,
-        ).where(IngressReceipt.c.PackInstallId == pack_install_id, IngressReceipt.c.ReceiptKey.in_(keys))
-    )
+    rows = connection.execute(_RECEIPTS_GET, {"pack_install_id": pack_install_id, "keys": list(keys)})
     return {row.ReceiptKey: row for row in rows}
 
 
@@ -275,6 +279,38 @@ def _event_generation(column: sa.Column[Any], *, covering: bool) -> sa.ScalarSel
 _NEWEST_PREFIX = "Newest"  # the newest generation beside a retained Event: NewestWorkId, NewestStatus, ...
 
 
+# Inputs already admitted for some receipt keys: retained Events (with their identity's newest
+# generation), then tombstones of pruned ones (``events_by_receipt``).
+_EVENTS_BY_RECEIPT = sa.union_all(
+    sa.select(
+        Event.c.ReceiptKey,
+        Event.c.EnqueueOrdinal,
+        Event.c.ProjectionKey,
+        Event.c.PayloadHash,
+        sa.cast(sa.null(), PrunedReceipt.c.WorkId.type).label("WorkId"),
+        sa.cast(sa.null(), PrunedReceipt.c.PrunedAt.type).label("PrunedAt"),  # typed: SQLite takes the first branch's
+        *(_event_generation(column, covering=False).label(_NEWEST_PREFIX + column.name) for column in _GENERATION),
+    ).where(
+        Event.c.PackInstallId == sa.bindparam("pack_install_id"),
+        Event.c.ReceiptKey.in_(sa.bindparam("keys", expanding=True)),
+    ),
+    sa.select(
+        PrunedReceipt.c.ReceiptKey,
+        PrunedReceipt.c.EnqueueOrdinal,
+        PrunedWork.c.ProjectionKey,
+        PrunedReceipt.c.PayloadHash,
+        PrunedReceipt.c.WorkId,
+        PrunedReceipt.c.PrunedAt,
+        *(sa.cast(sa.null(), column.type) for column in _GENERATION),
+    )
+    .outerjoin(PrunedWork, PrunedWork.c.WorkId == PrunedReceipt.c.WorkId)
+    .where(
+        PrunedReceipt.c.PackInstallId == sa.bindparam("pack_install_id"),
+        PrunedReceipt.c.ReceiptKey.in_(sa.bindparam("keys", expanding=True)),
+    ),
+)
+
+
 def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
     """Inputs already admitted for ``keys``: ReceiptKey, EnqueueOrdinal, ProjectionKey, PayloadHash, WorkId, PrunedAt.
 
@@ -289,29 +325,8 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
     Event and column, and PrunedReceipt's primary key): it reads one snapshot, so an input
     pruned concurrently shows up exactly once, as Event or as tombstone (decision 123).
     """
-    retained = sa.select(
-        Event.c.ReceiptKey,
-        Event.c.EnqueueOrdinal,
-        Event.c.ProjectionKey,
-        Event.c.PayloadHash,
-        sa.cast(sa.null(), PrunedReceipt.c.WorkId.type).label("WorkId"),
-        sa.cast(sa.null(), PrunedReceipt.c.PrunedAt.type).label("PrunedAt"),  # typed: SQLite takes the first branch's
-        *(_event_generation(column, covering=False).label(_NEWEST_PREFIX + column.name) for column in _GENERATION),
-    ).where(Event.c.PackInstallId == pack_install_id, Event.c.ReceiptKey.in_(keys))
-    pruned = (
-        sa.select(
-            PrunedReceipt.c.ReceiptKey,
-            PrunedReceipt.c.EnqueueOrdinal,
-            PrunedWork.c.ProjectionKey,
-            PrunedReceipt.c.PayloadHash,
-            PrunedReceipt.c.WorkId,
-            PrunedReceipt.c.PrunedAt,
-            *(sa.cast(sa.null(), column.type) for column in _GENERATION),
-        )
-        .outerjoin(PrunedWork, PrunedWork.c.WorkId == PrunedReceipt.c.WorkId)
-        .where(PrunedReceipt.c.PackInstallId == pack_install_id, PrunedReceipt.c.ReceiptKey.in_(keys))
-    )
-    return {row.ReceiptKey: row for row in connection.execute(sa.union_all(retained, pruned))}
+    rows = connection.execute(_EVENTS_BY_RECEIPT, {"pack_install_id": pack_install_id, "keys": list(keys)})
+    return {row.ReceiptKey: row for row in rows}
 
 
 def newest_generation(event: DbRow) -> Generation | None:
@@ -742,9 +757,9 @@ def work_items_newest(
 
 
 def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert new generations (one multi-row INSERT)."""
+    """Insert new generations (one multi-row INSERT; every row has the first row's columns)."""
     if rows:
-        connection.execute(sa.insert(WorkItem), list(rows))
+        insert_many(connection, WorkItem, tuple(rows[0]), rows)
 
 
 @functools.lru_cache(maxsize=16)
