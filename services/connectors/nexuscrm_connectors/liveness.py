@@ -60,7 +60,7 @@ class StrandedSweep:
             for row in page
             if row.PredecessorStatus is None or row.PredecessorStatus in TERMINAL_WORK_STATUSES
         ]
-        healed = queries.work_items_unblock(connection, stranded, clock.now())
+        healed = queries.work_items_unblock(connection, stranded, clock.read(connection)) if stranded else 0
         if healed:
             log.warning(
                 "made %d blocked generations of pack %s claimable: their predecessor is terminal or missing: %s",

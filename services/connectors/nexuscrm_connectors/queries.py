@@ -1043,15 +1043,22 @@ def work_items_blocked_page(connection: Connection, pack_install_id: str, after:
     )
 
 
-def work_items_unblock(connection: Connection, work_ids: Sequence[str], now: Instant) -> int:
-    """Make blocked generations claimable (one UPDATE by primary key); returns how many moved."""
+# Blocked generations made claimable at ``now`` (``work_items_unblock``).
+_UNBLOCK = (
+    sa.update(WorkItem)
+    .where(WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)), WorkItem.c.Status == WorkStatus.BLOCKED)
+    .values(Status=WorkStatus.PENDING, ClaimableAt=sa.bindparam("now"))
+)
+
+
+def work_items_unblock(connection: Connection, work_ids: Sequence[str], now: dt.datetime) -> int:
+    """Make blocked generations claimable (one UPDATE by primary key); returns how many moved.
+
+    Every completion that has successors runs it: built once (decision 133).
+    """
     if not work_ids:
         return 0
-    return connection.execute(
-        sa.update(WorkItem)
-        .where(WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.Status == WorkStatus.BLOCKED)
-        .values(Status=WorkStatus.PENDING, ClaimableAt=now)
-    ).rowcount
+    return connection.execute(_UNBLOCK, {"work_ids": list(work_ids), "now": now}).rowcount
 
 
 def packs_list(connection: Connection) -> list[str]:
