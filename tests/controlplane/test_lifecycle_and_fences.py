@@ -88,9 +88,13 @@ def test_the_legacy_runtime_refuses_a_cut_over_pack(engine: sa.Engine, clock: Fa
 
 
 def fenced(engine: sa.Engine, pack: str, clock: FakeClock) -> bool:
+    """Whether a fence holds ``pack`` as admission reads it; the legacy writer's reads agree (decision 140)."""
     with engine.connect() as connection:
         locked = packs.pack_lock(connection, pack, clock)
-        return packs.fence_active(connection, locked, locked.now)
+        guard = packs.admission_guard(connection, locked)
+        assert guard.fenced == packs.fence_active(connection, locked, locked.now)
+        assert guard.protocol == packs.protocol_get(connection, pack)
+        return guard.fenced
 
 
 def test_fences_and_overrides_as_connectors_admission_sees_them(engine: sa.Engine, clock: FakeClock) -> None:

@@ -25,12 +25,12 @@ from workqueue.values import IngestItem, Outcome
 
 pytestmark = pytest.mark.database
 
-# The most statements one Ingest call may run: pack lock, fence, protocol row, receipts,
-# Events of the keys with their identities' newest generations (decision 132), covering seeks
-# of older inputs, ordinals, Events, their payloads (EventPayload, decision 126), newest seek,
-# newest lock, extension, new generations, receipts of the new Events, new receipts of
-# duplicates, two receipt verdict updates.
-ADMISSION_STATEMENT_BOUND = 17
+# The most statements one Ingest call may run: pack lock, fence check with the protocol row
+# (decision 140), receipts, Events of the keys with their identities' newest generations
+# (decision 132), covering seeks of older inputs, ordinals, Events, their payloads
+# (EventPayload, decision 126), newest seek, newest lock, extension, new generations, receipts
+# of the new Events, new receipts of duplicates, two receipt verdict updates.
+ADMISSION_STATEMENT_BOUND = 16
 SIZES = (4, 400)  # deliveries per batch: two per identity
 
 

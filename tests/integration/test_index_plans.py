@@ -280,6 +280,8 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "receipt_pack_stored_after": lambda c: queries.receipt_pack_stored_after(c, ""),
         # the allocation UPDATE proves no Event sits above the counter (rolled back here)
         "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack, DATABASE_CLOCK), 1),
+        # the fence check and the protocol row after the pack lock, one statement (decision 140)
+        "admission_guard": lambda c: packs.admission_guard(c, packs.pack_lock(c, pack, DATABASE_CLOCK)),
         "receipts_stored_sizes": lambda c: queries.receipts_stored_sizes(c, pack, 500),
         "receipts_stored_list": lambda c: queries.receipts_stored_list(c, pack, ["stored-0", "stored-2"]),
         # Connectors: ListReceipts pages after the first (the dashboard test covers the first).

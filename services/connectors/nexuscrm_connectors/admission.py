@@ -239,8 +239,8 @@ def _admission(
 ) -> _Admitted:
     pack = packs.pack_lock(connection, pack_install_id, clock)
     now = pack.now  # the database's time: every instant this admission stores or decides with
-    fenced = packs.fence_active(connection, pack, now)
-    protocol = packs.protocol_get(connection, pack_install_id)
+    guard = packs.admission_guard(connection, pack)
+    fenced, protocol = guard.fenced, guard.protocol
     if protocol is None and not fenced:
         raise ProtocolMissing(
             f"pack {pack_install_id} has no projection protocol row: activate it (greenfield) or run "

@@ -161,26 +161,30 @@ def _refuse_collision(connection: Connection, pack_install_id: str, last_ordinal
     )
 
 
+# The protocol row's columns with its retention policy's window (``protocol_get``, ``admission_guard``).
+_PROTOCOL_COLUMNS = (
+    ConnectorProjectionProtocol.c.ProtocolVersion,
+    ConnectorProjectionProtocol.c.LegacyMaxOrdinal,
+    RetentionPolicy.c.DuplicateWindowSeconds,
+    RetentionPolicy.c.HorizonSourceTime,
+)
+_POLICY_OF_PROTOCOL = RetentionPolicy.c.PackInstallId == ConnectorProjectionProtocol.c.PackInstallId
+
 _PROTOCOL = (
-    sa.select(
-        ConnectorProjectionProtocol.c.ProtocolVersion,
-        ConnectorProjectionProtocol.c.LegacyMaxOrdinal,
-        RetentionPolicy.c.DuplicateWindowSeconds,
-        RetentionPolicy.c.HorizonSourceTime,
-    )
-    .select_from(
-        ConnectorProjectionProtocol.outerjoin(
-            RetentionPolicy, RetentionPolicy.c.PackInstallId == ConnectorProjectionProtocol.c.PackInstallId
-        )
-    )
+    sa.select(*_PROTOCOL_COLUMNS)
+    .select_from(ConnectorProjectionProtocol.outerjoin(RetentionPolicy, _POLICY_OF_PROTOCOL))
     .where(ConnectorProjectionProtocol.c.PackInstallId == sa.bindparam("pack_install_id"))
 )
 
 
 def protocol_get(connection: Connection, pack_install_id: str) -> Protocol | None:
     """The pack's protocol row by primary key (and its policy's window), or None before activation/cutover."""
-    row = connection.execute(_PROTOCOL, {"pack_install_id": pack_install_id}).first()
-    if row is None:
+    return _protocol(pack_install_id, connection.execute(_PROTOCOL, {"pack_install_id": pack_install_id}).first())
+
+
+def _protocol(pack_install_id: str, row: Any) -> Protocol | None:
+    """The ``Protocol`` of a row of ``_PROTOCOL_COLUMNS`` (None: no row, or no protocol row joined)."""
+    if row is None or row.ProtocolVersion is None:
         return None
     return Protocol(
         pack_install_id=pack_install_id,
@@ -219,10 +223,44 @@ def fence_active(connection: Connection, pack: LockedPack, now: dt.datetime) -> 
     A fence holds when it is unexpired, scoped to the pack's namespace (``*``) or to the pack
     itself, and no unexpired override of that fence releases this pack.
     """
-    parameters = {
+    return connection.execute(_FENCE, _fence_parameters(pack, now)).first() is not None
+
+
+def _fence_parameters(pack: LockedPack, now: dt.datetime) -> dict[str, Any]:
+    return {
         "namespace": pack.namespace,
         "scopes": [NAMESPACE_SCOPE, pack.pack_install_id],
         "pack_install_id": pack.pack_install_id,
         "now": now,
     }
-    return connection.execute(_FENCE, parameters).first() is not None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdmissionGuard:
+    """What admission checks after the pack lock: whether a fence holds the pack, and its protocol row."""
+
+    fenced: bool
+    protocol: Protocol | None
+
+
+# ``fence_active`` and ``protocol_get`` of a locked pack in one statement: the PackInstall row
+# by primary key, the protocol row and its policy joined by theirs, the fence check a subquery.
+_ADMISSION_GUARD = (
+    sa.select(_FENCE.scalar_subquery().label("FenceId"), *_PROTOCOL_COLUMNS)
+    .select_from(
+        PackInstall.outerjoin(
+            ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
+        ).outerjoin(RetentionPolicy, _POLICY_OF_PROTOCOL)
+    )
+    .where(PackInstall.c.PackInstallId == sa.bindparam("pack_install_id"))
+)
+
+
+def admission_guard(connection: Connection, pack: LockedPack) -> AdmissionGuard:
+    """``fence_active`` at the lock's instant and ``protocol_get`` of a locked pack, in one statement.
+
+    Run after ``pack_lock``, never inside it: a read in the locking statement could be taken
+    before the lock wait ends, and miss a fence committed meanwhile (decision 140).
+    """
+    row = connection.execute(_ADMISSION_GUARD, _fence_parameters(pack, pack.now)).one()
+    return AdmissionGuard(fenced=row.FenceId is not None, protocol=_protocol(pack.pack_install_id, row))

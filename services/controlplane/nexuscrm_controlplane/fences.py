@@ -3,7 +3,7 @@
 A fence blocks admission (materialization) for a whole namespace (scope ``*``) or one pack,
 until it is disarmed or expires. An override releases one pack from one fence, until it is
 removed or expires. Connectors evaluates fences inside its admission transaction
-(its ``packs.fence_active``, reading the fence rows in the same transaction); receipts keep
+(its ``packs.admission_guard``, reading the fence rows in the same transaction); receipts keep
 arriving durably while fenced.
 
 Changes to a fence's overrides and disarming lock the fence row first, so they serialize with
