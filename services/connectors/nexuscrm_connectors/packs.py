@@ -227,6 +227,7 @@ def fence_active(connection: Connection, pack: LockedPack, now: dt.datetime) -> 
 
 
 def _fence_parameters(pack: LockedPack, now: dt.datetime) -> dict[str, Any]:
+    """The parameters of ``_FENCE`` for a locked pack at ``now`` (also ``_ADMISSION_GUARD``'s)."""
     return {
         "namespace": pack.namespace,
         "scopes": [NAMESPACE_SCOPE, pack.pack_install_id],
