@@ -30,6 +30,7 @@ def _table(name: str) -> sa.Table:
 
 
 BY_SQLALCHEMY, BY_BULK = _table("BulkBySqlalchemy"), _table("BulkByInsertMany")
+ONE_COLUMN = sa.Table("BulkOneColumn", metadata, sa.Column("Id", sa.Integer, primary_key=True, autoincrement=False))
 AT = dt.datetime(2026, 12, 1, 12, 30, 15, 123456)
 
 
@@ -63,3 +64,16 @@ def test_insert_many_of_no_rows_sends_nothing(engine: sa.Engine) -> None:
     with statements(engine) as sent, engine.begin() as connection:
         insert_many(connection, BY_BULK, ("Id",), [])
     assert sent == []
+
+
+def test_insert_many_takes_a_single_column(engine: sa.Engine) -> None:
+    table = ONE_COLUMN
+    table.create(engine)
+    try:
+        with engine.begin() as connection:
+            insert_many(connection, table, ("Id",), [{"Id": 7}, {"Id": 8}])
+        with engine.connect() as connection:
+            stored = connection.execute(sa.select(table.c.Id).order_by(table.c.Id)).scalars().all()
+    finally:
+        table.drop(engine)
+    assert stored == [7, 8]

@@ -19,7 +19,7 @@ ALLOWED = Counter(
         "libs/runtime/nexuscrm_runtime/database.py": 3,
         "libs/runtime/nexuscrm_runtime/sqlite_writer.py": 1,
         # An INSERT compiled from a SQLAlchemy construct, executed with bound rows (decision 138).
-        "libs/runtime/nexuscrm_runtime/bulk.py": 2,
+        "libs/runtime/nexuscrm_runtime/bulk.py": 1,
         # The cutover's lock wait bounded by its own deadline (an integer it computed).
         "services/controlplane/nexuscrm_controlplane/cutover.py": 2,
         # VERSION() on a new raw connection, and SHOW VARIABLES (no construct exists) with the

@@ -11,24 +11,56 @@ and the engine's statement events (deadline, TiDB profile, statement counts) sti
 
 from __future__ import annotations
 
+import copy
 import functools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect
 
-Processor = Callable[[Any], Any] | None
-
 
 @functools.lru_cache(maxsize=64)
-def _prepared(table: sa.Table, columns: tuple[str, ...], dialect: Dialect) -> tuple[str, tuple[Processor, ...], bool]:
-    """The INSERT's SQL, each column's bind processor, and whether the driver takes positional parameters."""
-    compiled = sa.insert(table).values({name: sa.bindparam(name) for name in columns}).compile(dialect=dialect)
-    processors = tuple(table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in columns)
-    if compiled.positional and tuple(compiled.positiontup or ()) != columns:
+def _prepared(table: sa.Table, columns: tuple[str, ...], dialect: Dialect) -> tuple[str, _RowConverter]:
+    """The INSERT's SQL, with positional parameters, and the converter of a row mapping to its values."""
+    compiled = (
+        sa.insert(table).values({name: sa.bindparam(name) for name in columns}).compile(dialect=_positional(dialect))
+    )
+    if tuple(compiled.positiontup or ()) != columns:
         raise ValueError(f"{table.name}: compiled parameter order {compiled.positiontup} is not {columns}")
-    return str(compiled), processors, compiled.positional
+    processors = [table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in columns]
+    return str(compiled), _RowConverter(columns, tuple((n, p) for n, p in enumerate(processors) if p is not None))
+
+
+def _positional(dialect: Dialect) -> Dialect:
+    """``dialect``, or a copy of it rendering ``%s`` for a ``%(name)s`` driver (PyMySQL takes both).
+
+    Positional rows are tuples: no dictionary per row to build, nor for the driver to escape
+    (13 % less client CPU per Event INSERT on MariaDB, docs/performance.md "Seventeenth pass").
+    """
+    if dialect.positional or dialect.paramstyle != "pyformat":
+        return dialect
+    positional = copy.copy(dialect)
+    positional.paramstyle, positional.positional = "format", True
+    return positional
+
+
+class _RowConverter:
+    """A row mapping's values in column order, each through its column's bind processor if it has one."""
+
+    def __init__(self, columns: tuple[str, ...], processors: tuple[tuple[int, Callable[[Any], Any]], ...]) -> None:
+        self._values = operator.itemgetter(*columns) if len(columns) > 1 else lambda row: (row[columns[0]],)
+        self._processors = processors
+
+    def __call__(self, row: Mapping[str, Any]) -> tuple[Any, ...]:
+        values = self._values(row)
+        if not self._processors:
+            return values
+        converted = list(values)
+        for index, process in self._processors:
+            converted[index] = process(converted[index])
+        return tuple(converted)
 
 
 def insert_many(
@@ -37,11 +69,5 @@ def insert_many(
     """Insert ``rows`` (each a mapping with every name of ``columns``) into ``table`` in one driver call."""
     if not rows:
         return
-    names = tuple(columns)
-    sql, processors, positional = _prepared(table, names, connection.dialect)
-    pairs = tuple(zip(names, processors, strict=True))
-    converted = [tuple(row[name] if process is None else process(row[name]) for name, process in pairs) for row in rows]
-    if positional:
-        connection.exec_driver_sql(sql, converted)
-    else:
-        connection.exec_driver_sql(sql, [dict(zip(names, values, strict=True)) for values in converted])
+    sql, convert = _prepared(table, tuple(columns), connection.dialect)
+    connection.exec_driver_sql(sql, [convert(row) for row in rows])
