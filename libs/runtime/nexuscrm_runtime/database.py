@@ -28,6 +28,7 @@ from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
 from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
+from nexuscrm_runtime.mysql_conversions import CONVERSIONS
 from nexuscrm_runtime.prerequisites import install_session_settings, is_tidb
 from nexuscrm_runtime.tidb_profile import ENV as PROFILE_ENV
 from nexuscrm_runtime.tidb_profile import TidbProfile
@@ -132,6 +133,7 @@ def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | N
         pool_recycle=3600,
         pool_size=pool_size,
         max_overflow=pool_size,
+        connect_args={"conv": CONVERSIONS},
     )
     event.listen(engine, "handle_error", _unavailable_on_connection_loss)
 
