@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 
 import pytest
 from hypothesis import given
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from workqueue import KEY_VERSION, ProjectionIdentity, decode_projection_key
 from workqueue.errors import InvalidArgument
-from workqueue.identity import FIELD_MAX_LENGTHS, PROJECTION_KEY_MAX_LENGTH
+from workqueue.identity import FIELD_MAX_LENGTHS, PROJECTION_KEY_MAX_LENGTH, REFUSED_CATEGORIES, validate_text
 
 FIELDS = tuple(FIELD_MAX_LENGTHS)
 # Printable text that includes the separators "|" and ":" and digits, to attack boundaries.
@@ -95,3 +96,23 @@ def test_too_long_fields_are_rejected_naming_the_field(field: str) -> None:
 def test_malformed_keys_are_refused(key: str) -> None:
     with pytest.raises(InvalidArgument):
         decode_projection_key(key)
+
+
+@given(st.text(st.characters(codec="utf-8"), max_size=12))
+def test_validate_text_refuses_exactly_the_refused_categories_and_padding(value: str) -> None:
+    valid = (
+        bool(value)
+        and not any(unicodedata.category(char) in REFUSED_CATEGORIES for char in value)
+        and value == value.strip()
+    )
+    try:
+        validate_text("field", value, 64)
+    except InvalidArgument:
+        assert not valid
+    else:
+        assert valid
+
+
+@pytest.mark.parametrize("value", ["a\u00a0b", "a\ue000b", "a\u2028b", "x\u3000y"])
+def test_text_that_is_not_printable_but_allowed_passes(value: str) -> None:
+    assert validate_text("field", value, 64) == value

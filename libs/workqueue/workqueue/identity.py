@@ -30,6 +30,8 @@ FIELD_MAX_LENGTHS: dict[str, int] = {
     "source_lane": 128,
 }
 PROJECTION_KEY_MAX_LENGTH = 512
+# Unicode categories no identifier may hold: control, format, surrogate, unassigned.
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Cn"})
 
 
 def validate_text(field: str, value: object, max_length: int) -> str:
@@ -47,12 +49,15 @@ def validate_text(field: str, value: object, max_length: int) -> str:
         raise InvalidArgument(f"{field} is required", field=field)
     if len(value) > max_length:
         raise InvalidArgument(f"{field} is {len(value)} characters long; the limit is {max_length}", field=field)
-    for position, char in enumerate(value):
-        if unicodedata.category(char) in {"Cc", "Cf", "Cs", "Cn"}:
-            raise InvalidArgument(
-                f"{field} contains a control or unassigned character (U+{ord(char):04X}) at position {position}",
-                field=field,
-            )
+    # ``isprintable`` (in C) is False for every refused category, and for some allowed ones
+    # (private use, separators other than " "): only a string it refuses is read per character.
+    if not value.isprintable():
+        for position, char in enumerate(value):
+            if unicodedata.category(char) in REFUSED_CATEGORIES:
+                raise InvalidArgument(
+                    f"{field} contains a control or unassigned character (U+{ord(char):04X}) at position {position}",
+                    field=field,
+                )
     if value != value.strip():
         raise InvalidArgument(f"{field} has leading or trailing white space", field=field)
     return value
