@@ -3,9 +3,9 @@
 PyMySQL parses each DATETIME with a regular expression and an ``int`` per part (about 1.8 us);
 ``datetime.fromisoformat`` parses the text a MySQL-protocol server sends
 (``YYYY-MM-DD HH:MM:SS[.fraction]``) in C (about 0.1 us). A claim reads several per input, so
-it was about 5 % of a Connectors replica's CPU serving workers (docs/performance.md,
-"Seventeenth pass"). Whatever ``fromisoformat`` refuses (a zero date) goes to PyMySQL's own
-converter, so every value reads as it did before.
+it was about 5 % of a Connectors replica's CPU serving workers (decision 141). Whatever
+``fromisoformat`` refuses (a zero date) goes to PyMySQL's own converter, so every value reads
+as it did before.
 """
 
 from __future__ import annotations
