@@ -67,13 +67,12 @@ def test_insert_many_of_no_rows_sends_nothing(engine: sa.Engine) -> None:
 
 
 def test_insert_many_takes_a_single_column(engine: sa.Engine) -> None:
-    table = ONE_COLUMN
-    table.create(engine)
+    ONE_COLUMN.create(engine)
     try:
         with engine.begin() as connection:
-            insert_many(connection, table, ("Id",), [{"Id": 7}, {"Id": 8}])
+            insert_many(connection, ONE_COLUMN, ("Id",), [{"Id": 7}, {"Id": 8}])
         with engine.connect() as connection:
-            stored = connection.execute(sa.select(table.c.Id).order_by(table.c.Id)).scalars().all()
+            stored = connection.execute(sa.select(ONE_COLUMN.c.Id).order_by(ONE_COLUMN.c.Id)).scalars().all()
     finally:
-        table.drop(engine)
+        ONE_COLUMN.drop(engine)
     assert stored == [7, 8]

@@ -107,38 +107,21 @@ def guarded_deserializer(descriptor: Descriptor, deserializer: Callable[[bytes],
     return deserialize
 
 
-class _Refusal(Exception):
-    """An invalid value found while walking a request; ``path`` is where, relative to the message walked.
-
-    Paths are built only on the way out of a refusal: a valid request (nearly every one) costs no
-    string formatting per field (docs/performance.md, "Seventeenth pass").
-    """
-
-    def __init__(self, describe: Callable[[str], str]) -> None:
-        self.describe = describe
-        self.path = ""
-
-    def under(self, where: str) -> _Refusal:
-        self.path = f"{where}.{self.path}" if self.path else where
-        return self
-
-
-def _check_timestamp(stamp: Message) -> None:
+def _check_timestamp(stamp: Message, path: str) -> None:
     seconds, nanos = stamp.seconds, stamp.nanos  # type: ignore[attr-defined]  # a Timestamp
     if not MIN_TIMESTAMP_SECONDS <= seconds <= MAX_TIMESTAMP_SECONDS:
-        raise _Refusal(
-            lambda path: (
-                f"{path}.seconds is {seconds}; a timestamp must lie in 0001-01-01..9999-12-31 UTC "
-                f"({MIN_TIMESTAMP_SECONDS}..{MAX_TIMESTAMP_SECONDS})"
-            )
+        raise InvalidArgument(
+            f"{path}.seconds is {seconds}; a timestamp must lie in 0001-01-01..9999-12-31 UTC "
+            f"({MIN_TIMESTAMP_SECONDS}..{MAX_TIMESTAMP_SECONDS})",
+            field=path,
         )
     if not 0 <= nanos <= MAX_NANOS:
-        raise _Refusal(lambda path: f"{path}.nanos is {nanos}; it must lie in 0..{MAX_NANOS}")
+        raise InvalidArgument(f"{path}.nanos is {nanos}; it must lie in 0..{MAX_NANOS}", field=path)
 
 
-def _check_length(value: str, limit: int) -> None:
+def _check_length(value: str, path: str, limit: int) -> None:
     if len(value) > limit:
-        raise _Refusal(lambda path: f"{path} is {len(value)} characters long; the limit is {limit}")
+        raise InvalidArgument(f"{path} is {len(value)} characters long; the limit is {limit}", field=path)
 
 
 class _Kind(enum.Enum):
@@ -179,13 +162,10 @@ def validate_request(message: Message, limits: Mapping[str, int]) -> None:
 
     ``limits`` maps a field name, at any depth, to its maximum length in characters.
     """
-    try:
-        _walk(message, frozenset(limits.items()))
-    except _Refusal as refusal:
-        raise InvalidArgument(refusal.describe(refusal.path), field=refusal.path) from None
+    _walk(message, frozenset(limits.items()), "")
 
 
-def _walk(message: Message, limits: frozenset[tuple[str, int]]) -> None:
+def _walk(message: Message, limits: frozenset[tuple[str, int]], prefix: str) -> None:
     for name, kind, repeated, limit in _plan(message.DESCRIPTOR, limits):
         if repeated:
             items = getattr(message, name)
@@ -194,12 +174,10 @@ def _walk(message: Message, limits: frozenset[tuple[str, int]]) -> None:
         else:
             continue  # an unset message: a message type may hold itself
         for index, item in enumerate(items):
-            try:
-                if kind is _Kind.TIMESTAMP:
-                    _check_timestamp(item)
-                elif kind is _Kind.MESSAGE:
-                    _walk(item, limits)
-                else:
-                    _check_length(item, limit)
-            except _Refusal as refusal:
-                raise refusal.under(f"{name}[{index}]" if repeated else name) from None
+            path = f"{prefix}{name}[{index}]" if repeated else f"{prefix}{name}"
+            if kind is _Kind.TIMESTAMP:
+                _check_timestamp(item, path)
+            elif kind is _Kind.MESSAGE:
+                _walk(item, limits, f"{path}.")
+            else:
+                _check_length(item, path, limit)
