@@ -38,6 +38,7 @@ SIZES = (4, 400)  # deliveries per batch: two per identity
 class Counted:
     statements: list[str] = dataclasses.field(default_factory=list)
     commits: int = 0
+    sequence: list[str] = dataclasses.field(default_factory=list)  # statements and "COMMIT", in order
 
 
 @contextlib.contextmanager
@@ -46,9 +47,11 @@ def counting(engine: sa.Engine) -> Iterator[Counted]:
 
     def on_statement(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         counted.statements.append(statement.split()[0])
+        counted.sequence.append(statement.split()[0].upper())
 
     def on_commit(_conn: Any) -> None:
         counted.commits += 1
+        counted.sequence.append("COMMIT")
 
     event.listen(engine, "before_cursor_execute", on_statement)
     event.listen(engine, "commit", on_commit)

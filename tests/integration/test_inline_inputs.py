@@ -4,7 +4,9 @@ A claim asked for inline inputs reads the whole membership of the generations th
 answer's inline inputs together at most one page of members and of payload bytes) in two more
 statements whatever their number; the worker then makes no LoadInputs call for them. Larger
 generations, and every generation from a server that sends no inline inputs, still stream
-through LoadInputs, every member in ordinal order.
+through LoadInputs, every member in ordinal order. On a database server the inputs are read
+once the claim committed, so the leased rows are not locked meanwhile; on SQLite in the
+claim's transaction (decision 142).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_runtime.server import create_server
 from nexuscrm_schema.tables import Event, EventPayload
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.worker import Generation, Worker, WorkSource
+from tests.integration.test_admission_statements import counting
 from tests.integration.test_claims import CLAIM_STATEMENTS
 from tests.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
@@ -77,6 +81,46 @@ def test_a_claim_reads_the_inputs_of_its_generations_in_two_more_statements_what
         assert claim.inputs is not None
         assert claim.inputs.last and claim.inputs.member_count == 3
         assert list(claim.inputs.inputs) == _streamed(connectors, claim)  # what LoadInputs streams
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    assert_invariants(engine)
+
+
+def test_a_server_reads_the_inline_inputs_after_the_claim_committed_sqlite_before(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=[delivery(lane=f"lane-{n % LANES}") for n in range(2 * LANES)])
+    with counting(engine) as counted:
+        claims = connectors.claim("w", pack_install_ids=[pack], max_items=4, inline_inputs=True)
+    reads = ["SELECT", "SELECT"]
+    if is_sqlite(engine):  # one process holds the writer: a second transaction would cost more
+        assert counted.sequence == [*CLAIM_STATEMENTS, *reads, "COMMIT"]
+    else:  # the leased rows' locks are released before the payloads are read
+        assert counted.sequence == [*CLAIM_STATEMENTS, "COMMIT", *reads]
+    assert [len(claim.inputs.inputs) for claim in claims if claim.inputs is not None] == [2, 2, 2, 2]
+    for claim in claims:
+        assert claim.inputs is not None and list(claim.inputs.inputs) == _streamed(connectors, claim)
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    assert_invariants(engine)
+
+
+def test_a_failed_read_after_the_commit_loses_no_claim_and_loadinputs_streams_its_inputs(
+    engine: sa.Engine, connectors: Connectors, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEXUSCRM_FAULTS_ENABLED", "1")
+    monkeypatch.setenv("NEXUSCRM_FAULTS", "claim inputs:follow_up=raise*")
+    pack = install_pack(engine)
+    admitted = connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="b"), delivery(lane="a")])
+    claims = connectors.claim("w", pack_install_ids=[pack], max_items=2, inline_inputs=True)
+    assert sorted(claim.work.work_id for claim in claims) == sorted({result.work_id for result in admitted})
+    # The read runs after the commit on a server only: there the claims come without inputs.
+    assert all((claim.inputs is None) != is_sqlite(engine) for claim in claims)
+    streamed = {claim.work.work_id: [row.enqueue_ordinal for row in _streamed(connectors, claim)] for claim in claims}
+    assert streamed == {
+        admitted[0].work_id: [admitted[0].enqueue_ordinal, admitted[2].enqueue_ordinal],
+        admitted[1].work_id: [admitted[1].enqueue_ordinal],
+    }
+    for claim in claims:
         connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert_invariants(engine)
 

@@ -42,7 +42,7 @@ from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMis
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
-from nexuscrm_runtime.database import follow_up, run_transaction
+from nexuscrm_runtime.database import follow_up, is_sqlite, run_transaction
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
@@ -81,18 +81,20 @@ class ClaimBatch:
     lost: int = 0  # chosen generations that another claim leased first
     failed_damaged: int = 0  # leased generations whose selected Event is missing: failed for good
     completed: list[CompletionResult] = dataclasses.field(default_factory=list)  # the request's completions
+    leased: list[DbRow] = dataclasses.field(default_factory=list)  # the claims' WorkItem rows, oldest first
 
     def add(self, other: ClaimBatch) -> None:
         """Count ``other`` (a later transaction of the same claim) into this batch."""
         self.claims += other.claims
+        self.leased += other.leased
         self.reclaimed += other.reclaimed
         self.expired_failed += other.expired_failed
         self.lost += other.lost
         self.failed_damaged += other.failed_damaged
 
 
-# Reads the whole membership of the generations a claim leased, by WorkId, on the claim's
-# connection (``payloads.whole_pages``): the claim's inline inputs.
+# Reads the whole membership of the generations a claim leased, by WorkId
+# (``payloads.whole_pages``): the claim's inline inputs.
 InputReader = Callable[[Connection, Sequence[DbRow]], dict[str, InputPage]]
 # Completes the generations a claim request finished, in a transaction before the claim's
 # (``completions.complete_all``): one result per completion.
@@ -109,6 +111,7 @@ class _Request:
     max_items: int
     lease: dt.timedelta
     read_inputs: InputReader | None
+    inputs_in_claim: bool  # read ``read_inputs`` in the claim's transaction, not after it (SQLite)
 
 
 def claim(
@@ -141,8 +144,14 @@ def claim(
     ``settings.claim_poll_ms``. It returns at once when ``settings.max_claim_waiters`` other
     claims are waiting already.
 
-    ``read_inputs``: called in the claim transaction with the leased generations; the pages it
-    returns go with their claims (``Claim.inputs``), in a constant number of statements.
+    ``read_inputs``: called with the leased generations; the pages it returns go with their
+    claims (``Claim.inputs``), in a constant number of statements. On a database server it is
+    called once the claim committed, on a connection of its own: the generations' bounds froze
+    when they were leased (a claimed generation is never extended: invariant B), so it reads
+    what the claim's transaction would have without the leased rows' locks held meanwhile; if
+    it fails, the claims go without inputs and the worker streams them with LoadInputs. On
+    SQLite it is called in the claim's transaction, which saves that process a transaction
+    (decision 142).
     ``complete_first``: run in a transaction of its own once the request is valid, before the
     claim's; its results are ``ClaimBatch.completed`` (decision 131 says why not in the claim's).
     """
@@ -165,6 +174,7 @@ def claim(
         max_items=max_items,
         lease=dt.timedelta(seconds=check_lease_seconds(settings, lease_seconds)),
         read_inputs=read_inputs,
+        inputs_in_claim=is_sqlite(engine),
     )
     deadline = time.monotonic() + wait.total_seconds()
     poll = settings.claim_poll_ms / 1000
@@ -178,7 +188,7 @@ def claim(
         batch.add(attempt)
         remaining = deadline - time.monotonic()
         if batch.claims or remaining <= 0:
-            return batch
+            return _with_inputs(engine, request, batch)
         # Work that other claims took first: look again at once; none at all: wait for some.
         # Damaged work failed: the window moved past it, look again at once too.
         if not (attempt.lost or attempt.failed_damaged) and not claimers.wait(seen, min(poll, remaining)):
@@ -250,14 +260,30 @@ def _claim_transaction(
     selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in leased.values()]
     if queries.selected_events_set_status(connection, selected, EventStatus.PROCESSING) != len(selected):
         raise MembershipMissing(f"a selected Event of {sorted(leased)} disappeared during the claim")
-    won = [leased[candidate.WorkId] for candidate in chosen if candidate.WorkId in leased]  # oldest first
-    inputs = request.read_inputs(connection, won) if request.read_inputs else {}
+    batch.leased = [leased[candidate.WorkId] for candidate in chosen if candidate.WorkId in leased]  # oldest first
+    inputs = request.read_inputs(connection, batch.leased) if request.read_inputs and request.inputs_in_claim else {}
     for candidate in chosen:
         if candidate.WorkId in leased:
             work = queries.work_item_value(leased[candidate.WorkId])
             batch.claims.append(Claim(work=work, lease_token=token, inputs=inputs.get(candidate.WorkId)))
             # The UPDATE re-checked claimability: a candidate read as processing had expired.
             batch.reclaimed += candidate.Status == WorkStatus.PROCESSING
+    return batch
+
+
+def _with_inputs(engine: Engine, request: _Request, batch: ClaimBatch) -> ClaimBatch:
+    """``batch`` with the inline inputs ``request.read_inputs`` reads after its claims committed (none if it fails)."""
+    if request.read_inputs is None or request.inputs_in_claim or not batch.leased:
+        return batch
+    read_inputs = request.read_inputs
+    inputs: dict[str, InputPage] = {}
+
+    def read() -> None:
+        with engine.connect() as connection:
+            inputs.update(read_inputs(connection, batch.leased))
+
+    follow_up("claim inputs", read)  # the leases are committed: never lose them to a failed read
+    batch.claims = [dataclasses.replace(claim, inputs=inputs.get(claim.work.work_id)) for claim in batch.claims]
     return batch
 
 
