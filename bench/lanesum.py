@@ -85,17 +85,18 @@ def deliver(ingest: Ingest, inputs: int, rate: float) -> Sent:
 def machine_busy_seconds() -> float | None:
     """CPU-seconds every core of this machine has spent busy since boot (Linux's /proc/stat); None elsewhere.
 
-    Busy is every state but idle and iowait. Machine-wide on purpose: each side's work is
-    spread over processes the bench does not own (the database server, the services, the
-    peer's workers), and on a machine with few cores the sum of them is what bounds the rate.
+    Busy is user, nice, system, irq and softirq: not idle, iowait, or steal (time the
+    hypervisor gave another guest, which no process here spent). Machine-wide on purpose: each
+    side's work is spread over processes the bench does not own (the database server, the
+    services, the peer's workers), and on a machine with few cores the sum of them is what
+    bounds the rate.
     """
     try:
         with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
+            user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in stat.readline().split()[1:8])
     except OSError:
         return None
-    idle, iowait = fields[3], fields[4]
-    return (sum(fields[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def busy_since(sent: Sent) -> float | None:
