@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.service import Connectors
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.database
 # those that fit.
 INLINE_STATEMENTS = [*CLAIM_STATEMENTS, "SELECT", "SELECT"]
 LANES = 12
+FOLLOW_UP_FAILURES = "nexuscrm_follow_up_failures_total"
 KIB = 1024
 
 
@@ -85,7 +87,7 @@ def test_a_claim_reads_the_inputs_of_its_generations_in_two_more_statements_what
     assert_invariants(engine)
 
 
-def test_a_server_reads_the_inline_inputs_after_the_claim_committed_sqlite_before(
+def test_a_server_reads_the_inline_inputs_after_the_claims_commit_and_sqlite_within_it(
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
@@ -111,10 +113,14 @@ def test_a_failed_read_after_the_commit_loses_no_claim_and_loadinputs_streams_it
     monkeypatch.setenv("NEXUSCRM_FAULTS", "claim inputs:follow_up=raise*")
     pack = install_pack(engine)
     admitted = connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="b"), delivery(lane="a")])
+    failures = REGISTRY.get_sample_value(FOLLOW_UP_FAILURES, {"transaction": "claim inputs"}) or 0.0
     claims = connectors.claim("w", pack_install_ids=[pack], max_items=2, inline_inputs=True)
     assert sorted(claim.work.work_id for claim in claims) == sorted({result.work_id for result in admitted})
-    # The read runs after the commit on a server only: there the claims come without inputs.
+    # The read runs after the commit on a server only: there the claims come without inputs,
+    # and the failed step is counted.
     assert all((claim.inputs is None) != is_sqlite(engine) for claim in claims)
+    counted = REGISTRY.get_sample_value(FOLLOW_UP_FAILURES, {"transaction": "claim inputs"}) or 0.0
+    assert counted - failures == (0 if is_sqlite(engine) else 1)
     streamed = {claim.work.work_id: [row.enqueue_ordinal for row in _streamed(connectors, claim)] for claim in claims}
     assert streamed == {
         admitted[0].work_id: [admitted[0].enqueue_ordinal, admitted[2].enqueue_ordinal],
