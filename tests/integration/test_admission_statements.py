@@ -36,9 +36,15 @@ SIZES = (4, 400)  # deliveries per batch: two per identity
 
 @dataclasses.dataclass
 class Counted:
-    statements: list[str] = dataclasses.field(default_factory=list)
-    commits: int = 0
-    sequence: list[str] = dataclasses.field(default_factory=list)  # statements and "COMMIT", in order
+    sequence: list[str] = dataclasses.field(default_factory=list)  # statements' first words and "COMMIT", in order
+
+    @property
+    def statements(self) -> list[str]:
+        return [word for word in self.sequence if word != "COMMIT"]
+
+    @property
+    def commits(self) -> int:
+        return self.sequence.count("COMMIT")
 
 
 @contextlib.contextmanager
@@ -46,11 +52,9 @@ def counting(engine: sa.Engine) -> Iterator[Counted]:
     counted = Counted()
 
     def on_statement(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        counted.statements.append(statement.split()[0])
         counted.sequence.append(statement.split()[0].upper())
 
     def on_commit(_conn: Any) -> None:
-        counted.commits += 1
         counted.sequence.append("COMMIT")
 
     event.listen(engine, "before_cursor_execute", on_statement)

@@ -92,8 +92,8 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[quer
 
     ``works`` are WorkItem rows a claim has just leased, oldest first: their bounds are frozen
     (a claimed generation is never extended, invariant B), whether this runs in the claim's
-    transaction or after its commit (decision 142). Two statements whatever their number: the members'
-    sizes, then the payloads of those that fit. Together the inline inputs of one claim are at
+    transaction or after its commit (decision 142). Two statements whatever their number: the
+    members' sizes, then the payloads of those that fit. Together the inline inputs of one claim are at
     most one LoadInputs page: ``default_page_size`` members and ``max_page_bytes`` of payload
     (the claim's answer stays below a client's message limit); each generation takes its place
     if its whole membership fits in what the ones before it left. One that does not fit, or
