@@ -14,6 +14,7 @@ import pytest
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm_controlplane import cutover
 from nexuscrm_controlplane.audit import Category
+from nexuscrm_runtime import exit_codes
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_tools import cli, exits, run, runbook
@@ -35,7 +36,7 @@ def test_the_cutover_codes_are_the_specifications() -> None:
 
 def test_every_code_is_described_in_the_table_and_its_docstring() -> None:
     assert set(DESCRIPTIONS) == set(ExitCode)
-    table = exits.__doc__ or ""
+    table = exit_codes.__doc__ or ""
     for code in ExitCode:
         assert re.search(rf"^\s*{code.value}\s+{code.name}\s", table, re.MULTILINE), code
 

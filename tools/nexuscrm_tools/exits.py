@@ -1,73 +1,18 @@
-"""The one exit-code table of every operator command (docs/decisions/102-one-operator-convention.md).
+"""Which codes of the one exit-code table each operator tool returns (docs/decisions/102-one-operator-convention.md).
 
-=== ====================== ================================================================
- 0  OK                     done: written, already written, dry run passed, drained, check passed
- 1  FAILURE                any other failure (the message says what)
- 2  USAGE                  usage error: bad flags or durations, unknown pack or fence
- 3  UNREACHABLE            a service or the database is unreachable, or does not implement the
-                           RPC yet; CONNECTOR_CUTOVER_DSN missing or malformed; a service did
-                           not start
- 4  REFUSED_GATE           refused gate: schema incomplete, no qualifying namespace fence,
-                           old work not drained
- 5  REFUSED_AUDIT          refused audit: retained old-protocol responsibility is missing or
-                           ambiguous
- 6  MISSING_PREREQUISITE   missing prerequisite: the WorkItem-only handoff is not recorded
- 7  TIMEOUT                the command's bound passed first: nothing was written (a wait
-                           prints its last report)
- 8  REFUSED                the service refused the request (the message names the gRPC status
-                           and why)
- 9  CHECK_FAILED           a check did not pass: not drained, receipts whose coverage is
-                           missing, no protocol row, host not activated, demo invariants
-130 INTERRUPTED            interrupted (SIGINT/SIGTERM) before the result
-=== ====================== ================================================================
-
-0 to 7 are the cutover runbook's codes as the specification states them
-(``connector-projection-cutover``); the RPC command ``nexuscrm`` and ``nexuscrm-run`` use the
-same numbers for the same meanings and add 8 and 9, which no runbook command returns.
+The table itself (``ExitCode``, ``DESCRIPTIONS``, ``describe``) lives in
+``nexuscrm_runtime.exit_codes``, shared with the schema catalog's ``nexuscrm-schema``; it is
+re-exported here so every command of the tools imports it from one place.
 ``COMMAND_EXIT_CODES`` says which codes each command returns; its ``--help`` prints exactly
 those lines, from ``DESCRIPTIONS``.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable
-
 from nexuscrm_controlplane.audit import Category
+from nexuscrm_runtime.exit_codes import DESCRIPTIONS, ExitCode, describe
 
-
-@enum.unique
-class ExitCode(enum.IntEnum):
-    """Exit status of an operator command (the table in this module's docstring)."""
-
-    OK = 0
-    FAILURE = 1
-    USAGE = 2
-    UNREACHABLE = 3
-    REFUSED_GATE = 4
-    REFUSED_AUDIT = 5
-    MISSING_PREREQUISITE = 6
-    TIMEOUT = 7
-    REFUSED = 8
-    CHECK_FAILED = 9
-    INTERRUPTED = 130
-
-
-DESCRIPTIONS: dict[ExitCode, str] = {
-    ExitCode.OK: "done: written, already written, dry run passed, drained, check passed",
-    ExitCode.FAILURE: "any other failure (the message says what)",
-    ExitCode.USAGE: "usage error: bad flags or durations, unknown pack or fence",
-    ExitCode.UNREACHABLE: "a service or the database is unreachable (or CONNECTOR_CUTOVER_DSN is missing "
-    "or malformed, or a service did not start)",
-    ExitCode.REFUSED_GATE: "refused gate: schema incomplete, no qualifying namespace fence, old work not drained",
-    ExitCode.REFUSED_AUDIT: "refused audit: retained old-protocol responsibility is missing or ambiguous",
-    ExitCode.MISSING_PREREQUISITE: "missing prerequisite: the WorkItem-only handoff is not recorded",
-    ExitCode.TIMEOUT: "timeout: the bound passed first; nothing was written (a wait prints its last report)",
-    ExitCode.REFUSED: "the service refused the request (the message names the gRPC status and why)",
-    ExitCode.CHECK_FAILED: "a check did not pass: not drained, receipts missing coverage, no protocol row, "
-    "host not activated, demo invariants",
-    ExitCode.INTERRUPTED: "interrupted (SIGINT or SIGTERM) before the result",
-}
+__all__ = ["COMMAND_EXIT_CODES", "DESCRIPTIONS", "REFUSAL_EXIT_CODES", "ExitCode", "describe", "help_epilog"]
 
 # What every command but the RPC client (whose failures are refusals, 8) may return; the cutover's refusals.
 _ANY_COMMAND = (ExitCode.OK, ExitCode.FAILURE, ExitCode.USAGE, ExitCode.UNREACHABLE)
@@ -96,11 +41,6 @@ REFUSAL_EXIT_CODES: dict[str, ExitCode] = {
     Category.GATE: ExitCode.REFUSED_GATE,
     Category.AUDIT: ExitCode.REFUSED_AUDIT,
 }
-
-
-def describe(codes: Iterable[ExitCode]) -> str:
-    """The table's lines for ``codes``: ``"  3  a service or the database is unreachable ..."``."""
-    return "\n".join(f"  {code.value:>3}  {DESCRIPTIONS[code]}" for code in codes)
 
 
 def help_epilog(command: str) -> str:

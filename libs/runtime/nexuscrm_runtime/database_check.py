@@ -1,9 +1,10 @@
 """Whether a database URL can serve the runtime, said in one line a person can act on.
 
-``nexuscrm-run`` checks NEXUSCRM_DSN before starting any service, so a wrong URL ends at once
-with its cause (unknown database, authentication failed, nothing listening, no database
-name, unsupported scheme) instead of a service exiting during start-up with a traceback in
-its log. The messages name the host, port, user and database, never the password.
+``nexuscrm-run`` checks NEXUSCRM_DSN before starting any service, and ``nexuscrm-schema``
+checks its DSN before reading or migrating the schema, so a wrong URL ends at once with its
+cause (unknown database, authentication failed, nothing listening, no database name,
+unsupported scheme) instead of a traceback. The messages name where the URL came from, the
+host, port, user and database, never the password.
 """
 
 from __future__ import annotations
@@ -30,40 +31,43 @@ class DatabaseUnusable(RuntimeError):
     """The database URL cannot serve the runtime; the message is one line naming the cause."""
 
 
-def check_database(dsn: str) -> None:
-    """Connect once to ``dsn``; raise ``DatabaseUnusable`` saying why it cannot be used."""
+def check_database(dsn: str, *, named: str = "NEXUSCRM_DSN") -> None:
+    """Connect once to ``dsn``; raise ``DatabaseUnusable`` saying why it cannot be used.
+
+    ``named`` is where the URL came from (a variable or an option), as the messages call it.
+    """
     try:
         url = make_url(dsn)
     except ArgumentError:
         raise DatabaseUnusable(
-            "NEXUSCRM_DSN is not a database URL (sqlite:///PATH or mysql://USER@HOST:PORT/DATABASE)"
+            f"{named} is not a database URL (sqlite:///PATH or mysql://USER@HOST:PORT/DATABASE)"
         ) from None
     backend = url.get_backend_name()
     if backend not in SUPPORTED_BACKENDS:
         raise DatabaseUnusable(
-            f"NEXUSCRM_DSN has the unsupported scheme {url.drivername!r}: use sqlite:///PATH or mysql://..."
+            f"{named} has the unsupported scheme {url.drivername!r}: use sqlite:///PATH or mysql://..."
         )
     if not url.database:
-        raise DatabaseUnusable(f"NEXUSCRM_DSN names no database: add /DATABASE to the URL ({_where(url)})")
+        raise DatabaseUnusable(f"{named} names no database: add /DATABASE to the URL ({_where(url)})")
     try:
-        engine = create_engine(dsn) if backend == "sqlite" else _server_engine(url)
+        engine = create_engine(dsn) if backend == "sqlite" else _server_engine(url, named)
     except OSError as error:  # the SQLite file's folder cannot be made
         raise DatabaseUnusable(f"cannot use the {_where(url)}: {error.strerror}") from None
     try:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
     except sa.exc.DBAPIError as error:
-        raise DatabaseUnusable(_cause(url, error)) from None
+        raise DatabaseUnusable(_cause(url, error, named)) from None
     finally:
         engine.dispose()
 
 
-def _server_engine(url: URL) -> Engine:
+def _server_engine(url: URL, named: str) -> Engine:
     """A bare engine (no reconnect handling, which would hide the cause) after the host resolves."""
     try:
         socket.getaddrinfo(url.host or "localhost", url.port or 3306)
     except OSError:
-        raise DatabaseUnusable(f"unknown host {url.host!r} in NEXUSCRM_DSN") from None
+        raise DatabaseUnusable(f"unknown host {url.host!r} in {named}") from None
     query = {} if "connect_timeout" in url.query else {"connect_timeout": str(CONNECT_TIMEOUT)}
     return sa.create_engine(
         normalize_dsn(url.render_as_string(hide_password=False)).update_query_dict(query), poolclass=NullPool
@@ -76,11 +80,11 @@ def _where(url: URL) -> str:
     return f"{url.host or 'localhost'}:{url.port or 3306}"
 
 
-def _cause(url: URL, error: sa.exc.DBAPIError) -> str:
+def _cause(url: URL, error: sa.exc.DBAPIError, named: str) -> str:
     where = _where(url)
     code = mysql_error_code(error)
     if code == UNKNOWN_DATABASE:
-        return f"database {url.database!r} does not exist on {where}: create it, or name another in NEXUSCRM_DSN"
+        return f"database {url.database!r} does not exist on {where}: create it, or name another in {named}"
     if code in ACCESS_DENIED:
         return f"authentication failed for user {url.username!r} on {where}: check the user and password"
     if code == DATABASE_ACCESS_DENIED:
