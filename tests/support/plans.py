@@ -3,7 +3,7 @@
 Each reader turns one engine's EXPLAIN rows into problems (empty: the plan reads index
 ranges only). ``explain_problems`` EXPLAINs a captured statement on the connection's engine
 and picks the reader. TiDB's format (id, estRows, task, access object, operator info) is an
-operator tree drawn in the id column; ``tests/unit/test_tidb_plans.py`` checks the reader on
+operator tree drawn in the id column; ``tests/schema_catalog/unit/test_tidb_plans.py`` checks the reader on
 plan shapes of TiDB's documentation for our statements.
 """
 

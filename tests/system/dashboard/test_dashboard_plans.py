@@ -1,0 +1,62 @@
+"""The dashboard's and the queue collector's reads use index ranges, on every backend.
+
+Same method and seeded history as the hot-query plan test (``tests/integration/test_index_plans``):
+each read runs through the function the page calls, the statements are captured and EXPLAINed.
+Search and the receipt list ask a ConnectorsService served in this process over the same
+engine (``conftest``), so the statements its RPCs run are captured too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_controlplane.dashboard import overview, queries
+from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
+from tests.connectors.integration.test_index_plans import Captured, capture, seed
+from tests.support.factories import START
+from tests.support.invariants import assert_invariants
+from tests.support.plans import GROWING_TABLES, explain_problems
+
+pytestmark = pytest.mark.database
+
+
+def touches_growing_table(captured: Captured) -> bool:
+    """False for reads of small control tables only (PackInstall, fences, protocol rows), whose sorts are cheap."""
+    return any(f'"{table}"' in captured.statement or f"`{table}`" in captured.statement for table in GROWING_TABLES)
+
+
+def on_connection(read: Callable[[sa.Connection], object], engine: sa.Engine) -> Callable[[], object]:
+    def run() -> object:
+        with engine.connect() as connection:
+            return read(connection)
+
+    return run
+
+
+def test_dashboard_reads_use_index_ranges(engine: sa.Engine, connectors: ConnectorsReads) -> None:
+    seeded = seed(engine)
+    pack, work_id = seeded.native_pack, seeded.claimed_work_id
+    reads: dict[str, Callable[[], object]] = {
+        "pack_queue": on_connection(lambda c: overview.pack_queue(c, pack, START), engine),
+        "pack_timeline": lambda: overview.pack_timeline(engine, pack),
+        "receipts": lambda: overview.receipts(connectors, "stored", pack),
+        "search": lambda: overview.search(engine, connectors, work_id),
+        "packs_list": on_connection(lambda c: queries.packs_list(c, overview.PACK_LIMIT), engine),
+    }
+    failures = []
+    for name, read in reads.items():
+        with capture(engine) as captured:
+            read()
+        assert captured, f"{name} ran no statement"
+        with engine.connect() as connection:
+            failures += [
+                f"{name}: {problem}\n    in: {statement.statement[:300]}"
+                for statement in captured
+                if touches_growing_table(statement)
+                for problem in explain_problems(connection, statement.statement, statement.parameters)
+            ]
+    assert not failures, "dashboard reads without an index range plan:\n" + "\n".join(failures)
+    assert_invariants(engine)
