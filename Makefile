@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := protos/python libs/workqueue libs/runtime libs/schema libs/connectors_sdk services/schema_catalog services/controlplane services/connectors services/integration tools
 STAMP := $(VENV)/.setup-stamp
+# The Core checkout whose canonical schema the database tests apply (required by them): this one
+# unless the environment names another.
+export NEXUSCRM_REPO_ROOT ?= $(CURDIR)
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))

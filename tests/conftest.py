@@ -5,13 +5,14 @@ own uniquely named database, created and dropped around it. Without a DSN, the s
 a throwaway private MariaDB server when one is installed (``mariadbd``; its datadir in the
 session's temporary directory, gone afterwards), else testcontainers' MariaDB when Docker
 works. NEXUSCRM_TIDB_REQUIRED=1 turns the skip of a database test
-into a failure. NEXUSCRM_REPO_ROOT names the Core checkout whose canonical schema is applied.
+into a failure. NEXUSCRM_REPO_ROOT names the Core checkout whose canonical schema is applied: the
+database fixtures fail without it; which checkout each package comes from is the virtualenv's
+choice, and the report header says it (tests/harness).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,16 +20,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-REPO_ROOT = Path(os.environ.get("NEXUSCRM_REPO_ROOT") or Path(__file__).resolve().parents[1])
-CATALOG_DIR = REPO_ROOT / "services" / "schema_catalog"
-if not (CATALOG_DIR / "nexuscrm_schema_catalog").is_dir():
-    raise pytest.UsageError(f"NEXUSCRM_REPO_ROOT has no services/schema_catalog: {REPO_ROOT}")
-sys.path.insert(0, str(CATALOG_DIR))
+from nexuscrm_runtime.database import create_engine, normalize_dsn
+from tests.harness.checkouts import CORE_VARIABLE, core_checkout_problem
+from tests.harness.provenance import owner_sources
+from tests.support.pki import Pki, make_pki
+from tests.support.private_mariadb import PrivateMariaDB, PrivateServerError
 
-from nexuscrm_runtime.database import create_engine, normalize_dsn  # noqa: E402
-from nexuscrm_schema_catalog import migrations  # noqa: E402
-from tests.support.pki import Pki, make_pki  # noqa: E402
-from tests.support.private_mariadb import PrivateMariaDB, PrivateServerError  # noqa: E402
+# This test tree's checkout (the README and the sources the tests read), never NEXUSCRM_REPO_ROOT.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 BACKENDS = ("sqlite", "mysql")
 REQUIRED = os.environ.get("NEXUSCRM_TIDB_REQUIRED") == "1"
@@ -36,7 +35,7 @@ REQUIRED = os.environ.get("NEXUSCRM_TIDB_REQUIRED") == "1"
 
 def pytest_report_header() -> list[str]:
     return [
-        f"canonical schema from {migrations.__file__}",
+        *owner_sources(),
         "MySQL-protocol backend: "
         + (
             "NEXUSCRM_TIDB_DSN"
@@ -47,9 +46,17 @@ def pytest_report_header() -> list[str]:
     ]
 
 
+def require_core_checkout() -> None:
+    """Fail the test when NEXUSCRM_REPO_ROOT does not name a Core checkout (canonical-table tests need it)."""
+    problem = core_checkout_problem(os.environ.get(CORE_VARIABLE))
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def mysql_server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The DSN of a MySQL-protocol server, without a database name."""
+    require_core_checkout()
     dsn = os.environ.get("NEXUSCRM_TIDB_DSN")
     if dsn:
         yield dsn
@@ -98,6 +105,7 @@ def _mysql_database(server_dsn: str) -> Iterator[str]:
 @pytest.fixture(params=BACKENDS)
 def empty_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The DSN of an empty, isolated database on each backend."""
+    require_core_checkout()
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'nexuscrm.db'}"
     else:
@@ -115,6 +123,9 @@ def empty_engine(empty_dsn: str) -> Iterator[sa.Engine]:
 @pytest.fixture
 def dsn(empty_dsn: str) -> str:
     """The DSN of an isolated database migrated to the newest canonical schema."""
+    # Imported here, not at collection: a candidate's schema mismatch fails these tests only.
+    from nexuscrm_schema_catalog import migrations
+
     engine = create_engine(empty_dsn)
     migrations.apply_schema(engine)
     engine.dispose()
