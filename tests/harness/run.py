@@ -109,9 +109,8 @@ def main(argv: Sequence[str]) -> int:
         print("\n".join(f"  {problem}" for problem in problems), file=sys.stderr)
         return EXIT_CHECK_FAILED
     if command == "check":
-        print(
-            "versions fit each other's ranges: " + "; ".join(f"{c.owner.name} from {c.describe()}" for c in checkouts)
-        )
+        print("versions fit each other's declared ranges:")
+        print("\n".join(f"  {c.owner.name} from {c.describe()}" for c in checkouts))
         return 0
     environ = {**os.environ, **{c.owner.variable: str(c.path) for c in checkouts}}
     if not any(c.named for c in checkouts):
