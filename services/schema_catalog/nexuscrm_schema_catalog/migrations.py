@@ -16,11 +16,17 @@ concurrent run is a no-op, so the previous release keeps running while the schem
 step also copies data: v8 copies every payload into EventPayload (``payload_copy``), in
 batches committed one by one after its DDL; the version is recorded when the copy is done, so
 an interrupted copy resumes on the next run.
+
+``apply_schema`` is the one migration: the service runs it at start
+(NEXUSCRM_APPLY_SCHEMA_ON_START) and for ApplySchema, and ``nexuscrm-schema migrate`` runs it
+with an ``Observer`` that shows progress and stops between batches on Ctrl-C
+(docs/decisions/145-migrating-without-a-server.md). ``plan`` says what it would run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import sqlalchemy as sa
@@ -31,9 +37,10 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema import tables
 from nexuscrm_schema.verification import NEWEST_VERSION, current_version
+from nexuscrm_schema_catalog import payload_copy
 from nexuscrm_schema_catalog.payload_contract import set_contract
-from nexuscrm_schema_catalog.payload_copy import copy_event_payloads
-from workqueue.errors import InvalidArgument
+from nexuscrm_schema_catalog.payload_copy import Batch
+from workqueue.errors import DomainError, InvalidArgument
 
 V2_COLUMN = "InputStartOrdinal"
 V2_TABLES = (tables.ConnectorProjectionProtocol,)
@@ -44,7 +51,7 @@ V6_TABLES = (tables.NamespaceControl,)
 V7_TABLES = (tables.RetentionPolicy, tables.PrunedWork, tables.PrunedReceipt)
 V7_INDEX = "ix_workitem_retention"
 V8_TABLES = (tables.EventPayload,)
-V8_COLUMN = "PayloadBytes"
+V8_COLUMN = payload_copy.PAYLOAD_BYTES
 V10_TABLES = (tables.PayloadContract,)
 # Who set the payload contract on a database that ApplySchema created from nothing.
 SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
@@ -170,6 +177,33 @@ def _contract_empty_database(connection: Connection) -> None:
     set_contract(connection, SET_BY_EMPTY_DATABASE)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataCopy:
+    """The data a step copies after its DDL commits, in batches each committed on its own.
+
+    ``run(engine, on_batch)`` copies what is left (resuming an interrupted copy) and returns
+    how many ``unit`` it copied, calling ``on_batch`` after each committed batch;
+    ``left(connection)`` counts what it would copy now; ``copied(connection)`` what it has
+    marked copied; ``started(connection)`` whether the step's DDL is in place, so that a copy
+    may have begun.
+    """
+
+    unit: str
+    run: Callable[[Engine, Callable[[Batch], None]], int]
+    left: Callable[[Connection], int]
+    copied: Callable[[Connection], int]
+    started: Callable[[Connection], bool]
+
+
+PAYLOAD_COPY = DataCopy(
+    unit="payloads",
+    run=payload_copy.copy_event_payloads,
+    left=payload_copy.payloads_left,
+    copied=payload_copy.payloads_copied,
+    started=payload_copy.copy_started,
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One schema version: the additive DDL that reaches it, and the data it copies after that DDL commits."""
@@ -177,7 +211,7 @@ class Step:
     version: int
     name: str
     apply: Callable[[Connection], None]
-    copy: Callable[[Engine], object] | None = None
+    copy: DataCopy | None = None
     # Also run in the step's transaction when the apply started from a database without Events.
     on_empty: Callable[[Connection], None] | None = None
 
@@ -190,7 +224,7 @@ STEPS = (
     Step(5, "v5_claimed_member_count", _apply_v5),
     Step(6, "v6_namespace_control", _apply_v6),
     Step(7, "v7_retention", _apply_v7),
-    Step(8, "v8_event_payload", _apply_v8, copy_event_payloads),
+    Step(8, "v8_event_payload", _apply_v8, PAYLOAD_COPY),
     Step(9, "v9_duplicate_window", _apply_v9),
     Step(10, "v10_payload_contract", _apply_v10, on_empty=_contract_empty_database),
 )
@@ -198,41 +232,130 @@ if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the s
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")
 
 
-def apply_schema(engine: Engine, target_version: int = 0) -> tuple[int, int, list[str]]:
-    """Migrate forward to ``target_version`` (0 = newest); return (from, to, applied step names).
+class SchemaNewerThanKnown(DomainError):
+    """The database's schema comes from a newer release than this one: nothing is migrated."""
 
-    Idempotent. Never migrates backwards: a target below the current version changes nothing.
-    A step that copies data commits its DDL first, then copies in transactions of its own, and
-    is recorded after the copy: interrupted, it is applied again (and resumes) on the next run.
-    An apply that starts without an Event table (nothing ever served the database) also runs
-    the steps' ``on_empty`` actions: v10 sets the payload contract at once.
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"database at version {version}, this release knows up to {NEWEST_VERSION}: use the newer nexuscrm-schema"
+        )
+        self.version = version
+
+
+class Observer:
+    """Told of each step ``apply_schema`` runs; every method does nothing unless overridden.
+
+    A method may raise to stop the apply where it is: what committed stays (each DDL step,
+    each copied batch), and the next apply resumes from there.
     """
-    target = target_version or NEWEST_VERSION
+
+    def step_started(self, step: Step, rows: int | None) -> None:
+        """``step`` begins; ``rows`` is what its data copy will copy (counted now), None for DDL only."""
+
+    def batch_copied(self, step: Step, batch: Batch) -> None:
+        """One batch of ``step``'s data copy committed."""
+
+    def step_applied(self, step: Step) -> None:
+        """``step``'s version is recorded."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannedStep:
+    """A step an apply would run, and for a data step how many rows it would copy now."""
+
+    step: Step
+    rows: int | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What ``apply_schema`` would do to reach ``target`` from ``current``: the steps, in order."""
+
+    current: int
+    target: int
+    steps: tuple[PlannedStep, ...]
+
+
+def resolve_target(requested: int) -> int:
+    """The version an apply aims at: ``requested``, or the newest for 0; ``InvalidArgument`` outside 1..newest."""
+    target = requested or NEWEST_VERSION
     if not 0 < target <= NEWEST_VERSION:
         raise InvalidArgument(
-            f"target_version must be between 1 and {NEWEST_VERSION}, got {target_version}",
+            f"target_version must be between 1 and {NEWEST_VERSION}, got {requested}",
             field="target_version",
         )
+    return target
+
+
+def plan(engine: Engine, target: int = 0) -> Plan:
+    """The steps ``apply_schema(engine, target)`` would run now, changing nothing.
+
+    Raises ``InvalidArgument`` for a target outside 1..newest, and ``SchemaNewerThanKnown``
+    for a database newer than this release knows (which ``apply_schema`` leaves alone).
+    """
+    aim = resolve_target(target)
+    with engine.connect() as connection:
+        start = _known_version(connection)
+        steps = tuple(
+            PlannedStep(step=step, rows=None if step.copy is None else step.copy.left(connection))
+            for step in _pending(start, aim)
+        )
+    return Plan(current=start, target=aim, steps=steps)
+
+
+def apply_schema(
+    engine: Engine, target_version: int = 0, *, observer: Observer | None = None
+) -> tuple[int, int, list[str]]:
+    """Migrate forward to ``target_version`` (0 = newest); return (from, to, applied step names).
+
+    Idempotent. Never migrates backwards: a target below the current version, or a database
+    newer than this release knows, changes nothing (``plan`` refuses the latter with
+    ``SchemaNewerThanKnown``; the service's schema gate refuses to serve it). A step that
+    copies data commits its DDL first, then copies in transactions of its own, and is
+    recorded after the copy: interrupted, it is applied again (and resumes) on the next run.
+    An apply that starts without an Event table (nothing ever served the database) also runs
+    the steps' ``on_empty`` actions: v10 sets the payload contract at once. ``observer`` is
+    told of each step and batch, and may stop the apply.
+    """
+    aim = resolve_target(target_version)
+    seen = observer or Observer()
     with engine.connect() as connection:
         start = current_version(connection)
         empty = not sa.inspect(connection).has_table(tables.Event.name)
     applied: list[str] = []
-    for step in STEPS:
-        if start < step.version <= target:
+    for step in _pending(start, aim):
+        if step.copy is None:
+            seen.step_started(step, None)
+        else:
+            with engine.connect() as connection:
+                seen.step_started(step, step.copy.left(connection))
+        with engine.begin() as connection:
+            step.apply(connection)
+            if empty and step.on_empty is not None:
+                step.on_empty(connection)
+            tables.SchemaVersion.create(connection, checkfirst=True)
+            if step.copy is None:
+                _record(connection, step)
+        if step.copy is not None:
+            step.copy.run(engine, functools.partial(seen.batch_copied, step))
             with engine.begin() as connection:
-                step.apply(connection)
-                if empty and step.on_empty is not None:
-                    step.on_empty(connection)
-                tables.SchemaVersion.create(connection, checkfirst=True)
-                if step.copy is None:
-                    _record(connection, step)
-            if step.copy is not None:
-                step.copy(engine)
-                with engine.begin() as connection:
-                    _record(connection, step)
-            applied.append(step.name)
+                _record(connection, step)
+        applied.append(step.name)
+        seen.step_applied(step)
     with engine.connect() as connection:
         return start, current_version(connection), applied
+
+
+def _known_version(connection: Connection) -> int:
+    """The database's version, refused (``SchemaNewerThanKnown``) when newer than this release knows."""
+    version = current_version(connection)
+    if version > NEWEST_VERSION:
+        raise SchemaNewerThanKnown(version)
+    return version
+
+
+def _pending(start: int, target: int) -> list[Step]:
+    return [step for step in STEPS if start < step.version <= target]
 
 
 def _record(connection: Connection, step: Step) -> None:

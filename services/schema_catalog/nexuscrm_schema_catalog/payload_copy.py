@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 COPY_BATCH_ROWS = 500  # Events per copy transaction
 FIRST_ORDINAL = -1  # a pass starts above it: legacy history may hold ordinal 0
+PAYLOAD_BYTES = Event.c.PayloadBytes.name  # the column v8 adds, which marks an Event copied
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,10 +74,11 @@ def event_batches(
         yield batch
 
 
-def copy_event_payloads(engine: Engine) -> int:
+def copy_event_payloads(engine: Engine, on_batch: Callable[[Batch], None]) -> int:
     """Copy the payload of every Event whose PayloadBytes is NULL; return how many were copied.
 
-    Logs its progress per batch.
+    Logs its progress per batch, then calls ``on_batch`` with the committed batch: if it
+    raises, the copy stops there (what committed stays, and the next copy skips it).
     """
     copied = 0
     for batch in event_batches(
@@ -90,7 +92,35 @@ def copy_event_payloads(engine: Engine) -> int:
             batch.through,
             copied,
         )
+        on_batch(batch)
     return copied
+
+
+def copy_started(connection: Connection) -> bool:
+    """Whether v8's DDL (EventPayload and Event.PayloadBytes) is in place, so a copy may have begun."""
+    inspector = sa.inspect(connection)
+    if not inspector.has_table(EventPayload.name):
+        return False
+    return PAYLOAD_BYTES in {c["name"] for c in inspector.get_columns(Event.name)}
+
+
+def payloads_left(connection: Connection) -> int:
+    """How many Events the copy would copy now: those whose PayloadBytes is NULL (every Event before v8's DDL)."""
+    inspector = sa.inspect(connection)
+    if not inspector.has_table(Event.name):
+        return 0
+    everything = sa.select(sa.func.count()).select_from(Event)
+    if not copy_started(connection):
+        return int(connection.execute(everything).scalar_one())
+    return int(connection.execute(everything.where(Event.c.PayloadBytes.is_(None))).scalar_one())
+
+
+def payloads_copied(connection: Connection) -> int:
+    """How many Events the copy has marked copied (PayloadBytes set); 0 before v8's DDL."""
+    if not copy_started(connection):
+        return 0
+    copied = sa.select(sa.func.count()).select_from(Event).where(Event.c.PayloadBytes.is_not(None))
+    return int(connection.execute(copied).scalar_one())
 
 
 def _next_pack(engine: Engine, after: str) -> str | None:
