@@ -29,6 +29,8 @@ PACKAGE_DIRS = (
     "services/integration",
     "tools",
 )
+# nexuscrm-protos lists its packages in its setup.py: they are generated from the contract when it is built.
+GENERATED_MODULES = {"protos/python": ("nexuscrm",)}
 SERVICES = ("nexuscrm-schema-catalog", "nexuscrm-controlplane", "nexuscrm-connectors", "nexuscrm-integration")
 FIRST_PARTY_PREFIX = "nexuscrm-"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -47,6 +49,7 @@ class Package:
     """One distribution of the repository: where it lives, what it ships and what it declares."""
 
     name: str
+    version: str
     directory: Path
     modules: tuple[str, ...]  # top-level import names it ships
     requires: tuple[str, ...]  # [project] dependencies, as written
@@ -68,12 +71,13 @@ def load_packages(root: Path = REPO_ROOT) -> dict[str, Package]:
     for relative in PACKAGE_DIRS:
         directory = root / relative
         project = tomllib.loads((directory / "pyproject.toml").read_text())
-        includes = project["tool"]["setuptools"]["packages"]["find"]["include"]
+        find = project["tool"]["setuptools"].get("packages", {}).get("find")
         name = canonical_name(project["project"]["name"])
         packages[name] = Package(
             name=name,
+            version=project["project"]["version"],
             directory=directory,
-            modules=tuple(include.rstrip("*") for include in includes),
+            modules=tuple(i.rstrip("*") for i in find["include"]) if find else GENERATED_MODULES[relative],
             requires=tuple(project["project"].get("dependencies", ())),
         )
     return packages
