@@ -23,10 +23,10 @@ from bench.environment import Backend, scratch_database
 from bench.laneflow import FLOW_REFERENCE, BenchLaneApplied, BenchLaneSum
 from bench.lanesum import WORKERS, Outcome, busy_since, deliver, lanes_of, sum_problems, wait_until
 from nexuscrm_runtime.database import create_engine
+from nexuscrm_schema.invariants import check_invariants
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import run as system
-from nexuscrm_tools.invariants import check_invariants
 from nexuscrm_tools.launcher import CONNECTORS, INTEGRATION, ServiceProcess, stop_services
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 from workqueue.values import IngestItem

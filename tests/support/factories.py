@@ -8,8 +8,8 @@ import uuid
 
 import sqlalchemy as sa
 
-from nexuscrm_runtime.clock import DatabaseClock
-from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
+from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
+from nexuscrm_schema.tables import AdmissionFence, ConnectorProjectionProtocol, PackInstall
 from workqueue.statuses import WorkStatus
 from workqueue.values import IngestItem, Route, WorkItemRow
 
@@ -55,6 +55,55 @@ def install_pack(
                 )
             )
     return pack_id
+
+
+def fence_pack(engine: sa.Engine, pack_install_id: str, *, namespace: str = "acme", reason: str = "") -> str:
+    """Arm a never-expiring fence on one pack, as Controlplane's ``arm_fence`` writes it; its FenceId.
+
+    The AdmissionFence row and the pack's ControlVersion bump (decision 107) in one transaction,
+    so a Connectors test fences a pack without installing Controlplane (decision 146).
+    """
+    fence_id = str(uuid.uuid4())
+    with engine.begin() as connection:
+        now = DATABASE_CLOCK.read(connection)
+        connection.execute(
+            sa.insert(AdmissionFence).values(
+                FenceId=fence_id, Namespace=namespace, Scope=pack_install_id, Reason=reason, CreatedAt=now
+            )
+        )
+        _bump_control_version(connection, pack_install_id)
+    return fence_id
+
+
+def lift_fence(engine: sa.Engine, fence_id: str) -> None:
+    """Remove a pack fence armed by ``fence_pack`` and bump its pack's ControlVersion, as ``disarm_fence`` does."""
+    with engine.begin() as connection:
+        fence = AdmissionFence.c.FenceId == fence_id
+        scope = connection.execute(sa.select(AdmissionFence.c.Scope).where(fence)).scalar_one()
+        connection.execute(sa.delete(AdmissionFence).where(fence))
+        _bump_control_version(connection, scope)
+
+
+def _bump_control_version(connection: sa.Connection, pack_install_id: str) -> None:
+    connection.execute(
+        sa.update(PackInstall)
+        .where(PackInstall.c.PackInstallId == pack_install_id)
+        .values(ControlVersion=sa.func.coalesce(PackInstall.c.ControlVersion, 0) + 1)
+    )
+
+
+def record_work_item_handoff(engine: sa.Engine, pack_install_id: str, clock: DatabaseClock = DATABASE_CLOCK) -> None:
+    """Record a pack's switch to WorkItem-only execution (``PackInstall.WorkItemHandoffAt``), once.
+
+    The row the old runtime's ``record_work_item_handoff`` writes for a pack not cut over, so a
+    Controlplane test sets up that prior state without installing Connectors (decision 146).
+    """
+    with engine.begin() as connection:
+        connection.execute(
+            sa.update(PackInstall)
+            .where(PackInstall.c.PackInstallId == pack_install_id, PackInstall.c.WorkItemHandoffAt.is_(None))
+            .values(WorkItemHandoffAt=clock.read(connection))
+        )
 
 
 def route(lane: str = "lane-1", *, kind: str = "contact.upsert", work_type: str = "project") -> Route:

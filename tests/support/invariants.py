@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import sqlalchemy as sa
 
-from nexuscrm_tools.invariants import bounds_violations, check_invariants, generation_bounds, window_violations
+from nexuscrm_schema.invariants import bounds_violations, check_invariants, generation_bounds, window_violations
 
 __all__ = ["assert_invariants", "bounds_violations", "check_invariants", "generation_bounds", "window_violations"]
 

@@ -24,11 +24,11 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.database import run_transaction
+from nexuscrm_schema.invariants import check_invariants, snapshot
 from nexuscrm_sdk.flows import FlowContext
 from nexuscrm_sdk.worker import Flow, Generation
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.demo_tables import applied, metadata
-from nexuscrm_tools.invariants import check_invariants, snapshot
 from workqueue.values import InputRow, Route, WorkItemRow
 
 EVENT_KIND = "contact.upsert"

@@ -56,12 +56,12 @@ from nexuscrm_runtime.config import dsn_backend, env_str
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.database_check import DatabaseUnusable, check_database
 from nexuscrm_runtime.polling import poll_until
+from nexuscrm_schema.invariants import check_invariants
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import demo, demo_tables, tables
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.durations import parse_duration
 from nexuscrm_tools.exits import ExitCode, help_epilog
-from nexuscrm_tools.invariants import check_invariants
 from nexuscrm_tools.launcher import (
     CONNECTORS,
     CONTROLPLANE,

@@ -16,9 +16,9 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema import verification
+from nexuscrm_schema.invariants import payload_storage_violations
 from nexuscrm_schema.tables import Event, EventPayload, PackInstall
 from nexuscrm_schema_catalog import migrations, payload_copy
-from nexuscrm_tools.invariants import payload_storage_violations
 from tests.support.checksums import row_checksums
 from tests.support.factories import START, delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -24,12 +24,11 @@ from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFou
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_controlplane.fences import arm_fence, disarm_fence
 from nexuscrm_runtime.server import RunningServer, create_server
 from nexuscrm_schema import tables
 from nexuscrm_sdk.client import ConnectorsClient
 from tests.support.checksums import database_checksums
-from tests.support.factories import FakeClock, delivery, install_pack, route
+from tests.support.factories import FakeClock, delivery, fence_pack, install_pack, lift_fence, route
 from tests.support.invariants import assert_invariants
 from tests.support.statuses import violation_field
 from workqueue import WorkStatus
@@ -133,12 +132,12 @@ def test_queue_state_counts_the_native_queue_and_names_its_oldest_waiting_genera
 
 def test_receipts_held_by_a_fence_keep_the_queue_undrained(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
-    fence = arm_fence(engine, "acme", pack, reason="maintenance")
+    fence = fence_pack(engine, pack, reason="maintenance")
     results = connectors.ingest(pack, items=[delivery(), delivery()])
     state = connectors.queue_state(pack)
     assert [r.outcome.value for r in results] == ["fenced", "fenced"]
     assert state.depth == 0 and state.receipts_waiting == 2 and not state.drained
-    disarm_fence(engine, fence.fence_id)
+    lift_fence(engine, fence)
     assert connectors.materialize() == 2
     assert connectors.queue_state(pack).pending == 1
     _finish(connectors, pack)

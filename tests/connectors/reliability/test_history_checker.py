@@ -8,8 +8,8 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.clock import utcnow
+from tests.connectors.reliability.history import History, check_history
 from tests.support.factories import delivery, install_pack
-from tests.support.history import History, check_history
 from tests.support.waiting import wait_until
 from workqueue.values import Claim, IngestResult, Outcome
 

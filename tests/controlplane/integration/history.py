@@ -11,10 +11,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.legacy import LegacyRuntime
 from nexuscrm_controlplane import cutover, fences, lifecycle
 from tests.support.checksums import Checksums, database_checksums
 from tests.support.factories import FakeClock as FakeClock  # the controlplane tests share one clock type
+from tests.support.factories import record_work_item_handoff
 from workqueue.values import IngestItem, Route
 
 NAMESPACE = "acme"
@@ -40,22 +40,13 @@ def install(engine: sa.Engine, clock: FakeClock, *, handoff: bool = True) -> str
     """A pack of NAMESPACE, by default switched to WorkItem-only execution (the prior v2 handoff)."""
     pack = lifecycle.install_pack(engine, NAMESPACE, "crm-sync", "1.0.0", clock).pack_install_id
     if handoff:
-        LegacyRuntime(engine, clock).record_work_item_handoff(pack)
+        record_work_item_handoff(engine, pack, clock)
     return pack
 
 
 def arm(engine: sa.Engine, clock: FakeClock) -> str:
     """Runbook step 1: a namespace-wide fence that never expires; returns its id."""
     return fences.arm_fence(engine, NAMESPACE, "*", reason="cutover", clock=clock).fence_id
-
-
-def run_old_workers(legacy: LegacyRuntime, pack: str) -> int:
-    """Run old workers until nothing of the pack is claimable; return how many WorkItems completed."""
-    completed = 0
-    while (claim := legacy.claim("old-worker", pack)) is not None:
-        legacy.complete(claim.work.work_id, claim.lease_token)
-        completed += 1
-    return completed
 
 
 def history(engine: sa.Engine) -> Checksums:

@@ -33,9 +33,9 @@ from nexuscrm_tools.exits import ExitCode
 from nexuscrm_tools.launcher import CONNECTORS, ServiceProcess, stop_services, target_env
 from nexuscrm_tools.run import run_demo, start_system
 from nexuscrm_tools.simulator import WorkloadConfig, workload
-from tests.system.acceptance.test_integration_service import expected_contacts
 from tests.support.invariants import assert_invariants, window_violations
 from tests.support.waiting import DEADLINE, wait_until
+from tests.system.acceptance.test_integration_service import expected_contacts
 from workqueue.values import IngestItem, Outcome
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]

@@ -3,7 +3,7 @@
 IntegrationService serves a ``HostStatus`` on an OS-chosen port from the start (so a
 Controlplane can be given its target before any pack exists); ``activate`` then builds a
 ``WorkerHost`` whose workers claim from a real ConnectorsService over gRPC and measure their
-skew with the offset clock (the seam ``tests/integration/test_worker_clock.py`` uses too).
+skew with the offset clock (the seam ``tests/connectors/integration/test_worker_clock.py`` uses too).
 """
 
 from __future__ import annotations

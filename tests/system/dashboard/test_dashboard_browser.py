@@ -47,11 +47,11 @@ from nexuscrm_tools.launcher import (
 )
 from nexuscrm_tools.run import install_demo_pack
 from nexuscrm_tools.simulator import Simulator, WorkloadConfig
-from tests.system.dashboard.browser import ARTIFACTS, browser_session, console_errors
-from tests.system.dashboard.integration_host import SkewedHost
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
+from tests.system.dashboard.browser import ARTIFACTS, browser_session, console_errors
+from tests.system.dashboard.integration_host import SkewedHost
 from workqueue import decode_projection_key
 from workqueue.values import IngestItem, Outcome, Route
 

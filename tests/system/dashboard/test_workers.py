@@ -25,10 +25,10 @@ from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_controlplane.dashboard.workers import integration_hosts, integration_targets, skew_flagged
 from nexuscrm_runtime.config import ConfigError
-from tests.system.dashboard.integration_host import SkewedHost
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
+from tests.system.dashboard.integration_host import SkewedHost
 
 pytestmark = pytest.mark.database
 

@@ -2,12 +2,12 @@
 
 As an operator scaling out would run it (issue 14): three Connectors processes, replica n
 with NEXUSCRM_DSN on node n; three seeded ingest clients and four workers of
-``tests/reliability/workload.py`` spread over the replicas (duplicates: every cut-off or
+``tests/system/reliability/workload.py`` spread over the replicas (duplicates: every cut-off or
 refused batch is sent again; failures, stalls past the lease, retries); beside them, for a
 bounded run, an operator replaying completed work through the replicas, admission fences
 armed and disarmed with the Controlplane's domain code on node 1, and faults: a commit point
 per replica that answers UNAVAILABLE once (applied or not) and connections killed on every
-node. Then the queue drains, and the seeded history checker (``tests/support/history.py``),
+node. Then the queue drains, and the seeded history checker (``tests/connectors/reliability/history.py``),
 the invariant checker and the liveness check (no generation blocked behind a terminal
 predecessor) look at the cluster.
 
@@ -42,11 +42,11 @@ from nexuscrm_controlplane import fences
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools.launcher import CONNECTORS, ServiceProcess, start_services, stop_services
+from tests.connectors.reliability.history import OpOutcome
+from tests.support.invariants import check_invariants
 from tests.system.galera.test_successor_blocking import BLOCKED_BEHIND_TERMINAL
 from tests.system.reliability.conftest import CALL_TIMEOUT, ConnectorsCluster, record_figures
 from tests.system.reliability.workload import WORKLOAD_ENV, Workload
-from tests.support.history import OpOutcome
-from tests.support.invariants import check_invariants
 from workqueue import WorkStatus
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 from workqueue.values import ACKNOWLEDGED_OUTCOMES

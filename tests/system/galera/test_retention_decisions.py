@@ -21,10 +21,10 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema.tables import Event, PrunedWork, WorkItem
-from tests.system.galera.test_control_decisions import Gate, engines, synced
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import DEADLINE
+from tests.system.galera.test_control_decisions import Gate, engines, synced
 from workqueue.values import IngestResult, Outcome
 
 __all__ = ["engines"]  # the fixture, shared with the control decisions

@@ -33,9 +33,9 @@ from tests.controlplane.integration.history import (
     items,
     protocol_rows,
     route,
-    run_old_workers,
     start_cli,
 )
+from tests.system.integration.old_workers import run_old_workers
 from workqueue import EventStatus, WorkStatus
 
 pytestmark = pytest.mark.database

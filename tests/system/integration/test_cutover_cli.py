@@ -19,8 +19,8 @@ from tests.controlplane.integration.history import (
     items,
     protocol_rows,
     run_cli,
-    run_old_workers,
 )
+from tests.system.integration.old_workers import run_old_workers
 
 CUTOVER = "connector-projection-cutover"
 DRAIN = "connector-projection-drain"

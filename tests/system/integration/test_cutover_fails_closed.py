@@ -32,9 +32,9 @@ from tests.controlplane.integration.history import (
     protocol_rows,
     route,
     run_cli,
-    run_old_workers,
 )
 from tests.support.factories import START
+from tests.system.integration.old_workers import run_old_workers
 from workqueue import EventStatus, WorkStatus
 
 pytestmark = pytest.mark.database

@@ -19,8 +19,8 @@ from tests.controlplane.integration.history import (
     install,
     items,
     protocol_rows,
-    run_old_workers,
 )
+from tests.system.integration.old_workers import run_old_workers
 from workqueue import ReceiptState
 from workqueue.errors import InvalidArgument
 from workqueue.values import Outcome

@@ -20,12 +20,12 @@ import sqlalchemy as sa
 from nexuscrm_connectors import payload_contract as cached_contract
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.server import create_server
+from nexuscrm_schema.invariants import payload_storage_violations
 from nexuscrm_schema.tables import Event, EventPayload, PayloadContract, WorkItem
 from nexuscrm_schema_catalog import migrations, payload_contract, payload_copy
 from nexuscrm_schema_catalog.servicer import registration
 from nexuscrm_tools import cli
 from nexuscrm_tools.exits import ExitCode
-from nexuscrm_tools.invariants import payload_storage_violations
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

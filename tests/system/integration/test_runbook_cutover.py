@@ -19,7 +19,8 @@ from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane.cutover import Outcome as CutoverOutcome
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_schema_catalog import migrations
-from tests.controlplane.integration.history import FakeClock, arm, cut, install, items, run_old_workers
+from tests.controlplane.integration.history import FakeClock, arm, cut, install, items
+from tests.system.integration.old_workers import run_old_workers
 from workqueue.values import Outcome
 
 pytestmark = pytest.mark.database

@@ -23,11 +23,11 @@ import sqlalchemy as sa
 
 from nexuscrm_schema.tables import Event, PackInstall, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
-from tests.system.reliability.conftest import CALL_TIMEOUT, ProxiedConnectors, StartProxied, record_figures
+from tests.connectors.reliability.history import RETRYABLE_CODES
 from tests.support.factories import delivery, install_pack
-from tests.support.history import RETRYABLE_CODES
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
+from tests.system.reliability.conftest import CALL_TIMEOUT, ProxiedConnectors, StartProxied, record_figures
 from workqueue import WorkStatus
 from workqueue.values import Outcome
 

@@ -2,7 +2,7 @@
 
 A private MariaDB server (``tests/support/private_mariadb.py``: the shared one must never be
 restarted) carries a Connectors process while the seeded clients and workers of
-``tests/reliability/workload.py`` record a history. Each restart waits until its share of
+``tests/system/reliability/workload.py`` record a history. Each restart waits until its share of
 the receipts is acknowledged, so it strikes mid-load; the server then stays down a seeded
 while and comes back on the same port and datadir (after InnoDB's crash recovery, if it
 was killed). Callers see OK or a retryable status, never a false success; retrying the same
@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 
 from nexuscrm_runtime.clock import utcnow
-from tests.system.reliability.conftest import FULL, ConnectorsCluster, record_figures, service_dsn, start_pair
-from tests.system.reliability.workload import CLIENTS, RECEIPTS_PER_CLIENT, WORKLOAD_ENV, Workload
-from tests.support.history import History, acknowledged_receipts, resolved_unknowns
+from tests.connectors.reliability.history import History, acknowledged_receipts, resolved_unknowns
 from tests.support.invariants import assert_invariants
 from tests.support.private_mariadb import PrivateMariaDB
 from tests.support.waiting import wait_until
+from tests.system.reliability.conftest import FULL, ConnectorsCluster, record_figures, service_dsn, start_pair
+from tests.system.reliability.workload import CLIENTS, RECEIPTS_PER_CLIENT, WORKLOAD_ENV, Workload
 
 pytestmark = [pytest.mark.database, pytest.mark.acceptance]
 

@@ -1,6 +1,6 @@
-"""Concurrent clients under database and process faults, checked as a history (tests/support/history.py).
+"""Concurrent clients under database and process faults, checked as a history (tests/connectors/reliability/history.py).
 
-The seeded clients and workers of ``tests/reliability/workload.py`` run while a fault
+The seeded clients and workers of ``tests/system/reliability/workload.py`` run while a fault
 thread resets, blackholes and cuts off the database behind the Connectors process and kills
 its connections, and fault points (NEXUSCRM_FAULTS) make single commits raise. Where the
 Controlplane cutover is importable, concurrent callers run it on a fenced pack through the
@@ -22,9 +22,9 @@ from collections import Counter
 import pytest
 
 from nexuscrm_runtime.database import create_engine
+from tests.support.invariants import assert_invariants
 from tests.system.reliability.conftest import FULL, ProxiedConnectors, StartProxied, record_figures, service_dsn
 from tests.system.reliability.workload import RETRY_PAUSE, WORKLOAD_ENV, Workload
-from tests.support.invariants import assert_invariants
 
 pytestmark = [
     pytest.mark.database,

@@ -20,10 +20,10 @@ from nexuscrm_connectors import retention
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema.tables import Event, PrunedReceipt, PrunedWork, WorkItem
-from tests.system.reliability.conftest import StartProxied, record_figures
-from tests.system.reliability.workload import WORKLOAD_ENV, Workload
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
+from tests.system.reliability.conftest import StartProxied, record_figures
+from tests.system.reliability.workload import WORKLOAD_ENV, Workload
 from workqueue.values import Outcome
 
 pytestmark = [

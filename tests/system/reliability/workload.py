@@ -1,4 +1,4 @@
-"""Seeded ingest clients and workers that record every call as a history (tests/support/history.py).
+"""Seeded ingest clients and workers that record every call as a history (tests/connectors/reliability/history.py).
 
 Ingest clients deliver seeded batches and retry the unacknowledged receipts of a batch
 (same keys, same payloads) until all are acknowledged; workers claim, load and complete
@@ -24,9 +24,15 @@ from nexuscrm_runtime.clock import utcnow
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.timestamps import naive_utc
-from tests.system.reliability.conftest import FULL, ConnectorsCluster
+from tests.connectors.reliability.history import (
+    History,
+    OpOutcome,
+    acknowledged_receipts,
+    check_history,
+    unexpected_statuses,
+)
 from tests.support.factories import install_pack, route
-from tests.support.history import History, OpOutcome, acknowledged_receipts, check_history, unexpected_statuses
+from tests.system.reliability.conftest import FULL, ConnectorsCluster
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 from workqueue.values import ACKNOWLEDGED_OUTCOMES, IngestItem
 

@@ -10,7 +10,9 @@ with PayloadBytes has exactly one EventPayload row of that length, one without (
 schema v8 copied it) has none, and no EventPayload row lacks its Event. The checker reads
 every row, so it is for tests, demos and operator audits of small databases, never a hot
 path; it returns violations prefixed with the invariant's letter. Every scenario test ends
-with it (tests/support/invariants.py), and `make run` prints its verdict.
+with it (tests/support/invariants.py), and `make run` prints its verdict. It lives in the schema
+library because it reads only canonical tables: every owner's tests use it without the operator
+tools (docs/decisions/146-test-layout-by-owner.md).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import datetime as dt
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import Row
 
-from nexuscrm_connectors.queries import DbRow
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
@@ -37,9 +40,10 @@ from nexuscrm_schema.tables import (
     RetentionPolicy,
     WorkItem,
 )
-from nexuscrm_sdk.timestamps import naive_utc
 from workqueue import ReceiptState, WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
+
+DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 
 # (pack, projection key) -> [(InputStartOrdinal, LaneOrdinal, WorkId, Status)] by LaneOrdinal
 Generations = dict[tuple[str, str], list[tuple[int, int, str, str]]]
@@ -205,7 +209,7 @@ def window_violations(engine: sa.Engine, acknowledged: Mapping[tuple[str, str], 
         if (pack, key) in events or (pack, key) in tombstones:
             continue
         horizon = horizons.get(pack)
-        naive = naive_utc(source_time)
+        naive = source_time.astimezone(dt.UTC).replace(tzinfo=None) if source_time.tzinfo else source_time
         if horizon is None or naive > horizon:
             problems.append(
                 f"W: input {pack}/{key} (source time {naive.isoformat()}) has no Event and no tombstone, and lies "

@@ -1,0 +1,157 @@
+"""Index plans of every service's hot queries on every backend: no full table scan, no filesort over a table.
+
+Connectors' admission, claim, retention and read queries and Controlplane's pack reads, drain
+counts and cutover audit scans, each run through the real call on one database seeded by the
+Connectors plan test's ``seed`` (the real admission, claim and completion paths plus old-protocol
+rows), then EXPLAINed exactly as captured (``tests/support/plans.py`` reads TiDB's format).
+Two owners' queries in one table, so it is a system test (decision 146); docs/performance.md
+lists the expected TiDB operator of each query.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors import packs, queries
+from nexuscrm_connectors import retention_queries as rq
+from nexuscrm_connectors.leases import lease_grant
+from nexuscrm_controlplane import queries as cp_queries
+from nexuscrm_runtime.budgets import MIB
+from nexuscrm_runtime.clock import DATABASE_CLOCK
+from nexuscrm_runtime.database import is_sqlite
+from nexuscrm_schema.hints import NO_DECORRELATE
+from tests.connectors.integration.test_index_plans import LEGACY_HISTORY, Seeded, capture, ranges, seed
+from tests.support.factories import START
+from tests.support.plans import explain_problems
+from workqueue import EventStatus, ReceiptState
+
+pytestmark = pytest.mark.database
+
+
+def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
+    """Every hot query by builder name, each as the real call the runtime makes."""
+    now = START + dt.timedelta(hours=1)
+    pack, key, legacy, legacy_key = seeded.native_pack, seeded.claimed_key, seeded.legacy_pack, seeded.legacy_key
+    after = (pack, START, "h-1")  # a ListReceipts page token's position
+    return {
+        # Connectors: admission, duplicate verification, claim, payload reads, materializer.
+        "receipts_get": lambda c: queries.receipts_get(c, pack, ["n-1-1", "n-2-2"]),
+        "events_by_receipt": lambda c: queries.events_by_receipt(c, pack, ["n-1-1", "h-7"]),
+        "work_items_covering": lambda c: queries.work_items_covering(
+            c, pack, queries.events_by_receipt(c, pack, ["n-1-1", "h-7", "h-8"])
+        ),
+        # Every Event of the range already has its receipt: the copy inserts nothing, and EXPLAIN reads its plan.
+        "receipts_insert_admitted": lambda c: queries.receipts_insert_admitted(
+            c, pack, range(seeded.start, seeded.end + 1), now
+        ),
+        "work_items_newest": lambda c: queries.work_items_newest(
+            c, pack, range(seeded.start, seeded.end + 1), seeded.projection_keys
+        ),
+        "work_items_extend": lambda c: queries.work_items_extend(
+            c, pack, {seeded.claimed_work_id: seeded.end + 1}, seeded.end + 1
+        ),
+        "work_items_get": lambda c: queries.work_items_get(c, [seeded.claimed_work_id]),
+        "work_item_successor": lambda c: queries.work_item_successor(c, pack, key, seeded.start),
+        # Completions (Complete, and a claim's: decision 131): locked read, compare-and-set, successors.
+        "work_items_lock": lambda c: queries.work_items_lock(
+            c, [seeded.claimed_work_id, "no-such-work"], DATABASE_CLOCK
+        ),
+        "work_items_complete": lambda c: queries.work_items_complete(
+            c, list(queries.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values()), now
+        ),
+        "work_items_successors": lambda c: queries.work_items_successors(
+            c, list(queries.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values())
+        ),
+        "work_items_claimable": lambda c: queries.work_items_claimable(
+            c, [pack, legacy], ["project"], DATABASE_CLOCK, 10
+        ),
+        "work_items_claim": lambda c: queries.work_items_claim(
+            c, [seeded.claimed_work_id, "no-such-work"], now, lease_grant("plan", "token", now)
+        ),
+        "work_items_leased": lambda c: queries.work_items_leased(c, [seeded.claimed_work_id], "token"),
+        "work_items_record_member_count": lambda c: queries.work_items_record_member_count(
+            c, [seeded.claimed_work_id], "token"
+        ),
+        "selected_events_set_status": lambda c: queries.selected_events_set_status(
+            c, [(pack, seeded.end, key), (pack, seeded.start, key)], EventStatus.PROCESSING
+        ),
+        "event_range_count": lambda c: queries.event_range_count(c, pack, key, seeded.start, seeded.end),
+        "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500, MIB),
+        # A claim's inline inputs (decision 129): the sizes, one UNION ALL of range scans for its
+        # generations; then the members of those that fit, one scan of their OR-ed intervals.
+        "event_ranges_sizes (several)": lambda c: queries.event_ranges_sizes(c, ranges(seeded), 500),
+        "event_ranges_members (several)": lambda c: queries.event_ranges_members(c, ranges(seeded)),
+        "receipt_pack_stored_after": lambda c: queries.receipt_pack_stored_after(c, ""),
+        # the allocation UPDATE proves no Event sits above the counter (rolled back here)
+        "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack, DATABASE_CLOCK), 1),
+        # the fence check and the protocol row after the pack lock, one statement (decision 140)
+        "admission_guard": lambda c: packs.admission_guard(c, packs.pack_lock(c, pack, DATABASE_CLOCK)),
+        "receipts_stored_sizes": lambda c: queries.receipts_stored_sizes(c, pack, 500),
+        "receipts_stored_list": lambda c: queries.receipts_stored_list(c, pack, ["stored-0", "stored-2"]),
+        # Connectors: ListReceipts pages after the first (the dashboard test covers the first).
+        "receipts_in_state": lambda c: queries.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),
+        "receipts_in_state (all packs)": lambda c: queries.receipts_in_state(c, ReceiptState.STORED, None, after, 50),
+        # Connectors: the native queue (GetQueueState, WaitQueueDrained) and generation reads.
+        "work_queue_counts": lambda c: queries.work_queue_counts(c, pack),
+        "work_oldest_waiting": lambda c: queries.work_oldest_waiting(c, pack),
+        "receipt_count_capped": lambda c: queries.receipt_count_capped(c, pack, ReceiptState.STORED, 10_000),
+        "work_items_of_identity": lambda c: queries.work_items_of_identity(c, pack, key, None, 50),
+        "work_items_of_identity (next page)": lambda c: queries.work_items_of_identity(c, pack, key, seeded.end, 50),
+        # Controlplane: pack reads (GetPack, FindPacks).
+        "packs_by_name": lambda c: cp_queries.packs_by_name(c, "acme", "crm", "1.0", 100),
+        # Connectors: the retention pruner (decision 123); candidates after a keyset position.
+        "work_items_retention_candidates": lambda c: rq.work_items_retention_candidates(
+            c, pack, finished_before=now, after=(START, "h-1"), limit=50
+        ),
+        "work_items_newer": lambda c: rq.work_items_newer(c, pack, key, seeded.start, 2),
+        "events_members_page": lambda c: rq.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
+        "events_member_counts": lambda c: rq.events_member_counts(c, pack, key, seeded.start, seeded.end),
+        "pruned_work_get": lambda c: rq.pruned_work_get(c, seeded.claimed_work_id),
+        # Connectors: the duplicate window's expiry (decision 127), oldest SourceTime first.
+        "tombstones_expiring": lambda c: rq.tombstones_expiring(c, pack, now, 500),
+        "pruned_work_expiring": lambda c: rq.pruned_work_expiring(c, pack, now, 500),
+        "work_namespace": lambda c: queries.work_namespace(c, seeded.claimed_work_id),
+        # Controlplane: drain counts (GetDrainStatus, the cutover gate).
+        "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),
+        "legacy_work_live_sample": lambda c: cp_queries.legacy_work_live_sample(c, legacy, 10),
+        "legacy_work_unknown": lambda c: cp_queries.legacy_work_unknown(c, legacy, 10),
+        "legacy_retry_waits": lambda c: cp_queries.legacy_retry_waits(c, legacy, now, 10),
+        "legacy_retry_wait_count": lambda c: cp_queries.legacy_retry_wait_count(c, legacy, now),
+        "legacy_dependency_waits": lambda c: cp_queries.legacy_dependency_waits(c, legacy, 10),
+        # Controlplane: the cutover audit scans.
+        "legacy_work_count": lambda c: cp_queries.legacy_work_count(c, legacy),
+        "legacy_work_orphaned": lambda c: cp_queries.legacy_work_orphaned(c, legacy, 10),
+        "event_identity_count": lambda c: cp_queries.event_identity_count(c, legacy),
+        "event_identities_page": lambda c: cp_queries.event_identities_page(c, legacy, None, 200),
+        "pack_event_count": lambda c: cp_queries.pack_event_count(c, legacy),
+        "work_items_above": lambda c: cp_queries.work_items_above(c, legacy, LEGACY_HISTORY, 10),
+        "work_items_unclassifiable": lambda c: cp_queries.work_items_unclassifiable(c, legacy, 10),
+        "identity_event_bounds": lambda c: cp_queries.identity_event_bounds(c, legacy, legacy_key),
+        "identity_completed_boundary": lambda c: cp_queries.identity_completed_boundary(c, legacy, legacy_key),
+        "identity_events_page": lambda c: cp_queries.identity_events_page(c, legacy, legacy_key, None, 1000),
+    }
+
+
+def test_hot_queries_use_index_ranges(engine: sa.Engine) -> None:
+    seeded = seed(engine)
+    failures: dict[str, list[str]] = {}
+    hinted = set()
+    for name, call in hot_queries(seeded).items():
+        with engine.connect() as connection:
+            with capture(engine) as captured:
+                call(connection)
+            assert captured, f"{name} ran no statement"
+            hinted |= {name for statement in captured if NO_DECORRELATE in statement.statement}
+            for statement in captured:
+                for problem in explain_problems(connection, statement.statement, statement.parameters):
+                    failures.setdefault(name, []).append(f"{problem}\n    in: {statement.statement[:300]}")
+    assert not failures, "hot queries without an index range plan:\n" + "\n".join(
+        f"{name}: {problem}" for name, found in failures.items() for problem in found
+    )
+    # Every correlated [NOT] EXISTS over a growing table stays correlated on TiDB (a comment elsewhere).
+    probes = {"receipts_insert_admitted", "legacy_dependency_waits", "legacy_work_orphaned", "identity_events_page"}
+    assert hinted == (set() if is_sqlite(engine) else probes)
