@@ -12,7 +12,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup runtime protos test run lint typecheck fmt clean bench bench-quick reliability deps
+.PHONY: setup runtime protos test run lint typecheck fmt clean bench bench-quick reliability deps test-owner
 
 # runtime: what running needs (every package editable, the protos generated); setup adds the
 # development and test tools of requirements/dev.txt.
@@ -43,7 +43,13 @@ test: setup
 reliability: setup
 	rm -f var/reliability-figures.jsonl
 	NEXUSCRM_FUZZ_CASES_PER_SERVICE=10000 NEXUSCRM_RELIABILITY_FULL=1 \
-	NEXUSCRM_RELIABILITY_FIGURES=var/reliability-figures.jsonl $(BIN)/pytest tests/reliability
+	NEXUSCRM_RELIABILITY_FIGURES=var/reliability-figures.jsonl $(BIN)/pytest tests/connectors/reliability tests/system/reliability
+
+# One owner's suite in a virtualenv of only Core and that owner, outside the checkout
+# (decision 146): make test-owner OWNER=connectors (schema-catalog, controlplane, integration).
+OWNER ?= connectors
+test-owner:
+	PYTHON=$(PYTHON) bash tests/support/owner_venv.sh $(OWNER)
 
 # Extra flags for nexuscrm-run, e.g. make run ARGS="--serve" or ARGS="--lanes 50 --inputs 1000".
 ARGS ?=
