@@ -18,7 +18,7 @@ Its database is the pool setting ``database`` (a SQLAlchemy URL; default
 
 or, from the repository root, ``.venv/bin/nexuscrm-run --flow examples.contact_stages:contact_stages
 --setting database=sqlite:///var/contact-stages.db``. Its test, on the SDK's in-memory work
-source, is ``tests/unit/test_example_flow.py``.
+source, is ``tests/connectors/unit/test_example_flow.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every MySQL-protocol engine we speak to (MySQL, MariaDB with Galera, TiDB) reports errors as a
 number; this table sorts the numbers that need more than "a bug: INTERNAL" into four classes.
-``docs/tidb.md`` cites it; ``tests/unit/test_engine_errors.py`` forges each code as PyMySQL
+``docs/tidb.md`` cites it; ``tests/schema_catalog/unit/test_engine_errors.py`` forges each code as PyMySQL
 raises it and checks the class, the status and the message.
 
 - ``CONFLICT``: the transaction lost to a concurrent one and nothing of it committed;

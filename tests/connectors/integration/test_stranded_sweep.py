@@ -2,7 +2,7 @@
 
 On one server the completion that makes a predecessor terminal unblocks its successor in the
 same transaction, so the stranded state is built directly here: the state a multi-primary
-write skew left before decision 106 (tests/galera reproduces the race itself).
+write skew left before decision 106 (tests/system/galera reproduces the race itself).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Arming and disarming a fence, adding and removing an override and writing a protocol row bump
 ``PackInstall.ControlVersion`` of exactly the packs they cover: the row every admission that
 allocates ordinals writes too, so on a multi-primary engine the two conflict at commit
-(tests/galera/test_control_decisions.py runs those races). Installing a pack and arming or
+(tests/system/galera/test_control_decisions.py runs those races). Installing a pack and arming or
 disarming a namespace fence also write the namespace's NamespaceControl row, so the two
 conflict in turn. Here: which rows each change writes.
 """
