@@ -55,7 +55,7 @@ def check_database(dsn: str, *, named: str = "NEXUSCRM_DSN") -> None:
         raise DatabaseUnusable(f"cannot use the {_where(url)}: {error.strerror}") from None
     try:
         with engine.connect() as connection:
-            connection.execute(sa.text("SELECT 1"))
+            connection.execute(sa.select(1))
     except sa.exc.DBAPIError as error:
         raise DatabaseUnusable(_cause(url, error, named)) from None
     finally:
