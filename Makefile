@@ -12,7 +12,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup runtime protos test run lint typecheck fmt clean bench bench-quick reliability deps test-owner
+.PHONY: setup runtime protos test run lint typecheck fmt clean bench bench-quick reliability deps test-owner breaking
 
 # runtime: what running needs (every package editable, the protos generated); setup adds the
 # development and test tools of requirements/dev.txt.
@@ -45,6 +45,14 @@ reliability: setup
 	NEXUSCRM_FUZZ_CASES_PER_SERVICE=10000 NEXUSCRM_RELIABILITY_FULL=1 \
 	NEXUSCRM_RELIABILITY_FIGURES=var/reliability-figures.jsonl $(BIN)/pytest tests/connectors/reliability tests/system/reliability
 
+# The whole N-1 compatibility tier (docs/decisions/147-n-1-compatibility-tier.md): each owner's
+# previous release (owners.toml) built from its commit into a virtualenv of its own, run against
+# the current others on the real MariaDB. `make test` runs only its smoke set. Builds go to a
+# temporary directory, or to NEXUSCRM_COMPAT_CACHE=<dir outside the checkout> to keep them.
+.PHONY: compat
+compat: setup
+	NEXUSCRM_COMPAT_FULL=1 $(BIN)/pytest tests/compatibility
+
 # One owner's suite in a virtualenv of only Core and that owner, outside the checkout
 # (decision 146): make test-owner OWNER=connectors (schema-catalog, controlplane, integration).
 OWNER ?= connectors
@@ -73,6 +81,14 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+
+# The contract against the previous release's (owners.toml, the schema-catalog owner's commit):
+# fails on any change `buf breaking` refuses; those go to a new proto package, v2
+# (protos/CHANGELOG.md, docs/decisions/143-owners-versions-and-ranges.md).
+breaking: setup
+	@commit=$$($(BIN)/python -c 'import tomllib; print(tomllib.load(open("owners.toml", "rb"))["owners"]["schema-catalog"]["previous"]["commit"])') && \
+	echo "buf breaking: protos against the previous release, commit $$commit" && \
+	$(BIN)/buf breaking --against ".git#ref=$$commit"
 
 # Each package's declared dependencies and what a deployment of it installs; fails when a
 # service names another service (docs/decisions/103-package-graph-enforced.md).

@@ -27,6 +27,8 @@ step "checkouts and version ranges"
 
 step "buf lint"
 "$BIN/buf" lint || exit 1
+step "buf breaking (the contract against the previous release: protos/CHANGELOG.md)"
+make --no-print-directory breaking || exit 1
 step "ruff"
 "$BIN/ruff" check . && "$BIN/ruff" format --check . || exit 1
 step "lint-imports (the package graph: docs/decisions/103-package-graph-enforced.md)"
