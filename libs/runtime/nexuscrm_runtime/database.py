@@ -26,7 +26,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
-from nexuscrm_runtime.engine_errors import ErrorClass, engine_error, error_class
+from nexuscrm_runtime.engine_errors import DUPLICATE_KEY_CODES, ErrorClass, engine_error, error_class
 from nexuscrm_runtime.faults import fault_point
 from nexuscrm_runtime.mysql_conversions import CONVERSIONS
 from nexuscrm_runtime.prerequisites import install_session_settings, is_tidb
@@ -228,6 +228,11 @@ def is_retryable(error: BaseException) -> bool:
     return "database is locked" in str(getattr(error, "orig", ""))
 
 
+def is_duplicate_key(error: BaseException) -> bool:
+    """True when a MySQL-protocol engine refused a row whose unique key another transaction holds."""
+    return isinstance(error, sa.exc.DBAPIError) and mysql_error_code(error) in DUPLICATE_KEY_CODES
+
+
 def is_unavailable(error: BaseException) -> bool:
     """True when the database connection or cluster failed rather than the statement."""
     if not isinstance(error, sa.exc.DBAPIError):
@@ -305,6 +310,7 @@ def run_transaction(
     name: str,
     retry: RetryPolicy | None = None,
     max_seconds: float | None = MAX_TRANSACTION_SECONDS,
+    unique_keys_conflict: bool = False,
 ) -> T:
     """Run ``work`` in one transaction, retrying conflicts as whole transactions.
 
@@ -316,7 +322,9 @@ def run_transaction(
     of ``work`` committed. A lost connection raises ``DatabaseUnavailable``: whether a
     commit applied is then unknown, so only the caller (retrying an idempotent request) can
     resolve it. A server limit (``TOO_LARGE``) raises ``DatabaseLimitExceeded`` naming it,
-    not retried. ``work`` must be safe to run again: it may only touch the database.
+    not retried. ``work`` must be safe to run again: it may only touch the database. With
+    ``unique_keys_conflict`` a duplicate-key error is a conflict too (``DUPLICATE_KEY_CODES``):
+    the next attempt reads the row another primary committed first.
 
     Each attempt may run ``max_seconds`` (seconds on ``retry``'s clock; None: unbounded, for a
     caller with its own deadline): a statement that would start, or a commit, after that
@@ -350,7 +358,7 @@ def run_transaction(
             refusal = limit_exceeded(error, name)  # an error that did not pass the engine's hook
             if refusal is not None:
                 raise refusal from error
-            if not is_retryable(error):
+            if not (is_retryable(error) or (unique_keys_conflict and is_duplicate_key(error))):
                 raise
             delay = policy.delay(attempt, started)
             if delay is None:

@@ -113,6 +113,14 @@ ENGINE_ERRORS: dict[int, EngineError] = {
 }
 
 
+# A unique key that a concurrent transaction committed first (MySQL, MariaDB, TiDB; TiDB's
+# optimistic transactions report it at commit). A bug in most transactions, but a conflict in
+# those that read a key's absence and then insert it while another primary may commit the same
+# key in between (twin deliveries through two Galera nodes or TiDB servers): those pass
+# ``unique_keys_conflict`` to ``run_transaction``, run again and find the other's row.
+DUPLICATE_KEY_CODES = frozenset({1062, 1586})  # ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME
+
+
 def engine_error(code: int | None) -> EngineError | None:
     """The table's entry for ``code``; None for a code the table does not list (permanent)."""
     return None if code is None else ENGINE_ERRORS.get(code)

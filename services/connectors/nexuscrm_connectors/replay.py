@@ -104,4 +104,4 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
             raise RuntimeError(f"replay {new_id} vanished inside the transaction that inserted it")
         return ReplayResult(work=queries.work_item_value(created), replay_event_ordinal=ordinal)
 
-    return run_transaction(engine, run, name="replay")
+    return run_transaction(engine, run, name="replay", unique_keys_conflict=True)  # an ordinal another primary took

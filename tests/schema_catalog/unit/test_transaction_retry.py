@@ -133,3 +133,23 @@ def test_engines_hide_parameters_from_error_text() -> None:
     with pytest.raises(sa.exc.OperationalError) as caught, engine.begin() as connection:
         connection.execute(sa.text("INSERT INTO missing VALUES (:secret)"), {"secret": "payload-secret"})
     assert "payload-secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("code", [1062, 1586])
+def test_a_duplicate_key_is_a_conflict_only_where_the_caller_says_so(engine: sa.Engine, code: int) -> None:
+    """Admission and replay: a twin committed through another primary first; the next attempt finds it."""
+    time = FakeTime()
+    calls = []
+
+    def work(connection: sa.Connection) -> str:
+        calls.append(1)
+        if len(calls) < 2:
+            raise sa.exc.IntegrityError("INSERT ...", {}, pymysql.err.IntegrityError(code, "Duplicate entry 'x'"))
+        return "answered as a duplicate"
+
+    with pytest.raises(sa.exc.IntegrityError):  # elsewhere a duplicate key is a bug: not retried
+        run_transaction(engine, work, name="test", retry=time.policy())
+    assert len(calls) == 1
+    calls.clear()
+    result = run_transaction(engine, work, name="test", retry=time.policy(), unique_keys_conflict=True)
+    assert result == "answered as a duplicate" and len(calls) == 2
