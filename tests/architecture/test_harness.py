@@ -30,7 +30,11 @@ CONNECTORS = next(owner for owner in load_owners() if owner.variable == "NEXUSCR
 RUNTIME_VERSION = read_project(project_file(RUNNER_ROOT / "libs/runtime"))["version"]
 
 
-def harness(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def harness(*args: str, connectors: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m tests.harness`` with Connectors from ``connectors`` and every other owner from this checkout."""
+    variables = {owner.variable for owner in load_owners()}
+    env = {name: value for name, value in os.environ.items() if name not in variables}
+    env[CONNECTORS.variable] = str(connectors)
     command = [sys.executable, "-m", "tests.harness", *args]
     return subprocess.run(command, cwd=RUNNER_ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE)
 
@@ -51,14 +55,14 @@ def connectors_tree(root: Path, *, version: str | None = None, runtime: str | No
 
 def test_checkouts_whose_versions_fit_each_others_ranges_pass_the_check(tmp_path: Path) -> None:
     tree = connectors_tree(tmp_path / "connectors")
-    result = harness("check", env={**os.environ, CONNECTORS.variable: str(tree)})
+    result = harness("check", connectors=tree)
     assert result.returncode == 0, result.stderr
     assert f"connectors from {CONNECTORS.variable}={tree}, not a git checkout" in result.stdout
 
 
 def test_a_version_outside_a_declared_range_is_named_and_the_check_fails_with_9(tmp_path: Path) -> None:
     tree = connectors_tree(tmp_path / "connectors", version="0.3.0", runtime=">=0.3,<0.4")
-    result = harness("check", env={**os.environ, CONNECTORS.variable: str(tree)})
+    result = harness("check", connectors=tree)
     assert result.returncode == EXIT_CHECK_FAILED
     assert "Traceback" not in result.stderr
     core = f"{CORE_VARIABLE}={RUNNER_ROOT}, {commit_of(RUNNER_ROOT)}"
@@ -72,7 +76,7 @@ def test_a_version_outside_a_declared_range_is_named_and_the_check_fails_with_9(
 
 
 def test_a_variable_naming_no_checkout_of_its_owner_is_a_usage_error(tmp_path: Path) -> None:
-    result = harness("check", env={**os.environ, CONNECTORS.variable: str(tmp_path)})
+    result = harness("check", connectors=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"{CONNECTORS.variable}={tmp_path} is not a checkout of Connectors: "
