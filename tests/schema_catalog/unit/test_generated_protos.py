@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import filecmp
 import importlib
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "protos"))
-
-import generate  # noqa: E402
+# Loaded by its path: protos/ on sys.path would make its .proto tree the namespace package
+# ``nexuscrm`` and hide the generated one.
+_spec = importlib.util.spec_from_file_location("generate", ROOT / "protos" / "generate.py")
+assert _spec is not None and _spec.loader is not None
+generate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generate)
 
 MODULES = [
     "nexuscrm.schemacatalog.v1.schema_catalog_pb2_grpc",
