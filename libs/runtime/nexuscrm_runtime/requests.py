@@ -7,7 +7,9 @@ every method's deserializer (``guarded_deserializer``): bytes that do not parse 
 invalid UTF-8, the string field, and the status interceptor raises it like any domain error.
 A request that parses is then checked once for what protobuf accepts but no handler can use
 (``validate_request``): a Timestamp outside 0001-01-01..9999-12-31 or with nanos outside
-0..999 999 999, and an identifier longer than its column (``workqueue.limits``).
+0..999 999 999, and an identifier longer than its column (``workqueue.limits``). Item
+messages (``workqueue.limits.ITEM_MESSAGES``) are left to their handler, which refuses a bad
+item alone and admits the rest of its request.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from workqueue.errors import InvalidArgument
+from workqueue.limits import ITEM_MESSAGES
 
 TIMESTAMP = "google.protobuf.Timestamp"
 MIN_TIMESTAMP_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
@@ -135,8 +138,8 @@ class _Kind(enum.Enum):
 
 def _kind(field: FieldDescriptor) -> _Kind:
     if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
-        if field.message_type.GetOptions().map_entry:
-            return _Kind.OTHER
+        if field.message_type.GetOptions().map_entry or field.message_type.full_name in ITEM_MESSAGES:
+            return _Kind.OTHER  # an item message is checked by its handler, item by item
         return _Kind.TIMESTAMP if field.message_type.full_name == TIMESTAMP else _Kind.MESSAGE
     return _Kind.STRING if field.type == FieldDescriptor.TYPE_STRING else _Kind.OTHER
 
@@ -160,9 +163,26 @@ def _plan(descriptor: Descriptor, limits: frozenset[tuple[str, int]]) -> tuple[t
 def validate_request(message: Message, limits: Mapping[str, int]) -> None:
     """Raise ``InvalidArgument`` naming the first out-of-range Timestamp or over-long identifier.
 
-    ``limits`` maps a field name, at any depth, to its maximum length in characters.
+    ``limits`` maps a field name, at any depth, to its maximum length in characters. Fields
+    holding an item message (``ITEM_MESSAGES``) are skipped: their handler checks each item
+    with ``item_refusals``.
     """
     _walk(message, frozenset(limits.items()), "")
+
+
+def item_refusals(items: Iterable[Message], limits: Mapping[str, int], *, field: str) -> dict[int, InvalidArgument]:
+    """The refusal of each item of the repeated ``field`` that ``validate_request`` would refuse, by index.
+
+    The path of a refusal names the item (``items[48].receipt_key``); the other items pass.
+    """
+    frozen = frozenset(limits.items())
+    refusals: dict[int, InvalidArgument] = {}
+    for index, item in enumerate(items):
+        try:
+            _walk(item, frozen, f"{field}[{index}].")
+        except InvalidArgument as error:
+            refusals[index] = error
+    return refusals
 
 
 def _walk(message: Message, limits: frozenset[tuple[str, int]], prefix: str) -> None:

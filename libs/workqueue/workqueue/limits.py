@@ -37,3 +37,7 @@ REQUEST_FIELD_LIMITS: dict[str, int] = {
     "worker_id": WORKER_ID_LENGTH,
     "lease_owner": WORKER_ID_LENGTH,
 }
+
+# Messages validated item by item by their handler: a bad item is that item's REJECTED outcome,
+# never a refusal of the whole request (``nexuscrm_runtime.requests.validate_request`` skips them).
+ITEM_MESSAGES: frozenset[str] = frozenset({"nexuscrm.connectors.v1.IngestItem"})

@@ -66,8 +66,24 @@ class Delivery:
     payload_hash: str
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RefusedItem:
+    """A delivery whose fields the transport could not read (an out-of-range Timestamp, an over-long key).
+
+    It stands in its batch for its REJECTED outcome, so that one bad delivery never holds
+    back the others of its call (``nexuscrm_runtime.requests``, item messages).
+    """
+
+    receipt_key: str
+    message: str
+
+
 def ingest(
-    engine: Engine, settings: Settings, clock: DatabaseClock, pack_install_id: str, items: Sequence[IngestItem]
+    engine: Engine,
+    settings: Settings,
+    clock: DatabaseClock,
+    pack_install_id: str,
+    items: Sequence[IngestItem | RefusedItem],
 ) -> list[IngestResult]:
     """Store and admit a batch of deliveries of one pack; one result per item, in order.
 
@@ -83,11 +99,14 @@ def ingest(
         raise LimitExceeded(
             f"items has {len(items)} deliveries; the limit is {settings.max_batch_items}", field="items"
         )
-    check_call_bytes(settings, items)
+    check_call_bytes(settings, [item for item in items if isinstance(item, IngestItem)])
     results: dict[int, IngestResult] = {}
     validated: dict[int, Delivery] = {}
     first: dict[str, Delivery] = {}  # the first valid delivery of each receipt key
     for index, item in enumerate(items):
+        if isinstance(item, RefusedItem):
+            results[index] = IngestResult(receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=item.message)
+            continue
         try:
             validated[index] = _validate(settings, pack_install_id, item)
         except DomainError as error:
@@ -222,6 +241,7 @@ def admit(
         engine,
         lambda connection: _admission(connection, settings, clock, newest, pack_install_id, deliveries),
         name="admission",
+        unique_keys_conflict=True,  # a twin committed through another primary: run again, answer duplicate
     )
     if admitted.ordinals:  # committed: a failure here only costs the next admission its seeks
         ordinals = admitted.ordinals

@@ -30,6 +30,7 @@ from nexuscrm_connectors import (
     retention,
 )
 from nexuscrm_connectors import completions as completing
+from nexuscrm_connectors.admission import RefusedItem
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
@@ -80,7 +81,7 @@ class Connectors:
         """Refresh the payload contract's cached flag when stale, outside the operation's transaction."""
         payload_contract.refresh(self.engine)
 
-    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
+    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem | RefusedItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
         self._events_written()
         results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)

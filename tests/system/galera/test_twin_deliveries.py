@@ -39,23 +39,21 @@ LANES = 3
 
 
 def _conflicts_retried() -> float:
-    return CONFLICTS.labels("admission", "retried")._value.get()
+    return float(CONFLICTS.labels("admission", "retried")._value.get())
 
 
 def _fences_seen(engine: sa.Engine, count: int) -> None:
     """Wait until ``engine``'s node applied the fences armed or disarmed through the other node."""
-    with engine.connect() as connection:
-        wait_until(
-            lambda: (
-                connection.execute(sa.select(sa.func.count()).select_from(AdmissionFence)).scalar_one() == count
-                or connection.rollback()
-            ),  # a fresh snapshot per look
-            f"{count} fences on node 2",
-        )
+
+    def fences_now() -> bool:
+        with engine.connect() as connection:  # a fresh snapshot per look
+            return connection.execute(sa.select(sa.func.count()).select_from(AdmissionFence)).scalar_one() == count
+
+    wait_until(fences_now, f"{count} fences on node 2")
 
 
 def _send_twins(
-    replicas: list[Connectors], pack: str, rounds: range, answers: list[list[IngestResult]]
+    replicas: list[Connectors], pack: str, rounds: range, answers: list[IngestResult]
 ) -> list[BaseException]:
     """Send each round's batch through both replicas at once (the second up to STAGGER later)."""
     rng = random.Random(34 + rounds.start)

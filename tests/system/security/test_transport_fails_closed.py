@@ -18,6 +18,7 @@ from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn
+from nexuscrm.connectors.v1 import connectors_pb2_grpc as cn_grpc
 from nexuscrm.controlplane.v1 import controlplane_pb2
 from nexuscrm.integration.v1 import integration_pb2
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2
@@ -28,6 +29,7 @@ from nexuscrm_integration.host import HostStatus
 from nexuscrm_integration.servicer import registration as integration_registration
 from nexuscrm_runtime.server import create_server
 from nexuscrm_runtime.tls import open_channel
+from nexuscrm_schema.tables import Event
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
 from nexuscrm_sdk import convert
 from tests.support.factories import delivery, install_pack
@@ -113,16 +115,18 @@ def test_invalid_utf8_answers_invalid_argument_naming_the_field(
 
 
 @pytest.mark.parametrize(("seconds", "nanos"), [(2**40, 0), (-(2**40), 0), (0, -1), (0, 1_000_000_000)])
-def test_out_of_range_source_time_answers_invalid_argument_naming_the_field(
+def test_out_of_range_source_time_rejects_that_item_naming_the_field(
     channel: grpc.Channel, engine: sa.Engine, seconds: int, nanos: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     pack = install_pack(engine)
     item = convert.item_to_proto(delivery("r-1"))
     item.source_time.seconds, item.source_time.nanos = seconds, nanos
     request = cn.IngestRequest(pack_install_id=pack, items=[item])
-    error = _call_raw(channel, "nexuscrm.connectors.v1.ConnectorsService.Ingest", request.SerializeToString())
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    assert violation_field(error) == "items[0].source_time"
+    (result,) = cn_grpc.ConnectorsServiceStub(channel).Ingest(request).results
+    assert result.outcome == cn.INGEST_OUTCOME_REJECTED
+    assert result.message.startswith("items[0].source_time."), result.message
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(sa.func.count()).select_from(Event)).scalar_one() == 0
     _no_error_logged(caplog)
 
 
