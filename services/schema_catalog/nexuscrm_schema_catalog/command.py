@@ -176,7 +176,7 @@ def _status_json(status: SchemaStatus, shown: str) -> dict[str, Any]:
 
 
 def _print_status(out: Console, status: SchemaStatus, shown: str) -> None:
-    names = {step.version: step.name for step in migrations.STEPS}
+    names = {step.version: step.name for step in migrations.STEPS} | {a.version: a.step for a in status.applied}
     out.print(f"database: {shown}")
     out.print(f"current:  {status.current}" + (f" ({names[status.current]})" if status.current in names else ""))
     out.print(f"head:     {status.head} ({names[status.head]})")
