@@ -3,7 +3,7 @@
 Subcommands: ``packs install|activate|protocol|show|find``, ``fences arm|disarm|list|override``,
 ``drain status|wait``, ``queue state|wait``, ``cutover audit|run``, ``work show|list|members``,
 ``receipts missing``, ``retention set|show|prune``, ``schema contract-payloads``, ``why``,
-``activation`` and ``workers``.
+``activation``, ``workers`` and ``version``.
 Tables by default, ``--json``
 for scripts. Services are found through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``;
 ``nexuscrm-run --serve`` prints them). With NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks
@@ -17,7 +17,7 @@ does not implement the RPC yet; 4, 5, 6 the cutover refused by gate, audit or mi
 prerequisite (as ``connector-projection-cutover``); 7 timeout (``drain wait`` or ``queue
 wait`` ended undrained, or an RPC's deadline passed); 8 the service refused the request; 9 the
 check did not pass (not drained, receipts whose coverage is missing, no protocol row, host not
-activated).
+activated, services outside each other's declared ranges: ``version``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from nexuscrm.buildinfo.v1.build_info_pb2 import BuildInfo
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as cn_grpc
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
+from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as sc_pb
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as sc_grpc
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
@@ -49,13 +51,14 @@ from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from nexuscrm_sdk import convert
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_tools import payload_contract, tables
+from nexuscrm_tools import payload_contract, tables, versions
 from nexuscrm_tools.durations import parse_duration, whole_seconds
 from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from workqueue import ReceiptState
 from workqueue.values import QueueState, Route
 
 RPC_TIMEOUT = 30.0  # seconds per call
+VERSION_TIMEOUT = 5.0  # seconds per GetBuildInfo: a service that does not answer by then is reported as such
 # gRPC statuses that say nothing about the request itself; every other status is a refusal.
 RPC_ERROR_EXIT_CODES = {
     grpc.StatusCode.UNAVAILABLE: ExitCode.UNREACHABLE,
@@ -125,6 +128,29 @@ class Clients:
     def integration(self) -> in_grpc.IntegrationServiceStub:
         """IntegrationService."""
         return in_grpc.IntegrationServiceStub(self._channel(self._targets.integration))
+
+    def build_infos(self) -> list[versions.Answer]:
+        """Every service's GetBuildInfo answer, in the order the launcher starts them (``versions.ask``)."""
+        calls: dict[str, Callable[[], BuildInfo]] = {
+            "SCHEMA_CATALOG": lambda: (
+                self.schema_catalog.GetBuildInfo(sc_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
+            ),
+            "CONNECTORS": lambda: (
+                self.connectors.GetBuildInfo(cn_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
+            ),
+            "CONTROLPLANE": lambda: (
+                self.controlplane.GetBuildInfo(cp_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
+            ),
+            "INTEGRATION": lambda: (
+                self.integration.GetBuildInfo(in_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
+            ),
+        }
+        return [
+            versions.ask(
+                name.lower().replace("_", "-"), f"NEXUSCRM_{name}_TARGET", getattr(self._targets, name.lower()), call
+            )
+            for name, call in calls.items()
+        ]
 
     def close(self) -> None:
         """Close every channel opened."""
@@ -632,6 +658,18 @@ def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=[_dict(w) for w in response.workers], view=table)
 
 
+def version(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """What each service is (GetBuildInfo), side by side.
+
+    Exit 9 when the combination is outside the declared ranges (a service that does not serve
+    the database's schema version, different contract major versions), else 3 when a service
+    did not answer (the line names the variable that sets its target), else 0.
+    """
+    answers = clients.build_infos()
+    view = _table(f"versions: {versions.summary(answers)}", versions.COLUMNS, versions.rows(answers))
+    return Outcome(data=versions.to_json(answers), view=view, code=versions.exit_code(answers))
+
+
 def _paged(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=0, help="rows per page (default: the service's)")
     parser.add_argument("--page-token", default="", help="from the previous page's output")
@@ -764,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("receipt_key")
     leaf(commands, "activation", activation, "the host's activation gate")
     leaf(commands, "workers", workers, "the host's workers")
+    leaf(commands, "version", version, "what each service is, and whether they fit together")
     return parser
 
 

@@ -43,7 +43,16 @@ _TIDB_VERSION = re.compile(r"TiDB-v(\d+)\.(\d+)\.(\d+)")
 _ISOLATION_NAMES = ("transaction_isolation", "tx_isolation")
 
 
-class PrerequisiteError(RuntimeError):
+class StartRefused(RuntimeError):
+    """What a service found at start means it must not serve; the message is one line saying what to do.
+
+    ``nexuscrm_runtime.server.run_service`` turns it into that one log line and exit code 3
+    (the shared table's "a service did not start"); a gate above this package (the schema
+    gates of ``nexuscrm_schema.support``) raises a subclass.
+    """
+
+
+class PrerequisiteError(StartRefused):
     """The database server lacks a required version or setting; the message names each one."""
 
 

@@ -3,7 +3,9 @@
 Signals of every service: SIGTERM and SIGINT stop gracefully, within the grace period plus
 ``SHUTDOWN_MARGIN`` whatever the service was doing (past that the process exits with
 ``EXIT_NOT_STOPPED``); SIGHUP reloads the certificates and the authorization policy. A
-configuration refusal at start is one log line and exit code ``EXIT_CONFIG``.
+configuration refusal at start is one log line and exit code ``EXIT_CONFIG``; a database that
+cannot be used (unreachable, missing a prerequisite, a schema the service does not support) is
+one log line and exit code ``EXIT_NOT_STARTED``, before anything is registered or SERVING.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.authorization import AuthorizationInterceptor, Rule
 from nexuscrm_runtime.config import ServiceConfig, dsn_backend, refusing_bad_configuration
-from nexuscrm_runtime.database import create_engine
+from nexuscrm_runtime.database import DatabaseUnavailable, create_engine
+from nexuscrm_runtime.database_check import DatabaseUnusable, check_database
+from nexuscrm_runtime.exit_codes import ExitCode
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.metrics import RpcObservingInterceptor
 from nexuscrm_runtime.metrics_endpoint import metrics_server
-from nexuscrm_runtime.prerequisites import PrerequisiteError, ServerFacts, read_server, verify
+from nexuscrm_runtime.prerequisites import ServerFacts, StartRefused, read_server, verify
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.status import DomainErrorInterceptor
 from nexuscrm_runtime.telemetry import Tracing, configure_tracing
@@ -243,17 +247,31 @@ def observability(service: str, config: ServiceConfig, security: Security | None
         tracing.shutdown()
 
 
-EXIT_PREREQUISITES = 3  # the shared table's "a service did not start"
+EXIT_NOT_STARTED = ExitCode.UNREACHABLE  # 3, the shared table's "a service did not start"
+EXIT_PREREQUISITES = EXIT_NOT_STARTED
+
+
+@contextlib.contextmanager
+def refusing_to_start(engine: Engine | None = None) -> Iterator[None]:
+    """Turn a start-up refusal inside into one log line and exit ``EXIT_NOT_STARTED``.
+
+    Refusals: ``StartRefused`` (a prerequisite, a schema gate), a database URL that cannot be
+    used (``DatabaseUnusable``) and a connection lost while checking (``DatabaseUnavailable``).
+    ``engine`` is disposed first.
+    """
+    try:
+        yield
+    except (StartRefused, DatabaseUnusable, DatabaseUnavailable) as error:
+        if engine is not None:
+            engine.dispose()
+        log.error("refusing to start: %s", error)
+        sys.exit(EXIT_NOT_STARTED)
 
 
 def refuse_unless_prerequisites(engine: Engine, *, read: Callable[[Connection], ServerFacts] = read_server) -> None:
     """Exit with ``EXIT_PREREQUISITES`` and one log line naming each unmet database prerequisite."""
-    try:
+    with refusing_to_start(engine):
         verify(engine, read=read)
-    except PrerequisiteError as error:
-        engine.dispose()
-        log.error("refusing to start: %s", error)
-        sys.exit(EXIT_PREREQUISITES)
 
 
 def run_service(
@@ -263,21 +281,26 @@ def run_service(
     build: Callable[[ServiceConfig, Engine, Security | None], Sequence[Registration]],
     on_stop: Callable[[], None] | None = None,
     on_serving: Callable[[RunningServer], None] | None = None,
+    before_serving: Callable[[Engine], None] | None = None,
 ) -> None:
     """Run one service: the body of every service's ``main``.
 
     Reads the configuration of ``env_name`` and its ``Security``, sets up logs, tracing and
-    metrics, opens the database (refusing to start, exit 3, on a server that misses a
-    prerequisite: ``nexuscrm_runtime.prerequisites``), serves what ``build`` registers until SIGTERM, then
-    disposes the engine. ``on_serving`` gets the started server (to report the health of
-    a background part, for instance).
+    metrics, opens the database, runs the start-up gates, serves what ``build`` registers
+    until SIGTERM, then disposes the engine. The gates, in order: the database URL connects
+    (``database_check``), the server meets the prerequisites (``prerequisites``), then
+    ``before_serving`` (the service's schema gate, ``nexuscrm_schema.support``), which raises
+    ``StartRefused`` to refuse. A refusal is one log line and exit ``EXIT_NOT_STARTED``
+    before ``build`` runs: nothing is registered, no port is bound, nothing reports SERVING.
+    ``on_serving`` gets the started server (to report the health of a background part, for
+    instance).
     """
     with refusing_bad_configuration():
         configure_logging()
         config = ServiceConfig.from_env(env_name, default_port)
         security = Security.from_env()
         signals = Signals(deadline=config.grace_seconds + SHUTDOWN_MARGIN, security=security)
-        _serve(env_name, config, security, signals, build, on_stop, on_serving)
+        _serve(env_name, config, security, signals, build, on_stop, on_serving, before_serving)
 
 
 def _serve(
@@ -288,12 +311,18 @@ def _serve(
     build: Callable[[ServiceConfig, Engine, Security | None], Sequence[Registration]],
     on_stop: Callable[[], None] | None,
     on_serving: Callable[[RunningServer], None] | None,
+    before_serving: Callable[[Engine], None] | None,
 ) -> None:
     with observability(env_name, config, security) as tracing:
+        with refusing_to_start():
+            check_database(config.dsn)
         # One pooled connection per RPC thread: a smaller pool closes its overflow connections
         # on every check-in, and each RPC past it would connect (and authenticate) anew.
         engine = create_engine(config.dsn, pool_size=config.max_workers)
-        refuse_unless_prerequisites(engine)
+        with refusing_to_start(engine):
+            verify(engine)
+            if before_serving is not None:
+                before_serving(engine)
         tracing.instrument_engine(engine)
         registrations = build(config, engine, security)
         running = create_server(

@@ -12,7 +12,13 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import queries
-from nexuscrm_runtime.authorization import Principal, Rule, require_all_namespaces, require_visible
+from nexuscrm_runtime.authorization import (
+    Principal,
+    Rule,
+    allow_any_principal,
+    require_all_namespaces,
+    require_visible,
+)
 
 SERVICE = "/nexuscrm.connectors.v1.ConnectorsService/"
 
@@ -84,5 +90,6 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "SetRetentionPolicy": by_pack,
         "GetRetentionPolicy": by_pack,
         "Prune": by_pack,
+        "GetBuildInfo": allow_any_principal,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

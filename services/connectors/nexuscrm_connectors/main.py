@@ -3,27 +3,33 @@
 Environment: NEXUSCRM_DSN, NEXUSCRM_CONNECTORS_ADDRESS (default 127.0.0.1:50053), and the
 limits of ``nexuscrm_connectors.settings.Settings`` (NEXUSCRM_MAX_BATCH_ITEMS, ...). A
 background materializer admits stored receipts every NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS;
-its health is the gRPC health status of ``materializer.HEALTH_NAME``.
+its health is the gRPC health status of ``materializer.HEALTH_NAME``. Before anything serves,
+the schema gate (``release``) refuses a database this release does not serve: exit 3, one log line.
 NEXUSCRM_CONNECTORS_METRICS_ADDRESS serves the counters of ``nexuscrm_connectors.metrics``.
 """
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors.materializer import HEALTH_NAME, Materializer
+from nexuscrm_connectors.release import RELEASE
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.config import ServiceConfig
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, RunningServer, run_service
+from nexuscrm_schema.support import start_gate
 
+log = logging.getLogger("nexuscrm_connectors")
 DEFAULT_PORT = 50053
 
 
 def main() -> None:
-    """Serve ConnectorsService and run the materializer until SIGTERM."""
+    """Serve ConnectorsService and run the materializer until SIGTERM, once the schema gate passed (``release``)."""
     materializers: list[Materializer] = []
     services: list[Connectors] = []
 
@@ -45,7 +51,14 @@ def main() -> None:
         for materializer in materializers:
             materializer.stop()
 
-    run_service(env_name="CONNECTORS", default_port=DEFAULT_PORT, build=build, on_stop=stop, on_serving=serving)
+    run_service(
+        env_name="CONNECTORS",
+        default_port=DEFAULT_PORT,
+        build=build,
+        on_stop=stop,
+        on_serving=serving,
+        before_serving=start_gate(RELEASE, log),
+    )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors import authorization
 from nexuscrm_connectors.errors import LimitExceeded
+from nexuscrm_connectors.release import RELEASE
 from nexuscrm_connectors.service import Connectors
+from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.server import Registration
+from nexuscrm_schema.support import read_version
 from nexuscrm_sdk import convert
 from nexuscrm_sdk.timestamps import to_timestamp
 
@@ -162,6 +165,9 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             request.pack_install_id, dry_run=request.dry_run, max_generations=request.max_generations
         )
         return convert.prune_report_to_proto(report)
+
+    def GetBuildInfo(self, request: pb.GetBuildInfoRequest, context: grpc.ServicerContext) -> pb.GetBuildInfoResponse:
+        return pb.GetBuildInfoResponse(build=build_info(RELEASE, read_version(self._connectors.engine)))
 
 
 def _lease(seconds: int) -> dt.timedelta | None:

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from nexuscrm_controlplane import queries
-from nexuscrm_runtime.authorization import Principal, Rule, require_namespace, require_visible
+from nexuscrm_runtime.authorization import Principal, Rule, allow_any_principal, require_namespace, require_visible
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 
 SERVICE = "/nexuscrm.controlplane.v1.ControlplaneService/"
@@ -66,5 +66,6 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "GetDrainStatus": by_pack,
         "AuditCutover": by_pack,
         "Cutover": by_pack,
+        "GetBuildInfo": allow_any_principal,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

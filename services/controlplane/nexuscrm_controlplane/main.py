@@ -16,6 +16,7 @@ its worker list asks the Integration hosts at NEXUSCRM_DASHBOARD_INTEGRATION_TAR
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from prometheus_client import REGISTRY
 from sqlalchemy.engine import Engine
@@ -26,17 +27,20 @@ from nexuscrm_controlplane.dashboard.collector import QueueCollector
 from nexuscrm_controlplane.dashboard.connectors import connectors_reads
 from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_controlplane.dashboard.workers import TARGETS_VARIABLE, integration_hosts, integration_targets
+from nexuscrm_controlplane.release import RELEASE
 from nexuscrm_controlplane.servicer import registration
 from nexuscrm_runtime.config import ServiceConfig, check_address, env_str
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, publish_side_port, run_service
 from nexuscrm_runtime.targets import Targets
+from nexuscrm_schema.support import start_gate
 
+log = logging.getLogger("nexuscrm_controlplane")
 DEFAULT_PORT = 50052
 
 
 def main() -> None:
-    """Serve ControlplaneService (and the dashboard, when configured) until SIGTERM."""
+    """Serve ControlplaneService (and the dashboard, when configured) until SIGTERM, once the schema gate passed."""
     dashboard_address = env_str("NEXUSCRM_DASHBOARD_ADDRESS", "")
     dashboards: list[DashboardServer] = []
     channels = contextlib.ExitStack()
@@ -69,7 +73,13 @@ def main() -> None:
             dashboard.stop()
         channels.close()
 
-    run_service(env_name="CONTROLPLANE", default_port=DEFAULT_PORT, build=build, on_stop=stop)
+    run_service(
+        env_name="CONTROLPLANE",
+        default_port=DEFAULT_PORT,
+        build=build,
+        on_stop=stop,
+        before_serving=start_gate(RELEASE, log),
+    )
 
 
 if __name__ == "__main__":

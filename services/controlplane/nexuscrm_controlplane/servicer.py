@@ -14,8 +14,11 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
 from nexuscrm_controlplane import authorization, cutover, drain, fences, lifecycle
 from nexuscrm_controlplane.audit import CutoverReport
+from nexuscrm_controlplane.release import RELEASE
+from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.server import Registration
+from nexuscrm_schema.support import read_version
 from nexuscrm_sdk.timestamps import to_timestamp
 from workqueue.errors import InvalidArgument
 
@@ -192,6 +195,9 @@ class ControlplaneServicer(pb_grpc.ControlplaneServiceServicer):
             already_written=result.outcome is cutover.Outcome.ALREADY_WRITTEN,
             report=_report(result.report),
         )
+
+    def GetBuildInfo(self, request: pb.GetBuildInfoRequest, context: grpc.ServicerContext) -> pb.GetBuildInfoResponse:
+        return pb.GetBuildInfoResponse(build=build_info(RELEASE, read_version(self._engine)))
 
 
 def registration(engine: Engine, clock: DatabaseClock = DATABASE_CLOCK) -> Registration:

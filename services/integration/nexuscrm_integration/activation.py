@@ -1,9 +1,11 @@
 """The activation gate: the ONE check every worker passes before it may claim anything.
 
-Native projection needs the complete canonical schema (asked of the Schema Catalog for the
-feature ``native_projection``, which includes WorkItem.InputStartOrdinal,
-WorkItem.ReplayOfWorkId and the protocol table; there is no optional-column rolling
-compatibility) and a protocol receipt (asked of Controlplane) for every pack served.
+Native projection needs a database at a schema version this release serves (asked of the
+Schema Catalog, checked against ``release.RELEASE``: decision 144), the complete canonical
+schema (asked of the Schema Catalog for the feature ``native_projection``, which includes
+WorkItem.InputStartOrdinal, WorkItem.ReplayOfWorkId and the protocol table; there is no
+optional-column rolling compatibility) and a protocol receipt (asked of Controlplane) for
+every pack served.
 ``check_activation`` returns an ``ActivationGrant`` or raises ``ActivationRefused`` naming
 every missing piece. The process-wide host (``host.WorkerHost``) and standalone workers
 (``host.standalone_worker``) both require a grant, and only ``check_activation`` can make one,
@@ -29,7 +31,9 @@ from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as sc_grpc
 from nexuscrm_integration.config import PackName, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused
 from nexuscrm_integration.packs import PackLookupFailed, Resolution, resolve_pools
+from nexuscrm_integration.release import RELEASE
 from nexuscrm_runtime.clock import utcnow
+from nexuscrm_schema.support import SchemaRefused, check_schema
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +134,29 @@ def _rpc_problem(what: str, error: grpc.RpcError) -> str:
 
 
 class RemoteSchemaVerifier:
-    """``SchemaVerifier`` over SchemaCatalogService.VerifySchema; an RPC failure counts as missing."""
+    """``SchemaVerifier`` over SchemaCatalogService; an RPC failure counts as missing.
 
-    def __init__(self, channel: grpc.Channel) -> None:
+    First the database's version (DescribeSchema), passed to ``on_version`` and checked
+    against ``release.RELEASE``: a version this release does not serve is the one missing
+    piece (``nexuscrm_schema.support.check_schema`` names both versions and what to run).
+    Then the pieces ``feature`` lacks (VerifySchema).
+    """
+
+    def __init__(self, channel: grpc.Channel, on_version: Callable[[int], None] = lambda _version: None) -> None:
         self._stub = sc_grpc.SchemaCatalogServiceStub(channel)
+        self._on_version = on_version
 
     def schema_missing(self, feature: str) -> list[str]:
         """See ``SchemaVerifier``."""
+        try:
+            version = self._stub.DescribeSchema(sc_pb.DescribeSchemaRequest(), timeout=GATE_TIMEOUT).version
+        except grpc.RpcError as error:
+            return [_rpc_problem("DescribeSchema", error)]
+        self._on_version(version)
+        try:
+            check_schema(RELEASE, version)
+        except SchemaRefused as refused:
+            return [str(refused)]
         try:
             response = self._stub.VerifySchema(sc_pb.VerifySchemaRequest(feature=feature), timeout=GATE_TIMEOUT)
         except grpc.RpcError as error:
@@ -188,13 +208,16 @@ def remote_gate(
     controlplane: grpc.Channel,
     pools: Sequence[PoolConfig],
     on_resolved: Callable[[Resolution], None],
+    on_schema_version: Callable[[int], None] = lambda _version: None,
 ) -> Callable[[], ActivationGrant]:
     """``check_activation`` over the two owners' services, ready for ``wait_for_activation``.
 
     Each check first resolves the pools that name their pack (``packs.resolve_pools``) and
     passes the resolution to ``on_resolved``: the grant covers the resolved pools' packs.
+    ``on_schema_version`` gets the database's schema version each check read.
     """
-    schema, protocols = RemoteSchemaVerifier(schema_catalog), RemoteProtocolReader(controlplane)
+    schema = RemoteSchemaVerifier(schema_catalog, on_schema_version)
+    protocols = RemoteProtocolReader(controlplane)
     finder = RemotePackFinder(controlplane)
 
     def gate() -> ActivationGrant:

@@ -209,6 +209,17 @@ class HostStatus:
         self._packs = tuple(pack_install_ids)
         self._missing: tuple[str, ...] = ("the activation gate has not been checked yet",)
         self._host: WorkerHost | None = None
+        self._schema_version = 0
+
+    def schema_read(self, version: int) -> None:
+        """Record the database's schema version, as the schema catalog answered the gate's last check."""
+        with self._lock:
+            self._schema_version = version
+
+    def schema_version(self) -> int:
+        """The database's schema version at the gate's last check; 0 before the first."""
+        with self._lock:
+            return self._schema_version
 
     def checking(self, pack_install_ids: Sequence[str]) -> None:
         """Record the packs the gate checks (pools that name a pack add theirs once resolved)."""

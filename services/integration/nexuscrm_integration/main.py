@@ -17,7 +17,8 @@ certificate then serves IntegrationService and authenticates it to the other ser
 
 Exit codes: 0 stopped cleanly; 1 did not stop within the drain timeout, the grace period and
 the shutdown margin together; 2 configuration refused (one log line names the problem); 3 the
-activation gate refused (the log names what is missing); 4 in-flight work did not finish
+activation gate refused (the log names what is missing, a database schema outside this
+release's range included: ``release``); 4 in-flight work did not finish
 within the drain timeout. SIGHUP reloads the certificates and the authorization policy.
 """
 
@@ -36,6 +37,7 @@ from nexuscrm_integration.errors import ActivationRefused, IntegrationError
 from nexuscrm_integration.host import HostStatus, WorkerHost
 from nexuscrm_integration.metrics import WorkerClockCollector
 from nexuscrm_integration.packs import Resolution
+from nexuscrm_integration.release import RELEASE
 from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.config import EXIT_CONFIG, ConfigError, ServiceConfig, refusing_bad_configuration
 from nexuscrm_runtime.database import create_engine
@@ -45,6 +47,7 @@ from nexuscrm_runtime.server import SHUTDOWN_MARGIN, Signals, create_server, obs
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.telemetry import Tracing
 from nexuscrm_runtime.tls import open_channel
+from nexuscrm_schema.support import check_schema
 from nexuscrm_sdk.client import ConnectorsClient
 
 log = logging.getLogger("nexuscrm_integration")
@@ -107,7 +110,7 @@ def serve(
     ):
         try:
             grant = wait_for_activation(
-                remote_gate(catalog, controlplane, host_config.pools, on_resolved),
+                remote_gate(catalog, controlplane, host_config.pools, on_resolved, status.schema_read),
                 wait_seconds=host_config.activation_wait_seconds,
                 stop=stop,
                 on_refused=status.refused,
@@ -118,6 +121,10 @@ def serve(
                 return 0
             log.error("NOT_SERVING: %s", error)
             return EXIT_REFUSED
+        warning = check_schema(RELEASE, status.schema_version())  # the gate passed: at most a warning
+        if warning is not None:
+            log.warning(warning)
+        log.info(RELEASE.start_line(status.schema_version()))
         engine = create_engine(config.dsn)
         tracing.instrument_engine(engine)
         try:

@@ -7,7 +7,9 @@ import grpc
 from nexuscrm.integration.v1 import integration_pb2 as pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as pb_grpc
 from nexuscrm_integration.host import HostStatus
-from nexuscrm_runtime.authorization import require_all_namespaces
+from nexuscrm_integration.release import RELEASE
+from nexuscrm_runtime.authorization import allow_any_principal, require_all_namespaces
+from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.server import Registration
 
 SERVICE_NAME = "nexuscrm.integration.v1.IntegrationService"
@@ -45,12 +47,23 @@ class IntegrationServicer(pb_grpc.IntegrationServiceServicer):
             ]
         )
 
+    def GetBuildInfo(self, request: pb.GetBuildInfoRequest, context: grpc.ServicerContext) -> pb.GetBuildInfoResponse:
+        return pb.GetBuildInfoResponse(build=build_info(RELEASE, self._status.schema_version()))
+
 
 def registration(status: HostStatus) -> Registration:
-    """IntegrationService over the host's ``status``; host-wide, so only callers of every namespace."""
+    """IntegrationService over the host's ``status``; host-wide, so only callers of every namespace.
+
+    GetBuildInfo reveals nothing of any namespace: any caller the policy knows may ask.
+    """
+    method = f"/{SERVICE_NAME}/"
     return Registration(
         servicer=IntegrationServicer(status),
         add=pb_grpc.add_IntegrationServiceServicer_to_server,
         service_name=SERVICE_NAME,
-        rules={f"/{SERVICE_NAME}/{name}": require_all_namespaces for name in ("GetActivation", "ListWorkers")},
+        rules={
+            method + "GetActivation": require_all_namespaces,
+            method + "ListWorkers": require_all_namespaces,
+            method + "GetBuildInfo": allow_any_principal,
+        },
     )

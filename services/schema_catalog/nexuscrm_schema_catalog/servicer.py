@@ -8,11 +8,14 @@ from sqlalchemy.engine import Engine
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as pb
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as pb_grpc
 from nexuscrm_runtime.authorization import allow_any_principal, require_all_namespaces
+from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.server import Registration
 from nexuscrm_schema import verification
+from nexuscrm_schema.support import read_version
 from nexuscrm_schema_catalog import migrations, payload_contract
 from nexuscrm_schema_catalog.payload_copy import FIRST_ORDINAL
+from nexuscrm_schema_catalog.release import RELEASE
 from workqueue.errors import InvalidArgument
 
 SERVICE_NAME = "nexuscrm.schemacatalog.v1.SchemaCatalogService"
@@ -78,6 +81,9 @@ class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
             done=done,
         )
 
+    def GetBuildInfo(self, request: pb.GetBuildInfoRequest, context: grpc.ServicerContext) -> pb.GetBuildInfoResponse:
+        return pb.GetBuildInfoResponse(build=build_info(RELEASE, read_version(self._engine)))
+
 
 def registration(engine: Engine) -> Registration:
     """SchemaCatalogService over ``engine``: anyone the policy knows may read, only ``*`` may migrate."""
@@ -91,5 +97,6 @@ def registration(engine: Engine) -> Registration:
             method + "ContractPayloads": require_all_namespaces,
             method + "DescribeSchema": allow_any_principal,
             method + "VerifySchema": allow_any_principal,
+            method + "GetBuildInfo": allow_any_principal,
         },
     )

@@ -130,10 +130,14 @@ SPANNING: dict[str, Build] = {
     f"{CONNECTORS}/Claim (every pack)": lambda w: cn.ClaimRequest(worker_id="w"),
     f"{CONNECTORS}/ListReceipts (every pack)": lambda w: cn.ListReceiptsRequest(state="stored"),
 }
-# Reads of the schema's shape: any principal of the policy.
+# Reads of the schema's shape and of what each service is: any principal of the policy.
 OPEN: dict[str, Build] = {
     f"{CATALOG}/DescribeSchema": lambda w: sc.DescribeSchemaRequest(),
     f"{CATALOG}/VerifySchema": lambda w: sc.VerifySchemaRequest(feature="native_projection"),
+    f"{CATALOG}/GetBuildInfo": lambda w: sc.GetBuildInfoRequest(),
+    f"{CONNECTORS}/GetBuildInfo": lambda w: cn.GetBuildInfoRequest(),
+    f"{CONTROLPLANE}/GetBuildInfo": lambda w: cp.GetBuildInfoRequest(),
+    f"{INTEGRATION}/GetBuildInfo": lambda w: ig.GetBuildInfoRequest(),
 }
 ALL = {**NAMESPACED, **SPANNING, **OPEN}
 

@@ -1,0 +1,17 @@
+"""What this Connectors release is and which canonical schema versions it serves (decision 144).
+
+Minimum 10: admission and retention read RetentionPolicy's duplicate-window columns (v9) and
+every payload write follows the payload contract (v10). The forward window of one version
+lets a database migrated by the next release keep this one serving during a rolling upgrade.
+"""
+
+from __future__ import annotations
+
+from nexuscrm_runtime.build_info import Release
+from nexuscrm_schema.support import SchemaSupport
+
+RELEASE = Release(
+    owner="connectors",
+    distribution="nexuscrm-connectors",
+    schema=SchemaSupport(minimum=10, newest=10, forward_window=1),
+)
