@@ -12,10 +12,15 @@ DESIGN.md (M, O, B, D, X, P and R) over the whole database.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
@@ -101,6 +106,20 @@ def counter(service: ServiceProcess, name: str) -> float:
         for sample in family.samples
         if sample.name == name
     )
+
+
+def nexuscrm_version(targets: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``nexuscrm --json version`` of the current tools against ``targets``: each service's entry by name."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nexuscrm_tools.cli", "--json", "version"],
+        env={**os.environ, **targets},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {entry["service"]: entry for entry in json.loads(done.stdout)["services"]}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,8 @@
 The smoke test of the N-1 tier (it runs in CI): admission alternates between the two replicas,
 every batch is sent again through the other one (the same receipts: duplicates across
 releases), two Integration hosts claim through both, then the previous replica gets SIGTERM
-half-way and everything continues on the current one.
+half-way and everything continues on the current one. While both run, ``nexuscrm version``
+reports the previous Connectors as a release from before 0.2.0 (it has no GetBuildInfo).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from nexuscrm_tools.launcher import CONNECTORS, CONTROLPLANE, INTEGRATION, SCHEM
 from nexuscrm_tools.run import demo_pools, install_demo_pack, settled
 from nexuscrm_tools.simulator import Simulator, WorkloadConfig
 from tests.compatibility.previous import PreviousReleases
-from tests.compatibility.scenario import assert_end_state, counter, scenario
+from tests.compatibility.scenario import assert_end_state, counter, nexuscrm_version, scenario
 from tests.support.waiting import wait_until
 from workqueue.values import IngestItem, IngestResult, Outcome
 
@@ -87,7 +89,8 @@ def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
                 "NEXUSCRM_CONNECTORS_TARGET": connectors,
                 "NEXUSCRM_INTEGRATION_POOLS": demo_pools(pack, 2),
             }
-            running.start(INTEGRATION, label=label, env=env)
+            host = running.start(INTEGRATION, label=label, env=env)
+        reported = nexuscrm_version(target_env([catalog, previous, controlplane, host]))
 
         def retire() -> None:
             wait_until(lambda: counter(previous, "nexuscrm_claims_total") > 0, "a claim answered by the previous one")
@@ -103,6 +106,12 @@ def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
         claims["current"] = counter(current, "nexuscrm_claims_total")
     assert running.exit_codes == dict.fromkeys(running.exit_codes, 0) and len(running.exit_codes) == 6
 
+    # The previous Connectors predates GetBuildInfo; the current others say what they are.
+    assert reported["connectors"]["reply"] == "before 0.2.0"
+    for service in ("schema-catalog", "controlplane", "integration"):
+        assert reported[service]["reply"] == "answered"
+        assert reported[service]["package_version"] == version(f"nexuscrm-{service}")
+
     assert ingestor.batches > RETIRE_AFTER + 1  # batches went in after the previous replica stopped
     assert stats.admitted == WORKLOAD.inputs and stats.duplicates_sent > 0
     # Every batch sent again through the other release was acknowledged as covered, nothing admitted twice.
@@ -111,4 +120,5 @@ def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
     state = assert_end_state(engine, pack, inputs=WORKLOAD.inputs)
     print(f"rolling upgrade: {stats.admitted} admitted, {ingestor.echoes.total()} sent again across releases, {claims}")
     print(state)
+    print("nexuscrm version:", {name: entry.get("package_version", entry["reply"]) for name, entry in reported.items()})
     engine.dispose()
