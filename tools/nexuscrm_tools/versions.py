@@ -3,7 +3,7 @@
 Each service answers GetBuildInfo (contract 1.2.0) with its release and the canonical schema
 versions it serves. The database's version is the schema catalog's answer (it owns the
 schema); without it, each service's own reading. A combination is out of range when a
-service's declared range (``nexuscrm_schema.support.fit``) does not serve that version, or
+service's declared range (``nexuscrm_runtime.release.fit``) does not serve that version, or
 when the services speak contracts of different major versions. A service that answers
 UNIMPLEMENTED is a release from before 0.2.0 (it cannot say); one that does not answer is
 reported with the variable that sets its target.
@@ -19,8 +19,7 @@ from typing import Any
 import grpc
 
 from nexuscrm.buildinfo.v1.build_info_pb2 import BuildInfo
-from nexuscrm_runtime.build_info import schema_range
-from nexuscrm_schema.support import fit
+from nexuscrm_runtime.release import fit, schema_range
 from nexuscrm_tools.exits import ExitCode
 
 SCHEMA_OWNER = "schema-catalog"

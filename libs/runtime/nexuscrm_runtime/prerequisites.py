@@ -48,7 +48,7 @@ class StartRefused(RuntimeError):
 
     ``nexuscrm_runtime.server.run_service`` turns it into that one log line and exit code 3
     (the shared table's "a service did not start"); a gate above this package (the schema
-    gates of ``nexuscrm_schema.support``) raises a subclass.
+    gates of ``nexuscrm_runtime.release``) raises a subclass.
     """
 
 

@@ -9,8 +9,7 @@ lets a database migrated by the next release keep this one serving during a roll
 
 from __future__ import annotations
 
-from nexuscrm_runtime.build_info import Release
-from nexuscrm_schema.support import SchemaSupport
+from nexuscrm_runtime.release import Release, SchemaSupport
 
 RELEASE = Release(
     owner="controlplane",

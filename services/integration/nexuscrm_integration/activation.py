@@ -33,7 +33,7 @@ from nexuscrm_integration.errors import ActivationRefused
 from nexuscrm_integration.packs import PackLookupFailed, Resolution, resolve_pools
 from nexuscrm_integration.release import RELEASE
 from nexuscrm_runtime.clock import utcnow
-from nexuscrm_schema.support import SchemaRefused, check_schema
+from nexuscrm_runtime.release import SchemaRefused, check_schema
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class RemoteSchemaVerifier:
 
     First the database's version (DescribeSchema), passed to ``on_version`` and checked
     against ``release.RELEASE``: a version this release does not serve is the one missing
-    piece (``nexuscrm_schema.support.check_schema`` names both versions and what to run).
+    piece (``nexuscrm_runtime.release.check_schema`` names both versions and what to run).
     Then the pieces ``feature`` lacks (VerifySchema).
     """
 

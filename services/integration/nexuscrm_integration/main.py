@@ -42,12 +42,12 @@ from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.config import EXIT_CONFIG, ConfigError, ServiceConfig, refusing_bad_configuration
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.logs import configure_logging
+from nexuscrm_runtime.release import check_schema
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import SHUTDOWN_MARGIN, Signals, create_server, observability, write_port_file
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.telemetry import Tracing
 from nexuscrm_runtime.tls import open_channel
-from nexuscrm_schema.support import check_schema
 from nexuscrm_sdk.client import ConnectorsClient
 
 log = logging.getLogger("nexuscrm_integration")

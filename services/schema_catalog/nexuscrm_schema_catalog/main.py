@@ -13,9 +13,10 @@ import logging
 from sqlalchemy.engine import Engine
 
 from nexuscrm_runtime.config import ServiceConfig, env_int
+from nexuscrm_runtime.release import check_schema
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, run_service
-from nexuscrm_schema.support import check_schema, read_version, start_gate
+from nexuscrm_schema.support import read_version, start_gate
 from nexuscrm_schema_catalog import migrations
 from nexuscrm_schema_catalog.release import RELEASE
 from nexuscrm_schema_catalog.servicer import registration

@@ -7,8 +7,7 @@ window: it cannot describe, verify or migrate a schema a newer release wrote.
 
 from __future__ import annotations
 
-from nexuscrm_runtime.build_info import Release
-from nexuscrm_schema.support import SchemaSupport
+from nexuscrm_runtime.release import Release, SchemaSupport
 
 RELEASE = Release(
     owner="schema-catalog",

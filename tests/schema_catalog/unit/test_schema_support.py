@@ -1,12 +1,11 @@
-"""The start-up schema gate's arithmetic and its messages (``nexuscrm_schema.support``, decision 144)."""
+"""The schema range's arithmetic and the gate's messages (``nexuscrm_runtime.release``, decision 144)."""
 
 from __future__ import annotations
 
 import pytest
 
-from nexuscrm_runtime.build_info import Release
 from nexuscrm_runtime.prerequisites import StartRefused
-from nexuscrm_schema.support import Fit, SchemaRefused, SchemaSupport, check_schema, fit
+from nexuscrm_runtime.release import Fit, Release, SchemaRefused, SchemaSupport, check_schema, fit
 from nexuscrm_schema.verification import NEWEST_VERSION
 from nexuscrm_schema_catalog.release import RELEASE as CATALOG
 
