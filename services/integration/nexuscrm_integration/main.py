@@ -17,9 +17,9 @@ certificate then serves IntegrationService and authenticates it to the other ser
 
 Exit codes: 0 stopped cleanly; 1 did not stop within the drain timeout, the grace period and
 the shutdown margin together; 2 configuration refused (one log line names the problem); 3 the
-activation gate refused (the log names what is missing, a database schema outside this
-release's range included: ``release``); 4 in-flight work did not finish
-within the drain timeout. SIGHUP reloads the certificates and the authorization policy.
+read-model database (NEXUSCRM_DSN) cannot be used, or the activation gate refused (the log
+names what is missing, a database schema outside this release's range included: ``release``);
+4 in-flight work did not finish within the drain timeout. SIGHUP reloads the certificates and the authorization policy.
 """
 
 from __future__ import annotations
@@ -41,10 +41,18 @@ from nexuscrm_integration.release import RELEASE
 from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.config import EXIT_CONFIG, ConfigError, ServiceConfig, refusing_bad_configuration
 from nexuscrm_runtime.database import create_engine
+from nexuscrm_runtime.database_check import check_database
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.release import check_schema
 from nexuscrm_runtime.security import Security
-from nexuscrm_runtime.server import SHUTDOWN_MARGIN, Signals, create_server, observability, write_port_file
+from nexuscrm_runtime.server import (
+    SHUTDOWN_MARGIN,
+    Signals,
+    create_server,
+    observability,
+    refusing_to_start,
+    write_port_file,
+)
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.telemetry import Tracing
 from nexuscrm_runtime.tls import open_channel
@@ -69,6 +77,8 @@ def main() -> None:
         deadline = host_config.drain_timeout_seconds + config.grace_seconds + SHUTDOWN_MARGIN
         signals = Signals(deadline=deadline, security=security)
         with observability("INTEGRATION", config, security) as tracing:
+            with refusing_to_start():  # the Flows' read-model database: exit 3 in one line if unusable
+                check_database(config.dsn)
             code = serve(config, host_config, Targets.from_env(), tracing, security, signals)
     sys.exit(code)
 

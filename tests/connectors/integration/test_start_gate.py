@@ -3,11 +3,13 @@
 Connectors serves schema 10..10 with a forward window of 1 (``nexuscrm_connectors.release``):
 an empty database, one at v7 and one two versions past the newest are refused (one line,
 exit 3, no port ever published, so nothing ever answers SERVING); the newest serves; one
-version past it serves with one warning.
+version past it serves with one warning. A database that cannot be reached is refused alike.
 """
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -81,3 +83,29 @@ def test_a_newer_database_inside_the_forward_window_serves_with_one_warning(empt
         (warning,) = started.lines("WARNING")
         assert f"the database is at schema {NEWEST_VERSION + 1}, newer than {WHO} knows (10)" in warning
         assert f"database at {NEWEST_VERSION + 1})" in started.log
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:  # bound then closed: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("dsn", "says"),
+    [
+        pytest.param(
+            lambda: f"mysql://root@127.0.0.1:{_closed_port()}/nexuscrm", "nothing is listening", id="no-server"
+        ),
+        pytest.param(lambda: "sqlite:////proc/no-such-dir/nexuscrm.db", "cannot use the sqlite file", id="no-folder"),
+    ],
+)
+def test_a_database_that_cannot_be_reached_is_refused_in_one_line(
+    tmp_path: Path, dsn: Callable[[], str], says: str
+) -> None:
+    ended = start_until_exit(CONNECTORS, dsn=dsn(), workdir=tmp_path)
+    assert ended.process.returncode == 3, ended.log
+    assert not ended.port_file.exists()
+    (refusal,) = ended.lines("ERROR")
+    assert f"refusing to start: {says}" in refusal
+    assert "Traceback" not in ended.log
