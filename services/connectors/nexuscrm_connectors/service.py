@@ -81,8 +81,12 @@ class Connectors:
         """Refresh the payload contract's cached flag when stale, outside the operation's transaction."""
         payload_contract.refresh(self.engine)
 
-    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem | RefusedItem]) -> list[IngestResult]:
+    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
         """See ``admission.ingest``."""
+        return self.ingest_received(pack_install_id, items=items)
+
+    def ingest_received(self, pack_install_id: str, *, items: Sequence[IngestItem | RefusedItem]) -> list[IngestResult]:
+        """``ingest`` as the servicer calls it: an item the transport refused stands as its ``RefusedItem``."""
         self._events_written()
         results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
         follow_up("admission", lambda: metrics.record_ingest(results))
