@@ -3,8 +3,9 @@
 ``schema_at`` prepares a database at a schema version; a version newer than this release
 knows is faked by recording future SchemaVersion rows (migrations only add, so a newer
 database is this one plus rows and tables). ``start_until_exit`` runs a service expected to
-refuse: its exit code, its log and whether it ever published a port. ``serving`` runs one
-until it reports SERVING. Only libraries and Core are imported (owner suites stand alone).
+refuse and returns it ended (its exit code, its log, the port file it never wrote);
+``serving`` runs one until it reports SERVING. Only libraries and Core are imported (owner
+suites stand alone).
 """
 
 from __future__ import annotations
