@@ -13,14 +13,17 @@ import grpc
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors import authorization
+from nexuscrm_connectors.admission import RefusedItem
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.release import RELEASE
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.build_info import build_info
+from nexuscrm_runtime.requests import item_refusals
 from nexuscrm_runtime.server import Registration
 from nexuscrm_schema.support import read_version
 from nexuscrm_sdk import convert
 from nexuscrm_sdk.timestamps import to_timestamp
+from workqueue.limits import REQUEST_FIELD_LIMITS
 
 SERVICE_NAME = "nexuscrm.connectors.v1.ConnectorsService"
 
@@ -37,9 +40,14 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
                 f"items has {len(request.items)} deliveries; the limit is {self._connectors.settings.max_batch_items}",
                 field="items",
             )
-        results = self._connectors.ingest(
-            request.pack_install_id, items=[convert.item_from_proto(i) for i in request.items]
-        )
+        refusals = item_refusals(request.items, REQUEST_FIELD_LIMITS, field="items")  # a bad item is refused alone
+        items = [
+            RefusedItem(receipt_key=item.receipt_key, message=str(refusals[index]))
+            if index in refusals
+            else convert.item_from_proto(item)
+            for index, item in enumerate(request.items)
+        ]
+        results = self._connectors.ingest_received(request.pack_install_id, items=items)
         return pb.IngestResponse(results=[convert.result_to_proto(r) for r in results])
 
     def Replay(self, request: pb.ReplayRequest, context: grpc.ServicerContext) -> pb.ReplayResponse:
