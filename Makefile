@@ -9,6 +9,9 @@ STAMP := $(VENV)/.setup-stamp
 # unless the environment names another.
 export NEXUSCRM_REPO_ROOT ?= $(CURDIR)
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
+# pip quiet, and without setuptools' "Editable installation" notice (one per editable package,
+# a dozen lines each): only that warning is ignored, every error still prints.
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
@@ -21,14 +24,14 @@ setup: $(STAMP)
 
 $(RUNTIME_STAMP): requirements/constraints.txt $(PYPROJECTS) $(PROTOS) protos/generate.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt grpcio-tools protobuf
+	$(PIP) --upgrade pip
+	$(PIP) -c requirements/constraints.txt grpcio-tools protobuf
 	$(BIN)/python protos/generate.py > /dev/null
-	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt $(addprefix -e ,$(PACKAGES))
+	$(PIP) -c requirements/constraints.txt $(addprefix -e ,$(PACKAGES))
 	touch $@
 
 $(STAMP): $(RUNTIME_STAMP) requirements/dev.txt
-	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -r requirements/dev.txt
+	$(PIP) -c requirements/constraints.txt -r requirements/dev.txt
 	touch $@
 
 protos: setup
@@ -56,17 +59,19 @@ compat: setup
 # One owner's suite in a virtualenv of only Core and that owner, outside the checkout
 # (decision 146): make test-owner OWNER=connectors (schema-catalog, controlplane, integration).
 OWNER ?= connectors
-test-owner:
-	PYTHON=$(PYTHON) bash tests/support/owner_venv.sh $(OWNER)
+test-owner: setup
+	$(BIN)/python -m tests.harness owner $(OWNER)
 
 # Extra flags for nexuscrm-run, e.g. make run ARGS="--serve" or ARGS="--lanes 50 --inputs 1000".
 ARGS ?=
 
-# GNU make exits 2 whenever a recipe fails, whatever its code: the last line says the runner's
-# own code, and `make runtime && .venv/bin/nexuscrm-run ...` returns it (decision 113).
+# GNU make exits 2 whenever a recipe fails, whatever its code, after its own "Error N" line: the
+# line before it says the runner's code, and `make runtime && .venv/bin/nexuscrm-run ...`
+# returns it (decision 113). Ctrl-C reaches make too, which then stops with "Interrupt".
 run: runtime
 	@$(BIN)/nexuscrm-run $(ARGS); code=$$?; \
-	if [ $$code -ne 0 ]; then echo "nexuscrm-run exited with $$code (README: exit codes); make itself exits 2" >&2; fi; \
+	if [ $$code -eq 130 ]; then echo "nexuscrm-run was interrupted (exit 130, README: exit codes)" >&2; \
+	elif [ $$code -ne 0 ]; then echo "nexuscrm-run exited with $$code (README: exit codes); make reports it as Error $$code and exits 2" >&2; fi; \
 	exit $$code
 
 # Benchmarks, separate from the tests (docs/performance.md). QUICK=1 or bench-quick: the short run.

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from nexuscrm_tools.launcher import ALL_SERVICES, health_status, service_command, start_services, stop_services
+from nexuscrm_tools.launcher import (
+    ALL_SERVICES,
+    health_status,
+    process_title,
+    service_command,
+    start_services,
+    stop_services,
+)
 from tests.architecture.distributions import build_wheels, copy_clean_tree
 from tests.architecture.packages import (
     PACKAGE_DIRS,
@@ -193,7 +200,8 @@ def test_four_services_start_each_from_its_own_environment(environments: dict[st
     )
     try:
         for service in services:
-            assert service.process.args == service_command(interpreters[service.spec.name], service.spec.module)
+            python, title = interpreters[service.spec.name], process_title(service.spec)
+            assert service.process.args == service_command(python, service.spec.module, title)
             assert health_status(service.address, service.spec.service_name) == "SERVING"
     finally:
         codes = stop_services(services)

@@ -114,3 +114,13 @@ def expired_count(connection: Connection, pack_install_id: str) -> int:
     """Inputs of the pack whose tombstones the duplicate window expired (0 without a policy)."""
     statement = sa.select(RetentionPolicy.c.ExpiredReceipts).where(RetentionPolicy.c.PackInstallId == pack_install_id)
     return int(connection.execute(statement).scalar() or 0)
+
+
+def work_item_failures(connection: Connection, pack_install_id: str) -> list[tuple[str, str]]:
+    """(WorkId, LastError) of every generation of the pack that failed for good, oldest first."""
+    rows = connection.execute(
+        sa.select(WorkItem.c.WorkId, WorkItem.c.LastError)
+        .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == "failed")
+        .order_by(WorkItem.c.CreatedAt, WorkItem.c.WorkId)
+    )
+    return [(str(row.WorkId), str(row.LastError or "")) for row in rows]

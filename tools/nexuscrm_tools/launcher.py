@@ -2,7 +2,12 @@
 
 Used by ``nexuscrm-run`` and by the acceptance tests. Each child binds port 0 and publishes
 the port it got through ``NEXUSCRM_PORT_FILE``; the launcher then waits until the child's
-health service answers SERVING.
+health service answers SERVING. A service started early can be told where a later one will
+listen (``reserved_ports``): Controlplane's dashboard is given the Integration host's target
+before the host starts (the host needs Controlplane first).
+
+Each child shows in ``ps`` as ``nexuscrm-<service> (launched by <pid>)`` (setproctitle, where
+the child's interpreter has it).
 
 A child never outlives its launcher (``service_command``): whatever ends the launcher, SIGKILL
 included, each service gets SIGTERM, its graceful shutdown.
@@ -10,14 +15,16 @@ included, each service gets SIGTERM, its graceful shutdown.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -75,9 +82,17 @@ ALL_SERVICES = (SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE, INTEGRATION)
 # case a watchdog thread sends SIGTERM when the launcher process is gone (its parent changes).
 # Not a preexec_fn: running Python between fork and exec in a process with live gRPC threads
 # deadlocks in gRPC's fork handlers.
+# The process title is set where setproctitle is installed (the tools' environment); an
+# environment that holds only the service's own installation keeps Python's command line.
 _DIE_WITH_PARENT = """
 import ctypes, os, runpy, signal, sys, threading
 parent, with_thread = int(sys.argv[1]), sys.argv[2] == "1"
+try:
+    import setproctitle
+except ImportError:
+    pass
+else:
+    setproctitle.setproctitle(sys.argv[3])
 if with_thread and sys.platform == "linux":
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 if os.getppid() != parent:
@@ -89,21 +104,27 @@ def watch():
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
-module = sys.argv[3]
-sys.argv = [module, *sys.argv[4:]]
+module = sys.argv[4]
+sys.argv = [module, *sys.argv[5:]]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
-def service_command(python: str, module: str) -> list[str]:
+def service_command(python: str, module: str, title: str) -> list[str]:
     """The command that runs ``python -m module`` in a child that stops when this process ends.
 
     Launched from the main thread, the kernel signals the child the moment the launcher dies
     (``PR_SET_PDEATHSIG``); from any thread, a watchdog in the child notices within
-    a second. Either way the child gets SIGTERM, its graceful shutdown.
+    a second. Either way the child gets SIGTERM, its graceful shutdown. ``title``: what ``ps``
+    shows for the child.
     """
     main = threading.current_thread() is threading.main_thread()
-    return [python, "-c", _DIE_WITH_PARENT, str(os.getpid()), "1" if main else "0", module]
+    return [python, "-c", _DIE_WITH_PARENT, str(os.getpid()), "1" if main else "0", title, module]
+
+
+def process_title(spec: ServiceSpec) -> str:
+    """What ``ps`` shows for a service this process launched."""
+    return f"nexuscrm-{spec.name} (launched by {os.getpid()})"
 
 
 class LaunchError(RuntimeError):
@@ -174,12 +195,13 @@ def _wait_serving(service: ServiceProcess) -> None:
 
 
 def start_service(
-    spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path, python: str = sys.executable
+    spec: ServiceSpec, *, env: Mapping[str, str], workdir: Path, python: str = sys.executable, port: int = 0
 ) -> ServiceProcess:
-    """Start one service on port 0 with ``env`` added to this process's environment.
+    """Start one service on ``port`` (0: one the OS chooses) with ``env`` added to this process's environment.
 
     ``python`` is the interpreter that runs it: this one by default, or the interpreter of an
-    environment that holds only the service's own installation (tests/architecture).
+    environment that holds only the service's own installation (tests/architecture). A port
+    other than 0 comes from ``reserved_ports``.
     """
     port_file = workdir / f"{spec.name}.port"
     port_file.unlink(missing_ok=True)
@@ -189,7 +211,7 @@ def start_service(
     child_env = {
         **os.environ,
         **env,
-        f"NEXUSCRM_{spec.env_name}_ADDRESS": "127.0.0.1:0",
+        f"NEXUSCRM_{spec.env_name}_ADDRESS": f"127.0.0.1:{port}",
         "NEXUSCRM_PORT_FILE": str(port_file),
     }
     with log_path.open("ab") as log_file:
@@ -197,7 +219,7 @@ def start_service(
         # the services in order (the worker host drains while Connectors still answers); and
         # whatever ends the launcher, the kernel stops the child (die_with_parent).
         process = subprocess.Popen(
-            service_command(python, spec.module),
+            service_command(python, spec.module, process_title(spec)),
             env=child_env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -218,19 +240,22 @@ def start_services(
     env: Mapping[str, str],
     workdir: Path,
     interpreters: Mapping[str, str] | None = None,
+    ports: Mapping[ServiceSpec, int] | None = None,
 ) -> list[ServiceProcess]:
     """Start ``specs`` in order, each healthy before the next.
 
     Each service gets the addresses of those started before it (``NEXUSCRM_<NAME>_TARGET``,
     see ``target_env``) on top of ``env``. ``interpreters`` maps a service's name to the Python
-    that runs it (default: this one). On failure, stops what started and raises.
+    that runs it (default: this one); ``ports`` a service to the port ``reserved_ports`` holds
+    for it (default: one the OS chooses). On failure, stops what started and raises.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     started: list[ServiceProcess] = []
     try:
         for spec in specs:
             python = (interpreters or {}).get(spec.name, sys.executable)
-            service = start_service(spec, env={**env, **target_env(started)}, workdir=workdir, python=python)
+            port = (ports or {}).get(spec, 0)
+            service = start_service(spec, env={**env, **target_env(started)}, workdir=workdir, python=python, port=port)
             started.append(service)
             _wait_serving(service)
     except BaseException:
@@ -241,7 +266,37 @@ def start_services(
 
 def target_env(services: Sequence[ServiceProcess]) -> dict[str, str]:
     """``NEXUSCRM_<NAME>_TARGET`` of each service: how later services and clients find them."""
-    return {f"NEXUSCRM_{service.spec.env_name}_TARGET": service.address for service in services}
+    return {_target_variable(service.spec): service.address for service in services}
+
+
+def reserved_target_env(ports: Mapping[ServiceSpec, int]) -> dict[str, str]:
+    """``NEXUSCRM_<NAME>_TARGET`` of services not started yet, at the ports ``reserved_ports`` holds."""
+    return {_target_variable(spec): f"127.0.0.1:{port}" for spec, port in ports.items()}
+
+
+def _target_variable(spec: ServiceSpec) -> str:
+    return f"NEXUSCRM_{spec.env_name}_TARGET"
+
+
+@contextlib.contextmanager
+def reserved_ports(specs: Sequence[ServiceSpec]) -> Iterator[dict[ServiceSpec, int]]:
+    """A free port on 127.0.0.1 per service of ``specs``, held until the block ends.
+
+    Each port is held by a socket bound with SO_REUSEPORT and never listening: nothing else can
+    bind the port (nor does the OS hand it out), while the service, whose gRPC server binds with
+    SO_REUSEPORT too, can; connections reach only the service, the one listener. Start the
+    services within the block (``start_services(..., ports=...)``).
+    """
+    holders: dict[ServiceSpec, socket.socket] = {}
+    try:
+        for spec in specs:
+            holder = holders[spec] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            holder.bind(("127.0.0.1", 0))
+        yield {spec: int(holder.getsockname()[1]) for spec, holder in holders.items()}
+    finally:
+        for holder in holders.values():
+            holder.close()
 
 
 def stop_services(services: Sequence[ServiceProcess], timeout: float = STOP_TIMEOUT) -> dict[str, int]:

@@ -6,24 +6,31 @@ entry point of group ``nexuscrm.flows``; default the demo's ``demo-contacts``), 
 source simulator (400 lanes, a walking workload with bursts and about 5% duplicate deliveries
 by default), waits until every admitted input is in a finished generation, and prints a
 summary with the invariant check over the database (and, for the demo Flow, that its
-projection equals the inputs). ``--serve`` then keeps the services up for real clients
-(``--inputs 0`` skips the simulator).
+projection equals the inputs). The wait ends at once when no generation can run any more
+(the Flow failed them for good) or the Integration host exited: the summary then names each
+failure with its WorkIds and the Flow's message. ``--serve`` then keeps the services up for
+real clients (``--inputs 0`` skips the simulator); each service is given the targets of the
+others (Controlplane's dashboard reaches the Integration host).
 
 Every run starts from a fresh run state: the logs and port files in ``--workdir`` and, unless
 NEXUSCRM_DSN names a database, the embedded SQLite file ``WORKDIR/nexuscrm.db`` are removed
 first; ``--keep`` reuses them. A database named by NEXUSCRM_DSN is never emptied.
 
 Environment: NEXUSCRM_DSN (default: embedded SQLite in the workdir; set it to a
-``mysql://user:password@host:3306/database`` URL to run against MariaDB, MySQL or TiDB; a URL
-that cannot serve ends the run at once, saying why); NEXUSCRM_DASHBOARD_ADDRESS (where
-Controlplane serves the operator dashboard; default 127.0.0.1:0, a free port, printed at start).
+``mysql://user:password@host:3306/database`` URL to run against MariaDB, MySQL or TiDB, or a
+``sqlite:////absolute/path.db`` in a folder that exists; a URL that cannot serve ends the run
+at once, saying why); NEXUSCRM_DASHBOARD_ADDRESS (where Controlplane serves the operator
+dashboard; default 127.0.0.1:0, a free port, printed at start).
 
 Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
 list below ``--help``): 0 every check passed; 1 a service did not stop cleanly; 2 usage error;
-3 a service did not start; 9 a check failed (projection or invariants); 130 interrupted
-before the summary (SIGINT, SIGTERM or SIGHUP, start-up included). An unknown ``--flow`` is a
-usage error (2); a database that cannot serve is 3. Every service stops with
-the runner, whatever ends it (``nexuscrm_tools.launcher``). ``--timeout`` is a Go duration (``10m``, ``90s``).
+3 a service or the database did not start; 9 a check failed (a generation failed for good,
+the projection or the invariants; also a run that stopped because nothing could progress);
+130 interrupted (SIGINT, SIGTERM or SIGHUP) before every admitted input was projected: the
+summary printed so far says what was done and marks the projection "not checked". An
+unknown ``--flow`` is a usage error (2); a database that cannot serve is 3. Every service
+stops with the runner, whatever ends it (``nexuscrm_tools.launcher``). ``--timeout`` is a Go
+duration (``10m``, ``90s``).
 """
 
 from __future__ import annotations
@@ -37,14 +44,16 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy.engine import Engine
+from rich.text import Text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError
 
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
@@ -69,13 +78,17 @@ from nexuscrm_tools.launcher import (
     SCHEMA_CATALOG,
     LaunchError,
     ServiceProcess,
+    ServiceSpec,
     health_status,
+    reserved_ports,
+    reserved_target_env,
     start_services,
     stop_services,
     target_env,
 )
+from nexuscrm_tools.run_outcome import Ending, ending, failure_problems, states_text
 from nexuscrm_tools.simulator import Simulator, SimulatorStats, WorkloadConfig
-from workqueue.statuses import NONTERMINAL_WORK_STATUSES, WorkStatus
+from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 POLL_INTERVAL = dt.timedelta(milliseconds=250)  # between progress reads of the database
 RPC_TIMEOUT = 30.0  # seconds per set-up RPC
@@ -84,6 +97,9 @@ DATABASE_FILE = "nexuscrm.db"  # the run's embedded SQLite database, in the work
 # What a run leaves in its workdir: service logs, (side) port files, the SQLite file with its
 # WAL and shared-memory files. Only these are removed: the workdir may hold anything else.
 RUN_STATE = ("*.log", "*.port", DATABASE_FILE, f"{DATABASE_FILE}-*")
+PROBLEMS_SHOWN = 20  # problem lines after the summary table; the rest are counted
+NOT_DEMO_LAG = "not measured: the Flow is not the demo's"
+NOT_CHECKED = "[yellow]not checked: interrupted[/yellow]"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,7 +115,12 @@ class Summary:
     lag_p99: float
     seconds: float
     problems: tuple[str, ...]
-    complete: bool
+    ending: Ending
+
+    @property
+    def complete(self) -> bool:
+        """True when every admitted input was projected."""
+        return self.ending is Ending.PROJECTED
 
 
 def install_demo_pack(controlplane: grpc.Channel, namespace: str) -> str:
@@ -143,11 +164,15 @@ def start_host(
     flow: str = demo.FLOW_NAME,
     batch_size: int = 1,
     settings: Mapping[str, str] | None = None,
+    ports: Mapping[ServiceSpec, int] | None = None,
 ) -> ServiceProcess:
-    """Start the Integration host serving ``flow`` (with its pool ``settings``) on the pack, wired to ``core``."""
+    """Start the Integration host serving ``flow`` (with its pool ``settings``) on the pack, wired to ``core``.
+
+    ``ports``: the host's port when ``reserved_ports`` holds one for it (the others were told it).
+    """
     pools = demo_pools(pack_install_id, workers, flow, batch_size, settings)
     host_env = {**env, **target_env(core), "NEXUSCRM_INTEGRATION_POOLS": pools}
-    return start_services((INTEGRATION,), env=host_env, workdir=workdir)[0]
+    return start_services((INTEGRATION,), env=host_env, workdir=workdir, ports=ports)[0]
 
 
 def start_system(
@@ -165,26 +190,28 @@ def start_system(
     """Start the services, install and activate a demo pack, then start the host serving it.
 
     Connectors starts before the Controlplane, whose dashboard asks it (NEXUSCRM_CONNECTORS_TARGET);
-    the host starts last because its activation gate needs the pack's protocol receipt.
+    the host starts last because its activation gate needs the pack's protocol receipt, on a
+    port reserved before anything starts, so every service is given its target too
+    (NEXUSCRM_INTEGRATION_TARGET: the dashboard's worker list asks the host).
     ``worker_connectors``: the host's workers call a Connectors replica of their own (a second
     process on the same database, started before the host), so their Claims and Completes do
     not share one interpreter with admission (decision 135). The first Connectors in the list
     is the one clients ingest through. Returns the running services (stop them with
     ``stop_services``) and the pack id.
     """
-    env = {"NEXUSCRM_DSN": dsn, **(extra_env or {})}
-    services = start_services((SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE), env=env, workdir=workdir)
-    try:
-        controlplane = next(s for s in services if s.spec is CONTROLPLANE)
-        with controlplane.channel() as channel:
-            pack_install_id = install_demo_pack(channel, namespace)
-        core = list(services)
-        if worker_connectors:
-            replica = start_services((CONNECTORS,), env=env, workdir=workdir / "worker-connectors")[0]
-            core = [replica if service.spec is CONNECTORS else service for service in services]
-            services.append(replica)
-        services.append(
-            start_host(
+    with reserved_ports((INTEGRATION,)) as host_port:
+        env = {"NEXUSCRM_DSN": dsn, **reserved_target_env(host_port), **(extra_env or {})}
+        services = start_services((SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE), env=env, workdir=workdir)
+        try:
+            controlplane = next(s for s in services if s.spec is CONTROLPLANE)
+            with controlplane.channel() as channel:
+                pack_install_id = install_demo_pack(channel, namespace)
+            core = list(services)
+            if worker_connectors:
+                replica = start_services((CONNECTORS,), env=env, workdir=workdir / "worker-connectors")[0]
+                core = [replica if service.spec is CONNECTORS else service for service in services]
+                services.append(replica)
+            host = start_host(
                 core,
                 pack_install_id,
                 workdir,
@@ -193,11 +220,12 @@ def start_system(
                 flow=flow,
                 batch_size=batch_size,
                 settings=settings,
+                ports=host_port,
             )
-        )
-    except BaseException:
-        stop_services(services)
-        raise
+            services.append(host)
+        except BaseException:
+            stop_services(services)
+            raise
     return services, pack_install_id
 
 
@@ -221,6 +249,11 @@ def settled(engine: Engine, pack_install_id: str, stats: SimulatorStats) -> bool
     with engine.connect() as connection:
         finished = queries.work_item_inputs_finished(connection, pack_install_id)
         counts = queries.work_item_status_counts(connection, pack_install_id)
+    return projected(finished, counts, stats)
+
+
+def projected(finished: int, counts: Mapping[str, int], stats: SimulatorStats) -> bool:
+    """``settled`` from its reads: ``finished`` inputs in completed generations, ``counts`` generations per status."""
     return stats.done and finished >= stats.admitted and not any(counts.get(s, 0) for s in NONTERMINAL_WORK_STATUSES)
 
 
@@ -235,15 +268,19 @@ def run_demo(
     console: Console | None = None,
     flow: str = demo.FLOW_NAME,
 ) -> Summary:
-    """Drive the simulator, show progress, wait until projected (or ``timeout``/``stop``), summarize.
+    """Drive the simulator, show progress, wait until the outcome is known (``run_outcome.ending``), summarize.
 
-    The check is the invariants over the database and that no generation failed; for the demo
-    Flow also that its projection equals the fold of the inputs (``demo.verify_projection``).
+    The check is the invariants over the database and that no generation failed (each failure
+    a problem with its WorkIds and the Flow's message); for the demo Flow also that its
+    projection equals the fold of the inputs (``demo.verify_projection``), unless ``stop``
+    interrupted the run before every input was projected (then it is not judged).
     """
     by_name = {s.spec.name: s for s in services}
+    host = by_name[INTEGRATION.name].process
     started = time.monotonic()
     with by_name[CONNECTORS.name].channel() as channel:
-        simulator = Simulator(ConnectorsClient(channel), pack_install_id, workload, stop)
+        halt = threading.Event()  # the simulator's stop: set when the wait ends, by ``stop`` or an outcome
+        simulator = Simulator(ConnectorsClient(channel), pack_install_id, workload, halt)
         thread = threading.Thread(target=simulator.run, name="simulator", daemon=True)
         thread.start()
         progress = Progress(
@@ -251,38 +288,54 @@ def run_demo(
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("[red]{task.fields[states]}"),
             console=console,
             disable=console is None,
         )
         with progress:
-            sent = progress.add_task("inputs delivered", total=workload.inputs)
-            projected = progress.add_task("inputs projected", total=workload.inputs)
+            sent = progress.add_task("inputs delivered", total=workload.inputs, states="")
+            shown = progress.add_task("inputs projected", total=workload.inputs, states="")
 
-            def observe() -> bool:
+            def observe() -> Ending | None:
                 stats = simulator.stats
                 with engine.connect() as connection:
                     applied = queries.work_item_inputs_finished(connection, pack_install_id)
+                    counts = queries.work_item_status_counts(connection, pack_install_id)
                 progress.update(sent, completed=stats.fresh_sent)
                 progress.update(
-                    projected, completed=applied, total=max(stats.admitted, applied) if stats.done else None
+                    shown,
+                    completed=applied,
+                    total=max(stats.admitted, applied) if stats.done else None,
+                    states=states_text(counts),
                 )
-                return settled(engine, pack_install_id, stats)
+                return ending(
+                    delivered=stats.done,
+                    projected=projected(applied, counts, stats),
+                    counts=counts,
+                    host_running=host.poll() is None,
+                )
 
-            poll_until(observe, bool, timeout=timeout, interval=POLL_INTERVAL, stop=stop)
+            polled = poll_until(observe, bool, timeout=timeout, interval=POLL_INTERVAL, stop=stop)
+        ended = polled.status or (Ending.INTERRUPTED if stop.is_set() else Ending.TIMEOUT)
+        halt.set()  # whatever ended the wait, the simulator sends no more
         thread.join()
     stats = simulator.stats
-    complete = settled(engine, pack_install_id, stats)
     seconds = time.monotonic() - started
     is_demo = flow == demo.FLOW_NAME
     with engine.connect() as connection:
         lags = demo_tables.applied.lags(connection, pack_install_id) if is_demo else []
         counts = queries.work_item_status_counts(connection, pack_install_id)
+        failures = queries.work_item_failures(connection, pack_install_id)
     generations = sum(counts.values())
-    problems = demo.verify_projection(engine, pack_install_id) if is_demo else check_invariants(engine)
-    if counts.get(WorkStatus.FAILED, 0):
-        problems.append(f"{counts[WorkStatus.FAILED]} generations failed for good (nexuscrm work show WORK_ID)")
-    if not complete:
-        problems.insert(0, "stopped before every admitted input was projected")
+    if is_demo and ended is not Ending.INTERRUPTED:
+        problems = demo.verify_projection(engine, pack_install_id)
+    else:
+        problems = check_invariants(engine)
+    problems += failure_problems(failures)
+    if ended is Ending.HOST_EXITED:
+        problems.insert(0, f"the Integration host exited with {host.poll()}: see {by_name[INTEGRATION.name].log_path}")
+    elif ended is not Ending.PROJECTED:
+        problems.insert(0, ended.reason)
     return Summary(
         pack_install_id=pack_install_id,
         flow=flow,
@@ -293,13 +346,15 @@ def run_demo(
         lag_p99=percentile(lags, 0.99),
         seconds=seconds,
         problems=tuple(problems),
-        complete=complete,
+        ending=ended,
     )
 
 
 def summary_table(summary: Summary, lanes: int) -> Table:
-    """The summary as a rich table."""
+    """The summary as a rich table; an interrupted run's projection is "not checked", not failed."""
     stats = summary.stats
+    is_demo = summary.flow == demo.FLOW_NAME
+    interrupted = summary.ending is Ending.INTERRUPTED
     table = Table(title=f"pack {summary.pack_install_id}, flow {summary.flow}", show_header=False)
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -316,18 +371,16 @@ def summary_table(summary: Summary, lanes: int) -> Table:
         ("inputs per execution", f"{stats.admitted / summary.executions:.2f}" if summary.executions else "-"),
         (
             "end-to-end lag p50 / p99",
-            f"{summary.lag_p50 * 1000:.0f} ms / {summary.lag_p99 * 1000:.0f} ms"
-            if summary.flow == demo.FLOW_NAME
-            else "-",
+            f"{summary.lag_p50 * 1000:.0f} ms / {summary.lag_p99 * 1000:.0f} ms" if is_demo else NOT_DEMO_LAG,
         ),
         ("wall time", f"{summary.seconds:.1f} s"),
         (
             "invariants M O B D X P (every input in one generation)",
-            ok if not invariants else f"[red]{len(invariants)} violations[/red]",
+            ok if not invariants else f"[red]{_count(len(invariants), 'violation')}[/]",
         ),
         (
-            "projection equals the inputs" if summary.flow == demo.FLOW_NAME else "every generation completed",
-            ok if not projection else f"[red]{len(projection)} problems[/red]",
+            "projection equals the inputs" if is_demo else "every generation completed",
+            NOT_CHECKED if interrupted else ok if not projection else f"[red]{_count(len(projection), 'problem')}[/]",
         ),
     ]
     others = {o.value: n for o, n in stats.outcomes.items() if o.value not in ("admitted", "duplicate_covered")}
@@ -336,6 +389,18 @@ def summary_table(summary: Summary, lanes: int) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def print_problems(console: Console, problems: Sequence[str]) -> None:
+    """Every problem (up to ``PROBLEMS_SHOWN`` lines, then how many more), one line each, in red."""
+    for problem in problems[:PROBLEMS_SHOWN]:  # a Flow's message is text, never markup
+        console.print(Text(problem, style="red"), highlight=False, soft_wrap=True)
+    if len(problems) > PROBLEMS_SHOWN:
+        console.print(f"[red]and {len(problems) - PROBLEMS_SHOWN} more problems[/red]")
 
 
 # Ctrl-C, a stop request, and the terminal closing: each stops the services and ends the run.
@@ -350,17 +415,27 @@ def _parser() -> argparse.ArgumentParser:
     defaults = WorkloadConfig()
     parser = argparse.ArgumentParser(
         prog="nexuscrm-run",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),  # the docstring's literals, as plain text
         epilog=help_epilog("nexuscrm-run"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--lanes", type=int, default=defaults.lanes, help="source lanes (default %(default)s)")
-    parser.add_argument("--inputs", type=int, default=defaults.inputs, help="fresh deliveries (default %(default)s)")
     parser.add_argument(
-        "--rate", type=float, default=defaults.rate, help="deliveries/s, 0 = unpaced (default %(default)s)"
+        "--lanes", type=_at_least(int, 1), default=defaults.lanes, help="source lanes (default %(default)s)"
     )
     parser.add_argument(
-        "--duplicates", type=float, default=defaults.duplicate_ratio, help="duplicate share (default %(default)s)"
+        "--inputs", type=_at_least(int, 0), default=defaults.inputs, help="fresh deliveries (default %(default)s)"
+    )
+    parser.add_argument(
+        "--rate",
+        type=_at_least(float, 0),
+        default=defaults.rate,
+        help="deliveries/s, 0 = unpaced (default %(default)s)",
+    )
+    parser.add_argument(
+        "--duplicates",
+        type=_share,
+        default=defaults.duplicate_ratio,
+        help="duplicate share, at least 0 and below 1 (default %(default)s)",
     )
     parser.add_argument(
         "--flow",
@@ -376,7 +451,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a setting of the Flow's pool (FlowContext.settings); repeatable",
     )
-    parser.add_argument("--workers", type=int, default=4, help="Flow workers in the host (default %(default)s)")
+    parser.add_argument(
+        "--workers", type=_at_least(int, 1), default=4, help="Flow workers in the host (default %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="workload seed (default %(default)s)")
     parser.add_argument(
         "--timeout",
@@ -398,6 +475,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _at_least(kind: Callable[[str], float], minimum: float) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` not below ``minimum`` (argparse names the flag in its error)."""
+
+    def parse(raw: str) -> float:
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {raw!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {raw}")
+        return value
+
+    return parse
+
+
+def _share(raw: str) -> float:
+    value = _at_least(float, 0)(raw)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1, got {raw}")
+    return value
+
+
 def _setting(raw: str) -> tuple[str, str]:
     key, equals, value = raw.partition("=")
     if not equals or not key:
@@ -413,9 +512,31 @@ def fresh_run_state(workdir: Path) -> None:
 
 
 def run_dsn(workdir: Path) -> tuple[str, bool]:
-    """The database of the run and whether it is the run's own (the workdir's SQLite file, not NEXUSCRM_DSN)."""
+    """The database of the run and whether it is the run's own (the workdir's SQLite file, not NEXUSCRM_DSN).
+
+    The run's own is named by its absolute path, so the printed ``export`` works from anywhere.
+    """
     named = os.environ.get("NEXUSCRM_DSN")
-    return (named, False) if named else (f"sqlite:///{workdir / DATABASE_FILE}", True)
+    return (named, False) if named else (f"sqlite:///{workdir.absolute() / DATABASE_FILE}", True)
+
+
+def sqlite_file(dsn: str) -> Path | None:
+    """The file of a SQLite URL (None for another backend, an in-memory database or no URL at all)."""
+    try:
+        url = make_url(dsn)
+    except ArgumentError:  # check_database says what is wrong with it
+        return None
+    return Path(url.database) if url.get_backend_name() == "sqlite" and url.database not in (None, ":memory:") else None
+
+
+def check_sqlite_folder(dsn: str) -> None:
+    """Refuse a NEXUSCRM_DSN whose SQLite file is in a folder that does not exist (never made silently)."""
+    path = sqlite_file(dsn)
+    if path is not None and not path.absolute().parent.is_dir():
+        raise DatabaseUnusable(
+            f"NEXUSCRM_DSN names the sqlite file {path}, whose folder {path.absolute().parent} does not exist: "
+            "create it first, or name a file in a folder that exists"
+        )
 
 
 def check_flow(reference: str) -> None:
@@ -459,6 +580,10 @@ def main(argv: list[str] | None = None) -> ExitCode:
     dsn, own_database = run_dsn(args.workdir)
     dashboard = {"NEXUSCRM_DASHBOARD_ADDRESS": env_str("NEXUSCRM_DASHBOARD_ADDRESS", "127.0.0.1:0")}
     try:
+        if own_database:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            check_sqlite_folder(dsn)
         check_database(dsn)
         console.print(f"starting the NexusCRM services on the {dsn_backend(dsn)} database ...")
         services, pack_install_id = start_system(
@@ -505,18 +630,17 @@ def main(argv: list[str] | None = None) -> ExitCode:
             finally:
                 engine.dispose()
             tables.print_whole(console, summary_table(summary, workload.lanes))
-            for problem in summary.problems[: 20 if summary.complete else 1]:
-                console.print(f"[red]{problem}[/red]")
-            if stop.is_set() and not summary.complete:
+            print_problems(console, summary.problems)
+            if summary.ending is Ending.INTERRUPTED:
                 code = ExitCode.INTERRUPTED
             elif summary.problems:
                 code = ExitCode.CHECK_FAILED
         if args.serve and not stop.is_set():
             console.print(f"serving; for the operator CLI ({operator_cli()} --help), in another shell:")
-            for name, value in target_env(services).items():
-                console.print(f"  export {name}={value}")
+            for name, value in target_env(services).items():  # one line each, to copy whole
+                console.print(f"  export {name}={value}", soft_wrap=True, highlight=False)
             if own_database:  # never print a DSN the caller named: it may hold a password
-                console.print(f"  export NEXUSCRM_DSN={dsn}")
+                console.print(f"  export NEXUSCRM_DSN={dsn}", soft_wrap=True, highlight=False)
             console.print(f"  demo pack: {pack_install_id}")
             console.print(f"operator dashboard: {dashboard_url(services)}\npress Ctrl-C to stop")
             stop.wait()
@@ -541,10 +665,11 @@ def operator_cli() -> str:
 
 def run_state_lines(workdir: Path, dsn: str, own_database: bool) -> str:
     """Where the run's database and logs are, and how the next run treats them."""
+    named = sqlite_file(dsn)  # a SQLite file's path holds no secret; a server's URL may hold a password
     database = (
         f"{workdir / DATABASE_FILE} (SQLite; the next run starts afresh, --keep reuses it)"
         if own_database
-        else f"the {dsn_backend(dsn)} database of NEXUSCRM_DSN (never emptied by a run)"
+        else f"the {dsn_backend(dsn)} database of NEXUSCRM_DSN{f' ({named})' if named else ''} (never emptied by a run)"
     )
     return f"database: {database}\nlogs: {workdir}/*.log"
 

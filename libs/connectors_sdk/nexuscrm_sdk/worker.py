@@ -6,7 +6,9 @@ after the other; the adapter keeps each WorkId and lease token from the claim an
 to every later call, and one heartbeat thread per claimed generation extends its lease from
 the claim until its attempt ends (so generations waiting their turn in the batch keep their
 leases). The Flow must consume every input (the complete set is the contract); if it does
-not, or raises, the attempt fails and is retried with backoff.
+not, or raises, the attempt fails and is retried with backoff. The failure's log line names the
+exception and the start of its message (``FLOW_MESSAGE_LOG_CHARS``, on one line); the whole
+message goes to the WorkItem's LastError (GetWork), see docs/security.md.
 
 An idle worker does not sleep while work is waiting: its claim asks the service to wait up to
 ``claim_wait`` for work, and the service answers as soon as it claimed some. Only a claim
@@ -54,6 +56,10 @@ from workqueue.logcontext import log_context
 from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, Route, WorkItemRow
 
 log = logging.getLogger(__name__)
+
+# Of a failed Flow's message in the log line (docs/security.md, decision 152): enough to say what
+# went wrong, too little to carry an input; LastError keeps the whole message.
+FLOW_MESSAGE_LOG_CHARS = 200
 
 
 class WorkSource(Protocol):
@@ -290,8 +296,8 @@ class Worker:
             heartbeat.stop()
             self.stats.failed_attempts += 1
             message = f"{type(error).__name__}: {error}"
-            # A Flow's message may quote its inputs: it goes to LastError (GetWork), never to the log.
-            log.warning("work %s failed with %s; GetWork shows its message", work_id, type(error).__name__)
+            # A Flow's message may quote its inputs: only its start reaches the log; LastError has it all.
+            log.warning("work %s failed with %s (the whole message: GetWork)", work_id, loggable(message))
             self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message))
         else:
             completion = Completion(work_id=work_id, lease_token=token)
@@ -398,6 +404,13 @@ class _Members:
 
     def exhausted(self) -> bool:
         return self._done
+
+
+def loggable(message: str, limit: int = FLOW_MESSAGE_LOG_CHARS) -> str:
+    """``message`` for a log line: one line, non-printable characters escaped, at most ``limit`` characters."""
+    line = " ".join(message.split())
+    line = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _aware_work(work: WorkItemRow) -> WorkItemRow:

@@ -5,11 +5,14 @@ Real processes on OS-chosen ports, small unpaced workloads; no assertion on how 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,17 +20,21 @@ import pytest
 from nexuscrm_tools.exits import ExitCode
 from tests.conftest import REPO_ROOT
 from tests.support.waiting import wait_until
+from tests.system.acceptance import failing_flow
 
 pytestmark = pytest.mark.acceptance
 
 DEADLINE = 300.0  # seconds for one small run on a loaded machine
 EXAMPLE_FLOW = "examples.contact_stages:contact_stages"
+FAILING_FLOW = f"{failing_flow.__name__}:boom"
 SMALL = ["--lanes", "3", "--inputs", "30", "--rate", "0"]
 
 
-def nexuscrm_run(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+def nexuscrm_run(
+    *args: str, dsn: str | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``nexuscrm-run`` from the repository root (as the README does), NEXUSCRM_DSN set only when given."""
-    env = {k: v for k, v in os.environ.items() if k != "NEXUSCRM_DSN"} | {"COLUMNS": "80"}
+    env = {k: v for k, v in os.environ.items() if k != "NEXUSCRM_DSN"} | {"COLUMNS": "80"} | (extra_env or {})
     if dsn is not None:
         env["NEXUSCRM_DSN"] = dsn
     return run_command([sys.executable, "-m", "nexuscrm_tools.run", *args], env)
@@ -67,7 +74,7 @@ def test_a_database_named_by_nexuscrm_dsn_is_never_emptied(tmp_path: Path) -> No
         done = nexuscrm_run(*SMALL, "--workdir", str(tmp_path / "run"), dsn=f"sqlite:///{database}")
         assert done.returncode == ExitCode.OK, done.stdout + done.stderr
         assert packs_in(database) == expected
-    assert "the sqlite database of NEXUSCRM_DSN" in done.stdout
+    assert f"the sqlite database of NEXUSCRM_DSN ({database})" in done.stdout
     assert not (tmp_path / "run" / "nexuscrm.db").exists()
 
 
@@ -109,12 +116,65 @@ def test_a_flow_without_the_simulator_serves_until_stopped(tmp_path: Path) -> No
         workers = run_command([sys.executable, "-m", "nexuscrm_tools.cli", "workers", "--json"], env | exports)
         assert workers.returncode == ExitCode.OK, workers.stderr
         assert f'"flow": "{EXAMPLE_FLOW}"' in workers.stdout
+        assert exports["NEXUSCRM_DSN"].startswith("sqlite:////"), exports  # absolute: works from any folder
+        # The dashboard's Workers panel asks the host the runner started (Controlplane was given its target).
+        dashboard = re.search(r"operator dashboard: (http://\S+)", output.read_text())
+        assert dashboard is not None, output.read_text()
+        with urllib.request.urlopen(f"{dashboard.group(1)}api/workers", timeout=30) as response:
+            hosts = json.loads(response.read())["hosts"]
+        assert [(h["target"], h["state"]) for h in hosts] == [(exports["NEXUSCRM_INTEGRATION_TARGET"], "answered")]
+        assert len(hosts[0]["workers"]) == 4 and {w["flow"] for w in hosts[0]["workers"]} == {EXAMPLE_FLOW}
         process.send_signal(2)  # Ctrl-C
         assert process.wait(timeout=DEADLINE) == ExitCode.OK, output.read_text()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_flow_that_fails_ends_the_run_at_once_naming_each_failure(tmp_path: Path) -> None:
+    # DEADLINE (5 min) is half the timeout: a run that waited it out would fail (TimeoutExpired)
+    done = nexuscrm_run(
+        *["--lanes", "5", "--inputs", "20", "--flow", FAILING_FLOW, "--timeout", "10m", "--workdir", str(tmp_path)],
+        extra_env={"NEXUSCRM_MAX_ATTEMPTS": "2", "NEXUSCRM_RETRY_BASE_SECONDS": "1"},
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == ExitCode.CHECK_FAILED, said
+    assert "stopped at once: no generation can run any more" in said
+    with sqlite3.connect(tmp_path / "nexuscrm.db") as connection:
+        failed = sorted(r[0] for r in connection.execute("SELECT WorkId FROM WorkItem WHERE Status = 'failed'"))
+    assert failed and len(failed) <= 5
+    problem = next(line for line in said.splitlines() if "failed for good:" in line)
+    assert f"{len(failed)} generation" in problem and f"ValueError: {failing_flow.MESSAGE}" in problem
+    assert all(work_id in problem for work_id in failed), problem
+    assert "not measured: the Flow is not the demo's" in said
+    host_log = (tmp_path / "integration.log").read_text()
+    assert f"failed with ValueError: {failing_flow.MESSAGE} (the whole message: GetWork)" in host_log
+
+
+def test_a_dsn_in_a_folder_that_does_not_exist_is_refused_naming_it(tmp_path: Path) -> None:
+    database = tmp_path / "no" / "such" / "x.db"
+    done = nexuscrm_run("--workdir", str(tmp_path / "run"), dsn=f"sqlite:///{database}")
+    assert done.returncode == ExitCode.UNREACHABLE, done.stdout + done.stderr
+    assert f"the sqlite file {database}, whose folder {database.parent} does not exist" in done.stderr
+    assert not (tmp_path / "no").exists() and not (tmp_path / "run").exists()
+
+
+def test_bad_counts_name_their_flag() -> None:
+    for flag, value, said in [
+        ("--lanes", "0", "argument --lanes: must be at least 1, got 0"),
+        ("--workers", "0", "argument --workers: must be at least 1, got 0"),
+        ("--inputs", "-1", "argument --inputs: must be at least 0, got -1"),
+        ("--duplicates", "1", "argument --duplicates: must be below 1, got 1"),
+    ]:
+        done = nexuscrm_run(flag, value)
+        assert done.returncode == ExitCode.USAGE and said in done.stderr, done.stderr
+
+
+def test_help_is_plain_text() -> None:
+    done = nexuscrm_run("--help")
+    assert done.returncode == ExitCode.OK
+    assert "``" not in done.stdout and "130 interrupted" in done.stdout
 
 
 def test_an_unknown_flow_is_a_usage_error_before_anything_starts(tmp_path: Path) -> None:
