@@ -6,7 +6,7 @@ running the module its console script (``nexuscrm-<service>``) names. Every Conn
 publishes its Prometheus counters, so a test can tell which replica answered the claims.
 ``assert_end_state`` is how every scenario ends: every receipt admitted once, every generation
 completed, the demo projection equal to the fold of its inputs, and the invariants of
-DESIGN.md (M, O, B, D, X, P and R) over the whole database.
+docs/design.md (M, O, B, D, X, P and R) over the whole database.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class FlowContext:
     there; canonical tables are not the Flow's to write. ``settings`` are the pool's own
     strings (its ``settings`` table in the host configuration), for whatever the Flow needs
     configured: a Flow whose read model lives in a database of its own reads its URL from
-    them and opens its own engine (``examples/contacts_sqlite`` in the SDK's docs does).
+    them and opens its own engine, as ``examples/contact_stages.py`` does.
     For idempotent read-model writes see ``nexuscrm_sdk.applied``.
     """
 

@@ -1,6 +1,6 @@
 """What a MySQL-protocol server must be and how each session is set, checked before a service serves.
 
-The protocol's locking (DESIGN, "Databases") needs READ COMMITTED with ``SELECT ... FOR UPDATE``
+The protocol's locking (docs/design.md, "Databases") needs READ COMMITTED with ``SELECT ... FOR UPDATE``
 that blocks. On TiDB that holds only in pessimistic mode; ``SAVEPOINT`` (every activation and
 cutover write) needs v6.2+ and in-place constraint checks; an online ``ALTER`` needs the
 metadata lock (else open transactions fail at commit with 8028); the idle-transaction timeout

@@ -8,6 +8,7 @@ from workqueue.identity import (
     decode_projection_key,
 )
 from workqueue.statuses import TERMINAL_WORK_STATUSES, EventStatus, ReceiptState, WorkStatus
+from workqueue.values import InputRow  # after the names values.py imports from this package
 
 __all__ = [
     "KEY_VERSION",
@@ -15,6 +16,7 @@ __all__ = [
     "DomainError",
     "ErrorKind",
     "EventStatus",
+    "InputRow",
     "ProjectionIdentity",
     "ProjectionKey",
     "ReceiptState",

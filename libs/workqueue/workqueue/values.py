@@ -2,7 +2,7 @@
 
 Frozen and keyword-only; Connectors builds them, the SDK carries them over gRPC, the host and
 the tools read them. Their datetimes are UTC: naive inside the services (what the database
-stores), timezone-aware when they come from the SDK's client (docs/decisions/104).
+stores), timezone-aware when they come from the SDK's client (docs/decisions/104-connectors-sdk.md).
 """
 
 from __future__ import annotations
@@ -175,7 +175,20 @@ class ReceiptSummary:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class InputRow:
-    """One member of a generation, as a worker sees it."""
+    """One member of a generation, as a Flow reads it from ``Generation.inputs`` (in ordinal order).
+
+    ``enqueue_ordinal``: the input's ordinal in its pack incarnation: positive, unique, never
+    reused, rising in admission order; a generation's members come in this order, and the
+    pair (pack, ordinal) identifies the input (the key of the SDK's applied ledger).
+    ``receipt_key``: the key the source delivered it under (its idempotency key); None for a
+    replay Event.
+    ``payload``: the bytes delivered, unchanged; for a replay Event, JSON naming the replayed
+    generation (``replay_of_work_id``, ``input_start_ordinal``, ``lane_ordinal``), whose inputs
+    are not members of the replay generation.
+    ``source_time``: the time the source gave the delivery, if any: recorded, never used to
+    order or select inputs; timezone-aware UTC in a Flow.
+    ``is_replay``: True only for the Event an explicit replay created (docs/design.md, "Replay").
+    """
 
     enqueue_ordinal: int
     receipt_key: str | None

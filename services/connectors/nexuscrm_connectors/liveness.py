@@ -3,7 +3,7 @@
 A successor is created blocked while its predecessor is not terminal, and the transaction
 that makes the predecessor terminal unblocks it. Decision 106 makes those two transactions
 conflict on every engine, so nothing should be left behind; this sweep is the backstop the
-design asks for anyway (DESIGN, "Multi-primary engines"): rows written by an older release,
+design asks for anyway (docs/design.md, "Multi-primary engines"): rows written by an older release,
 or by a path that is wrong in a way nobody has found yet, must not block an identity
 forever. Each pass reads at most ``limit`` blocked generations per pack, continuing where
 the previous pass of this sweep stopped (keyset by WorkId, starting over at the end), so

@@ -23,7 +23,7 @@ permitted
   completed coalesced inputs left in their historical Event status, and a pending Event
   without a direct task inside its identity's completed boundary.
 
-Whatever cannot be classified is refused, never assumed fine (docs/decisions/108). Every
+Whatever cannot be classified is refused, never assumed fine (docs/decisions/108-cutover-audit-fails-closed.md). Every
 retained Event of the pack is scanned, whatever its ordinal or key, and the number scanned is
 checked against the pack's Event count. This audits retained responsibility, not historical
 exactly-once business effects. The scan is streamed: identities by keyset pages, each

@@ -1,6 +1,6 @@
 """The dashboard's and the queue collector's reads use index ranges, on every backend.
 
-Same method and seeded history as the hot-query plan test (``tests/system/integration/test_hot_query_plans``):
+Same method and seeded history as the hot-query plan test (``tests/system/integration/test_hot_query_plans.py``):
 each read runs through the function the page calls, the statements are captured and EXPLAINed.
 Search and the receipt list ask a ConnectorsService served in this process over the same
 engine (``conftest``), so the statements its RPCs run are captured too.

@@ -4,7 +4,7 @@ Each test holds two transactions at their commit, on different nodes, after both
 and written everything (``Gate``: the ``<name>:before_commit`` point of ``run_transaction``).
 Then the first commits, and then the second. Galera certifies only write-write conflicts:
 if the two write no common row, both commit, and the second has decided on a read that the
-first made stale (write skew; DESIGN, "Multi-primary engines"). Decision 107 makes each
+first made stale (write skew; docs/design.md, "Multi-primary engines"). Decision 107 makes each
 decision write a row its conflicting writer writes, so the second aborts (deadlock 1213),
 ``run_transaction`` retries it, and the retry decides on the committed state.
 """
