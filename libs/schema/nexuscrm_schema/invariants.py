@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md checked over a whole database.
+"""The invariants of docs/design.md checked over a whole database.
 
 M membership, O ordinals, B bounds, D duplicates, X execution, P payload, and R the retention
 horizon (decision 125): M and D hold over what is retained, and what retention pruned left

@@ -1,6 +1,6 @@
 """The canonical schema, at the newest version, as SQLAlchemy Core tables.
 
-Names are canonical (see DESIGN.md) and PascalCase. Every string column compares
+Names are canonical (see docs/design.md) and PascalCase. Every string column compares
 byte-for-byte (``utf8mb4_bin`` on MySQL/TiDB; SQLite's default BINARY), so keys that differ
 only in case or accents never collide. Every index says which query it serves.
 """

@@ -6,7 +6,8 @@ extends an unclaimed one), one index end, a primary key, or at most ``limit`` ro
 index range. Counts of sets that grow with history (failed work, receipts) stop at ``cap``.
 None of them scans Event: Event is read by primary key only. Each says which index serves it.
 
-These are the one documented cross-owner read (docs/decisions/101): Event, WorkItem and
+These are the one documented cross-owner read
+(docs/decisions/101-dashboard-reads-connectors-over-rpc.md): Event, WorkItem and
 IngressReceipt belong to Connectors, yet the page's gauges (queue depth, lag, failures,
 receipt counts) and the Prometheus collector read them here, directly and read-only, next to
 the Controlplane's own PackInstall, fence and protocol rows, through the schema library's
