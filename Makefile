@@ -67,7 +67,8 @@ ARGS ?=
 
 # GNU make exits 2 whenever a recipe fails, whatever its code, after its own "Error N" line: the
 # line before it says the runner's code, and `make runtime && .venv/bin/nexuscrm-run ...`
-# returns it (decision 113). Ctrl-C reaches make too, which then stops with "Interrupt".
+# returns it (decision 113). Ctrl-C reaches make too: after the runner's summary and that line,
+# make ends by the signal itself (130 in the shell), not with 2.
 run: runtime
 	@$(BIN)/nexuscrm-run $(ARGS); code=$$?; \
 	if [ $$code -eq 130 ]; then echo "nexuscrm-run was interrupted (exit 130, README: exit codes)" >&2; \

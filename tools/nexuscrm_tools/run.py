@@ -334,7 +334,7 @@ def run_demo(
     problems += failure_problems(failures)
     if ended is Ending.HOST_EXITED:
         problems.insert(0, f"the Integration host exited with {host.poll()}: see {by_name[INTEGRATION.name].log_path}")
-    elif ended is not Ending.PROJECTED:
+    elif ended not in (Ending.PROJECTED, Ending.INTERRUPTED):  # an interruption is said, not a problem
         problems.insert(0, ended.reason)
     return Summary(
         pack_install_id=pack_install_id,
@@ -632,6 +632,7 @@ def main(argv: list[str] | None = None) -> ExitCode:
             tables.print_whole(console, summary_table(summary, workload.lanes))
             print_problems(console, summary.problems)
             if summary.ending is Ending.INTERRUPTED:
+                console.print(f"[yellow]{Ending.INTERRUPTED.reason}[/yellow]")
                 code = ExitCode.INTERRUPTED
             elif summary.problems:
                 code = ExitCode.CHECK_FAILED

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from nexuscrm_sdk.testing import EPOCH, FakeClock, InMemoryWorkSource, LeaseNotHeld
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk.worker import FLOW_MESSAGE_LOG_CHARS, Generation, Worker
 from workqueue import ProjectionIdentity, WorkStatus
 from workqueue.values import IngestItem, Outcome, Route
 
@@ -177,3 +177,21 @@ def test_what_it_does_not_model_is_refused_loudly() -> None:
     route = Route.of(identity())
     bad = IngestItem(receipt_key="bad", route=Route(**{**route.__dict__, "source_lane": " lane"}), payload=b"a")
     assert source.ingest(PACK, items=[bad])[0].outcome is Outcome.REJECTED
+
+
+def test_a_failed_attempt_logs_the_start_of_the_flows_message_on_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    source = InMemoryWorkSource(max_attempts=1)
+    source.add_inputs(identity(), payloads=[b"x"])
+    message = "first line\nsecond \x1b[31m" + "y" * 500
+
+    def flow(generation: Generation) -> None:
+        list(generation.inputs)
+        raise ValueError(message)
+
+    with caplog.at_level("WARNING", logger="nexuscrm_sdk.worker"):
+        run_all(Worker(source, flow, worker_id="w"))
+    [line] = [r.getMessage() for r in caplog.records if "failed with" in r.getMessage()]
+    logged = line.split("failed with ", 1)[1].removesuffix(" (the whole message: GetWork)")
+    assert logged.startswith("ValueError: first line second \\x1b[31myyy") and logged.endswith("y…")
+    assert len(logged) == FLOW_MESSAGE_LOG_CHARS and "\n" not in line
+    assert source.attempts[0].error == f"ValueError: {message}"  # LastError keeps the whole message

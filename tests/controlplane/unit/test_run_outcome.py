@@ -1,0 +1,51 @@
+"""How a ``nexuscrm-run`` wait ends, what its progress line and problems say, and its plain usage errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nexuscrm_runtime.database_check import DatabaseUnusable
+from nexuscrm_tools.run import check_sqlite_folder, run_dsn
+from nexuscrm_tools.run_outcome import WORK_IDS_SHOWN, Ending, ending, failure_problems, states_text
+
+
+def test_the_wait_ends_as_soon_as_its_outcome_is_known() -> None:
+    def end(delivered: bool = True, projected: bool = False, host: bool = True, **counts: int) -> Ending | None:
+        return ending(delivered=delivered, projected=projected, counts=counts, host_running=host)
+
+    assert end(projected=True) is Ending.PROJECTED
+    assert end(failed=4) is Ending.STUCK  # every generation failed for good
+    assert end(failed=1, blocked=3) is Ending.STUCK  # the rest wait behind it
+    assert end(failed=1, retry=1) is None and end(pending=1) is None and end(processing=1) is None
+    assert end(delivered=False, failed=4) is None  # more inputs may still come
+    assert end(delivered=False, host=False) is Ending.HOST_EXITED
+    assert end(host=False, pending=1) is Ending.HOST_EXITED
+
+
+def test_the_progress_line_counts_what_needs_attention() -> None:
+    assert states_text({"completed": 9, "pending": 2}) == ""
+    assert states_text({"failed": 2, "retry": 1, "blocked": 3}) == "2 failed, 1 retrying, 3 blocked"
+
+
+def test_failures_are_grouped_by_message_with_their_work_ids() -> None:
+    many = [(f"w-{i:02d}", "ValueError: no stage") for i in range(WORK_IDS_SHOWN + 2)]
+    problems = failure_problems([("w-x", "KeyError: 'email'\n  at line 3"), *many])
+    assert problems[0] == "1 generation failed for good: KeyError: 'email' at line 3 (WorkIds w-x)"
+    shown = ", ".join(work_id for work_id, _ in many[:WORK_IDS_SHOWN])
+    assert problems[1] == f"12 generations failed for good: ValueError: no stage (WorkIds {shown} and 2 more)"
+
+
+def test_the_runs_own_database_is_named_by_its_absolute_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEXUSCRM_DSN", raising=False)
+    dsn, own = run_dsn(Path("var/run"))
+    assert own and dsn == f"sqlite:///{Path.cwd() / 'var/run/nexuscrm.db'}" and dsn.startswith("sqlite:////")
+
+
+def test_a_sqlite_file_in_a_missing_folder_is_refused_and_the_folder_not_made(tmp_path: Path) -> None:
+    check_sqlite_folder(f"sqlite:///{tmp_path / 'x.db'}")
+    check_sqlite_folder("mysql://root@127.0.0.1/nexuscrm")  # not a file: check_database judges it
+    with pytest.raises(DatabaseUnusable, match=f"the sqlite file {tmp_path}/no/x.db, whose folder"):
+        check_sqlite_folder(f"sqlite:///{tmp_path / 'no' / 'x.db'}")
+    assert not (tmp_path / "no").exists()
