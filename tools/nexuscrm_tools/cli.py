@@ -1,23 +1,26 @@
 """``nexuscrm``: the operator command line over the services' RPCs.
 
-Subcommands: ``packs install|activate|protocol|show|find``, ``fences arm|disarm|list|override``,
-``drain status|wait``, ``queue state|wait``, ``cutover audit|run``, ``work show|list|members``,
-``receipts missing``, ``retention set|show|prune``, ``schema contract-payloads``, ``why``,
-``activation``, ``workers`` and ``version``.
-Tables by default, ``--json``
-for scripts. Services are found through ``NEXUSCRM_<NAME>_TARGET`` (see ``targets``;
-``nexuscrm-run --serve`` prints them). With NEXUSCRM_TLS_CA / _CERT / _KEY set, it speaks
-mutual TLS as the principal of that certificate (docs/security.md). Durations are Go
-durations (``30s``, ``5m``, ``1h30m``; ``nexuscrm_tools.durations``), as in the runbook
-commands.
+Subcommands: ``packs list|install|activate|protocol|show|find``,
+``fences arm|disarm|list|override``, ``drain status|wait``, ``queue state|wait``,
+``cutover audit|run``, ``work show|list|members``, ``receipts list|missing``,
+``retention set|show|prune``, ``schema contract-payloads``, ``why``, ``activation``,
+``workers`` and ``version``. Tables by default, ``--json`` for scripts (docs/output-conventions.md).
+Services are found through the variables NEXUSCRM_SCHEMA_CATALOG_TARGET,
+NEXUSCRM_CONTROLPLANE_TARGET, NEXUSCRM_CONNECTORS_TARGET and NEXUSCRM_INTEGRATION_TARGET
+(host:port; ``nexuscrm-run --serve`` prints them). With NEXUSCRM_TLS_CA / _CERT / _KEY set, it
+speaks mutual TLS as the principal of that certificate (docs/security.md). Durations are Go
+durations (``30s``, ``5m``, ``1h30m``), as in the runbook commands. A fence is named by its id or
+by the short id the dashboard shows (a unique prefix of at least 8 hex digits).
 
 Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
-list below ``--help``): 0 done, the check passed; 2 usage error; 3 a service is unreachable or
-does not implement the RPC yet; 4, 5, 6 the cutover refused by gate, audit or missing
-prerequisite (as ``connector-projection-cutover``); 7 timeout (``drain wait`` or ``queue
-wait`` ended undrained, or an RPC's deadline passed); 8 the service refused the request; 9 the
-check did not pass (not drained, receipts whose coverage is missing, no protocol row, host not
-activated, services outside each other's declared ranges: ``version``).
+list below ``--help``): 0 done, the check passed; 2 usage error, or a pack, fence, receipt or
+WorkId the service does not know; 3 a service is unreachable or does not implement the RPC
+yet (the message names the service and the variable to set); 4, 5, 6 the cutover refused by
+gate, audit or missing prerequisite (as ``connector-projection-cutover``); 7 timeout
+(``drain wait`` or ``queue wait`` ended undrained, or an RPC's deadline passed); 8 the service
+refused a valid request; 9 the check did not pass (not drained, receipts whose coverage is
+missing, no protocol row, host not activated, services outside each other's declared ranges:
+``version``).
 """
 
 from __future__ import annotations
@@ -30,41 +33,28 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from nexuscrm.buildinfo.v1.build_info_pb2 import BuildInfo
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
-from nexuscrm.connectors.v1 import connectors_pb2_grpc as cn_grpc
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
-from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
-from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
-from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as sc_pb
-from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as sc_grpc
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
-from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from nexuscrm_sdk import convert
-from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import payload_contract, tables, versions
+from nexuscrm_tools.clients import Clients, ServiceCallFailed
 from nexuscrm_tools.durations import parse_duration, whole_seconds
-from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
-from workqueue import ReceiptState
+from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog, rpc_exit_code
+from nexuscrm_tools.json_view import enum_word, message_data
+from nexuscrm_tools.tables import listing, plural
+from workqueue import ReceiptState, WorkStatus
 from workqueue.values import QueueState, Route
 
 RPC_TIMEOUT = 30.0  # seconds per call
-VERSION_TIMEOUT = 5.0  # seconds per GetBuildInfo: a service that does not answer by then is reported as such
-# gRPC statuses that say nothing about the request itself; every other status is a refusal.
-RPC_ERROR_EXIT_CODES = {
-    grpc.StatusCode.UNAVAILABLE: ExitCode.UNREACHABLE,
-    grpc.StatusCode.UNIMPLEMENTED: ExitCode.UNREACHABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED: ExitCode.TIMEOUT,
-}
+IDENTITY_FLAGS = ("--event-kind", "--route-version", "--companion-version", "--work-type", "--lane")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,7 +67,7 @@ class Outcome:
 
 
 def _dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return message_data(message)
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
@@ -90,72 +80,6 @@ def _fields(title: str, data: dict[str, Any]) -> Table:
         ("field", "value"),
         [(key, json.dumps(value) if isinstance(value, list | dict) else value) for key, value in data.items()],
     )
-
-
-class Clients:
-    """Stubs of every service, over channels opened lazily from ``Targets``."""
-
-    def __init__(self, targets: Targets) -> None:
-        self._targets = targets
-        self._channels: list[grpc.Channel] = []
-
-    def _channel(self, address: str) -> grpc.Channel:
-        channel = open_channel(address)
-        self._channels.append(channel)
-        return channel
-
-    @property
-    def schema_catalog(self) -> sc_grpc.SchemaCatalogServiceStub:
-        """SchemaCatalogService."""
-        return sc_grpc.SchemaCatalogServiceStub(self._channel(self._targets.schema_catalog))
-
-    @property
-    def controlplane(self) -> cp_grpc.ControlplaneServiceStub:
-        """ControlplaneService."""
-        return cp_grpc.ControlplaneServiceStub(self._channel(self._targets.controlplane))
-
-    @property
-    def connectors(self) -> cn_grpc.ConnectorsServiceStub:
-        """ConnectorsService."""
-        return cn_grpc.ConnectorsServiceStub(self._channel(self._targets.connectors))
-
-    @property
-    def connectors_client(self) -> ConnectorsClient:
-        """The Connectors SDK's client (for the calls that loop, like ``queue wait``)."""
-        return ConnectorsClient(self._channel(self._targets.connectors))
-
-    @property
-    def integration(self) -> in_grpc.IntegrationServiceStub:
-        """IntegrationService."""
-        return in_grpc.IntegrationServiceStub(self._channel(self._targets.integration))
-
-    def build_infos(self) -> list[versions.Answer]:
-        """Every service's GetBuildInfo answer, in the order the launcher starts them (``versions.ask``)."""
-        calls: dict[str, Callable[[], BuildInfo]] = {
-            "SCHEMA_CATALOG": lambda: (
-                self.schema_catalog.GetBuildInfo(sc_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
-            ),
-            "CONNECTORS": lambda: (
-                self.connectors.GetBuildInfo(cn_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
-            ),
-            "CONTROLPLANE": lambda: (
-                self.controlplane.GetBuildInfo(cp_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
-            ),
-            "INTEGRATION": lambda: (
-                self.integration.GetBuildInfo(in_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
-            ),
-        }
-        return [
-            versions.ask(
-                name.lower().replace("_", "-"), f"NEXUSCRM_{name}_TARGET", getattr(self._targets, name.lower()), call
-            )
-            for name, call in calls.items()
-        ]
-
-    def close(self) -> None:
-        """Close every channel opened."""
-        for channel in self._channels:
-            channel.close()
 
 
 Handler = Callable[[Clients, argparse.Namespace], Outcome]
@@ -222,17 +146,40 @@ def packs_find(clients: Clients, args: argparse.Namespace) -> Outcome:
         timeout=RPC_TIMEOUT,
     )
     rows = [(p.pack_install_id, p.last_ordinal, p.created_at.ToJsonString()) for p in response.packs]
-    table = _table(
-        f"{args.namespace}/{args.name} {args.version}: {len(rows)} incarnations",
+    view = listing(
+        f"{args.namespace}/{args.name} {args.version}: {plural(len(rows), 'incarnation')}",
         ("pack", "ordinal counter", "installed at"),
         rows,
     )
     return Outcome(
-        data=[_dict(p) for p in response.packs], view=table, code=ExitCode.OK if rows else ExitCode.CHECK_FAILED
+        data=[_dict(p) for p in response.packs], view=view, code=ExitCode.OK if rows else ExitCode.CHECK_FAILED
     )
 
 
-def _fence_rows(fences: Sequence[cp_pb.Fence]) -> Table:
+def packs_list(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Every pack incarnation (of ``--namespace``, or of all) with its protocol state, by pack id; paged."""
+    response = clients.controlplane.ListPacks(
+        cp_pb.ListPacksRequest(namespace=args.namespace, page_size=args.page_size, page_token=args.page_token),
+        timeout=RPC_TIMEOUT,
+    )
+    rows = [
+        (
+            p.pack.pack_install_id,
+            p.pack.namespace,
+            p.pack.pack_name,
+            p.pack.pack_version,
+            p.protocol_state,
+            p.pack.last_ordinal,
+            p.pack.created_at.ToJsonString(),
+        )
+        for p in response.packs
+    ]
+    title = f"packs{_count(rows, response.next_page_token, 'incarnation')}"
+    columns = ("pack", "namespace", "name", "version", "protocol", "ordinal counter", "installed at")
+    return Outcome(data=_dict(response), view=listing(title, columns, rows))
+
+
+def _fence_rows(fences: Sequence[cp_pb.Fence]) -> Table | str:
     rows = [
         (
             f.fence_id,
@@ -244,7 +191,7 @@ def _fence_rows(fences: Sequence[cp_pb.Fence]) -> Table:
         )
         for f in fences
     ]
-    return _table("fences", ("fence", "namespace", "scope", "expires", "reason", "overrides"), rows)
+    return listing("fences", ("fence", "namespace", "scope", "expires", "reason", "overrides"), rows)
 
 
 def fences_arm(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -416,7 +363,7 @@ def cutover_run(clients: Clients, args: argparse.Namespace) -> Outcome:
 
 
 def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """One generation: range, member count, status, attempts."""
+    """One generation: range, member count, status, attempts (those used, and how it ended)."""
     response = clients.connectors.GetWork(cn_pb.GetWorkRequest(work_id=args.work_id), timeout=RPC_TIMEOUT)
     work = response.work
     view = {
@@ -427,7 +374,7 @@ def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
         "range": _range(work),
         "members": response.member_count,
         "status": _status(work),
-        "attempts": f"{work.attempt} of {work.max_attempts}",
+        "attempts": _attempts(work),
         "replay of": work.replay_of_work_id or "-",
         "last error": work.last_error or "-",
     }
@@ -435,44 +382,83 @@ def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
 
 
 def _range(work: cn_pb.WorkItem) -> str:
+    """The range as the conventions name it: first ordinal to last ordinal (old protocol: no first)."""
     if not work.input_start_ordinal:
-        return f"old protocol, lane {work.lane_ordinal}"
-    return f"[{work.input_start_ordinal}, {work.lane_ordinal}]"
+        return f"old protocol, last ordinal {work.lane_ordinal}"
+    return f"{work.input_start_ordinal} to {work.lane_ordinal}"
 
 
 def _status(work: cn_pb.WorkItem) -> str:
-    return cn_pb.WorkStatus.Name(work.status).removeprefix("WORK_STATUS_").lower()
+    return enum_word(cn_pb.WorkStatus.DESCRIPTOR, work.status)
+
+
+def _attempts(work: cn_pb.WorkItem) -> str:
+    """The attempts a generation used and has left: ``attempt`` counts the attempts that failed."""
+    status = WorkStatus(_status(work))
+    if status is WorkStatus.COMPLETED:
+        return f"completed on attempt {work.attempt + 1} of {work.max_attempts}"
+    if status is WorkStatus.FAILED:
+        return f"failed for good after {plural(work.attempt, 'attempt')} of {work.max_attempts}"
+    if status is WorkStatus.PROCESSING:
+        return f"attempt {work.attempt + 1} of {work.max_attempts} running"
+    if work.attempt:
+        return f"{work.attempt} failed; attempt {work.attempt + 1} of {work.max_attempts} next"
+    return f"not attempted yet (up to {work.max_attempts})"
 
 
 def _next_page(token: str) -> str:
     return f"; next page: --page-token {token}" if token else ""
 
 
-def work_list(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """One projection identity's generations, newest first: range, status, attempts, replay origin."""
-    route = Route(
+def _count(rows: Sequence[object], token: str, noun: str = "") -> str:
+    """A listing title's count (``": 3"``, ``": 1 incarnation"``) and next page; nothing when empty (it says none)."""
+    if not rows:
+        return ""
+    return f": {plural(len(rows), noun) if noun else len(rows)}{_next_page(token)}"
+
+
+def _identity(args: argparse.Namespace) -> Route | None:
+    """The identity the five identity flags name; None when none is given; a usage error when some are missing."""
+    values = {flag: getattr(args, flag.removeprefix("--").replace("-", "_")) for flag in IDENTITY_FLAGS}
+    missing = [flag for flag, value in values.items() if value is None]
+    if len(missing) == len(values):
+        return None
+    if missing:
+        raise UsageError(f"an identity needs all of {', '.join(IDENTITY_FLAGS)}; missing {', '.join(missing)}")
+    return Route(
         event_kind=args.event_kind,
         route_version=args.route_version,
         companion_version=args.companion_version,
         work_type=args.work_type,
         source_lane=args.lane,
     )
-    response = clients.connectors.ListGenerations(
-        cn_pb.ListGenerationsRequest(
-            pack_install_id=args.pack,
-            route=convert.route_to_proto(route),
-            page_size=args.page_size,
-            page_token=args.page_token,
-        ),
-        timeout=RPC_TIMEOUT,
+
+
+def work_list(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's generations (one identity's with the five identity flags), newest first; ``--status`` filters.
+
+    Without an identity, identity after identity, newest first in each. Range, status,
+    attempts and replay origin of each; paged (a page filtered by status may be short).
+    """
+    route = _identity(args)
+    request = cn_pb.ListGenerationsRequest(
+        pack_install_id=args.pack,
+        page_size=args.page_size,
+        page_token=args.page_token,
+        status=convert.STATUSES[WorkStatus(args.status)] if args.status else cn_pb.WORK_STATUS_UNSPECIFIED,
     )
-    data = _dict(response)
+    if route is not None:
+        request.route.CopyFrom(convert.route_to_proto(route))
+    response = clients.connectors.ListGenerations(request, timeout=RPC_TIMEOUT)
     rows = [
-        (w.work_id, _range(w), _status(w), f"{w.attempt} of {w.max_attempts}", w.replay_of_work_id or "-")
+        (w.work_id, w.route.source_lane, _range(w), _status(w), _attempts(w), w.replay_of_work_id or "-")
         for w in response.generations
     ]
-    title = f"generations of lane {args.lane}: {len(rows)}{_next_page(response.next_page_token)}"
-    return Outcome(data=data, view=_table(title, ("work", "range", "status", "attempts", "replay of"), rows))
+    whose = f"lane {args.lane} of {args.pack}" if route is not None else args.pack
+    status = f"{args.status} " if args.status else ""
+    title = f"{status}generations of {whose}{_count(rows, response.next_page_token)}"
+    columns = ("work", "lane", "range", "status", "attempts", "replay of")
+    return Outcome(data=_dict(response), view=listing(title, columns, rows))
 
 
 def work_members(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -494,33 +480,35 @@ def work_members(clients: Clients, args: argparse.Namespace) -> Outcome:
     ]
     title = f"members of {args.work_id}: {len(rows)} of {response.member_count}{_next_page(response.next_page_token)}"
     return Outcome(
-        data=data, view=_table(title, ("ordinal", "receipt", "replay", "source time", "payload bytes"), rows)
+        data=data, view=listing(title, ("ordinal", "receipt", "replay", "source time", "payload bytes"), rows)
     )
+
+
+def _receipts(clients: Clients, state: str, pack: str, args: argparse.Namespace) -> Outcome:
+    response = clients.connectors.ListReceipts(
+        cn_pb.ListReceiptsRequest(state=state, pack_install_id=pack, page_size=args.limit, page_token=args.page_token),
+        timeout=RPC_TIMEOUT,
+    )
+    rows = [
+        (r.pack_install_id, r.receipt_key, r.route.source_lane, r.received_at.ToJsonString()) for r in response.receipts
+    ]
+    title = f"{state.replace('_', ' ')} receipts{_count(rows, response.next_page_token)}"
+    return Outcome(data=_dict(response), view=listing(title, ("pack", "receipt", "lane", "received at"), rows))
+
+
+def receipts_list(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's receipts in one state (``--state``), oldest first; paged (``--limit``, ``--page-token``)."""
+    return _receipts(clients, args.state, args.pack, args)
 
 
 def receipts_missing(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Receipts whose coverage is missing (Connectors ListReceipts, first ``--limit``); exit 9 if any."""
-    response = clients.connectors.ListReceipts(
-        cn_pb.ListReceiptsRequest(
-            state=ReceiptState.COVERAGE_MISSING, pack_install_id=args.pack or "", page_size=args.limit
-        ),
-        timeout=RPC_TIMEOUT,
-    )
-    rows = list(response.receipts)
-    data = [
-        {
-            "pack_install_id": r.pack_install_id,
-            "receipt_key": r.receipt_key,
-            "received_at": r.received_at.ToJsonString(),
-        }
-        for r in rows
-    ]
-    table = _table(
-        f"receipts with coverage missing: {len(rows)}{'+' if response.next_page_token else ''}",
-        ("pack", "receipt", "received at"),
-        [(d["pack_install_id"], d["receipt_key"], d["received_at"]) for d in data],
-    )
-    return Outcome(data=data, view=table, code=ExitCode.CHECK_FAILED if rows else ExitCode.OK)
+    """Receipts whose coverage is missing (of ``--pack``, or of every pack), oldest first; exit 9 if any.
+
+    ``receipts list PACK --state coverage_missing`` for one pack, with the check's exit code.
+    """
+    outcome = _receipts(clients, ReceiptState.COVERAGE_MISSING, args.pack or "", args)
+    missing = bool(outcome.data["receipts"])
+    return dataclasses.replace(outcome, code=ExitCode.CHECK_FAILED if missing else ExitCode.OK)
 
 
 def why(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -597,12 +585,30 @@ def retention_prune(clients: Clients, args: argparse.Namespace) -> Outcome:
 
 
 def schema_contract_payloads(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Set the payload contract once no v7 Connectors runs, then empty the old payload copies (decision 130).
+    """Set the payload contract once no v7 Connectors runs, then move payloads out of Event.Payload (decision 150).
 
     Idempotent and resumable (``nexuscrm_tools.payload_contract``); refused below schema v10.
+    ``--dry-run`` counts what it would move and changes nothing (the contract included).
     """
-    with payload_contract.shown_progress() as progress:
-        first, emptied, emptied_bytes = payload_contract.contract_payloads(
+    counted = payload_contract.count_moves(clients.schema_catalog)
+    if args.dry_run:
+        view = {
+            "payload contract": f"set at {counted.set_at} by {counted.set_by}" if counted.set_at else "not set",
+            "Event payloads to empty": counted.emptied,
+            "of them to move into EventPayload": counted.moved,
+            "bytes": counted.emptied_bytes,
+        }
+        data = {
+            "dry_run": True,
+            "set_at": counted.set_at,
+            "set_by": counted.set_by,
+            "emptied": counted.emptied,
+            "emptied_bytes": counted.emptied_bytes,
+            "moved": counted.moved,
+        }
+        return Outcome(data=data, view=_fields("payload move (dry run: nothing changed)", view))
+    with payload_contract.shown_progress(counted.emptied) as progress:
+        first, totals = payload_contract.contract_payloads(
             clients.schema_catalog,
             after_pack=args.after_pack,
             after_ordinal=args.after_ordinal,
@@ -613,24 +619,27 @@ def schema_contract_payloads(clients: Clients, args: argparse.Namespace) -> Outc
         "payload contract": "set now" if first.newly_set else "already set",
         "set at": first.set_at,
         "set by": first.set_by,
-        "old copies emptied": emptied,
-        "bytes emptied": emptied_bytes,
+        "Event payloads emptied": totals.emptied,
+        "of them moved into EventPayload": totals.moved,
+        "bytes": totals.emptied_bytes,
     }
     data = {
+        "dry_run": False,
         "newly_set": first.newly_set,
         "set_at": first.set_at,
         "set_by": first.set_by,
-        "emptied": emptied,
-        "emptied_bytes": emptied_bytes,
+        "emptied": totals.emptied,
+        "emptied_bytes": totals.emptied_bytes,
+        "moved": totals.moved,
     }
-    return Outcome(data=data, view=_fields("payload contract", view))
+    return Outcome(data=data, view=_fields("payload move", view))
 
 
 def activation(clients: Clients, args: argparse.Namespace) -> Outcome:
     """The host's activation gate; exit 9 when not active."""
     response = clients.integration.GetActivation(in_pb.GetActivationRequest(), timeout=RPC_TIMEOUT)
-    view = _table(
-        "activation: " + ("active" if response.active else "NOT active"),
+    view = listing(
+        "activation: " + ("active" if response.active else "NOT active") + "; missing",
         ("missing",),
         [(m,) for m in response.missing],
     )
@@ -654,8 +663,7 @@ def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
         for w in response.workers
     ]
     columns = ("worker", "pack", "work type", "flow", "state", "work", "executions", "clock skew s")
-    table = _table("workers", columns, rows)
-    return Outcome(data=[_dict(w) for w in response.workers], view=table)
+    return Outcome(data=[_dict(w) for w in response.workers], view=listing("workers", columns, rows))
 
 
 def version(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -670,16 +678,33 @@ def version(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=versions.to_json(answers), view=view, code=versions.exit_code(answers))
 
 
-def _paged(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--page-size", type=int, default=0, help="rows per page (default: the service's)")
-    parser.add_argument("--page-token", default="", help="from the previous page's output")
+def _paged(parser: argparse.ArgumentParser, *, dest: str = "page_size") -> None:
+    parser.add_argument(
+        "--limit",
+        "--page-size",
+        dest=dest,
+        type=int,
+        default=0,
+        metavar="N",
+        help="rows per page (default: the service's)",
+    )
+    parser.add_argument("--page-token", default="", metavar="TOKEN", help="from the previous page's output")
+
+
+def _help(text: str | None) -> str:
+    """A docstring as --help shows it: without the reStructuredText backticks."""
+    return (text or "").replace("``", "")
+
+
+class UsageError(Exception):
+    """Flags that parse but do not go together: exit 2 (usage error) with the message."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; each leaf sets ``handler``."""
     parser = argparse.ArgumentParser(
         prog="nexuscrm",
-        description=__doc__,
+        description=_help(__doc__),
         epilog=help_epilog("nexuscrm"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -690,7 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = group.add_parser(
             name,
             help=help_text,
-            description=handler.__doc__,
+            description=_help(handler.__doc__),
             epilog=help_epilog("nexuscrm"),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -700,6 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     packs = commands.add_parser("packs", help="pack incarnations").add_subparsers(dest="action", required=True)
+    sub = leaf(packs, "list", packs_list, "every incarnation with its protocol state")
+    sub.add_argument("--namespace", default="", help="only this namespace (default: every namespace)")
+    _paged(sub)
     sub = leaf(packs, "install", packs_install, "install a new pack incarnation")
     sub.add_argument("--namespace", required=True)
     sub.add_argument("--name", required=True)
@@ -754,19 +782,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     work = commands.add_parser("work", help="generations").add_subparsers(dest="action", required=True)
     leaf(work, "show", work_show, "range, members, status, attempts").add_argument("work_id")
-    sub = leaf(work, "list", work_list, "an identity's generations, newest first")
+    sub = leaf(work, "list", work_list, "a pack's (or one identity's) generations, newest first")
     sub.add_argument("pack")
-    for flag in ("--event-kind", "--route-version", "--companion-version", "--work-type", "--lane"):
-        sub.add_argument(flag, required=True)
+    sub.add_argument("--status", choices=[s.value for s in WorkStatus], help="only generations with this status")
+    for flag in IDENTITY_FLAGS:
+        sub.add_argument(flag, help="all five identity flags together: one identity's generations")
     _paged(sub)
     sub = leaf(work, "members", work_members, "a generation's members, in ordinal order")
     sub.add_argument("work_id")
     _paged(sub)
 
     receipts = commands.add_parser("receipts", help="ingress receipts").add_subparsers(dest="action", required=True)
+    sub = leaf(receipts, "list", receipts_list, "a pack's receipts in one state")
+    sub.add_argument("pack")
+    states = [s.value for s in ReceiptState]
+    sub.add_argument("--state", choices=states, default=ReceiptState.CONFIRMED, help="default: %(default)s")
+    _paged(sub, dest="limit")
     sub = leaf(receipts, "missing", receipts_missing, "receipts whose coverage is missing")
-    sub.add_argument("--pack", default=None)
-    sub.add_argument("--limit", type=int, default=100)
+    sub.add_argument("--pack", default=None, help="only this pack (default: every pack)")
+    _paged(sub, dest="limit")
 
     retention = commands.add_parser("retention", help="retention policies").add_subparsers(dest="action", required=True)
     sub = leaf(retention, "set", retention_set, "set a pack's retention policy")
@@ -786,7 +820,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--max-generations", type=int, default=0, metavar="N", help="default: the server's per-pass limit")
 
     schema = commands.add_parser("schema", help="the canonical schema").add_subparsers(dest="action", required=True)
-    sub = leaf(schema, "contract-payloads", schema_contract_payloads, "after the v10 roll: payloads stored once")
+    sub = leaf(
+        schema, "contract-payloads", schema_contract_payloads, "after the v10 roll: move payloads out of Event.Payload"
+    )
+    sub.add_argument("--dry-run", action="store_true", help="count what would move, change nothing")
     sub.add_argument("--after-pack", default="", metavar="PACK", help="resume after this pack (default: the start)")
     sub.add_argument("--after-ordinal", type=int, default=-1, metavar="N", help="and this ordinal of it")
     sub.add_argument(
@@ -808,15 +845,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> ExitCode:
     """Run one subcommand; return its exit code (``nexuscrm_tools.exits``)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     console = Console()
     clients = Clients(Targets.from_env())
     try:
         outcome: Outcome = args.handler(clients, args)
-    except grpc.RpcError as error:
-        code = error.code()
-        print(f"nexuscrm: {code.name if code else 'UNKNOWN'}: {error.details()}", file=sys.stderr)
-        return RPC_ERROR_EXIT_CODES.get(code, ExitCode.REFUSED)
+    except UsageError as error:
+        parser.error(str(error))
+    except ServiceCallFailed as error:
+        print(f"nexuscrm: {error.message}", file=sys.stderr)
+        return rpc_exit_code(error.code())
     finally:
         clients.close()
     if args.json:

@@ -9,10 +9,20 @@ those lines, from ``DESCRIPTIONS``.
 
 from __future__ import annotations
 
+import grpc
+
 from nexuscrm_controlplane.audit import Category
 from nexuscrm_runtime.exit_codes import DESCRIPTIONS, ExitCode, describe
 
-__all__ = ["COMMAND_EXIT_CODES", "DESCRIPTIONS", "REFUSAL_EXIT_CODES", "ExitCode", "describe", "help_epilog"]
+__all__ = [
+    "COMMAND_EXIT_CODES",
+    "DESCRIPTIONS",
+    "REFUSAL_EXIT_CODES",
+    "ExitCode",
+    "describe",
+    "help_epilog",
+    "rpc_exit_code",
+]
 
 # What every command but the RPC client (whose failures are refusals, 8) may return; the cutover's refusals.
 _ANY_COMMAND = (ExitCode.OK, ExitCode.FAILURE, ExitCode.USAGE, ExitCode.UNREACHABLE)
@@ -41,6 +51,24 @@ REFUSAL_EXIT_CODES: dict[str, ExitCode] = {
     Category.GATE: ExitCode.REFUSED_GATE,
     Category.AUDIT: ExitCode.REFUSED_AUDIT,
 }
+
+
+# How ``nexuscrm`` exits when a service answers a call with a status other than OK. A request
+# naming a pack, fence, receipt or WorkId the service does not know (NOT_FOUND), or a field it
+# cannot accept (INVALID_ARGUMENT), is a usage error as the table says: the operator typed
+# something wrong. Every other status of a reachable service refuses a valid request (8).
+_RPC_STATUS_EXIT_CODES: dict[grpc.StatusCode, ExitCode] = {
+    grpc.StatusCode.NOT_FOUND: ExitCode.USAGE,
+    grpc.StatusCode.INVALID_ARGUMENT: ExitCode.USAGE,
+    grpc.StatusCode.UNAVAILABLE: ExitCode.UNREACHABLE,
+    grpc.StatusCode.UNIMPLEMENTED: ExitCode.UNREACHABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ExitCode.TIMEOUT,
+}
+
+
+def rpc_exit_code(status: grpc.StatusCode | None) -> ExitCode:
+    """The exit code of a call that ended with ``status``: 2, 3 or 7 as above, else 8 (refused)."""
+    return _RPC_STATUS_EXIT_CODES.get(status, ExitCode.REFUSED) if status is not None else ExitCode.REFUSED
 
 
 def help_epilog(command: str) -> str:

@@ -3,7 +3,9 @@
 === ====================== ================================================================
  0  OK                     done: written, already written, dry run passed, drained, check passed
  1  FAILURE                any other failure (the message says what)
- 2  USAGE                  usage error: bad flags or durations, unknown pack or fence
+ 2  USAGE                  usage error: bad flags or durations, an unknown pack, fence,
+                           receipt or WorkId (the service answered NOT_FOUND or
+                           INVALID_ARGUMENT)
  3  UNREACHABLE            a service or the database is unreachable, or does not implement the
                            RPC yet; CONNECTOR_CUTOVER_DSN missing or malformed; a service did
                            not start
@@ -14,8 +16,8 @@
  6  MISSING_PREREQUISITE   missing prerequisite: the WorkItem-only handoff is not recorded
  7  TIMEOUT                the command's bound passed first: nothing was written (a wait
                            prints its last report)
- 8  REFUSED                the service refused the request (the message names the gRPC status
-                           and why)
+ 8  REFUSED                the service refused a valid request (the message names the gRPC
+                           status and why)
  9  CHECK_FAILED           a check did not pass: not drained, receipts whose coverage is
                            missing, no protocol row, host not activated, demo invariants,
                            a database schema newer than the command knows
@@ -57,14 +59,14 @@ class ExitCode(enum.IntEnum):
 DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.OK: "done: written, already written, dry run passed, drained, check passed",
     ExitCode.FAILURE: "any other failure (the message says what)",
-    ExitCode.USAGE: "usage error: bad flags or durations, unknown pack or fence",
+    ExitCode.USAGE: "usage error: bad flags or durations, an unknown pack, fence, receipt or WorkId",
     ExitCode.UNREACHABLE: "a service or the database is unreachable (or CONNECTOR_CUTOVER_DSN is missing "
     "or malformed, or a service did not start)",
     ExitCode.REFUSED_GATE: "refused gate: schema incomplete, no qualifying namespace fence, old work not drained",
     ExitCode.REFUSED_AUDIT: "refused audit: retained old-protocol responsibility is missing or ambiguous",
     ExitCode.MISSING_PREREQUISITE: "missing prerequisite: the WorkItem-only handoff is not recorded",
     ExitCode.TIMEOUT: "timeout: the bound passed first; nothing was written (a wait prints its last report)",
-    ExitCode.REFUSED: "the service refused the request (the message names the gRPC status and why)",
+    ExitCode.REFUSED: "the service refused a valid request (the message names the gRPC status and why)",
     ExitCode.CHECK_FAILED: "a check did not pass: not drained, receipts missing coverage, no protocol row, "
     "host not activated, demo invariants, a database schema newer than the command knows",
     ExitCode.INTERRUPTED: "interrupted (SIGINT or SIGTERM) before the result",

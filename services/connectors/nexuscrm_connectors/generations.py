@@ -2,8 +2,11 @@
 
 Neither needs a lease nor changes a row. Both page by keyset (``page_tokens``) over the same
 indexes the runtime uses: an identity's generations newest first down
-ix_workitem_projection_order, a generation's members in ordinal order along
-ix_event_source_lane. Members are the Events of the generation's identity in its range
+ix_workitem_projection_order (without an identity, a pack's generations identity after
+identity down the same index), a generation's members in ordinal order along
+ix_event_source_lane. A listing filtered by status examines at most ``STATUS_SCAN_FACTOR``
+generations per row asked for: its page may be short, and the token then continues after the
+last generation examined. Members are the Events of the generation's identity in its range
 [InputStartOrdinal, LaneOrdinal] as it stands at each page: an unclaimed generation may still
 be extended by admission. Only LoadInputs (the worker's read) refuses a damaged range.
 """
@@ -14,37 +17,69 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import page_tokens, queries
 from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFound
+from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
+from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.values import GenerationPage, MemberPage, Route
 
+STATUS_SCAN_FACTOR = 10  # generations a status-filtered page examines per row asked for
+
 
 def list_generations(
-    engine: Engine, settings: Settings, pack_install_id: str, route: Route, page_size: int = 0, page_token: str = ""
+    engine: Engine,
+    settings: Settings,
+    pack_install_id: str,
+    route: Route | None,
+    page_size: int = 0,
+    page_token: str = "",
+    status: WorkStatus | None = None,
 ) -> GenerationPage:
     """One page of the generations of (pack, route), newest first, with range, status, attempts and replay origin.
 
-    Raises ``InvalidArgument`` naming the route field at fault, ``UnknownPack``.
+    ``route`` None lists the pack's generations, identity after identity (newest first in
+    each); ``status`` keeps only generations with that status. Raises ``InvalidArgument``
+    naming the route field at fault, ``UnknownPack``.
     """
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    key = _identity_key(pack_install_id, route) if route is not None else None
+    size = settings.page_size(page_size)
+    scan = size if status is None else size * STATUS_SCAN_FACTOR
+    with engine.connect() as connection:
+        if queries.pack_namespace(connection, pack_install_id) is None:
+            raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+        if key is not None:
+            below = page_tokens.decode_token(page_token, "ListGenerations", _ordinal_position)
+            rows = queries.work_items_of_identity(connection, pack_install_id, key, below, scan)
+        else:
+            before = page_tokens.decode_token(page_token, "ListGenerations", _identity_position)
+            rows = queries.work_items_of_pack(connection, pack_install_id, before, scan)
+    kept: list[DbRow] = []
+    examined = 0
+    for row in rows:
+        examined += 1
+        if status is None or row.Status == status:
+            kept.append(row)
+            if len(kept) == size:
+                break
+    token = ""
+    if examined and (len(kept) == size or len(rows) == scan):  # more may follow the last row examined
+        last = rows[examined - 1]
+        token = page_tokens.encode_token(
+            (last.LaneOrdinal,) if key is not None else (last.ProjectionKey, last.LaneOrdinal)
+        )
+    return GenerationPage(generations=tuple(queries.work_item_value(row) for row in kept), next_page_token=token)
+
+
+def _identity_key(pack_install_id: str, route: Route) -> str:
+    """The projection key of (pack, route); ``InvalidArgument`` names the route field at fault."""
     try:
-        key = route.identity(pack_install_id).key
+        return route.identity(pack_install_id).key
     except InvalidArgument as error:
         if error.field == "pack_install_id":
             raise
         raise InvalidArgument(f"route.{error}", field=f"route.{error.field}") from None
-    size = settings.page_size(page_size)
-    before = page_tokens.decode_token(page_token, "ListGenerations", _ordinal_position)
-    with engine.connect() as connection:
-        if queries.pack_namespace(connection, pack_install_id) is None:
-            raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        rows = queries.work_items_of_identity(connection, pack_install_id, key, before, size)
-    last = rows[-1] if len(rows) == size else None
-    return GenerationPage(
-        generations=tuple(queries.work_item_value(row) for row in rows),
-        next_page_token=page_tokens.encode_token((last.LaneOrdinal,)) if last is not None else "",
-    )
 
 
 def list_members(
@@ -85,6 +120,12 @@ def list_members(
         next_page_token=page_tokens.encode_token((rows[-1].EnqueueOrdinal,)) if more else "",
         member_count=count,
     )
+
+
+def _identity_position(values: list[object]) -> tuple[str, int]:
+    """The position a page token of a pack's generations carries: a ProjectionKey and a LaneOrdinal."""
+    key, ordinal = values
+    return page_tokens.string(key), page_tokens.ordinal(ordinal)
 
 
 def _ordinal_position(values: list[object]) -> int:

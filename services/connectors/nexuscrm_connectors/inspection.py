@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import packs, page_tokens, queries, retention
 from nexuscrm_connectors.duplicates import verify_duplicates
-from nexuscrm_connectors.errors import WorkNotFound
+from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import iso_utc
 from workqueue import ReceiptState, decode_projection_key
@@ -107,7 +107,10 @@ def _expired_hint(connection: Connection, pack_install_id: str) -> str:
 def list_receipts(
     engine: Engine, settings: Settings, state: str, pack_install_id: str = "", page_size: int = 0, page_token: str = ""
 ) -> tuple[list[ReceiptSummary], str]:
-    """One page of receipts in ``state``, oldest first per pack, and the next page's token ("" at the end)."""
+    """One page of receipts in ``state``, oldest first per pack, and the next page's token ("" at the end).
+
+    Raises ``UnknownPack`` when ``pack_install_id`` names no installed pack.
+    """
     try:
         wanted = ReceiptState(state)
     except ValueError:
@@ -115,6 +118,8 @@ def list_receipts(
         raise InvalidArgument(f"state must be one of {known}, got {state!r}", field="state") from None
     size = settings.page_size(page_size)
     with engine.connect() as connection:
+        if pack_install_id and queries.pack_namespace(connection, pack_install_id) is None:
+            raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
         rows = queries.receipts_in_state(
             connection,
             wanted,

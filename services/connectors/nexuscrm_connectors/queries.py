@@ -1377,13 +1377,18 @@ def receipts_in_state(
     return list(connection.execute(statement.order_by(*order[constant:]).limit(limit)))
 
 
-def after_keyset(columns: Sequence[sa.ColumnElement[Any]], values: Sequence[Any]) -> sa.ColumnElement[bool]:
-    """``(columns) > (values)`` in row order, as an OR of index seeks (c1 > v1, c1 = v1 AND c2 > v2, ...)."""
+def after_keyset(
+    columns: Sequence[sa.ColumnElement[Any]], values: Sequence[Any], *, descending: bool = False
+) -> sa.ColumnElement[bool]:
+    """``(columns) > (values)`` in row order, as an OR of index seeks (c1 > v1, c1 = v1 AND c2 > v2, ...).
+
+    ``descending``: ``(columns) < (values)``, the position after ``values`` in descending order.
+    """
     return sa.or_(
         *(
             sa.and_(
                 *(column == value for column, value in zip(columns[:i], values[:i], strict=True)),
-                columns[i] > values[i],
+                columns[i] < values[i] if descending else columns[i] > values[i],
             )
             for i in range(len(columns))
         )
@@ -1462,3 +1467,19 @@ def work_items_of_identity(
     if below is not None:
         statement = statement.where(WorkItem.c.LaneOrdinal < below)
     return list(connection.execute(statement.order_by(WorkItem.c.LaneOrdinal.desc()).limit(limit)))
+
+
+def work_items_of_pack(
+    connection: Connection, pack_install_id: str, before: tuple[str, int] | None, limit: int
+) -> list[DbRow]:
+    """Generations of a pack, identity after identity (ProjectionKey descending), newest first in each.
+
+    ix_workitem_projection_order read backwards from the position ``before`` (the previous
+    page's last ProjectionKey and LaneOrdinal), up to ``limit`` rows; the keyset is spelled out
+    as index seeks (``after_keyset``).
+    """
+    order = (WorkItem.c.ProjectionKey, WorkItem.c.LaneOrdinal)
+    statement = sa.select(WorkItem).where(WorkItem.c.PackInstallId == pack_install_id)
+    if before is not None:
+        statement = statement.where(after_keyset(order, before, descending=True))
+    return list(connection.execute(statement.order_by(*(column.desc() for column in order)).limit(limit)))

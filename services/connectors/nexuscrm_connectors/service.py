@@ -281,10 +281,18 @@ class Connectors:
         )
 
     def list_generations(
-        self, pack_install_id: str, *, route: Route, page_size: int = 0, page_token: str = ""
+        self,
+        pack_install_id: str,
+        *,
+        route: Route | None,
+        page_size: int = 0,
+        page_token: str = "",
+        status: WorkStatus | None = None,
     ) -> GenerationPage:
         """See ``generations.list_generations``."""
-        return generations.list_generations(self.engine, self.settings, pack_install_id, route, page_size, page_token)
+        return generations.list_generations(
+            self.engine, self.settings, pack_install_id, route, page_size, page_token, status
+        )
 
     def list_members(self, work_id: str, *, page_size: int = 0, page_token: str = "") -> MemberPage:
         """See ``generations.list_members``."""

@@ -136,9 +136,10 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     ) -> pb.ListGenerationsResponse:
         page = self._connectors.list_generations(
             request.pack_install_id,
-            route=convert.route_from_proto(request.route),
+            route=convert.route_from_proto(request.route) if request.HasField("route") else None,
             page_size=request.page_size,
             page_token=request.page_token,
+            status=convert.STATUSES_BACK.get(request.status),
         )
         return convert.generations_to_proto(page)
 

@@ -6,8 +6,16 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_controlplane import queries
-from nexuscrm_runtime.authorization import Principal, Rule, allow_any_principal, require_namespace, require_visible
+from nexuscrm_controlplane import fences, queries
+from nexuscrm_controlplane.errors import UnknownFence
+from nexuscrm_runtime.authorization import (
+    Principal,
+    Rule,
+    allow_any_principal,
+    require_all_namespaces,
+    require_namespace,
+    require_visible,
+)
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 
 SERVICE = "/nexuscrm.controlplane.v1.ControlplaneService/"
@@ -25,9 +33,16 @@ def require_pack(engine: Engine, principal: Principal, field: str, pack_install_
 
 
 def require_fence(engine: Engine, principal: Principal, fence_id: str) -> None:
-    """Refuse (NOT_FOUND) unless the fence ``fence_id`` names guards one of the caller's namespaces."""
+    """Refuse (NOT_FOUND) unless the fence ``fence_id`` names guards one of the caller's namespaces.
+
+    ``fence_id`` may be a short id (``fences.resolve_fence_id``); an ambiguous one is refused
+    with INVALID_ARGUMENT before anything else.
+    """
     with engine.connect() as connection:
-        namespace = queries.fence_namespace(connection, fence_id)
+        try:
+            namespace = queries.fence_namespace(connection, fences.resolve_fence_id(connection, fence_id))
+        except UnknownFence:
+            namespace = None
     require_visible(principal, namespace, "fence_id", fence_id)
 
 
@@ -39,6 +54,12 @@ def rules(engine: Engine) -> dict[str, Rule]:
 
     def by_namespace(principal: Principal, request: Any) -> None:
         require_namespace(principal, request.namespace, "namespace")
+
+    def by_namespace_or_all(principal: Principal, request: Any) -> None:
+        if request.namespace:
+            by_namespace(principal, request)
+        else:
+            require_all_namespaces(principal, request)
 
     def arm_fence(principal: Principal, request: Any) -> None:
         by_namespace(principal, request)
@@ -58,6 +79,7 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "GetProtocol": by_pack,
         "GetPack": by_pack,
         "FindPacks": by_namespace,
+        "ListPacks": by_namespace_or_all,
         "ArmFence": arm_fence,
         "DisarmFence": by_fence,
         "ListFences": by_namespace,

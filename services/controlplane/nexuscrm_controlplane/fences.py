@@ -6,6 +6,9 @@ removed or expires. Connectors evaluates fences inside its admission transaction
 (its ``packs.admission_guard``, reading the fence rows in the same transaction); receipts keep
 arriving durably while fenced.
 
+A fence is named by its id or, as the dashboard shows it, by a unique prefix of at least
+``FENCE_PREFIX_DIGITS`` hex digits (``resolve_fence_id``), wherever an id is taken.
+
 Changes to a fence's overrides and disarming lock the fence row first, so they serialize with
 the cutover, which locks the namespace-wide fences while it checks them. Every change also
 bumps ``PackInstall.ControlVersion`` of the packs it covers (the whole namespace for a ``*``
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +38,8 @@ from workqueue.errors import InvalidArgument
 
 REASON_LENGTH = 255
 MAX_EXPIRES_IN_SECONDS = 366 * 24 * 3600  # a year and a day: longer means "never", say so with 0
+FENCE_PREFIX_DIGITS = 8  # the dashboard's short fence id: the first 8 hex digits
+_FENCE_PREFIX = re.compile(r"[0-9a-f][0-9a-f-]*")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,12 +142,39 @@ def with_overrides(connection: Connection, rows: Sequence[Any]) -> list[FenceRow
     return [FenceRow.from_row(row, overrides.get(row.FenceId, ())) for row in rows]
 
 
-def _fence_locked(connection: Connection, fence_id: str) -> Any:
+def resolve_fence_id(connection: Connection, fence_id: str) -> str:
+    """The id of the fence ``fence_id`` names: that id, or the one id it is a unique prefix of.
+
+    A prefix needs at least ``FENCE_PREFIX_DIGITS`` hex digits (case does not matter). Raises
+    ``InvalidArgument`` when ``fence_id`` is empty or a prefix of several fences (give more of
+    it), ``UnknownFence`` when it names none.
+    """
     if not fence_id:
         raise InvalidArgument("fence_id is required", field="fence_id")
-    row = queries.fence_get(connection, fence_id, lock=True)
+    if queries.fence_namespace(connection, fence_id) is not None:
+        return fence_id
+    prefix = fence_id.lower()
+    digits = sum(char != "-" for char in prefix)
+    if not _FENCE_PREFIX.fullmatch(prefix) or digits < FENCE_PREFIX_DIGITS:
+        raise UnknownFence(
+            f"fence {fence_id!r} does not exist (a short id needs at least {FENCE_PREFIX_DIGITS} hex digits)",
+            field="fence_id",
+        )
+    matches = queries.fence_ids_with_prefix(connection, prefix, limit=2)
+    if not matches:
+        raise UnknownFence(f"no fence id starts with {fence_id!r}", field="fence_id")
+    if len(matches) > 1:
+        raise InvalidArgument(
+            f"{fence_id!r} is the start of more than one fence id: give more of the id", field="fence_id"
+        )
+    return matches[0]
+
+
+def _fence_locked(connection: Connection, fence_id: str) -> Any:
+    """The fence ``fence_id`` names (``resolve_fence_id``), its row locked."""
+    row = queries.fence_get(connection, resolve_fence_id(connection, fence_id), lock=True)
     if row is None:
-        raise UnknownFence(f"fence {fence_id!r} does not exist", field="fence_id")
+        raise UnknownFence(f"fence {fence_id!r} was removed concurrently", field="fence_id")
     return row
 
 
@@ -219,8 +252,8 @@ def disarm_fence(engine: Engine, fence_id: str) -> None:
 
     def disarm(connection: Connection) -> None:
         fence = _fence_locked(connection, fence_id)
-        queries.override_delete(connection, fence_id)
-        if queries.fence_delete(connection, fence_id) != 1:
+        queries.override_delete(connection, fence.FenceId)
+        if queries.fence_delete(connection, fence.FenceId) != 1:
             raise UnknownFence(f"fence {fence_id!r} was removed concurrently", field="fence_id")
         _covered(connection, fence.Namespace, fence.Scope)
 
@@ -257,18 +290,18 @@ def add_override(
                 f"pack {pack_install_id} is not in the fence's namespace {fence.Namespace!r}",
                 field="pack_install_id",
             )
-        queries.override_delete(connection, fence_id, pack_install_id)
+        queries.override_delete(connection, fence.FenceId, pack_install_id)
         queries.override_insert(
             connection,
             {
-                "FenceId": fence_id,
+                "FenceId": fence.FenceId,
                 "PackInstallId": pack_install_id,
                 "ExpiresAt": _expiry(expires_in_seconds, now),
                 "CreatedAt": now,
             },
         )
         queries.packs_control_version_bump(connection, pack_install_ids=[pack.pack_install_id])
-        return _fence_reread(connection, fence_id)
+        return _fence_reread(connection, fence.FenceId)
 
     return run_transaction(engine, add, name="add fence override")
 
@@ -278,8 +311,8 @@ def remove_override(engine: Engine, fence_id: str, pack_install_id: str) -> None
     validate_pack_id(pack_install_id)
 
     def remove(connection: Connection) -> None:
-        _fence_locked(connection, fence_id)
-        if queries.override_delete(connection, fence_id, pack_install_id) != 1:
+        fence = _fence_locked(connection, fence_id)
+        if queries.override_delete(connection, fence.FenceId, pack_install_id) != 1:
             raise UnknownFence(f"fence {fence_id!r} has no override for {pack_install_id}", field="pack_install_id")
         queries.packs_control_version_bump(connection, pack_install_ids=[pack_install_id])
 

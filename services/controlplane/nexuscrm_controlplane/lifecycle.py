@@ -32,6 +32,8 @@ ORIGIN_CUTOVER = "cutover"
 PACK_ID_PREFIX = "pk-"
 PROTOCOL_STATE_NONE = "none"  # GetPack's protocol state of a pack without a protocol row
 FIND_LIMIT = 100  # incarnations FindPacks returns
+LIST_PAGE_SIZE = 100  # ListPacks' default page
+LIST_PAGE_MAX = 1000  # and its largest
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -260,6 +262,33 @@ def find_packs(engine: Engine, namespace: str, pack_name: str, pack_version: str
         rows = queries.packs_by_name(connection, namespace, pack_name, pack_version, FIND_LIMIT)
     found = sorted((PackInstallRow.from_row(row) for row in rows), key=lambda p: p.pack_install_id)
     return sorted(found, key=lambda p: p.created_at, reverse=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PackPage:
+    """One page of ``list_packs``: incarnations with their protocol state, and where the next starts."""
+
+    packs: tuple[tuple[PackInstallRow, str], ...]  # (incarnation, protocol state)
+    next_page_token: str  # the last pack id of this page; empty on the last page
+
+
+def list_packs(engine: Engine, namespace: str = "", page_size: int = 0, page_token: str = "") -> PackPage:
+    """One page of pack incarnations by pack id, of ``namespace`` (empty: every namespace). Read-only.
+
+    ``page_size`` 0 means ``LIST_PAGE_SIZE``; more than ``LIST_PAGE_MAX`` is refused. The page
+    token is the last pack id of the previous page.
+    """
+    if namespace:
+        validate_namespace(namespace)
+    if not 0 <= page_size <= LIST_PAGE_MAX:
+        raise InvalidArgument(f"page_size must be 0..{LIST_PAGE_MAX}", field="page_size")
+    if len(page_token) > PACK_ID_LENGTH:
+        raise InvalidArgument("page_token is not one this service gave", field="page_token")
+    size = page_size or LIST_PAGE_SIZE
+    with engine.connect() as connection:
+        rows = queries.packs_page(connection, namespace, page_token, size)
+    packs = tuple((PackInstallRow.from_row(row), row.Origin or PROTOCOL_STATE_NONE) for row in rows)
+    return PackPage(packs=packs, next_page_token=packs[-1][0].pack_install_id if len(packs) == size else "")
 
 
 def get_protocol(engine: Engine, pack_install_id: str) -> ProtocolRow | None:

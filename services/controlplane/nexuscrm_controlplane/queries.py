@@ -87,6 +87,29 @@ _PACK_COLUMNS = tuple(PackInstall.c[name] for name in ("PackInstallId", "Namespa
 _PACK_COLUMNS += (PackInstall.c.LastOrdinal, PackInstall.c.WorkItemHandoffAt, PackInstall.c.CreatedAt)
 
 
+def packs_page(connection: Connection, namespace: str, after: str, limit: int) -> list[DbRow]:
+    """Up to ``limit`` incarnations after pack id ``after``, by id, each with its protocol origin (or None).
+
+    Of one namespace (ix_packinstall_namespace, whose entries end with the primary key) or,
+    with ``namespace`` empty, of all (the primary key); the protocol row by its primary key.
+    """
+    statement = (
+        sa.select(*_PACK_COLUMNS, ConnectorProjectionProtocol.c.Origin)
+        .select_from(
+            PackInstall.outerjoin(
+                ConnectorProjectionProtocol,
+                ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId,
+            )
+        )
+        .where(PackInstall.c.PackInstallId > after)
+        .order_by(PackInstall.c.PackInstallId)
+        .limit(limit)
+    )
+    if namespace:
+        statement = statement.where(PackInstall.c.Namespace == namespace)
+    return list(connection.execute(statement))
+
+
 def pack_get(connection: Connection, pack_install_id: str, *, lock: bool = False) -> DbRow | None:
     """One PackInstall row by primary key; ``lock`` takes its row lock (the pack lock)."""
     statement = sa.select(*_PACK_COLUMNS).where(PackInstall.c.PackInstallId == pack_install_id)
@@ -197,6 +220,17 @@ def fence_get(connection: Connection, fence_id: str, *, lock: bool = False) -> D
     if lock:
         statement = statement.with_for_update()
     return connection.execute(statement).first()
+
+
+def fence_ids_with_prefix(connection: Connection, prefix: str, limit: int) -> list[str]:
+    """Up to ``limit`` fence ids that start with ``prefix`` (a range of the primary key)."""
+    statement = (
+        sa.select(AdmissionFence.c.FenceId)
+        .where(AdmissionFence.c.FenceId.startswith(prefix, autoescape=True))
+        .order_by(AdmissionFence.c.FenceId)
+        .limit(limit)
+    )
+    return list(connection.execute(statement).scalars())
 
 
 def fence_delete(connection: Connection, fence_id: str) -> int:

@@ -120,6 +120,13 @@ class ControlplaneServicer(pb_grpc.ControlplaneServiceServicer):
         rows = lifecycle.find_packs(self._engine, request.namespace, request.pack_name, request.pack_version)
         return pb.FindPacksResponse(packs=[_pack(row) for row in rows])
 
+    def ListPacks(self, request: pb.ListPacksRequest, context: grpc.ServicerContext) -> pb.ListPacksResponse:
+        page = lifecycle.list_packs(self._engine, request.namespace, request.page_size, request.page_token)
+        return pb.ListPacksResponse(
+            packs=[pb.PackSummary(pack=_pack(row), protocol_state=state) for row, state in page.packs],
+            next_page_token=page.next_page_token,
+        )
+
     def ArmFence(self, request: pb.ArmFenceRequest, context: grpc.ServicerContext) -> pb.ArmFenceResponse:
         row = fences.arm_fence(
             self._engine,

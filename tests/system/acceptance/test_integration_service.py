@@ -222,27 +222,27 @@ def test_demo_projection_matches_the_inputs_and_the_cli_explains_it(
         listed = run_cli("workers")
         assert {w["state"] for w in listed} <= {"idle", "working"}
         # Every worker that ran work measured its host's clock against the database's: one host here.
-        skews = [w["clock_skew_seconds"] for w in listed if int(w["executions"])]
+        skews = [w["clock_skew_seconds"] for w in listed if w["executions"]]
         assert skews and all(abs(skew) < 5 for skew in skews), skews
-        assert run_cli("packs", "protocol", pack)["protocol"]["legacy_max_ordinal"] == "0"
+        assert run_cli("packs", "protocol", pack)["protocol"]["legacy_max_ordinal"] == 0
         explained = run_cli("why", pack, "r-00000007")
         assert explained["receipt_state"] == "confirmed" and explained["covered_by"]["work_id"]
         shown = run_cli("work", "show", explained["covered_by"]["work_id"])
-        assert shown["work"]["status"] == "WORK_STATUS_COMPLETED"
-        start, end = int(shown["work"]["input_start_ordinal"]), int(shown["work"]["lane_ordinal"])
-        assert start <= 7 <= end and int(shown["member_count"]) >= 1
-        assert run_cli("receipts", "missing", "--pack", pack) == []
+        assert shown["work"]["status"] == "completed"
+        start, end = shown["work"]["first_ordinal"], shown["work"]["last_ordinal"]
+        assert start <= 7 <= end and shown["member_count"] >= 1
+        assert run_cli("receipts", "missing", "--pack", pack)["receipts"] == []
         assert run_cli("drain", "status", pack)["drained"] is True  # greenfield: no old-protocol work
         assert run_cli("drain", "wait", pack, "--timeout", "5s", "--interval", "100ms")["drained"] is True
-        assert cli.main(["work", "show", "no-such-work"]) == ExitCode.REFUSED
+        assert cli.main(["work", "show", "no-such-work"]) == ExitCode.USAGE  # an unknown WorkId
         assert "NOT_FOUND" in capsys.readouterr().err
 
         # The reads of issue 16: queue state, generations, members, the pack record.
         state = run_cli("queue", "state", pack)
-        assert state["drained"] is True and state["pending"] == "0" and state["oldest_waiting_work_id"] == ""
+        assert state["drained"] is True and state["pending"] == 0 and state["oldest_waiting_work_id"] == ""
         assert run_cli("queue", "wait", pack, "--timeout", "5s")["drained"] is True
         described = run_cli("packs", "show", pack)
-        assert described["protocol_state"] == "greenfield" and described["pack"]["last_ordinal"] == "300"
+        assert described["protocol_state"] == "greenfield" and described["pack"]["ordinal_counter"] == 300
         found = run_cli(
             "packs", "find", "--namespace", "acme", "--name", demo.PACK_NAME, "--version", demo.PACK_VERSION
         )
@@ -252,12 +252,12 @@ def test_demo_projection_matches_the_inputs_and_the_cli_explains_it(
         lane += ["--companion-version", work["route"]["companion_version"], "--work-type", demo.WORK_TYPE]
         listed = run_cli("work", "list", pack, *lane, "--lane", work["route"]["source_lane"], "--page-size", "500")
         assert work["work_id"] in [g["work_id"] for g in listed["generations"]]
-        lanes = [int(g["lane_ordinal"]) for g in listed["generations"]]
+        lanes = [g["last_ordinal"] for g in listed["generations"]]
         assert lanes == sorted(lanes, reverse=True)
         members = run_cli("work", "members", work["work_id"])
-        ordinals = [int(i["enqueue_ordinal"]) for i in members["inputs"]]
-        assert 7 in ordinals and ordinals == sorted(ordinals) and len(ordinals) == int(shown["member_count"])
-        assert cli.main(["queue", "state", "pk-none"]) == ExitCode.REFUSED
+        ordinals = [i["enqueue_ordinal"] for i in members["inputs"]]
+        assert 7 in ordinals and ordinals == sorted(ordinals) and len(ordinals) == shown["member_count"]
+        assert cli.main(["queue", "state", "pk-none"]) == ExitCode.USAGE  # an unknown pack
         assert "NOT_FOUND" in capsys.readouterr().err
     finally:
         assert set(stop_services(services).values()) == {0}

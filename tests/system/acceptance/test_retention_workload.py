@@ -173,6 +173,6 @@ def _operator_sees_retention(
     assert int(shown["duplicate_window_seconds"]) == WINDOW_SECONDS and shown["horizon_source_time"]
     dry = run_cli("retention", "prune", pack, "--dry-run")
     assert int(dry.get("generations", 0)) == int(dry.get("expired_receipts", 0)) == 0
-    assert cli.main(["why", pack, "r-00000001"]) == ExitCode.REFUSED  # expired: nothing left of it
+    assert cli.main(["why", pack, "r-00000001"]) == ExitCode.USAGE  # expired: an unknown receipt now
     refusal = capsys.readouterr().err
     assert "NOT_FOUND" in refusal and "duplicate window has expired the records" in refusal

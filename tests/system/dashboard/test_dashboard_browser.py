@@ -268,7 +268,7 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
     failed = explain(browser, work["failed"])
     with engine.connect() as connection:
         row = connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId == work["failed"])).one()
-    assert f"[{row.InputStartOrdinal}, {row.LaneOrdinal}]" in failed and "failed" in failed
+    assert f"{row.InputStartOrdinal} to {row.LaneOrdinal}" in failed and "failed for good after" in failed
     with engine.connect() as connection:
         covered_key, covered_ordinal = connection.execute(
             sa.select(Event.c.ReceiptKey, Event.c.EnqueueOrdinal).where(

@@ -101,8 +101,13 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "receipt_count_capped": lambda c: queries.receipt_count_capped(c, pack, ReceiptState.STORED, 10_000),
         "work_items_of_identity": lambda c: queries.work_items_of_identity(c, pack, key, None, 50),
         "work_items_of_identity (next page)": lambda c: queries.work_items_of_identity(c, pack, key, seeded.end, 50),
-        # Controlplane: pack reads (GetPack, FindPacks).
+        "work_items_of_pack": lambda c: queries.work_items_of_pack(c, pack, None, 50),
+        "work_items_of_pack (next page)": lambda c: queries.work_items_of_pack(c, pack, (key, seeded.end), 50),
+        # Controlplane: pack reads (GetPack, FindPacks, ListPacks) and a fence by its short id.
         "packs_by_name": lambda c: cp_queries.packs_by_name(c, "acme", "crm", "1.0", 100),
+        "packs_page": lambda c: cp_queries.packs_page(c, "", "", 100),
+        "packs_page (one namespace, next page)": lambda c: cp_queries.packs_page(c, "acme", pack, 100),
+        "fence_ids_with_prefix": lambda c: cp_queries.fence_ids_with_prefix(c, "97c1e36e", 2),
         # Connectors: the retention pruner (decision 123); candidates after a keyset position.
         "work_items_retention_candidates": lambda c: rq.work_items_retention_candidates(
             c, pack, finished_before=now, after=(START, "h-1"), limit=50

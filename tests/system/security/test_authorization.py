@@ -99,6 +99,7 @@ NAMESPACED: dict[str, Build] = {
     f"{CONNECTORS}/ListGenerations": lambda w: cn.ListGenerationsRequest(
         pack_install_id=w.pack, route=convert.route_to_proto(route())
     ),
+    f"{CONNECTORS}/ListGenerations (pack)": lambda w: cn.ListGenerationsRequest(pack_install_id=w.pack),
     f"{CONNECTORS}/ListMembers": lambda w: cn.ListMembersRequest(work_id=w.work_id),
     f"{CONNECTORS}/SetRetentionPolicy": lambda w: cn.SetRetentionPolicyRequest(pack_install_id=w.pack, keep_seconds=60),
     f"{CONNECTORS}/GetRetentionPolicy": lambda w: cn.GetRetentionPolicyRequest(pack_install_id=w.pack),
@@ -108,6 +109,8 @@ NAMESPACED: dict[str, Build] = {
     f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),
     f"{CONTROLPLANE}/GetPack": lambda w: cp.GetPackRequest(pack_install_id=w.pack),
     f"{CONTROLPLANE}/FindPacks": lambda w: cp.FindPacksRequest(namespace="acme", pack_name="crm", pack_version="1.0"),
+    f"{CONTROLPLANE}/ListPacks": lambda w: cp.ListPacksRequest(namespace="acme"),
+    f"{CONTROLPLANE}/DisarmFence (short id)": lambda w: cp.DisarmFenceRequest(fence_id=w.fence_id[:8]),
     f"{CONTROLPLANE}/ArmFence": lambda w: cp.ArmFenceRequest(namespace="acme", scope=w.pack),
     f"{CONTROLPLANE}/DisarmFence": lambda w: cp.DisarmFenceRequest(fence_id=w.fence_id),
     f"{CONTROLPLANE}/ListFences": lambda w: cp.ListFencesRequest(namespace="acme"),
@@ -129,6 +132,7 @@ SPANNING: dict[str, Build] = {
     f"{INTEGRATION}/ListWorkers": lambda w: ig.ListWorkersRequest(),
     f"{CONNECTORS}/Claim (every pack)": lambda w: cn.ClaimRequest(worker_id="w"),
     f"{CONNECTORS}/ListReceipts (every pack)": lambda w: cn.ListReceiptsRequest(state="stored"),
+    f"{CONTROLPLANE}/ListPacks (every namespace)": lambda w: cp.ListPacksRequest(),
 }
 # Reads of the schema's shape and of what each service is: any principal of the policy.
 OPEN: dict[str, Build] = {

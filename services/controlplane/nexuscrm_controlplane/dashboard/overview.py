@@ -127,7 +127,7 @@ def packs_overview(engine: Engine, clock: DatabaseClock) -> dict[str, Any]:
                     "namespace": row.Namespace,
                     "pack_name": row.PackName,
                     "pack_version": row.PackVersion,
-                    "last_ordinal": int(row.LastOrdinal),
+                    "ordinal_counter": int(row.LastOrdinal),
                     "created_at": iso(row.CreatedAt),
                     "protocol": _protocol_state(row),
                     "fences": [_fence(f, row.PackInstallId, now) for f in pack_fences],
@@ -160,6 +160,7 @@ def _generation(row: Any) -> dict[str, Any]:
         "end": int(row.LaneOrdinal),
         "status": row.Status,
         "attempt": int(row.Attempt),
+        "max_attempts": int(row.MaxAttempts),
         "replay_of": row.ReplayOfWorkId,
     }
 

@@ -207,6 +207,7 @@ def identity_generations_newest(
                 WorkItem.c.LaneOrdinal,
                 WorkItem.c.Status,
                 WorkItem.c.Attempt,
+                WorkItem.c.MaxAttempts,
                 WorkItem.c.ReplayOfWorkId,
             )
             .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.ProjectionKey == projection_key)

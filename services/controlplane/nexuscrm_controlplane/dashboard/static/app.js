@@ -28,8 +28,24 @@ function age(seconds) {
   return `${Math.round(seconds / 86400)} d`;
 }
 
+// Times as the command line prints them (docs/output-conventions.md): UTC, to the second, with a Z.
 function when(iso) {
-  return iso ? `${iso.slice(0, 10)} ${iso.slice(11, 19)}` : "–";
+  return iso ? `${iso.slice(0, 19)}Z` : "–";
+}
+
+// A generation's range in the command line's words: "first to last" ordinal (old protocol: no first).
+function range(first, last) {
+  return first === null || first === undefined ? `old protocol, last ordinal ${last}` : `${first} to ${last}`;
+}
+
+// The attempts a generation used, as `nexuscrm work show` says them (attempt counts failed attempts).
+function attempts(w) {
+  const n = w.attempt, max = w.max_attempts;
+  if (w.status === "completed") return `completed on attempt ${n + 1} of ${max}`;
+  if (w.status === "failed") return `failed for good after ${n} attempt${n === 1 ? "" : "s"} of ${max}`;
+  if (w.status === "processing") return `attempt ${n + 1} of ${max} running`;
+  if (n) return `${n} failed; attempt ${n + 1} of ${max} next`;
+  return `not attempted yet (up to ${max})`;
 }
 
 function capped(count, cap) {
@@ -71,8 +87,8 @@ function auditBlock(pack) {
 
 function failuresBlock(pack) {
   if (!pack.failures.length) return "";
-  const rows = pack.failures.map((f) => `<tr><td class="mono"><a href="#" data-explain="${esc(f.work_id)}">${esc(f.work_id)}</a></td><td>${f.range[0]}–${f.range[1]}</td><td>${f.attempt}</td><td>${esc(f.last_error)}</td></tr>`);
-  return `<h3>Failed generations</h3><table><tr><th>WorkId</th><th>range</th><th>attempts</th><th>last error</th></tr>${rows.join("")}</table>`;
+  const rows = pack.failures.map((f) => `<tr><td class="mono"><a href="#" data-explain="${esc(f.work_id)}">${esc(f.work_id)}</a></td><td>${esc(range(f.range[0], f.range[1]))}</td><td>${f.attempt}</td><td>${esc(f.last_error)}</td></tr>`);
+  return `<h3>Failed generations</h3><table><tr><th>work</th><th>range</th><th>attempts</th><th>last error</th></tr>${rows.join("")}</table>`;
 }
 
 function packCard(pack, cap) {
@@ -92,7 +108,7 @@ function packCard(pack, cap) {
     <div class="pack-head" title="show this pack's generations">
       <h2>${esc(pack.pack_name)} ${esc(pack.pack_version)}</h2>
       <span class="badge ${esc(pack.protocol.state)}" data-protocol="${esc(pack.protocol.state)}">${esc(pack.protocol.label)}</span>
-      <code>${esc(pack.pack_install_id)}</code><span class="muted">namespace ${esc(pack.namespace)} · last ordinal ${pack.last_ordinal}</span>
+      <code>${esc(pack.pack_install_id)}</code><span class="muted">namespace ${esc(pack.namespace)} · ordinal counter ${pack.ordinal_counter}</span>
     </div>
     <div class="stats">${stats.join("")}</div>
     <div class="row">
@@ -137,7 +153,7 @@ async function renderTimeline() {
         const start = g.start ?? g.end;
         const left = ((start - low) / span) * 100;
         const width = Math.max(0.4, ((g.end - start + 1) / span) * 100);
-        const title = `${g.work_id}\n[${g.start ?? "legacy"}, ${g.end}] ${g.status}, attempt ${g.attempt}${g.replay_of ? `, replay of ${g.replay_of}` : ""}`;
+        const title = `${g.work_id}\n${range(g.start, g.end)}, ${g.status}, ${attempts(g)}${g.replay_of ? `, replay of ${g.replay_of}` : ""}`;
         return `<span class="gen s-${esc(g.status)}" style="left:${left}%;width:${width}%" title="${esc(title)}" data-explain="${esc(g.work_id)}" data-status="${esc(g.status)}"></span>`;
       }).join("");
       return `<div class="identity"><div class="name mono" title="${esc(identity.projection_key)}">${esc(identity.label)}</div><div class="track">${bars}</div></div>`;
@@ -150,7 +166,7 @@ async function renderTimeline() {
 function receiptRows(rows) {
   if (!rows.length) return `<tr><td class="muted">none</td></tr>`;
   const more = rows.length > RECEIPTS_SHOWN ? `<tr><td class="muted" colspan="4">oldest ${RECEIPTS_SHOWN} of ${rows.length}${rows.length >= RECEIPTS_LISTED ? "+" : ""}; search a key to explain it</td></tr>` : "";
-  return `<tr><th>ReceiptKey</th><th>pack</th><th>lane</th><th>received</th></tr>` + rows.slice(0, RECEIPTS_SHOWN).map((r) =>
+  return `<tr><th>receipt</th><th>pack</th><th>lane</th><th>received at</th></tr>` + rows.slice(0, RECEIPTS_SHOWN).map((r) =>
     `<tr data-receipt="${esc(r.receipt_key)}"><td class="mono"><a href="#" data-explain="${esc(r.receipt_key)}">${esc(r.receipt_key)}</a></td>
       <td class="mono">${esc(r.pack_install_id)}</td><td>${esc(r.lane)}</td><td>${esc(when(r.received_at))}</td></tr>`).join("") + more;
 }
@@ -196,11 +212,10 @@ async function renderWorkers() {
 }
 
 function workDetails(w) {
-  const range = `[${w.range[0] ?? "legacy"}, ${w.range[1]}]`;
-  return `<dt>WorkId</dt><dd class="mono">${esc(w.work_id)}</dd><dt>pack</dt><dd class="mono">${esc(w.pack_install_id)}</dd>
-    <dt>source lane</dt><dd>${esc(w.identity)}</dd><dt>range</dt><dd data-range>${esc(range)}${w.members !== null ? ` · ${w.members} members` : ""}</dd>
+  return `<dt>work</dt><dd class="mono">${esc(w.work_id)}</dd><dt>pack</dt><dd class="mono">${esc(w.pack_install_id)}</dd>
+    <dt>source lane</dt><dd>${esc(w.identity)}</dd><dt>range</dt><dd data-range>${esc(range(w.range[0], w.range[1]))}${w.members !== null ? ` · ${w.members} members` : ""}</dd>
     <dt>status</dt><dd><span class="badge">${esc(w.status)}</span> ${esc(w.status_detail)}</dd>
-    <dt>attempt</dt><dd>${w.attempt} of ${w.max_attempts}${w.last_error ? ` · last error: ${esc(w.last_error)}` : ""}</dd>
+    <dt>attempts</dt><dd>${esc(attempts(w))}${w.last_error ? ` · last error: ${esc(w.last_error)}` : ""}</dd>
     ${w.replay_of ? `<dt>replay of</dt><dd class="mono">${esc(w.replay_of)}</dd>` : ""}`;
 }
 
@@ -221,7 +236,7 @@ async function explain(text) {
   try {
     const found = await getJSON(`/api/search?q=${encodeURIComponent(text)}`);
     box.innerHTML = found.length ? found.map(renderResult).join("")
-      : `<div class="result none" data-kind="none">No WorkId or ReceiptKey <code>${esc(text)}</code> in the listed packs.</div>`;
+      : `<div class="result none" data-kind="none">No WorkId or receipt key <code>${esc(text)}</code> in the listed packs.</div>`;
   } catch (error) {
     box.innerHTML = `<div class="result none" data-kind="error">${esc(error.message)}</div>`;
   }
@@ -229,10 +244,11 @@ async function explain(text) {
 
 async function refresh() {
   try {
-    renderPacks(await getJSON("/api/overview"));
+    const overview = await getJSON("/api/overview");
+    renderPacks(overview);
     await Promise.all([renderTimeline(), renderReceipts(), renderWorkers()]);
     view.refreshes += 1;
-    $("refreshed").textContent = `refreshed ${new Date().toLocaleTimeString()}`;
+    $("refreshed").textContent = `refreshed ${when(overview.now)}`;
     $("refreshed").dataset.count = String(view.refreshes);
   } catch (error) {
     $("refreshed").textContent = `refresh failed: ${error.message}`;
