@@ -9,8 +9,9 @@ The first step of deploying any owner (docs/decisions/145-migrating-without-a-se
 NEXUSCRM_DSN; it is shown only with its password hidden. Before anything else the database is
 checked (``nexuscrm_runtime.database_check``, then the server's prerequisites); a database
 whose schema is newer than this release knows is refused. Every refusal is one line on stderr
-naming what was found, and changes nothing. ``migrate`` is idempotent and resumes an
-interrupted data step; Ctrl-C stops it between batches (a second Ctrl-C at once).
+naming what was found, and changes nothing. ``migrate`` is idempotent and only adds schema:
+it writes no existing row (decision 150). Ctrl-C stops it between steps (a second Ctrl-C at
+once: the open step's transaction rolls back); run it again to go on.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="the database's version (current), this release's newest (head), steps")
-    migrate = commands.add_parser("migrate", help="apply the pending steps (idempotent; resumes an interrupted copy)")
+    migrate = commands.add_parser("migrate", help="apply the pending steps (idempotent; adds schema, writes no row)")
     for sub in (status, migrate):
         sub.add_argument("--dsn", help=f"database URL (default: ${DSN_ENV})")
     status.add_argument("--json", action="store_true", help="one JSON object instead of text")
@@ -154,7 +155,6 @@ def _status(out: Console, engine: Engine, dsn: str, *, as_json: bool) -> ExitCod
 
 
 def _status_json(status: SchemaStatus, shown: str) -> dict[str, Any]:
-    interrupted = status.interrupted
     return {
         "database": shown,
         "current": status.current,
@@ -162,16 +162,7 @@ def _status_json(status: SchemaStatus, shown: str) -> dict[str, Any]:
         "applied": [
             {"version": a.version, "step": a.step, "applied_at": iso_utc(a.applied_at)} for a in status.applied
         ],
-        "pending": [{"version": p.step.version, "step": p.step.name, "copies": p.rows} for p in status.pending],
-        "interrupted": None
-        if interrupted is None
-        else {
-            "version": interrupted.step.version,
-            "step": interrupted.step.name,
-            "unit": interrupted.unit,
-            "copied": interrupted.copied,
-            "left": interrupted.left,
-        },
+        "pending": [{"version": step.version, "step": step.name} for step in status.pending],
     }
 
 
@@ -186,18 +177,11 @@ def _print_status(out: Console, status: SchemaStatus, shown: str) -> None:
     out.print("pending:" + ("" if status.pending else " none"))
     for line in _planned_lines(status.pending):
         out.print(line)
-    if status.interrupted is not None:
-        stopped = status.interrupted
-        out.print(
-            f"interrupted: {stopped.step.name} (version {stopped.step.version}): its DDL is in place and "
-            f"{stopped.copied} {stopped.unit} are copied, {stopped.left} left; {RESUME_HINT}"
-        )
 
 
-def _planned_lines(steps: Sequence[migrations.PlannedStep]) -> Iterator[str]:
-    for planned in steps:
-        copies = "" if planned.step.copy is None else f"copies {planned.rows} {planned.step.copy.unit}"
-        yield f"  {planned.step.version:>3}  {planned.step.name:<28} {copies}".rstrip()
+def _planned_lines(steps: Sequence[migrations.Step]) -> Iterator[str]:
+    for step in steps:
+        yield f"  {step.version:>3}  {step.name}"
 
 
 def _migrate(out: Console, engine: Engine, dsn: str, *, target: int, dry_run: bool) -> ExitCode:
@@ -219,7 +203,7 @@ def _migrate(out: Console, engine: Engine, dsn: str, *, target: int, dry_run: bo
             out.print(line)
         return ExitCode.OK
     stop = threading.Event()
-    progress = MigrateProgress(out, stop, live=out.is_terminal)
+    progress = MigrateProgress(out, stop)
     try:
         with _stopping_on_signals(stop, out):
             start, end, applied = migrations.apply_schema(engine, aim, observer=progress)
@@ -238,13 +222,13 @@ def _migrate(out: Console, engine: Engine, dsn: str, *, target: int, dry_run: bo
 
 @contextmanager
 def _stopping_on_signals(stop: threading.Event, out: Console) -> Iterator[None]:
-    """SIGINT/SIGTERM set ``stop``: the apply stops after its batch or step. A second one interrupts at once."""
+    """SIGINT/SIGTERM set ``stop``: the apply stops after its step. A second one interrupts at once."""
 
     def _on_signal(signum: int, _frame: object) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        out.print(f"{signal.Signals(signum).name}: stopping after the current batch (again to stop at once) ...")
+        out.print(f"{signal.Signals(signum).name}: stopping after the current step (again to stop at once) ...")
 
     previous = {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -12,21 +12,21 @@ the duplicate window: three RetentionPolicy columns, a SourceTime column and ind
 of PrunedWork and PrunedReceipt (decision 127), version 10 the payload contract's one-way flag
 (decision 130: set at once on a database this apply creates, by the operator otherwise).
 Steps only create tables, indexes and nullable columns, each guarded so a repeated or
-concurrent run is a no-op, so the previous release keeps running while the schema moves. One
-step also copies data: v8 copies every payload into EventPayload (``payload_copy``), in
-batches committed one by one after its DDL; the version is recorded when the copy is done, so
-an interrupted copy resumes on the next run.
+concurrent run is a no-op, so the previous release keeps running while the schema moves. No
+step writes an existing row (decision 150): every Event and WorkItem stays byte for byte as it
+was, its new columns NULL or defaulted. After v8 the payload of an Event admitted before it
+stays in Event.Payload (PayloadBytes NULL), where every reader finds it; moving it into
+EventPayload is the operator's own command (``payload_move``), never a step.
 
 ``apply_schema`` is the one migration: the service runs it at start
 (NEXUSCRM_APPLY_SCHEMA_ON_START) and for ApplySchema, and ``nexuscrm-schema migrate`` runs it
-with an ``Observer`` that shows progress and stops between batches on Ctrl-C
+with an ``Observer`` that shows progress and stops between steps on Ctrl-C
 (docs/decisions/145-migrating-without-a-server.md). ``plan`` says what it would run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 
 import sqlalchemy as sa
@@ -37,9 +37,7 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema import tables
 from nexuscrm_schema.verification import NEWEST_VERSION, current_version
-from nexuscrm_schema_catalog import payload_copy
 from nexuscrm_schema_catalog.payload_contract import set_contract
-from nexuscrm_schema_catalog.payload_copy import Batch
 from workqueue.errors import DomainError, InvalidArgument
 
 V2_COLUMN = "InputStartOrdinal"
@@ -51,7 +49,7 @@ V6_TABLES = (tables.NamespaceControl,)
 V7_TABLES = (tables.RetentionPolicy, tables.PrunedWork, tables.PrunedReceipt)
 V7_INDEX = "ix_workitem_retention"
 V8_TABLES = (tables.EventPayload,)
-V8_COLUMN = payload_copy.PAYLOAD_BYTES
+V8_COLUMN = tables.Event.c.PayloadBytes.name
 V10_TABLES = (tables.PayloadContract,)
 # Who set the payload contract on a database that ApplySchema created from nothing.
 SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
@@ -177,41 +175,13 @@ def _contract_empty_database(connection: Connection) -> None:
     set_contract(connection, SET_BY_EMPTY_DATABASE)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DataCopy:
-    """The data a step copies after its DDL commits, in batches each committed on its own.
-
-    ``run(engine, on_batch)`` copies what is left (resuming an interrupted copy) and returns
-    how many ``unit`` it copied, calling ``on_batch`` after each committed batch;
-    ``left(connection)`` counts what it would copy now; ``copied(connection)`` what it has
-    marked copied; ``started(connection)`` whether the step's DDL is in place, so that a copy
-    may have begun.
-    """
-
-    unit: str
-    run: Callable[[Engine, Callable[[Batch], None]], int]
-    left: Callable[[Connection], int]
-    copied: Callable[[Connection], int]
-    started: Callable[[Connection], bool]
-
-
-PAYLOAD_COPY = DataCopy(
-    unit="payloads",
-    run=payload_copy.copy_event_payloads,
-    left=payload_copy.payloads_left,
-    copied=payload_copy.payloads_copied,
-    started=payload_copy.copy_started,
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One schema version: the additive DDL that reaches it, and the data it copies after that DDL commits."""
+    """One schema version: the additive DDL that reaches it (it writes no existing row)."""
 
     version: int
     name: str
     apply: Callable[[Connection], None]
-    copy: DataCopy | None = None
     # Also run in the step's transaction when the apply started from a database without Events.
     on_empty: Callable[[Connection], None] | None = None
 
@@ -224,7 +194,7 @@ STEPS = (
     Step(5, "v5_claimed_member_count", _apply_v5),
     Step(6, "v6_namespace_control", _apply_v6),
     Step(7, "v7_retention", _apply_v7),
-    Step(8, "v8_event_payload", _apply_v8, PAYLOAD_COPY),
+    Step(8, "v8_event_payload", _apply_v8),
     Step(9, "v9_duplicate_window", _apply_v9),
     Step(10, "v10_payload_contract", _apply_v10, on_empty=_contract_empty_database),
 )
@@ -245,26 +215,15 @@ class SchemaNewerThanKnown(DomainError):
 class Observer:
     """Told of each step ``apply_schema`` runs; every method does nothing unless overridden.
 
-    A method may raise to stop the apply where it is: what committed stays (each DDL step,
-    each copied batch), and the next apply resumes from there.
+    A method may raise to stop the apply where it is: each step committed stays, and the next
+    apply resumes from there.
     """
 
-    def step_started(self, step: Step, rows: int | None) -> None:
-        """``step`` begins; ``rows`` is what its data copy will copy (counted now), None for DDL only."""
-
-    def batch_copied(self, step: Step, batch: Batch) -> None:
-        """One batch of ``step``'s data copy committed."""
+    def step_started(self, step: Step) -> None:
+        """``step`` begins."""
 
     def step_applied(self, step: Step) -> None:
         """``step``'s version is recorded."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PlannedStep:
-    """A step an apply would run, and for a data step how many rows it would copy now."""
-
-    step: Step
-    rows: int | None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -273,7 +232,7 @@ class Plan:
 
     current: int
     target: int
-    steps: tuple[PlannedStep, ...]
+    steps: tuple[Step, ...]
 
 
 def resolve_target(requested: int) -> int:
@@ -296,11 +255,7 @@ def plan(engine: Engine, target: int = 0) -> Plan:
     aim = resolve_target(target)
     with engine.connect() as connection:
         start = _known_version(connection)
-        steps = tuple(
-            PlannedStep(step=step, rows=None if step.copy is None else step.copy.left(connection))
-            for step in _pending(start, aim)
-        )
-    return Plan(current=start, target=aim, steps=steps)
+    return Plan(current=start, target=aim, steps=tuple(_pending(start, aim)))
 
 
 def apply_schema(
@@ -310,12 +265,11 @@ def apply_schema(
 
     Idempotent. Never migrates backwards: a target below the current version, or a database
     newer than this release knows, changes nothing (``plan`` refuses the latter with
-    ``SchemaNewerThanKnown``; the service's schema gate refuses to serve it). A step that
-    copies data commits its DDL first, then copies in transactions of its own, and is
-    recorded after the copy: interrupted, it is applied again (and resumes) on the next run.
-    An apply that starts without an Event table (nothing ever served the database) also runs
-    the steps' ``on_empty`` actions: v10 sets the payload contract at once. ``observer`` is
-    told of each step and batch, and may stop the apply.
+    ``SchemaNewerThanKnown``; the service's schema gate refuses to serve it). Each step's DDL
+    and its version commit together; no step writes an existing row. An apply that starts
+    without an Event table (nothing ever served the database) also runs the steps'
+    ``on_empty`` actions: v10 sets the payload contract at once. ``observer`` is told of each
+    step, and may stop the apply between steps.
     """
     aim = resolve_target(target_version)
     seen = observer or Observer()
@@ -324,22 +278,13 @@ def apply_schema(
         empty = not sa.inspect(connection).has_table(tables.Event.name)
     applied: list[str] = []
     for step in _pending(start, aim):
-        if step.copy is None:
-            seen.step_started(step, None)
-        else:
-            with engine.connect() as connection:
-                seen.step_started(step, step.copy.left(connection))
+        seen.step_started(step)
         with engine.begin() as connection:
             step.apply(connection)
             if empty and step.on_empty is not None:
                 step.on_empty(connection)
             tables.SchemaVersion.create(connection, checkfirst=True)
-            if step.copy is None:
-                _record(connection, step)
-        if step.copy is not None:
-            step.copy.run(engine, functools.partial(seen.batch_copied, step))
-            with engine.begin() as connection:
-                _record(connection, step)
+            _record(connection, step)
         applied.append(step.name)
         seen.step_applied(step)
     with engine.connect() as connection:

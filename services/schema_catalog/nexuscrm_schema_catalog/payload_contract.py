@@ -1,13 +1,15 @@
-"""The payload contract of schema v10 (decision 130): the one-way flag, and emptying old copies.
+"""The payload contract of schema v10 (decision 130): the one-way flag, and the operator's payload move.
 
 Until the flag is set, Connectors writes each admitted payload into Event.Payload as well as
 EventPayload, and a status change keeps it, so a v7 Connectors (which reads Event.Payload
 only) may serve the same database during a rolling update. ``ApplySchema`` sets it on an
 empty database (no release older than v10 can have served it); on an upgraded one the
 operator sets it after the roll (``nexuscrm schema contract-payloads``, the ContractPayloads
-RPC). Once set, it is never unset, and the old copies (Events whose payload is in
-EventPayload and also still in Event.Payload: admitted by a dual write, or copied by v8) are
-emptied in bounded, resumable batches (``payload_copy.event_batches``).
+RPC). Once set, it is never unset, and the same command moves every payload still held in
+Event.Payload into EventPayload only (``payload_move``, decision 150): payloads of Events
+admitted before schema v8, which applying the schema leaves where they are, and the copies
+of the dual write. A dry run counts what it would move and changes nothing, the flag
+included.
 """
 
 from __future__ import annotations
@@ -20,15 +22,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.clock import DATABASE_CLOCK
-from nexuscrm_schema.tables import PAYLOAD_CONTRACT, Event, PayloadContract
+from nexuscrm_schema.tables import PAYLOAD_CONTRACT, PayloadContract
 from nexuscrm_schema.verification import current_version
-from nexuscrm_schema_catalog.payload_copy import Batch, event_batches
+from nexuscrm_schema_catalog import payload_move
+from nexuscrm_schema_catalog.payload_move import Batch, Pending
 from workqueue.errors import DomainError
 
 CONTRACT_VERSION = 10  # the schema version that holds the flag
-EMPTY_PAYLOAD = b""  # what Connectors stores in Event.Payload once the payload is in EventPayload
-# The Events whose payload is in EventPayload and still copied in Event.Payload.
-OLD_COPIES = sa.and_(Event.c.PayloadBytes.is_not(None), Event.c.Payload != EMPTY_PAYLOAD)
 _CONTRACT_ROW = sa.select(PayloadContract.c.SetAt, PayloadContract.c.SetBy).where(
     PayloadContract.c.Contract == PAYLOAD_CONTRACT
 )
@@ -64,26 +64,36 @@ def set_contract(connection: Connection, set_by: str) -> ContractState:
 def contract_payloads(
     engine: Engine, set_by: str, *, start: tuple[str, int], max_batches: int
 ) -> tuple[ContractState, list[Batch], bool]:
-    """Set the flag, then empty at most ``max_batches`` batches of old copies from (pack, ordinal) ``start``.
+    """Set the flag, then move at most ``max_batches`` batches of payloads from (pack, ordinal) ``start``.
 
-    Returns the flag's state, the batches emptied, and whether none is left after them.
+    Returns the flag's state, the batches moved, and whether none is left after them.
     Refuses (FAILED_PRECONDITION, nothing changed) a database older than schema v10. A
-    restarted pass may start anywhere: a batch only changes old copies.
+    restarted pass may start anywhere: a batch only changes Events still to move.
     """
     with engine.begin() as connection:
-        version = current_version(connection)
-        if version < CONTRACT_VERSION:
-            raise DomainError(
-                f"the payload contract needs schema v{CONTRACT_VERSION}; the database is at v{version}: "
-                "apply the schema first (ApplySchema)"
-            )
+        _require_contract_schema(connection)
         state = set_contract(connection, set_by)
-    passes = event_batches(
-        engine, pending=OLD_COPIES, size=sa.func.length(Event.c.Payload), change=_empty_copies, start=start
-    )
-    batches = list(itertools.islice(passes, max_batches))  # never starts a batch past the last
+    moves = payload_move.move_batches(engine, start)
+    batches = list(itertools.islice(moves, max_batches))  # never starts a batch past the last
     return state, batches, len(batches) < max_batches  # a full set may have been the last: the next call says
 
 
-def _empty_copies(connection: Connection, batch: sa.ColumnElement[bool]) -> int:
-    return int(connection.execute(sa.update(Event).where(batch).values(Payload=EMPTY_PAYLOAD)).rowcount)
+def count_moves(engine: Engine) -> tuple[ContractState | None, Pending]:
+    """A dry run: the flag's state (None while unset) and what a move would change now; changes nothing.
+
+    Refuses a database older than schema v10 as ``contract_payloads`` does.
+    """
+    with engine.connect() as connection:
+        _require_contract_schema(connection)
+        found = connection.execute(_CONTRACT_ROW).first()
+        state = None if found is None else ContractState(set_at=found.SetAt, set_by=found.SetBy, newly_set=False)
+        return state, payload_move.pending(connection)
+
+
+def _require_contract_schema(connection: Connection) -> None:
+    version = current_version(connection)
+    if version < CONTRACT_VERSION:
+        raise DomainError(
+            f"the payload contract needs schema v{CONTRACT_VERSION}; the database is at v{version}: "
+            "apply the schema first (ApplySchema)"
+        )

@@ -3,9 +3,7 @@
 ``nexuscrm-schema status`` prints it. In Alembic's words: ``current`` is the newest version the
 database records, ``head`` the newest this release's migrations reach. The applied steps are the
 database's own SchemaVersion rows (a newer release's rows included); the pending ones are what
-``migrations.apply_schema`` would run, with the rows each data step would copy; an interrupted
-data step is the first pending one whose DDL is already in place (its copy began, its version
-is not recorded), with how far its copy got.
+``migrations.apply_schema`` would run.
 """
 
 from __future__ import annotations
@@ -31,24 +29,13 @@ class AppliedStep:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class InterruptedCopy:
-    """A data step whose DDL is in place but whose version is not recorded: ``copied`` done, ``left`` to go."""
-
-    step: migrations.Step
-    unit: str
-    copied: int
-    left: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class SchemaStatus:
     """The database's schema against this release (see the module docstring)."""
 
     current: int
     head: int
     applied: tuple[AppliedStep, ...]
-    pending: tuple[migrations.PlannedStep, ...]
-    interrupted: InterruptedCopy | None
+    pending: tuple[migrations.Step, ...]
 
     @property
     def newer_than_known(self) -> bool:
@@ -61,29 +48,10 @@ def read_status(engine: Engine) -> SchemaStatus:
     with engine.connect() as connection:
         current = current_version(connection)
         applied = _applied(connection) if current else ()
-    if current > NEWEST_VERSION:
-        return SchemaStatus(current=current, head=NEWEST_VERSION, applied=applied, pending=(), interrupted=None)
-    pending = migrations.plan(engine).steps
-    return SchemaStatus(
-        current=current,
-        head=NEWEST_VERSION,
-        applied=applied,
-        pending=pending,
-        interrupted=_interrupted(engine, pending),
-    )
+    pending = () if current > NEWEST_VERSION else migrations.plan(engine).steps
+    return SchemaStatus(current=current, head=NEWEST_VERSION, applied=applied, pending=pending)
 
 
 def _applied(connection: sa.Connection) -> tuple[AppliedStep, ...]:
     rows = connection.execute(sa.select(tables.SchemaVersion).order_by(tables.SchemaVersion.c.Version))
     return tuple(AppliedStep(version=r.Version, step=r.Step, applied_at=r.AppliedAt) for r in rows)
-
-
-def _interrupted(engine: Engine, pending: tuple[migrations.PlannedStep, ...]) -> InterruptedCopy | None:
-    with engine.connect() as connection:
-        for planned in pending:
-            copy = planned.step.copy
-            if copy is not None and copy.started(connection):
-                return InterruptedCopy(
-                    step=planned.step, unit=copy.unit, copied=copy.copied(connection), left=copy.left(connection)
-                )
-    return None

@@ -14,7 +14,8 @@ from nexuscrm_runtime.server import Registration
 from nexuscrm_schema import verification
 from nexuscrm_schema.support import read_version
 from nexuscrm_schema_catalog import migrations, payload_contract
-from nexuscrm_schema_catalog.payload_copy import FIRST_ORDINAL
+from nexuscrm_schema_catalog.payload_contract import ContractState
+from nexuscrm_schema_catalog.payload_move import FIRST_ORDINAL, Pending
 from nexuscrm_schema_catalog.release import RELEASE
 from workqueue.errors import InvalidArgument
 
@@ -58,6 +59,8 @@ class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
     ) -> pb.ContractPayloadsResponse:
         if request.max_batches < 0:
             raise InvalidArgument(f"max_batches must be 0 or more, got {request.max_batches}", field="max_batches")
+        if request.dry_run:
+            return _counted(*payload_contract.count_moves(self._engine))
         start = (
             (request.after_pack_install_id, request.after_ordinal)
             if request.after_pack_install_id
@@ -74,15 +77,28 @@ class SchemaCatalogServicer(pb_grpc.SchemaCatalogServiceServicer):
             set_at=iso_utc(state.set_at),
             set_by=state.set_by,
             newly_set=state.newly_set,
-            emptied=sum(b.rows for b in batches),
+            emptied=sum(b.emptied for b in batches),
             emptied_bytes=sum(b.bytes for b in batches),
             next_pack_install_id=pack,
             next_after_ordinal=after,
             done=done,
+            moved=sum(b.moved for b in batches),
         )
 
     def GetBuildInfo(self, request: pb.GetBuildInfoRequest, context: grpc.ServicerContext) -> pb.GetBuildInfoResponse:
         return pb.GetBuildInfoResponse(build=build_info(RELEASE, read_version(self._engine)))
+
+
+def _counted(state: ContractState | None, pending: Pending) -> pb.ContractPayloadsResponse:
+    """A dry run's answer: the flag as found (empty while unset) and what a move would change."""
+    return pb.ContractPayloadsResponse(
+        set_at="" if state is None else iso_utc(state.set_at),
+        set_by="" if state is None else state.set_by,
+        emptied=pending.events,
+        emptied_bytes=pending.bytes,
+        moved=pending.moves,
+        done=True,
+    )
 
 
 def registration(engine: Engine) -> Registration:

@@ -1,15 +1,15 @@
 """Event payloads kept apart from Event status (schema v8, decision 126), on every backend.
 
-The v7 -> v8 migration copies every payload in bounded, resumable batches and changes no v7
-column; admission writes each payload once into EventPayload; claims, completions and
-failures write Event rows that carry no payload; LoadInputs reads a payload still kept in
-Event (an Event a release older than v8 admitted after the copy) like any other.
+The v7 -> v8 migration adds the table and a NULL column and writes no existing row (decision
+150: the payloads stay in Event.Payload until the operator's move, tests/system/integration/
+test_payload_contract.py); admission writes each payload once into EventPayload; claims,
+completions and failures write Event rows that carry no payload; LoadInputs reads a payload
+still kept in Event (an Event a release older than v8 admitted) like any other.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 
 import pytest
 import sqlalchemy as sa
@@ -18,7 +18,7 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema import verification
 from nexuscrm_schema.invariants import payload_storage_violations
 from nexuscrm_schema.tables import Event, EventPayload, PackInstall
-from nexuscrm_schema_catalog import migrations, payload_copy
+from nexuscrm_schema_catalog import migrations
 from tests.support.checksums import row_checksums
 from tests.support.factories import START, delivery, install_pack
 from tests.support.invariants import assert_invariants
@@ -69,65 +69,20 @@ def _payload_problems(engine: sa.Engine) -> list[str]:
     return payload_storage_violations(engine)
 
 
-def test_v7_to_v8_copies_every_payload_and_changes_no_v7_column(empty_engine: sa.Engine) -> None:
+def test_v7_to_v8_adds_the_table_and_column_and_writes_no_row(empty_engine: sa.Engine) -> None:
     _seed_v7(empty_engine)
     with empty_engine.connect() as connection:
         before = row_checksums(connection, "Event", V7_COLUMNS)
 
     assert migrations.apply_schema(empty_engine, 8) == (7, 8, ["v8_event_payload"])
 
-    expected = {(pack, ordinal): payload for pack in PACKS for ordinal, payload in HISTORY.items()}
-    assert _payload_rows(empty_engine) == expected
+    assert _payload_rows(empty_engine) == {}  # nothing copied: every payload stays in Event.Payload
     with empty_engine.connect() as connection:
-        assert row_checksums(connection, "Event", V7_COLUMNS) == before  # Event.Payload kept: v7 still reads it
-        rows = connection.execute(sa.select(Event.c.PackInstallId, Event.c.EnqueueOrdinal, Event.c.PayloadBytes))
-        sizes = {(r.PackInstallId, r.EnqueueOrdinal): r.PayloadBytes for r in rows}
-    assert sizes == {key: len(payload) for key, payload in expected.items()}
+        assert row_checksums(connection, "Event", V7_COLUMNS) == before
+        assert set(connection.execute(sa.select(Event.c.PayloadBytes)).scalars()) == {None}
     missing = verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)
     assert not {"EventPayload", "Event.PayloadBytes"} & set(missing)  # only later steps' pieces remain
     assert _payload_problems(empty_engine) == []
-
-
-def test_an_interrupted_copy_resumes_and_copies_each_payload_once(
-    empty_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _seed_v7(empty_engine)
-    monkeypatch.setattr(payload_copy, "COPY_BATCH_ROWS", 2)
-    real_copy = payload_copy._copy_range
-    batches: list[int] = []
-
-    def copy_then_fail(connection: sa.Connection, batch: sa.ColumnElement[bool]) -> int:
-        if len(batches) == 2:
-            raise ConnectionError("the schema catalog stopped mid-copy")
-        batches.append(real_copy(connection, batch))
-        return batches[-1]
-
-    monkeypatch.setattr(payload_copy, "_copy_range", copy_then_fail)
-    with pytest.raises(ConnectionError):
-        migrations.apply_schema(empty_engine)
-    with empty_engine.connect() as connection:
-        assert verification.current_version(connection) == 7  # not recorded: the next run applies it again
-    assert len(_payload_rows(empty_engine)) == 4  # two committed batches of two
-    assert _payload_problems(empty_engine) == []  # copied and uncopied Events are both consistent
-
-    monkeypatch.setattr(payload_copy, "_copy_range", real_copy)
-    assert migrations.apply_schema(empty_engine, 8) == (7, 8, ["v8_event_payload"])
-    assert len(_payload_rows(empty_engine)) == len(PACKS) * len(HISTORY)
-    assert migrations.apply_schema(empty_engine, 8) == (8, 8, [])
-
-
-def test_a_copy_batch_is_bounded_in_bytes(
-    empty_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A 4 KiB budget over payloads of 16, 0, 3000, 256, 5000 and 1 bytes: batches [0..3], [4] (alone), [5]."""
-    _seed_v7(empty_engine)
-    monkeypatch.setattr(payload_copy, "MAX_TRANSACTION_BYTES", 4096)
-    with caplog.at_level(logging.INFO, logger=payload_copy.__name__):
-        migrations.apply_schema(empty_engine)
-    copied = [record.args for record in caplog.records if record.name == payload_copy.__name__]
-    assert [(args[0], args[1], args[2]) for args in copied if isinstance(args, tuple)] == [
-        (count, pack, through) for pack in PACKS for count, through in ((4, 3), (1, 4), (1, 5))
-    ]
 
 
 def _event_columns(engine: sa.Engine, pack: str) -> list[tuple[int, str, bytes, int | None]]:
@@ -167,12 +122,12 @@ def test_admission_writes_each_payload_once_and_status_changes_never_touch_it(en
 
 
 def test_payloads_kept_in_event_are_read_and_released_by_a_status_change(engine: sa.Engine) -> None:
-    """Events admitted before the copy (or by a v7 release after it) keep their payload in Event."""
+    """Events admitted before v8 (or by a v7 release since) keep their payload in Event, where it is read."""
     connectors = Connectors(engine)
     pack = install_pack(engine)
     connectors.ingest(pack, items=[delivery(lane="a", payload=b"one"), delivery(lane="a", payload=b"two")])
     with engine.begin() as connection:
-        # Ordinal 1 as a v7 release admits it after the copy: the payload in Event only.
+        # Ordinal 1 as a release older than v8 admitted it: the payload in Event only.
         connection.execute(
             sa.update(Event)
             .where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == 1)
@@ -181,7 +136,7 @@ def test_payloads_kept_in_event_are_read_and_released_by_a_status_change(engine:
         connection.execute(
             sa.delete(EventPayload).where(EventPayload.c.PackInstallId == pack, EventPayload.c.EnqueueOrdinal == 1)
         )
-        # Ordinal 2 as the copy leaves it: in both places until its first status change.
+        # Ordinal 2 as the dual write (decision 130) leaves it: in both places until its first status change.
         connection.execute(
             sa.update(Event).where(Event.c.PackInstallId == pack, Event.c.EnqueueOrdinal == 2).values(Payload=b"two")
         )

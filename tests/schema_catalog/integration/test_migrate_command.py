@@ -1,12 +1,13 @@
 """``nexuscrm-schema status|migrate`` on every backend: the service's migrations without a server.
 
 The main cases run the installed console script as a subprocess (as a deployment would); the
-refusals and Ctrl-C call its ``main`` in process. An interrupted v8 copy is made by failing the
-copy after its first batch, as the payload-copy tests do, then ``status`` and ``migrate`` run.
+refusals and Ctrl-C call its ``main`` in process. Migrating a history writes none of its rows
+(decision 150): there is no data step to interrupt, show or resume.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.exit_codes import DESCRIPTIONS, ExitCode
 from nexuscrm_schema import tables
 from nexuscrm_schema.verification import NEWEST_VERSION
-from nexuscrm_schema_catalog import command, migrations, payload_copy
+from nexuscrm_schema_catalog import command, migrations
 from tests.support.checksums import Checksums, database_checksums
 from tests.support.factories import START
 
@@ -100,7 +101,22 @@ def _versions(dsn: str) -> list[int]:
         engine.dispose()
 
 
-def _copied_payloads(dsn: str) -> int:
+def _events(dsn: str) -> list[tuple[int, bytes, int | None]]:
+    """Every Event's ordinal, Event.Payload and PayloadBytes (NULL before v8's column, as after it)."""
+    engine = create_engine(dsn)
+    try:
+        with engine.connect() as connection:
+            event = sa.Table(tables.Event.name, sa.MetaData(), autoload_with=connection)
+            sizes = event.c.PayloadBytes if "PayloadBytes" in event.c else sa.null()
+            rows = connection.execute(
+                sa.select(event.c.EnqueueOrdinal, event.c.Payload, sizes).order_by("EnqueueOrdinal")
+            )
+            return [(r[0], bytes(r[1]), r[2]) for r in rows]
+    finally:
+        engine.dispose()
+
+
+def _payload_rows(dsn: str) -> int:
     engine = create_engine(dsn)
     try:
         with engine.connect() as connection:
@@ -124,11 +140,11 @@ def test_migrate_takes_an_empty_database_to_the_newest_version(empty_dsn: str) -
     assert done.returncode == 0, done.stderr
     assert f"schema at version {NEWEST_VERSION} (was 0; applied v1_pre_upgrade_schema," in done.stdout
     status = _status(empty_dsn)
-    assert (status["current"], status["head"], status["pending"], status["interrupted"]) == (10, 10, [], None)
+    assert (status["current"], status["head"], status["pending"]) == (NEWEST_VERSION, NEWEST_VERSION, [])
     assert [a["version"] for a in status["applied"]] == list(range(1, NEWEST_VERSION + 1))  # type: ignore[attr-defined]
 
 
-def test_a_dry_run_lists_the_steps_and_the_rows_to_copy_and_changes_nothing(empty_dsn: str) -> None:
+def test_a_dry_run_lists_the_steps_and_changes_nothing(empty_dsn: str) -> None:
     _seed_v7(empty_dsn)
     before = _snapshot(empty_dsn)
 
@@ -136,13 +152,12 @@ def test_a_dry_run_lists_the_steps_and_the_rows_to_copy_and_changes_nothing(empt
 
     assert done.returncode == 0, done.stderr
     assert "at version 7" in done.stdout
-    assert f"dry run: 3 steps would run to reach version {NEWEST_VERSION}; nothing changed" in done.stdout
-    assert [line.split()[:2] for line in done.stdout.splitlines()[-3:]] == [
-        ["8", "v8_event_payload"],
-        ["9", "v9_duplicate_window"],
-        ["10", "v10_payload_contract"],
+    after_v7 = migrations.STEPS[7:]
+    assert f"dry run: {len(after_v7)} steps would run to reach version {NEWEST_VERSION}; nothing changed" in done.stdout
+    assert [line.split() for line in done.stdout.splitlines()[-len(after_v7) :]] == [
+        [str(step.version), step.name] for step in after_v7
     ]
-    assert f"copies {EVENTS} payloads" in done.stdout
+    assert "cop" not in done.stdout  # no step copies data (decision 150)
     assert _snapshot(empty_dsn) == before  # the same tables, SchemaVersion rows and every other row
 
 
@@ -153,9 +168,8 @@ def test_target_7_then_the_newest_then_again_is_idempotent(empty_dsn: str) -> No
 
     second = _run("migrate", "--dsn", empty_dsn)
     assert second.returncode == 0, second.stderr
-    assert "schema at version 10 (was 7; applied v8_event_payload, v9_duplicate_window, v10_payload_contract)" in (
-        second.stdout
-    )
+    applied = ", ".join(step.name for step in migrations.STEPS[7:])
+    assert f"schema at version {NEWEST_VERSION} (was 7; applied {applied})" in second.stdout
     rows = _snapshot(empty_dsn)
 
     third = _run("migrate", "--dsn", empty_dsn)
@@ -194,77 +208,54 @@ def test_an_unreachable_server_is_refused_with_exit_3_and_no_password_shown() ->
     assert "s3cret" not in done.stdout + done.stderr
 
 
-def test_an_interrupted_copy_is_shown_by_status_and_resumed_by_migrate(
-    empty_dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_migrating_a_v7_history_writes_none_of_its_rows(empty_dsn: str) -> None:
     _seed_v7(empty_dsn)
-    monkeypatch.setattr(payload_copy, "COPY_BATCH_ROWS", 2)
-    real_copy = payload_copy._copy_range
-    batches: list[int] = []
+    before = _events(empty_dsn)
 
-    def copy_then_fail(connection: sa.Connection, batch: sa.ColumnElement[bool]) -> int:
-        if batches:
-            raise ConnectionError("the migration stopped mid-copy")
-        batches.append(real_copy(connection, batch))
-        return batches[-1]
+    done = _run("migrate", "--dsn", empty_dsn)
 
-    monkeypatch.setattr(payload_copy, "_copy_range", copy_then_fail)
-    engine = create_engine(empty_dsn)
-    with pytest.raises(ConnectionError):
-        migrations.apply_schema(engine)
-    engine.dispose()
-
-    shown = _run("status", "--dsn", empty_dsn)
-    assert shown.returncode == 0, shown.stderr
-    assert (
-        "interrupted: v8_event_payload (version 8): its DDL is in place and 2 payloads are copied, "
-        f"{EVENTS - 2} left; `nexuscrm-schema migrate` resumes it"
-    ) in shown.stdout
-    assert _status(empty_dsn)["interrupted"] == {
-        "version": 8,
-        "step": "v8_event_payload",
-        "unit": "payloads",
-        "copied": 2,
-        "left": EVENTS - 2,
-    }
-
-    resumed = _run("migrate", "--dsn", empty_dsn)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"applying v8_event_payload: copying {EVENTS - 2} payloads" in resumed.stdout
-    assert f"v8_event_payload: copied {EVENTS - 2} of {EVENTS - 2} payloads" in resumed.stdout  # a plain line
-    assert _copied_payloads(empty_dsn) == EVENTS
-    assert _status(empty_dsn)["interrupted"] is None
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("applying ")] == [
+        f"applying {step.name} ..." for step in migrations.STEPS[7:]
+    ]
+    assert _events(empty_dsn) == before  # every payload where it was, PayloadBytes NULL
+    assert [size for _, _, size in before] == [None] * EVENTS and _payload_rows(empty_dsn) == 0
+    status = _run("status", "--dsn", empty_dsn)
+    assert status.returncode == 0, status.stderr
+    assert "pending: none" in status.stdout and "interrupted" not in status.stdout
 
 
 # --- refusals, Ctrl-C and help, in process -------------------------------------------------------
 
 
-def test_ctrl_c_during_the_copy_stops_after_the_batch_and_migrate_resumes(
+def test_ctrl_c_during_a_step_stops_after_it_and_migrate_resumes(
     empty_dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _seed_v7(empty_dsn)
-    monkeypatch.setattr(payload_copy, "COPY_BATCH_ROWS", 2)
-    real_copy = payload_copy._copy_range
+    before = _events(empty_dsn)
+    v8 = migrations.STEPS[7]
 
-    def copy_then_ctrl_c(connection: sa.Connection, batch: sa.ColumnElement[bool]) -> int:
-        copied = real_copy(connection, batch)
-        os.kill(os.getpid(), signal.SIGINT)  # the operator presses Ctrl-C while this batch commits
-        return copied
+    def apply_then_ctrl_c(connection: sa.Connection) -> None:
+        v8.apply(connection)
+        os.kill(os.getpid(), signal.SIGINT)  # the operator presses Ctrl-C while the step runs
 
-    monkeypatch.setattr(payload_copy, "_copy_range", copy_then_ctrl_c)
+    steps = list(migrations.STEPS)
+    steps[7] = dataclasses.replace(v8, apply=apply_then_ctrl_c)
+    monkeypatch.setattr(migrations, "STEPS", tuple(steps))
     assert command.main(["migrate", "--dsn", empty_dsn]) == ExitCode.INTERRUPTED
     stopped = capsys.readouterr()
-    assert "SIGINT: stopping after the current batch" in stopped.out
+    assert "SIGINT: stopping after the current step" in stopped.out
     assert (
-        f"nexuscrm-schema: interrupted: stopped during v8_event_payload after 2 of {EVENTS} payloads copied "
-        "(each batch is committed; the step's version is not recorded yet); `nexuscrm-schema migrate` resumes it"
+        "nexuscrm-schema: interrupted: stopped after v8_event_payload: the schema is at version 8; "
+        "`nexuscrm-schema migrate` resumes it"
     ) in stopped.err
-    assert (_versions(empty_dsn)[-1], _copied_payloads(empty_dsn)) == (7, 2)
+    assert _versions(empty_dsn)[-1] == 8
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the command's handler is gone
 
-    monkeypatch.setattr(payload_copy, "_copy_range", real_copy)
+    monkeypatch.undo()
     assert command.main(["migrate", "--dsn", empty_dsn]) == ExitCode.OK
-    assert (_versions(empty_dsn)[-1], _copied_payloads(empty_dsn)) == (NEWEST_VERSION, EVENTS)
+    assert _versions(empty_dsn)[-1] == NEWEST_VERSION
+    assert _events(empty_dsn) == before and _payload_rows(empty_dsn) == 0
 
 
 def test_a_target_below_the_current_version_does_nothing_and_says_so(

@@ -1,4 +1,4 @@
-"""Canonical schema migrations on every backend: v1 -> v2 is additive and changes no row."""
+"""Canonical schema migrations on every backend: each step is additive and changes no row (decision 150)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,9 @@ def test_v1_to_v2_adds_the_column_and_protocol_table_without_changing_rows(empty
     with empty_engine.connect() as connection:
         after = {name: row_checksums(connection, name, columns) for name, columns in v1_columns.items()}
         assert after == before
+        # No step wrote a row (decision 150): v8 copied no payload, set no size.
+        assert connection.execute(sa.select(tables.Event.c.PayloadBytes)).scalars().all() == [None] * 3
+        assert connection.execute(sa.select(sa.func.count()).select_from(tables.EventPayload)).scalar() == 0
         column = next(c for c in sa.inspect(connection).get_columns("WorkItem") if c["name"] == "InputStartOrdinal")
         assert column["nullable"] is True
         assert connection.execute(sa.select(tables.WorkItem.c.InputStartOrdinal)).scalars().all() == [None]

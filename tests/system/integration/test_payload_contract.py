@@ -4,37 +4,37 @@ A database ApplySchema creates has the contract at once: Event.Payload stays emp
 upgraded one has it unset until the operator sets it: Connectors then also writes each
 payload into Event.Payload and status changes keep it, so a v7 Connectors (which reads only
 Event.Payload) serving the same database hands workers the real payloads. The operator
-command sets the flag and empties the old copies in bounded, resumable batches.
+command sets the flag and moves every payload out of Event.Payload (empties the old copies;
+copies a payload held only there into EventPayload first, decision 150) in bounded,
+resumable batches; its dry run counts and changes nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors import payload_contract as cached_contract
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_runtime.server import create_server
 from nexuscrm_schema.invariants import payload_storage_violations
 from nexuscrm_schema.tables import Event, EventPayload, PayloadContract, WorkItem
-from nexuscrm_schema_catalog import migrations, payload_contract, payload_copy
-from nexuscrm_schema_catalog.servicer import registration
+from nexuscrm_schema.verification import NEWEST_VERSION
+from nexuscrm_schema_catalog import migrations, payload_contract, payload_move
 from nexuscrm_tools import cli
 from nexuscrm_tools.exits import ExitCode
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
+from tests.support.schema_catalog_server import serving_schema_catalog
 from tests.support.statements import statements
 from workqueue.errors import DomainError
 
 pytestmark = pytest.mark.database
 
-START = ("", payload_copy.FIRST_ORDINAL)
+START = ("", payload_move.FIRST_ORDINAL)
 
 
 def _contract_rows(engine: sa.Engine) -> list[tuple[str, str]]:
@@ -81,13 +81,13 @@ def _v7_load_inputs(engine: sa.Engine, work_id: str) -> list[bytes]:
 
 
 def _upgraded(engine: sa.Engine) -> tuple[str, list[bytes]]:
-    """A database served before v10 (admitted at v9), then migrated to v10: the contract unset."""
+    """A database created before v10 (at v9), migrated to the newest: the contract unset, admission dual-writes."""
     assert migrations.apply_schema(engine, 9)[1] == 9
     pack = install_pack(engine)
+    assert migrations.apply_schema(engine)[:2] == (9, NEWEST_VERSION)
+    assert _contract_rows(engine) == []
     payloads = [b"first" * 50, b"\x00second", b"third" * 20]
     Connectors(engine).ingest(pack, items=[delivery(lane="a", payload=p) for p in payloads])
-    assert migrations.apply_schema(engine) == (9, 10, ["v10_payload_contract"])
-    assert _contract_rows(engine) == []
     return pack, payloads
 
 
@@ -143,38 +143,45 @@ def test_an_upgraded_database_dual_writes_and_a_v7_reader_sees_every_payload(
     assert_invariants(empty_engine)
 
 
-@contextlib.contextmanager
-def _schema_catalog(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    running = create_server([registration(engine)], "127.0.0.1:0")
-    monkeypatch.setenv("NEXUSCRM_SCHEMA_CATALOG_TARGET", f"127.0.0.1:{running.port}")
-    try:
-        yield
-    finally:
-        running.stop(0)
-
-
-def test_the_operator_command_sets_the_flag_empties_copies_in_batches_and_is_idempotent(
+def test_the_operator_command_counts_then_sets_the_flag_empties_copies_in_batches_and_is_idempotent(
     empty_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pack, payloads = _upgraded(empty_engine)
     other = install_pack(empty_engine)
     Connectors(empty_engine).ingest(other, items=[delivery(lane="z", payload=b"z" * 4000) for _ in range(3)])
-    monkeypatch.setattr(payload_copy, "COPY_BATCH_ROWS", 2)
-    monkeypatch.setattr(payload_copy, "MAX_TRANSACTION_BYTES", 5000)  # the other pack's 4000-byte copies go alone
-    with _schema_catalog(empty_engine, monkeypatch):
+    monkeypatch.setattr(payload_move, "MOVE_BATCH_ROWS", 2)
+    monkeypatch.setattr(payload_move, "MAX_TRANSACTION_BYTES", 5000)  # the other pack's 4000-byte copies go alone
+    copies = sum(map(len, payloads)) + 3 * 4000
+    with serving_schema_catalog(empty_engine, monkeypatch):
+        with empty_engine.connect() as connection:
+            before = database_checksums(connection, sa.inspect(connection).get_table_names())
         capsys.readouterr()
+        assert cli.main(["--json", "schema", "contract-payloads", "--dry-run"]) == ExitCode.OK
+        counted = json.loads(capsys.readouterr().out)
+        assert counted == {
+            "dry_run": True,
+            "set_at": "",
+            "set_by": "",
+            "emptied": 6,
+            "emptied_bytes": copies,
+            "moved": 0,
+        }
+        with empty_engine.connect() as connection:
+            assert database_checksums(connection, sa.inspect(connection).get_table_names()) == before
+
         assert cli.main(["--json", "schema", "contract-payloads", "--batches-per-call", "1"]) == ExitCode.OK
         captured = capsys.readouterr()
         first = json.loads(captured.out)
         assert first["newly_set"] is True and first["set_by"].startswith("ContractPayloads from ")
-        assert (first["emptied"], first["emptied_bytes"]) == (6, sum(map(len, payloads)) + 3 * 4000)
+        assert (first["emptied"], first["emptied_bytes"], first["moved"]) == (6, copies, 0)  # every one in EventPayload
         # One progress line per call: pack batches of 2 and 1 ordinals, the other pack's one by one, the last empty.
         progress = [line for line in captured.err.splitlines() if line.startswith("emptied ")]
+        assert progress[-1].startswith("emptied 6 of 6 Event payloads (0 moved into EventPayload, "), progress
         assert len(progress) == 2 + 3 + 1, captured.err
 
         assert cli.main(["--json", "schema", "contract-payloads"]) == ExitCode.OK
         again = json.loads(capsys.readouterr().out)
-        assert again == {**first, "newly_set": False, "emptied": 0, "emptied_bytes": 0}
+        assert again == {**first, "newly_set": False, "emptied": 0, "emptied_bytes": 0, "moved": 0}
     assert _contract_rows(empty_engine) == [("event_payload_elsewhere", first["set_by"])]
     for each in (pack, other):
         assert all(copy == b"" and stored for copy, stored in _event_payloads(empty_engine, each).values())
@@ -185,29 +192,29 @@ def test_an_interrupted_pass_resumes_and_empties_each_copy_once(
     empty_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pack, payloads = _upgraded(empty_engine)
-    monkeypatch.setattr(payload_copy, "COPY_BATCH_ROWS", 1)
-    real_empty = payload_contract._empty_copies
-    emptied: list[int] = []
+    monkeypatch.setattr(payload_move, "MOVE_BATCH_ROWS", 1)
+    real_move = payload_move._move
+    emptied: list[tuple[int, int]] = []
 
-    def empty_then_fail(connection: sa.Connection, batch: sa.ColumnElement[bool]) -> int:
+    def move_then_fail(connection: sa.Connection, batch: sa.ColumnElement[bool]) -> tuple[int, int]:
         if len(emptied) == 1:
             raise ConnectionError("the schema catalog stopped mid-pass")
-        emptied.append(real_empty(connection, batch))
+        emptied.append(real_move(connection, batch))
         return emptied[-1]
 
-    monkeypatch.setattr(payload_contract, "_empty_copies", empty_then_fail)
+    monkeypatch.setattr(payload_move, "_move", move_then_fail)
     with pytest.raises(ConnectionError):
         payload_contract.contract_payloads(empty_engine, "op", start=START, max_batches=10)
     assert [copy for copy, _ in _event_payloads(empty_engine, pack).values()] == [b"", *payloads[1:]]
     assert payload_storage_violations(empty_engine) == []
 
-    monkeypatch.setattr(payload_contract, "_empty_copies", real_empty)
+    monkeypatch.setattr(payload_move, "_move", real_move)
     state, batches, done = payload_contract.contract_payloads(empty_engine, "op", start=START, max_batches=1)
     assert (state.newly_set, state.set_by, done) == (False, "op", False)  # set by the interrupted call
-    assert [(b.pack, b.through, b.rows) for b in batches] == [(pack, 2, 1)]  # ordinal 1 was done: skipped
+    assert [(b.pack, b.through, b.emptied) for b in batches] == [(pack, 2, 1)]  # ordinal 1 was done: skipped
     # Resume from the position the last batch reached.
     state, batches, done = payload_contract.contract_payloads(empty_engine, "op", start=(pack, 2), max_batches=5)
-    assert ([(b.pack, b.through, b.rows) for b in batches], done) == ([(pack, 3, 1)], True)
+    assert ([(b.pack, b.through, b.emptied) for b in batches], done) == ([(pack, 3, 1)], True)
     assert all(copy == b"" for copy, _ in _event_payloads(empty_engine, pack).values())
     assert_invariants(empty_engine)
 
@@ -220,7 +227,7 @@ def test_the_operator_command_refuses_a_schema_older_than_v10(
         before = database_checksums(connection, sa.inspect(connection).get_table_names())
     with pytest.raises(DomainError, match="needs schema v10; the database is at v9"):
         payload_contract.contract_payloads(empty_engine, "op", start=START, max_batches=1)
-    with _schema_catalog(empty_engine, monkeypatch):
+    with serving_schema_catalog(empty_engine, monkeypatch):
         capsys.readouterr()
         assert cli.main(["schema", "contract-payloads"]) == ExitCode.REFUSED
     assert (
