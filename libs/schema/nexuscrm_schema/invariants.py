@@ -17,6 +17,7 @@ tools (docs/decisions/146-test-layout-by-owner.md).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import datetime as dt
@@ -29,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy import Row
 
 from nexuscrm_runtime.database import is_sqlite
+from nexuscrm_schema.member_counts import admitted_count
 from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
     Event,
@@ -177,6 +179,7 @@ def check_invariants(engine: sa.Engine) -> list[str]:
         ranges.sort(key=lambda g: g[1])
     problems += _membership(cutoffs, events, generations)
     problems += _bounds_and_payload(events, generations)
+    problems += _admitted_counts(events, work)
     problems += _payload_rows(events, payloads)
     problems += _execution(generations)
     problems += _duplicates(events, receipts)
@@ -312,6 +315,34 @@ def _bounds_and_payload(events: Iterable[DbRow], generations: Generations) -> li
                 problems.append(f"P: {work_id} has no member at its InputStartOrdinal {start}")
             if (pack, key, end) not in present:
                 problems.append(f"P: {work_id} has no selected Event at its LaneOrdinal {end}")
+    return problems
+
+
+def _admitted_counts(events: Iterable[DbRow], work: Iterable[DbRow]) -> list[str]:
+    """P: a generation whose admitted member count is known (decision 149) has exactly that many members.
+
+    A generation without its first or selected member is named for that (``_bounds_and_payload``)
+    and not again here: this finds the loss of a member between them.
+    """
+    members: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
+    for e in events:
+        members[(e.PackInstallId, e.ProjectionKey)].append(e.EnqueueOrdinal)
+    for ordinals in members.values():
+        ordinals.sort()
+    problems = []
+    for w in work:
+        admitted = admitted_count(w)
+        if w.InputStartOrdinal is None or admitted is None:
+            continue
+        ordinals = members.get((w.PackInstallId, w.ProjectionKey), [])
+        low, high = bisect.bisect_left(ordinals, w.InputStartOrdinal), bisect.bisect_right(ordinals, w.LaneOrdinal)
+        found = high - low
+        ends = found > 0 and ordinals[low] == w.InputStartOrdinal and ordinals[high - 1] == w.LaneOrdinal
+        if ends and found != admitted:
+            problems.append(
+                f"P: {w.WorkId} [{w.InputStartOrdinal},{w.LaneOrdinal}] has {found} members "
+                f"but admission recorded {admitted}"
+            )
     return problems
 
 

@@ -222,6 +222,14 @@ WorkItem = sa.Table(
     # written by the claim's lease UPDATE; LoadInputs answers DATA_LOSS when fewer remain
     # (decision 110). NULL until claimed, and for rows claimed before v5.
     sa.Column("ClaimedMemberCount", sa.BigInteger, nullable=True),
+    # Added by schema v11. The number of members the admissions that created and extended the
+    # generation gave it, and the LaneOrdinal that number counts through: written by the
+    # admission's (or replay's) own INSERT and extension UPDATE, so a member lost before the
+    # first claim is seen (decision 149). The count is trusted only while
+    # AdmittedThroughOrdinal = LaneOrdinal (``member_counts``): a release that knows only v10
+    # extends the range without touching either column. NULL for rows from before v11.
+    sa.Column("AdmittedMemberCount", sa.BigInteger, nullable=True),
+    sa.Column("AdmittedThroughOrdinal", sa.BigInteger, nullable=True),
     # The projection-order index: newest generation of an identity, coverage probes,
     # successor lookup on completion.
     sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),

@@ -496,7 +496,7 @@ def _admit_fresh(
     known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
     newest = queries.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
     new_generations: list[dict[str, Any]] = []
-    extended: dict[str, int] = {}  # WorkId -> new LaneOrdinal
+    extended: dict[str, tuple[int, int]] = {}  # WorkId -> (new LaneOrdinal, members added)
     linked: dict[str, str] = {}  # nonterminal predecessor WorkId -> the blocked successor behind it
     work_ids: dict[str, str] = {}
     starts: set[int] = set()  # first ordinals of the generations this batch creates
@@ -504,7 +504,7 @@ def _admit_fresh(
         low, high = members[0][0], members[-1][0]  # arrival order = ordinal order
         current = newest.get(projection_key)
         if current is not None and _extendable(current):
-            extended[current.WorkId] = high
+            extended[current.WorkId] = (high, len(members))
             work_ids[projection_key] = current.WorkId
             continue
         work_id = str(uuid.uuid4())
@@ -520,6 +520,7 @@ def _admit_fresh(
                 projection_key=projection_key,
                 start=low,
                 end=high,
+                members=len(members),
                 blocked=blocked,
                 now=now,
                 max_attempts=settings.max_attempts,
@@ -556,12 +557,18 @@ def generation_row(
     projection_key: str,
     start: int,
     end: int,
+    members: int,
     blocked: bool,
     now: dt.datetime,
     max_attempts: int,
     replay_of_work_id: str | None = None,
 ) -> dict[str, Any]:
-    """A new generation [start, end]; blocked while its predecessor is not terminal (X)."""
+    """A new generation [start, end] of ``members`` inputs; blocked while its predecessor is not terminal (X).
+
+    The row records ``members`` as counted through ``end`` (AdmittedMemberCount and
+    AdmittedThroughOrdinal, decision 149): claim and LoadInputs refuse the range when its
+    members come to differ.
+    """
     return {
         "WorkId": work_id,
         "PackInstallId": pack_install_id,
@@ -575,6 +582,8 @@ def generation_row(
         "MaxAttempts": max_attempts,
         "ClaimableAt": None if blocked else now,
         "CreatedAt": now,
+        "AdmittedMemberCount": members,
+        "AdmittedThroughOrdinal": end,
     }
 
 

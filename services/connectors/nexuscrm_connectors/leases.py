@@ -9,9 +9,10 @@ of those rows with their selected Events, and one UPDATE that moves those Events
 processing. Claims of one process reserve the rows they lease
 (``claimers``), so they do not race each other. The claim's row lock is what freezes a
 generation's bounds against a concurrent admission, which only extends unclaimed
-attempt-zero rows. A leased generation whose selected Event is missing is damaged: the claim
-fails it in the same transaction, with its reason (decision 110), so it never holds the
-candidate window.
+attempt-zero rows. A leased generation whose selected Event is missing, or whose members
+differ from the count its admission recorded (decision 149), is damaged: the claim fails it
+in the same transaction, with its reason (decision 110), so it never holds the candidate
+window.
 Every instant is the database's (decision 118): the candidate read carries the database
 clock, and the transaction decides and stores with that one instant; Heartbeat, Complete,
 Fail and LoadInputs read it with the WorkItem they check. No process clock decides.
@@ -43,6 +44,7 @@ from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, is_sqlite, run_transaction
+from nexuscrm_schema.member_counts import admitted_count
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
@@ -79,7 +81,7 @@ class ClaimBatch:
     reclaimed: int = 0  # claims of generations whose lease had expired (a new attempt)
     expired_failed: int = 0  # generations whose expired lease was the last attempt: failed for good
     lost: int = 0  # chosen generations that another claim leased first
-    failed_damaged: int = 0  # leased generations whose selected Event is missing: failed for good
+    failed_damaged: int = 0  # leased generations found damaged (``_damage``): failed for good
     completed: list[CompletionResult] = dataclasses.field(default_factory=list)  # the request's completions
     leased: list[DbRow] = dataclasses.field(default_factory=list)  # the claims' WorkItem rows, oldest first
 
@@ -134,7 +136,9 @@ def claim(
     Claimable: pending; retry whose time has come; processing whose lease expired (a failed
     attempt: it fails for good when attempts run out). Only packs with a protocol row are
     served; naming a pack without one raises ``ProtocolMissing``. A generation whose selected
-    Event is missing is damaged: it is failed for good with that reason (logged, counted), in
+    Event is missing, or whose members differ from the count its admission recorded (a
+    DATA_LOSS naming the WorkId and both counts), is damaged: it is failed for good with that
+    reason (logged, counted), in
     the claim's transaction, and the others are claimed; a damaged generation never blocks
     the pack's newer work.
 
@@ -225,8 +229,8 @@ def _claim_transaction(
 ) -> ClaimBatch:
     """Read candidates, retire exhausted ones, lease the oldest that no other claim holds, move their selected Events.
 
-    A leased generation whose selected Event is missing is failed for good in this
-    transaction (``_fail_damaged``); only that path runs statements beyond the constant few.
+    A leased generation found damaged (``_damage``) is failed for good in this transaction
+    (``_fail_damaged``); only that path runs statements beyond the constant few.
     """
     batch = ClaimBatch()
     served = _native_packs(connection, request.pack_install_ids)
@@ -247,11 +251,7 @@ def _claim_transaction(
     queries.work_items_record_member_count(connection, work_ids, token)
     leased = {row.WorkId: row for row in queries.work_items_leased(connection, work_ids, token)}
     batch.lost = len(chosen) - len(leased)
-    missing = {
-        work_id: f"its selected Event (ordinal {row.LaneOrdinal}) is missing"
-        for work_id, row in leased.items()
-        if row.SelectedOrdinal is None
-    }
+    missing = {work_id: reason for work_id, row in leased.items() if (reason := _damage(row)) is not None}
     if missing:
         for work_id, reason in missing.items():
             batch.failed_damaged += _fail_damaged(connection, leased.pop(work_id), token, reason, now)
@@ -285,6 +285,24 @@ def _with_inputs(engine: Engine, request: _Request, batch: ClaimBatch) -> ClaimB
     follow_up("claim inputs", read)  # the leases are committed: never lose them to a failed read
     batch.claims = [dataclasses.replace(claim, inputs=inputs.get(claim.work.work_id)) for claim in batch.claims]
     return batch
+
+
+def _damage(row: DbRow) -> str | None:
+    """Why a generation this claim leased cannot be executed, or None when it can.
+
+    ``ClaimedMemberCount`` is the count the first claim recorded (this claim's statement
+    before, for a first claim); it must equal the count admission recorded when that is known
+    (decision 149): a member lost before the first claim is damage the claim sees.
+    """
+    if row.SelectedOrdinal is None:
+        return f"its selected Event (ordinal {row.LaneOrdinal}) is missing"
+    admitted = admitted_count(row)
+    if admitted is not None and row.ClaimedMemberCount != admitted:
+        lost = MembershipMissing.admitted_count_differs(
+            row.WorkId, row.InputStartOrdinal, row.LaneOrdinal, row.ClaimedMemberCount, admitted
+        )
+        return f"{lost.kind.value}: {lost}"
+    return None
 
 
 def _live_candidates(
@@ -342,7 +360,7 @@ def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
 
 
 def _fail_damaged(connection: Connection, row: DbRow, token: str, reason: str, now: dt.datetime) -> bool:
-    """Fail a generation this claim leased whose selected Event is missing; unblock its successor.
+    """Fail a damaged generation this claim leased (``_damage`` says why); unblock its successor.
 
     Claiming it again can never succeed (its membership cannot be recovered), and leaving it
     claimable would hold the candidate window for ever: failed is terminal, the reason is in

@@ -3,9 +3,9 @@
 Membership comes only from the persisted interval [InputStartOrdinal, LaneOrdinal] and the
 exact projection key of the WorkId remembered at claim: never from timestamps, Event status,
 delivery order or retained history. Missing membership is an error, never a fallback to the
-selected payload. The member count recorded by the first claim (``ClaimedMemberCount``)
-must still hold: a lost middle member answers DATA_LOSS, never the remaining members
-(decision 110).
+selected payload. The member count its admission recorded (``AdmittedMemberCount``, when
+known: decision 149) and the one recorded by the first claim (``ClaimedMemberCount``) must
+still hold: a lost middle member answers DATA_LOSS, never the remaining members (decision 110).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.leases import current_lease
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
+from nexuscrm_schema.member_counts import admitted_count
 from workqueue.values import InputPage
 
 
@@ -32,9 +33,9 @@ def load_inputs(
 
     The lease is checked before every page, so a worker that lost its lease stops reading.
     Raises ``MembershipMissing`` when the range is absent (old-protocol work), when the first
-    or selected member is missing, when the range holds fewer Events than it did when the
-    generation was first claimed (a member lost since), or when the streamed set
-    disagrees with the counted one.
+    or selected member is missing, when the range holds another number of Events than its
+    admission recorded (when known), or fewer than it did when the generation was first
+    claimed (a member lost since), or when the streamed set disagrees with the counted one.
     """
     size = settings.page_size(page_size)
     # The first page shares the lease check and the count's connection: most generations
@@ -46,10 +47,13 @@ def load_inputs(
             raise MembershipMissing(f"work {work_id} has no InputStartOrdinal: its membership was never recorded")
         count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
         rows, last = _page(connection, settings, row, start - 1, end, size)
+    admitted = admitted_count(row)
     streamed = 0
     while True:
         if streamed == 0 and (not rows or rows[0].EnqueueOrdinal != start):
             raise MembershipMissing(f"work {work_id}: its first input (ordinal {start}) is missing")
+        if streamed == 0 and admitted is not None and count != admitted:
+            raise MembershipMissing.admitted_count_differs(work_id, start, end, count, admitted)
         # Fewer only: counts recorded before decision 110's second amendment may be low.
         if streamed == 0 and row.ClaimedMemberCount is not None and count < row.ClaimedMemberCount:
             raise MembershipMissing(
@@ -98,8 +102,8 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[quer
     (the claim's answer stays below a client's message limit); each generation takes its place
     if its whole membership fits in what the ones before it left. One that does not fit, or
     whose membership fails a check LoadInputs makes (first and selected member present, no
-    fewer members than the first claim counted), is left out: the worker streams it with
-    LoadInputs, which answers every refusal.
+    fewer members than the first claim counted, as many as admission recorded), is left out:
+    the worker streams it with LoadInputs, which answers every refusal.
     """
     room = size = settings.page_size(0)
     budget = settings.max_page_bytes
@@ -124,10 +128,12 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[quer
 
 
 def _whole(work: queries.DbRow, ordinals: Sequence[int]) -> bool:
-    """Whether ``ordinals`` are a membership LoadInputs would stream whole: both ends, no fewer than first counted."""
+    """Whether ``ordinals`` are a membership LoadInputs would stream whole: both ends, the counts it checks."""
+    admitted = admitted_count(work)
     return (
         bool(ordinals)
         and ordinals[0] == work.InputStartOrdinal
         and ordinals[-1] == work.LaneOrdinal
         and (work.ClaimedMemberCount is None or len(ordinals) >= work.ClaimedMemberCount)
+        and (admitted is None or len(ordinals) == admitted)
     )

@@ -90,6 +90,7 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
                     projection_key=target.ProjectionKey,
                     start=ordinal,
                     end=ordinal,
+                    members=1,
                     blocked=blocked,
                     now=now,
                     max_attempts=settings.max_attempts,

@@ -10,7 +10,8 @@ WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table
 123), version 8 the EventPayload table and Event.PayloadBytes (decision 126), version 9
 the duplicate window: three RetentionPolicy columns, a SourceTime column and index on each
 of PrunedWork and PrunedReceipt (decision 127), version 10 the payload contract's one-way flag
-(decision 130: set at once on a database this apply creates, by the operator otherwise).
+(decision 130: set at once on a database this apply creates, by the operator otherwise),
+version 11 WorkItem.AdmittedMemberCount and WorkItem.AdmittedThroughOrdinal (decision 149).
 Steps only create tables, indexes and nullable columns, each guarded so a repeated or
 concurrent run is a no-op, so the previous release keeps running while the schema moves. No
 step writes an existing row (decision 150): every Event and WorkItem stays byte for byte as it
@@ -51,6 +52,7 @@ V7_INDEX = "ix_workitem_retention"
 V8_TABLES = (tables.EventPayload,)
 V8_COLUMN = tables.Event.c.PayloadBytes.name
 V10_TABLES = (tables.PayloadContract,)
+V11_COLUMNS = ("AdmittedMemberCount", "AdmittedThroughOrdinal")
 # Who set the payload contract on a database that ApplySchema created from nothing.
 SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
 V9_COLUMNS = {
@@ -70,7 +72,11 @@ def _v1_metadata() -> sa.MetaData:
             sa.Table(
                 table.name,
                 v1,
-                *(column._copy() for column in table.columns if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN)),
+                *(
+                    column._copy()
+                    for column in table.columns
+                    if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN, *V11_COLUMNS)
+                ),
                 *(
                     sa.Index(index.name, *index.columns.keys(), unique=index.unique)
                     for index in table.indexes
@@ -171,6 +177,14 @@ def _apply_v10(connection: Connection) -> None:
     tables.metadata.create_all(connection, tables=list(V10_TABLES), checkfirst=True)
 
 
+def _apply_v11(connection: Connection) -> None:
+    columns = {c["name"] for c in sa.inspect(connection).get_columns(tables.WorkItem.name)}
+    operations = Operations(MigrationContext.configure(connection))
+    for name in V11_COLUMNS:
+        if name not in columns:
+            operations.add_column(tables.WorkItem.name, tables.WorkItem.c[name]._copy())
+
+
 def _contract_empty_database(connection: Connection) -> None:
     set_contract(connection, SET_BY_EMPTY_DATABASE)
 
@@ -197,6 +211,7 @@ STEPS = (
     Step(8, "v8_event_payload", _apply_v8),
     Step(9, "v9_duplicate_window", _apply_v9),
     Step(10, "v10_payload_contract", _apply_v10, on_empty=_contract_empty_database),
+    Step(11, "v11_admitted_member_count", _apply_v11),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")

@@ -168,6 +168,7 @@ def _insert_history(engine: sa.Engine, pack: str, keys: list[str], *, legacy: bo
             projection_key=key,
             start=ordinal,
             end=ordinal,
+            members=1,
             blocked=False,
             now=START,
             max_attempts=5,

@@ -117,6 +117,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
             "RetentionPolicy.ExpiredReceipts",
         ],
         10: ["_System_PayloadContract"],
+        11: ["WorkItem.AdmittedMemberCount", "WorkItem.AdmittedThroughOrdinal"],
     }
     order = [
         "Event.PayloadBytes",
@@ -136,6 +137,8 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
         "WorkItem.ClaimedMemberCount",
+        "WorkItem.AdmittedMemberCount",
+        "WorkItem.AdmittedThroughOrdinal",
         "WorkItem(ix_workitem_retention)",
         "_System_ConnectorProjectionProtocol",
         "_System_PayloadContract",
