@@ -6,6 +6,7 @@ runner's own checkout. ``python -m tests.harness check`` reads the checkouts' ve
 first-party ranges and exits 9 when one does not fit another; ``python -m tests.harness test
 [pytest arguments]`` runs the tests: with every owner from the runner's checkout, pytest as
 always; otherwise in an external temporary virtualenv holding each owner's packages, editable,
-from that owner's checkout, each owner's tests run from its own checkout
-(docs/decisions/146-test-layout-by-owner.md).
+from that owner's checkout, each owner's tests run from its own checkout; ``python -m
+tests.harness owner OWNER`` runs one owner's suite in a virtualenv of Core and that owner only
+(``make test-owner``; docs/decisions/146-test-layout-by-owner.md).
 """

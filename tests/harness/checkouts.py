@@ -67,6 +67,7 @@ class Package:
     version: str
     directory: Path
     first_party: tuple[str, ...]  # requirements on nexuscrm-* distributions, as written
+    third_party: tuple[str, ...]  # every other requirement, as written
     checkout: Checkout
 
 
@@ -123,16 +124,15 @@ def load_packages(checkouts: tuple[Checkout, ...]) -> tuple[Package, ...]:
             project = read_project(path)
             if "version" not in project:
                 raise CheckoutError(f"{path} declares no static version")
+            requirements = [r.strip() for r in project.get("dependencies", ())]
+            ours = [canonicalize_name(Requirement(r).name).startswith(FIRST_PARTY_PREFIX) for r in requirements]
             packages.append(
                 Package(
                     name=canonicalize_name(project["name"]),
                     version=project["version"],
                     directory=path.parent,
-                    first_party=tuple(
-                        r.strip()
-                        for r in project.get("dependencies", ())
-                        if canonicalize_name(Requirement(r).name).startswith(FIRST_PARTY_PREFIX)
-                    ),
+                    first_party=tuple(r for r, first in zip(requirements, ours, strict=True) if first),
+                    third_party=tuple(r for r, first in zip(requirements, ours, strict=True) if not first),
                     checkout=checkout,
                 )
             )

@@ -43,13 +43,19 @@ def temporary_virtualenv(checkouts: tuple[Checkout, ...]) -> Iterator[Path]:
 
 
 def install(venv: Path, core: Checkout, packages: tuple[Package, ...]) -> None:
-    """The dev tools, Core's generated protos, then every package editable from its checkout."""
+    """The dev tools, Core's generated protos, then every package editable from its checkout.
+
+    The packages' third-party requirements are installed first and the packages without their
+    dependencies, so nothing first-party comes from an index: a set of packages that leaves out
+    an owner (``make test-owner``) fails at import, never by installing a stranger's package.
+    """
     python = str(venv / "bin" / "python")
     pip = [python, "-m", "pip", "install", "--quiet", "-c", str(RUNNER_ROOT / "requirements" / "constraints.txt")]
-    subprocess.run([*pip, "-r", str(RUNNER_ROOT / "requirements" / "dev.txt")], check=True)
+    third_party = sorted({requirement for package in packages for requirement in package.third_party})
+    subprocess.run([*pip, "-r", str(RUNNER_ROOT / "requirements" / "dev.txt"), *third_party], check=True)
     subprocess.run([python, str(core.path / "protos" / "generate.py")], check=True, stdout=subprocess.DEVNULL)
     editables = [arg for package in packages for arg in ("-e", str(package.directory))]
-    subprocess.run([*pip, *editables], check=True)
+    subprocess.run([*pip, "--no-deps", *editables], check=True)
 
 
 def activated(venv: Path, environ: dict[str, str]) -> dict[str, str]:

@@ -1,4 +1,7 @@
-"""What ``python -m tests.harness check|test [pytest arguments]`` does (the package docstring).
+"""What ``python -m tests.harness check|test|owner [pytest arguments]`` does (the package docstring).
+
+``owner OWNER`` runs one owner's suite in a virtualenv of Core and that owner only (``make
+test-owner``, decision 146): the proof that an owner's tests need no other owner.
 
 Exit codes (the shared table): 0 passed, 1 a test or an install failed, 2 a checkout variable
 names no usable checkout, 9 the checkouts' versions are outside each other's ranges; otherwise
@@ -91,11 +94,32 @@ def _cross_checkout(
     return outcome(codes)
 
 
+def _owner_alone(
+    name: str, checkouts: Sequence[Checkout], packages: Sequence[Package], args: Sequence[str], environ: dict[str, str]
+) -> int:
+    owner = next((c for c in checkouts if c.owner.name == name), None)
+    if owner is None:
+        names = ", ".join(c.owner.name for c in checkouts)
+        print(f"unknown owner {name!r}: owners.toml names {names}", file=sys.stderr)
+        return EXIT_USAGE
+    core = next(c for c in checkouts if c.owner.variable == CORE_VARIABLE)
+    alone = tuple(p for p in packages if p.checkout in (core, owner))
+    print("\n".join([f"== {owner.owner.title} alone: packages of this run", *header_lines(alone)]), flush=True)
+    with temporary_virtualenv(tuple(checkouts)) as venv:
+        try:
+            install(venv, core, alone)
+        except subprocess.CalledProcessError as error:
+            print(f"installing into {venv} failed: {error}", file=sys.stderr)
+            return EXIT_FAILED
+        python = str(venv / "bin" / "python")
+        return outcome([_pytest(python, owner.path, [*owner.owner.tests, *args], activated(venv, environ))])
+
+
 def main(argv: Sequence[str]) -> int:
-    """Run ``check`` or ``test`` with ``argv``'s pytest arguments; return the exit code."""
+    """Run ``check``, ``test`` or ``owner OWNER`` with ``argv``'s pytest arguments; return the exit code."""
     command, *args = argv or ("",)
-    if command not in ("check", "test"):
-        print("usage: python -m tests.harness check | test [pytest arguments]", file=sys.stderr)
+    if command not in ("check", "test", "owner") or (command == "owner" and not args):
+        print("usage: python -m tests.harness check | test | owner OWNER [pytest arguments]", file=sys.stderr)
         return EXIT_USAGE
     try:
         checkouts = resolve_checkouts(load_owners())
@@ -113,6 +137,8 @@ def main(argv: Sequence[str]) -> int:
         print("\n".join(f"  {c.owner.name} from {c.describe()}" for c in checkouts))
         return 0
     environ = {**os.environ, **{c.owner.variable: str(c.path) for c in checkouts}}
+    if command == "owner":
+        return _owner_alone(args[0], checkouts, packages, args[1:], environ)
     if not any(c.named for c in checkouts):
         return outcome([_pytest(sys.executable, RUNNER_ROOT, args, environ)])
     return _cross_checkout(checkouts, packages, args, environ)
