@@ -757,9 +757,10 @@ def work_items_newest(
 
 
 def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert new generations (one multi-row INSERT; every row has the first row's columns)."""
+    """Insert new generations (one multi-row INSERT; every row has the first row's columns, in any order)."""
     if rows:
-        insert_many(connection, WorkItem, tuple(rows[0]), rows)
+        # The table's column order, which the INSERT's parameters follow (``insert_many``).
+        insert_many(connection, WorkItem, tuple(name for name in WorkItem.c.keys() if name in rows[0]), rows)
 
 
 @functools.lru_cache(maxsize=16)
