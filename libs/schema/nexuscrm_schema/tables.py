@@ -223,11 +223,12 @@ WorkItem = sa.Table(
     # (decision 110). NULL until claimed, and for rows claimed before v5.
     sa.Column("ClaimedMemberCount", sa.BigInteger, nullable=True),
     # Added by schema v11. The number of members the admissions that created and extended the
-    # generation gave it, and the LaneOrdinal that number counts through: written by the
-    # admission's (or replay's) own INSERT and extension UPDATE, so a member lost before the
-    # first claim is seen (decision 149). The count is trusted only while
-    # AdmittedThroughOrdinal = LaneOrdinal (``member_counts``): a release that knows only v10
-    # extends the range without touching either column. NULL for rows from before v11.
+    # generation gave it, and the pack ordinal that number counts through (the last ordinal of
+    # the admission that wrote it): written by the admission's (or replay's) own INSERT and
+    # extension UPDATE, so a member lost before the first claim is seen (decision 149). The
+    # count is trusted only while LaneOrdinal <= AdmittedThroughOrdinal (``member_counts``): a
+    # release that knows only v10 extends the range without touching either column. NULL for
+    # rows from before v11.
     sa.Column("AdmittedMemberCount", sa.BigInteger, nullable=True),
     sa.Column("AdmittedThroughOrdinal", sa.BigInteger, nullable=True),
     # The projection-order index: newest generation of an identity, coverage probes,

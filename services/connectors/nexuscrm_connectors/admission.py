@@ -526,7 +526,8 @@ def _admit_fresh(
                 max_attempts=settings.max_attempts,
             )
         )
-    if queries.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0]) != len(extended):
+    changed = queries.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0], ordinals[-1])
+    if changed != len(extended):
         raise RuntimeError("a generation of this batch changed under its row lock")
     queries.work_items_insert(connection, new_generations)
     # The blocking decision writes the row it was taken from (decision 106).

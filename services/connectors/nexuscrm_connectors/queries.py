@@ -767,15 +767,17 @@ def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) ->
 def _extend_statement(size: int) -> sa.Update:
     """The extension UPDATE of ``size`` generations; built once per size.
 
-    Parameters: ``pack_install_id``, ``first_ordinal``, and ``work_<n>`` / ``bound_<n>`` /
-    ``added_<n>`` for n < ``size``. Building the CASE of a batch's 400 generations cost more
-    CPU than running it.
+    Parameters: ``pack_install_id``, ``first_ordinal``, ``last_ordinal``, and ``work_<n>`` /
+    ``bound_<n>`` / ``added_<n>`` for n < ``size``. Building the CASE of a batch's 400
+    generations cost more CPU than running it.
 
-    The admitted count grows by the members added only while it counts through the row's
-    LaneOrdinal (decision 149); otherwise a release that knows only schema v10 extended the
-    range and both count columns become NULL (unknown). The assignments are ordered so that
-    each reads only columns not yet assigned: MySQL and MariaDB evaluate SET left to right
-    with the values already assigned, SQLite and TiDB with the old ones; both then agree.
+    The admitted count grows by the members added only while it is trusted (LaneOrdinal at or
+    below AdmittedThroughOrdinal, decision 149), and then counts through the batch's last
+    ordinal (one parameter for every row: no third CASE); otherwise a release that knows only
+    schema v10 extended the range and both count columns become NULL (unknown). The
+    assignments are ordered so that each reads only columns not yet assigned: MySQL and
+    MariaDB evaluate SET left to right with the values already assigned, SQLite and TiDB with
+    the old ones; both then agree.
     """
     pairs: list[tuple[sa.BindParameter[Any], sa.BindParameter[Any]]] = [
         (sa.bindparam(f"work_{n}"), sa.bindparam(f"bound_{n}")) for n in range(size)
@@ -783,8 +785,7 @@ def _extend_statement(size: int) -> sa.Update:
     added: list[tuple[sa.BindParameter[Any], sa.BindParameter[Any]]] = [
         (work_id, sa.bindparam(f"added_{n}")) for n, (work_id, _) in enumerate(pairs)
     ]
-    counted = WorkItem.c.AdmittedThroughOrdinal == WorkItem.c.LaneOrdinal
-    bound = sa.case(*pairs, value=WorkItem.c.WorkId)
+    counted = WorkItem.c.LaneOrdinal <= WorkItem.c.AdmittedThroughOrdinal
     return (
         sa.update(WorkItem)
         .where(
@@ -799,23 +800,28 @@ def _extend_statement(size: int) -> sa.Update:
                 WorkItem.c.AdmittedMemberCount,
                 sa.case((counted, WorkItem.c.AdmittedMemberCount + sa.case(*added, value=WorkItem.c.WorkId))),
             ),
-            (WorkItem.c.AdmittedThroughOrdinal, sa.case((counted, bound))),
-            (WorkItem.c.LaneOrdinal, bound),
+            (WorkItem.c.AdmittedThroughOrdinal, sa.case((counted, sa.bindparam("last_ordinal")))),
+            (WorkItem.c.LaneOrdinal, sa.case(*pairs, value=WorkItem.c.WorkId)),
         )
     )
 
 
 def work_items_extend(
-    connection: Connection, pack_install_id: str, new_bounds: Mapping[str, tuple[int, int]], first_ordinal: int
+    connection: Connection,
+    pack_install_id: str,
+    new_bounds: Mapping[str, tuple[int, int]],
+    first_ordinal: int,
+    last_ordinal: int,
 ) -> int:
     """Raise the upper bounds of unclaimed attempt-zero generations in one statement (invariant B).
 
     ``new_bounds`` maps WorkId to its new LaneOrdinal (its identity's newest input of the
-    batch) and the number of the batch's inputs it gains; ``first_ordinal`` is the batch's
-    first allocated ordinal. A generation changes only if it is still pending or blocked at
-    attempt zero with a bound below the batch; its admitted member count grows with it
-    (``_extend_statement``). Primary-key lookups; the statement's only per-generation parts
-    are CASEs. Returns how many changed; the caller expects all.
+    batch) and the number of the batch's inputs it gains; ``first_ordinal`` and
+    ``last_ordinal`` are the batch's first and last allocated ordinals. A generation changes
+    only if it is still pending or blocked at attempt zero with a bound below the batch; its
+    admitted member count grows with it (``_extend_statement``). Primary-key lookups; the
+    statement's only per-generation parts are two CASEs. Returns how many changed; the caller
+    expects all.
 
     The pairs are padded to a power of two by repeating the last one (a repeated WorkId
     changes nothing twice), so a few cached statements serve every batch size.
@@ -825,7 +831,11 @@ def work_items_extend(
     pairs = list(new_bounds.items())
     size = 1 << (len(pairs) - 1).bit_length()
     pairs += pairs[-1:] * (size - len(pairs))
-    parameters: dict[str, Any] = {"pack_install_id": pack_install_id, "first_ordinal": first_ordinal}
+    parameters: dict[str, Any] = {
+        "pack_install_id": pack_install_id,
+        "first_ordinal": first_ordinal,
+        "last_ordinal": last_ordinal,
+    }
     for n, (work_id, (bound, added)) in enumerate(pairs):
         parameters[f"work_{n}"] = work_id
         parameters[f"bound_{n}"] = bound

@@ -1,7 +1,7 @@
 """A generation knows its member count from the admission on (schema v11, decision 149).
 
-Admission writes WorkItem.AdmittedMemberCount with AdmittedThroughOrdinal, the LaneOrdinal
-it counts through, in the INSERT that creates a generation and the UPDATE that extends it.
+Admission writes WorkItem.AdmittedMemberCount with AdmittedThroughOrdinal, the pack ordinal it
+counts through, in the INSERT that creates a generation and the UPDATE that extends it.
 A member lost before the first claim is refused by the claim (the generation is failed as
 damaged, DATA_LOSS naming the WorkId and both counts) and reported by the invariant checker;
 an extension by the previous release (which knows only v10) makes the count unknown and the
@@ -92,7 +92,8 @@ def test_an_extension_keeps_the_count_exact_for_every_generation_it_extends(
     """One extension UPDATE raises three generations by different numbers of members.
 
     Three rows pad the statement to four pairs (the last one repeated); MariaDB assigns SET
-    columns left to right, SQLite from the old row: both must count the same.
+    columns left to right, SQLite from the old row: both must count the same. Each count then
+    runs through the batch's last ordinal.
     """
     pack = install_pack(engine)
     created = {lane: connectors.ingest(pack, items=[delivery(lane=lane) for _ in range(2)]) for lane in "abc"}
@@ -103,8 +104,8 @@ def test_an_extension_keeps_the_count_exact_for_every_generation_it_extends(
     for lane, results in created.items():
         extended = [r for r, of in zip(extension, lanes, strict=True) if of == lane]
         assert {r.work_id for r in extended} == {results[0].work_id}
-        newest = extended[-1].enqueue_ordinal
-        assert _counts(engine, results[0].work_id) == (2 + added[lane], newest, newest)
+        through = extension[-1].enqueue_ordinal
+        assert _counts(engine, results[0].work_id) == (2 + added[lane], through, extended[-1].enqueue_ordinal)
     assert _claim_and_load_all(connectors, pack) == {str(created[lane][0].work_id): 2 + added[lane] for lane in "abc"}
     assert_invariants(engine)
 
@@ -119,7 +120,11 @@ def _admit_two_then_one(connectors: Connectors, pack: str) -> tuple[list[IngestR
 def test_an_extension_by_the_previous_release_leaves_the_count_unknown(
     engine: sa.Engine, connectors: Connectors
 ) -> None:
-    """The previous release (schema v10) raises LaneOrdinal and adds an Event without the count columns."""
+    """The previous release (schema v10) raises LaneOrdinal and adds an Event without the count columns.
+
+    The columns stay as this release's first admission left them: a count through the older
+    ordinal, which the raised LaneOrdinal passed.
+    """
     pack = install_pack(engine)
     first, old_extension = _admit_two_then_one(connectors, pack)
     work_id = first[0].work_id

@@ -144,7 +144,11 @@ def test_stale_snapshot_is_refused_by_the_conditional_update(engine: sa.Engine, 
         )
         assert (
             queries.work_items_extend(
-                connection, pack, {snapshot.WorkId: (snapshot.LaneOrdinal + 5, 5)}, snapshot.LaneOrdinal + 1
+                connection,
+                pack,
+                {snapshot.WorkId: (snapshot.LaneOrdinal + 5, 5)},
+                snapshot.LaneOrdinal + 1,
+                snapshot.LaneOrdinal + 5,
             )
             == 0
         )

@@ -52,7 +52,7 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
             c, pack, range(seeded.start, seeded.end + 1), seeded.projection_keys
         ),
         "work_items_extend": lambda c: queries.work_items_extend(
-            c, pack, {seeded.claimed_work_id: (seeded.end + 1, 1)}, seeded.end + 1
+            c, pack, {seeded.claimed_work_id: (seeded.end + 1, 1)}, seeded.end + 1, seeded.end + 1
         ),
         "work_items_get": lambda c: queries.work_items_get(c, [seeded.claimed_work_id]),
         "work_item_successor": lambda c: queries.work_item_successor(c, pack, key, seeded.start),
