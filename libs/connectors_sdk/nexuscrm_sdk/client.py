@@ -17,6 +17,7 @@ from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_sdk import convert
 from nexuscrm_sdk.draining import wait_until_drained
+from workqueue import WorkStatus
 from workqueue.values import (
     Claim,
     ClaimAnswer,
@@ -215,15 +216,26 @@ class ConnectorsClient:
         return wait_until_drained(step, timeout=timeout)
 
     def list_generations(
-        self, pack_install_id: str, *, route: Route, page_size: int = 0, page_token: str = ""
+        self,
+        pack_install_id: str,
+        *,
+        route: Route | None,
+        page_size: int = 0,
+        page_token: str = "",
+        status: WorkStatus | None = None,
     ) -> GenerationPage:
-        """One page of an identity's generations, newest first, and the next page's token ("" at the end)."""
+        """One page of generations, newest first, and the next page's token ("" at the end).
+
+        ``route`` names one identity; None lists the pack's, identity after identity. ``status``
+        keeps only generations in that status (None: every status).
+        """
         response = self._stub.ListGenerations(
             pb.ListGenerationsRequest(
                 pack_install_id=pack_install_id,
-                route=convert.route_to_proto(route),
+                route=convert.route_to_proto(route) if route is not None else None,
                 page_size=page_size,
                 page_token=page_token,
+                status=convert.STATUSES[status] if status is not None else pb.WORK_STATUS_UNSPECIFIED,
             ),
             timeout=self._timeout,
         )

@@ -298,7 +298,14 @@ def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
     cases = [
         (stub.GetQueueState, pb.GetQueueStateRequest(), invalid, "pack_install_id"),
         (stub.WaitQueueDrained, pb.WaitQueueDrainedRequest(pack_install_id=pack, wait_ms=-1), invalid, "wait_ms"),
-        (stub.ListGenerations, pb.ListGenerationsRequest(pack_install_id=pack), invalid, "route.event_kind"),
+        (
+            stub.ListGenerations,
+            pb.ListGenerationsRequest(
+                pack_install_id=pack, route=pb.ProjectionRoute(**{**_fields(good_route), "event_kind": ""})
+            ),
+            invalid,
+            "route.event_kind",
+        ),
         (
             stub.ListGenerations,
             pb.ListGenerationsRequest(
