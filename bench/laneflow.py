@@ -1,7 +1,7 @@
 """The Flow of the "peer" section's own side: a per-lane sum, loaded by the Integration host.
 
 The host resolves ``bench.laneflow:lane_sum_flow`` like any ``module:function`` Flow reference
-(``nexuscrm_integration.flows``), so this module imports only what a Flow author has: the
+(``nexuscrm_sdk.flows.resolve_flow``), so this module imports only what a Flow author has: the
 Connectors SDK, ``workqueue``, the runtime and SQLAlchemy (never ``bench``'s other modules,
 which pull in procrastinate and the services' launcher).
 
@@ -26,8 +26,7 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import MYSQL_TABLE_OPTIONS, PACK_ID_LENGTH
-from nexuscrm_sdk.flows import FlowContext
-from nexuscrm_sdk.worker import Flow, Generation
+from nexuscrm_sdk.flows import Flow, FlowContext, Generation
 from workqueue.identity import FIELD_MAX_LENGTHS, decode_projection_key
 
 FLOW_REFERENCE = "bench.laneflow:lane_sum_flow"  # how the host's pool configuration names this Flow

@@ -31,7 +31,8 @@ from nexuscrm_connectors import admission
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import Event, WorkItem
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk.flows import Generation
+from nexuscrm_sdk.worker import Worker
 from nexuscrm_tools.simulator import WorkloadConfig, workload
 from tests.support.factories import install_pack
 from tests.support.invariants import check_invariants

@@ -30,9 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_sdk.applied import AppliedInputs
-from nexuscrm_sdk.flows import Flow, FlowContext
-from nexuscrm_sdk.worker import Generation
+from nexuscrm_sdk import AppliedInputs, Flow, FlowContext, Generation
 from workqueue.values import InputRow
 
 DEFAULT_DATABASE = "sqlite:///var/contact-stages.db"

@@ -1,11 +1,11 @@
 """Each service installs, imports and starts with only its declared dependencies.
 
-For each service (and for the Connectors SDK, what a Flow author installs) a fresh virtual
-environment in ``tmp`` gets the wheels of exactly the first-party packages its pyproject.toml
-declares, transitively, and the third-party requirements they declare, pinned by
-requirements/constraints.txt (from pip's cache or PyPI). Then the service's main module is
-imported there, and the four services are started each from its own environment on SQLite
-(docs/decisions/103-package-graph-enforced.md).
+For each service (and for the Connectors SDK, what a Flow author installs, and the operator
+tools, which install no service: decision 154) a fresh virtual environment in ``tmp`` gets the
+wheels of exactly the first-party packages its pyproject.toml declares, transitively, and the
+third-party requirements they declare, pinned by requirements/constraints.txt (from pip's cache
+or PyPI). Then the service's main module is imported there, and the four services are started
+each from its own environment on SQLite (docs/decisions/103-package-graph-enforced.md).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from tests.architecture.packages import (
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
 
 SDK = "nexuscrm-connectors-sdk"
-ENVIRONMENTS = (*SERVICES, SDK)
+TOOLS = "nexuscrm-tools"
+ENVIRONMENTS = (*SERVICES, SDK, TOOLS)
 SPEC_OF = {
     "nexuscrm-schema-catalog": "schema-catalog",
     "nexuscrm-controlplane": "controlplane",
@@ -158,6 +159,11 @@ def test_no_service_declares_another_service(packages: dict[str, Package]) -> No
         assert services_named(packages, name) == [], name
 
 
+def test_the_operator_tools_declare_no_service(packages: dict[str, Package]) -> None:
+    installed = closure(packages, TOOLS)
+    assert not set(installed) & set(SERVICES), installed
+
+
 def test_integration_host_declares_no_other_owner_nor_its_sql(packages: dict[str, Package]) -> None:
     first_party = closure(packages, "nexuscrm-integration")
     assert not set(first_party) & (OTHER_OWNERS_OF_INTEGRATION | {"nexuscrm-schema"}), first_party
@@ -187,6 +193,8 @@ def test_each_package_imports_with_only_its_declared_dependencies(
         assert installed & SQL_DISTRIBUTIONS == INTEGRATION_SQL, installed & SQL_DISTRIBUTIONS
     if name == SDK:  # what a Flow author installs: no runtime, no SQL stack
         assert not installed & (SQL_DISTRIBUTIONS | {"nexuscrm-runtime"}), installed
+    if name == TOOLS:  # every module of the tools imports without a service installed
+        assert not installed & set(SERVICES), installed
 
 
 def test_four_services_start_each_from_its_own_environment(environments: dict[str, Path], tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ nor another owner's tests. ``tests/support`` imports only Core and third-party l
 an owner's suite runs in a virtualenv holding only Core and that owner (``make test-owner``).
 
 The operator tools (``nexuscrm_tools``) belong to Controlplane, so only Controlplane's suite
-may import them: the tools import every service, which is why tests of the CLI or the runner
-that need other services are system tests (tests/system). Imports are read from the source
+may import them. The tools import no service (decision 154), but a test of the CLI or the
+runner that needs another owner's service running is a system test (tests/system). Imports are read from the source
 (every ``import`` and ``from`` anywhere in a module, also inside functions), so a lazy import
 counts the same as one at the top.
 """

@@ -23,7 +23,8 @@ LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
 LAYERS = "Layers: each package imports only those below it"
 SERVICES = "Services: the four services are independent"
 FLOW_AUTHOR = "Flow author: the SDK and workqueue need no runtime nor SQL stack"
-CONTRACTS = (LAYERS, SERVICES, FLOW_AUTHOR)
+TOOLS = "Operator tools: nexuscrm_tools imports no service package"
+CONTRACTS = (LAYERS, SERVICES, FLOW_AUTHOR, TOOLS)
 TIMEOUT = 120  # seconds for one lint-imports run
 LINT_IMPORTS_MAIN = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
 
@@ -121,6 +122,8 @@ def test_planted_violations_break_the_contract_they_violate(tree_copy: Path) -> 
     # The SDK and workqueue importing the runtime or a SQL driver: the Flow-author contract.
     plant(source / "nexuscrm_sdk" / "client.py", "import nexuscrm_runtime.database  # planted")
     plant(source / "workqueue" / "values.py", "import pymysql  # planted")
+    # The operator tools importing a service (allowed by the layers: the tools are on top): the tools contract.
+    plant(source / "nexuscrm_tools" / "cli.py", "import nexuscrm_controlplane.cutover  # planted")
     # TYPE_CHECKING-only imports stay allowed.
     plant(
         source / "workqueue" / "statuses.py",
@@ -138,6 +141,8 @@ def test_planted_violations_break_the_contract_they_violate(tree_copy: Path) -> 
     flow_author = broken_section(output, FLOW_AUTHOR)
     assert "nexuscrm_sdk.client -> nexuscrm_runtime.database" in flow_author
     assert "workqueue.values -> pymysql" in flow_author
+    assert "nexuscrm_tools.cli -> nexuscrm_controlplane.cutover" in broken_section(output, TOOLS)
+    assert "nexuscrm_tools.cli" not in layers
     assert "workqueue.statuses" not in output  # its import of sqlalchemy is for type checkers only
 
 

@@ -40,13 +40,13 @@ from rich.table import Table
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
+from nexuscrm_runtime.durations import parse_duration, whole_seconds
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from nexuscrm_sdk import convert
 from nexuscrm_tools import payload_contract, tables, versions
 from nexuscrm_tools.clients import Clients, ServiceCallFailed
-from nexuscrm_tools.durations import parse_duration, whole_seconds
 from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog, rpc_exit_code
 from nexuscrm_tools.json_view import enum_word, message_data
 from nexuscrm_tools.tables import listing, plural

@@ -25,8 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.invariants import check_invariants, snapshot
-from nexuscrm_sdk.flows import FlowContext
-from nexuscrm_sdk.worker import Flow, Generation
+from nexuscrm_sdk.flows import Flow, FlowContext, Generation
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.demo_tables import applied, metadata
 from workqueue.values import InputRow, Route, WorkItemRow

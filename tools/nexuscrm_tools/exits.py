@@ -1,18 +1,19 @@
 """Which codes of the one exit-code table each operator tool returns (docs/decisions/102-one-operator-convention.md).
 
-The table itself (``ExitCode``, ``DESCRIPTIONS``, ``describe``) lives in
-``nexuscrm_runtime.exit_codes``, shared with the schema catalog's ``nexuscrm-schema``; it is
-re-exported here so every command of the tools imports it from one place.
-``COMMAND_EXIT_CODES`` says which codes each command returns; its ``--help`` prints exactly
-those lines, from ``DESCRIPTIONS``.
+The table itself (``ExitCode``, ``DESCRIPTIONS``, ``describe``, ``REFUSAL_EXIT_CODES``) lives
+in ``nexuscrm_runtime.exit_codes``, shared with ``nexuscrm-schema`` and the Controlplane's
+runbook commands (``nexuscrm_controlplane.runbook``, decision 154); it is re-exported here so
+every command of the tools imports it from one place. ``COMMAND_EXIT_CODES`` says which codes
+each of the tools' commands returns; its ``--help`` prints exactly those lines, from
+``DESCRIPTIONS``.
 """
 
 from __future__ import annotations
 
 import grpc
 
-from nexuscrm_controlplane.audit import Category
-from nexuscrm_runtime.exit_codes import DESCRIPTIONS, ExitCode, describe
+from nexuscrm_runtime import exit_codes
+from nexuscrm_runtime.exit_codes import DESCRIPTIONS, REFUSAL_EXIT_CODES, ExitCode, describe
 
 __all__ = [
     "COMMAND_EXIT_CODES",
@@ -24,32 +25,25 @@ __all__ = [
     "rpc_exit_code",
 ]
 
-# What every command but the RPC client (whose failures are refusals, 8) may return; the cutover's refusals.
-_ANY_COMMAND = (ExitCode.OK, ExitCode.FAILURE, ExitCode.USAGE, ExitCode.UNREACHABLE)
-_CUTOVER_REFUSALS = (ExitCode.REFUSED_GATE, ExitCode.REFUSED_AUDIT, ExitCode.MISSING_PREREQUISITE)
-
 # Which codes each command returns; its --help lists exactly these (``help_epilog``).
 COMMAND_EXIT_CODES: dict[str, tuple[ExitCode, ...]] = {
     "nexuscrm": (
         ExitCode.OK,
         ExitCode.USAGE,
         ExitCode.UNREACHABLE,
-        *_CUTOVER_REFUSALS,
+        *REFUSAL_EXIT_CODES.values(),
         ExitCode.TIMEOUT,
         ExitCode.REFUSED,
         ExitCode.CHECK_FAILED,
     ),
-    "nexuscrm-run": (*_ANY_COMMAND, ExitCode.CHECK_FAILED, ExitCode.INTERRUPTED),
-    "connector-projection-cutover": (*_ANY_COMMAND, *_CUTOVER_REFUSALS, ExitCode.TIMEOUT),
-    "connector-projection-drain": (*_ANY_COMMAND, ExitCode.TIMEOUT),
-    "connector-admission-fence": _ANY_COMMAND,
-}
-
-# A cutover refusal's exit code by the family of the first refusing check.
-REFUSAL_EXIT_CODES: dict[str, ExitCode] = {
-    Category.PREREQUISITE: ExitCode.MISSING_PREREQUISITE,
-    Category.GATE: ExitCode.REFUSED_GATE,
-    Category.AUDIT: ExitCode.REFUSED_AUDIT,
+    "nexuscrm-run": (
+        ExitCode.OK,
+        ExitCode.FAILURE,
+        ExitCode.USAGE,
+        ExitCode.UNREACHABLE,
+        ExitCode.CHECK_FAILED,
+        ExitCode.INTERRUPTED,
+    ),
 }
 
 
@@ -73,4 +67,4 @@ def rpc_exit_code(status: grpc.StatusCode | None) -> ExitCode:
 
 def help_epilog(command: str) -> str:
     """The "exit codes" section of ``command``'s ``--help`` (see ``COMMAND_EXIT_CODES``)."""
-    return f"exit codes (nexuscrm_tools.exits):\n{describe(COMMAND_EXIT_CODES[command])}"
+    return exit_codes.help_epilog(COMMAND_EXIT_CODES[command])

@@ -59,17 +59,16 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
 from nexuscrm.integration.v1 import integration_pb2_grpc as in_grpc
-from nexuscrm_integration.errors import FlowNotFound
-from nexuscrm_integration.flows import resolve_flow
 from nexuscrm_runtime.config import dsn_backend, env_str
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.database_check import DatabaseUnusable, check_database
+from nexuscrm_runtime.durations import parse_duration
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_schema.invariants import check_invariants
 from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.flows import FlowNotFound, resolve_flow
 from nexuscrm_tools import demo, demo_tables, tables
 from nexuscrm_tools import demo_queries as queries
-from nexuscrm_tools.durations import parse_duration
 from nexuscrm_tools.exits import ExitCode, help_epilog
 from nexuscrm_tools.launcher import (
     CONNECTORS,

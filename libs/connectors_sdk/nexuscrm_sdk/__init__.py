@@ -1,23 +1,28 @@
 """The Connectors SDK: what a Flow author and a Connectors client need, without a database or a service.
 
-Where things are:
+A Flow author imports from here (``__all__``, decision 154); the modules say more:
 
-- ``nexuscrm_sdk.flows``: ``FlowContext`` (the pool, the host's engine, the pool's settings) and
-  ``FlowFactory``, the callable a pool names (``module:function`` or an entry point of the group
-  ``nexuscrm.flows``) that returns the ``Flow``.
-- ``nexuscrm_sdk.worker``: ``Generation``, what a Flow receives (``work``, ``identity``,
-  ``route``, and ``inputs``: every member as a ``workqueue.InputRow``, in ordinal order), and
-  ``Worker``, which claims, loads, heartbeats and completes or fails over any ``WorkSource``.
+- ``nexuscrm_sdk.flows``, the Flow protocol: ``Generation`` (what a Flow receives: ``work``,
+  ``identity``, ``route``, and ``inputs``: every member as a ``workqueue.InputRow``, in ordinal
+  order), ``Flow``, ``FlowContext`` (the pool, the host's engine, the pool's settings),
+  ``FlowFactory`` and ``resolve_flow``, which finds the factory a pool names
+  (``module:function`` or an entry point of the group ``nexuscrm.flows``).
+- ``nexuscrm_sdk.worker``: ``Worker``, which claims, loads, heartbeats and completes or fails
+  over any ``WorkSource``.
 - ``nexuscrm_sdk.applied``: ``AppliedInputs``, the ledger that applies each input once however
   often a generation runs (the ``sql`` extra).
 - ``nexuscrm_sdk.testing``: ``InMemoryWorkSource`` and ``FakeClock``, to test a Flow in process.
 - ``nexuscrm_sdk.client``: ``ConnectorsClient``, the gRPC client of every ConnectorsService RPC.
-- ``nexuscrm_sdk.convert``, ``nexuscrm_sdk.timestamps``, ``nexuscrm_sdk.draining``: protobuf
-  conversions, UTC datetimes, waiting for a drained queue (used by the modules above).
+- Internal, for the modules above and this repository's services, not for Flow authors:
+  ``nexuscrm_sdk.convert`` (protobuf conversions), ``nexuscrm_sdk.timestamps`` (UTC
+  datetimes), ``nexuscrm_sdk.draining`` (waiting for a drained queue).
 
 The shared values (``ProjectionIdentity``, ``WorkStatus``, ``InputRow``) come from ``workqueue``.
 A Flow must read every input of its generation; raising fails the attempt, which is retried.
 A Flow and its test::
+
+    from nexuscrm_sdk import Flow, FlowContext, Generation, InMemoryWorkSource, Worker
+    from workqueue import ProjectionIdentity, WorkStatus
 
     totals: dict[str, int] = {}
 
@@ -40,3 +45,21 @@ The SDK's README says how to run such tests outside this repository. ``examples/
 is a complete Flow with a read model of its own, tested in ``tests/connectors/unit/test_example_flow.py``;
 ``docs/design.md`` describes the protocol behind it.
 """
+
+from nexuscrm_sdk.applied import AppliedInputs
+from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.flows import Flow, FlowContext, FlowFactory, Generation
+from nexuscrm_sdk.testing import InMemoryWorkSource
+from nexuscrm_sdk.worker import Worker, WorkSource
+
+__all__ = [
+    "AppliedInputs",
+    "ConnectorsClient",
+    "Flow",
+    "FlowContext",
+    "FlowFactory",
+    "Generation",
+    "InMemoryWorkSource",
+    "WorkSource",
+    "Worker",
+]

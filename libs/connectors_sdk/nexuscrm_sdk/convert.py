@@ -1,4 +1,7 @@
-"""Conversions between Connectors protobuf messages and domain values (both directions).
+"""Internal: conversions between Connectors protobuf messages and domain values (both directions).
+
+Not part of the SDK's public surface (``nexuscrm_sdk.__all__``, decision 154): the client and
+this repository's services use it, and it changes with them.
 
 The ``*_from_proto`` functions the client uses return timezone-aware UTC datetimes;
 ``item_from_proto``, which only the server uses, returns the naive UTC the services store.

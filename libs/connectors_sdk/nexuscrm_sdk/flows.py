@@ -1,22 +1,55 @@
-"""What a Flow author writes: a Flow, and the factory the Integration host calls to build it.
+"""The Flow protocol: what a Flow receives, what it is, how it is built and how a host finds it.
 
-A Flow takes one claimed generation and consumes its complete ordered input set
-(``nexuscrm_sdk.worker``). A Flow factory is called once per worker pool with a
-``FlowContext`` and returns the Flow the pool's workers run.
+A Flow takes one claimed ``Generation`` and consumes its complete ordered input set (the
+``Worker`` of ``nexuscrm_sdk.worker`` runs it). A Flow factory is called once per worker pool
+with a ``FlowContext`` and returns the Flow the pool's workers run. A host names a factory by
+``module:function`` or by an entry point of the group ``nexuscrm.flows``; ``resolve_flow``
+finds it, for the Integration host and for a Flow author's tooling alike (decision 154).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
 from typing import TYPE_CHECKING
 
-from nexuscrm_sdk.worker import Flow
+from workqueue import ProjectionIdentity, decode_projection_key
+from workqueue.errors import DomainError, ErrorKind
+from workqueue.values import InputRow, Route, WorkItemRow
 
 if TYPE_CHECKING:  # the SDK does not need SQLAlchemy installed; a host that passes an engine has it
     from sqlalchemy.engine import Engine
 
-__all__ = ["Flow", "FlowContext", "FlowFactory"]
+__all__ = ["ENTRY_POINT_GROUP", "Flow", "FlowContext", "FlowFactory", "FlowNotFound", "Generation", "resolve_flow"]
+
+ENTRY_POINT_GROUP = "nexuscrm.flows"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Generation:
+    """What a Flow receives: the claimed generation, its projection identity and an iterator over all its members.
+
+    ``identity`` is decoded from ``work.projection_key`` (``workqueue.decode_projection_key``):
+    the pack, Event kind, route and companion versions, work type and source lane the
+    generation projects; ``route`` is the same without the pack.
+    """
+
+    work: WorkItemRow
+    inputs: Iterator[InputRow]
+    identity: ProjectionIdentity = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "identity", decode_projection_key(self.work.projection_key))
+
+    @property
+    def route(self) -> Route:
+        """The projection identity without its pack: Event kind, versions, work type and source lane."""
+        return Route.of(self.identity)
+
+
+Flow = Callable[[Generation], None]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,3 +71,38 @@ class FlowContext:
 
 
 FlowFactory = Callable[[FlowContext], Flow]
+
+
+class FlowNotFound(DomainError):
+    """A Flow reference names no importable, callable ``module:function`` and no registered entry point."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+def resolve_flow(reference: str) -> FlowFactory:
+    """The Flow factory ``reference`` names (``module:function`` or an entry point name).
+
+    ``module:function`` is imported from ``sys.path`` (the attribute may be dotted); any other
+    reference is an entry point name of the group ``nexuscrm.flows``. Raises ``FlowNotFound``
+    naming the reference and why.
+    """
+    if ":" in reference:
+        module_name, _, attribute = reference.partition(":")
+        try:
+            target: object = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as error:
+            raise FlowNotFound(f"flow {reference!r} cannot be imported: {error}", field="flow") from error
+    else:
+        found = metadata.entry_points(group=ENTRY_POINT_GROUP, name=reference)
+        if not found:
+            raise FlowNotFound(
+                f"flow {reference!r} is neither module:function nor an entry point of group {ENTRY_POINT_GROUP}",
+                field="flow",
+            )
+        target = next(iter(found)).load()
+    if not callable(target):
+        raise FlowNotFound(f"flow {reference!r} is not callable", field="flow")
+    factory: FlowFactory = target
+    return factory

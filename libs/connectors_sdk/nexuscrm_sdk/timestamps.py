@@ -1,4 +1,7 @@
-"""UTC datetimes and protobuf Timestamps, both directions.
+"""Internal: UTC datetimes and protobuf Timestamps, both directions.
+
+Not part of the SDK's public surface (``nexuscrm_sdk.__all__``, decision 154): the SDK's
+modules and this repository's services use it, and it changes with them.
 
 The services store naive UTC datetimes; the SDK hands its users timezone-aware UTC ones
 (docs/decisions/104-connectors-sdk.md). A naive datetime given to the SDK is read as UTC.

@@ -1,4 +1,4 @@
-"""The worker library: claim, run a Flow over the complete ordered input set, finish.
+"""The worker library: claim, run a Flow (``nexuscrm_sdk.flows``) over the complete ordered input set, finish.
 
 A ``Worker`` talks to any ``WorkSource``: the in-process ``Connectors`` facade or the gRPC
 ``ConnectorsClient``. Each claim asks for up to ``batch_size`` generations and runs them one
@@ -50,10 +50,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+from nexuscrm_sdk.flows import Flow, Generation
 from nexuscrm_sdk.timestamps import aware_utc
-from workqueue import ProjectionIdentity, decode_projection_key
 from workqueue.logcontext import log_context
-from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, Route, WorkItemRow
+from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, WorkItemRow
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class WorkSource(Protocol):
     ``Connectors`` (in process), ``ConnectorsClient`` (over gRPC) and
     ``nexuscrm_sdk.testing.InMemoryWorkSource`` provide it, with the same signatures. The
     datetimes they return are UTC: aware from the client and the in-memory source, naive from
-    the facade (the services' own convention); a consumer that compares them uses
-    ``nexuscrm_sdk.timestamps.aware_utc``.
+    the facade (the services' own convention). A Flow sees aware ones whichever the source (the
+    worker converts them, with the internal ``nexuscrm_sdk.timestamps.aware_utc``).
     """
 
     def complete_and_claim(
@@ -109,31 +109,6 @@ class WorkSource(Protocol):
     def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
         """Record a failed attempt of a held generation."""
         ...
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Generation:
-    """What a Flow receives: the claimed generation, its projection identity and an iterator over all its members.
-
-    ``identity`` is decoded from ``work.projection_key`` (``workqueue.decode_projection_key``):
-    the pack, Event kind, route and companion versions, work type and source lane the
-    generation projects; ``route`` is the same without the pack.
-    """
-
-    work: WorkItemRow
-    inputs: Iterator[InputRow]
-    identity: ProjectionIdentity = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "identity", decode_projection_key(self.work.projection_key))
-
-    @property
-    def route(self) -> Route:
-        """The projection identity without its pack: Event kind, versions, work type and source lane."""
-        return Route.of(self.identity)
-
-
-Flow = Callable[[Generation], None]
 
 
 class IncompleteConsumption(RuntimeError):

@@ -27,10 +27,13 @@
 0 to 7 are the cutover runbook's codes as the specification states them
 (``connector-projection-cutover``); the RPC command ``nexuscrm``, ``nexuscrm-run`` and
 ``nexuscrm-schema`` use the same numbers for the same meanings and add 8 and 9, which no
-runbook command returns. The table lives here, below every command, so that a service
-distribution's command (``nexuscrm-schema``) shares it with the operator tools
-(``nexuscrm_tools.exits`` says which codes each of those returns). A command's ``--help``
-prints the lines of the codes it returns, from ``DESCRIPTIONS`` (``describe``).
+runbook command returns. The table lives here, below every command, so that the service
+distributions' commands (``nexuscrm-schema``; the runbook commands of
+``nexuscrm_controlplane.runbook``) share it with the operator tools (``nexuscrm_tools.exits``):
+each command's module says which codes it returns, and its ``--help`` prints their lines
+(``help_epilog``). A cutover refusal exits with the code of the family of its first refusing
+check (``REFUSAL_EXIT_CODES``), whether the runbook command or the RPC command ``nexuscrm``
+reports it.
 """
 
 from __future__ import annotations
@@ -72,7 +75,20 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.INTERRUPTED: "interrupted (SIGINT or SIGTERM) before the result",
 }
 
+# A cutover refusal's code by the family of its first refusing check, named as the wire names
+# it (controlplane.v1 AuditFinding.category; the Controlplane audit's ``Category``), in code order.
+REFUSAL_EXIT_CODES: dict[str, ExitCode] = {
+    "gate": ExitCode.REFUSED_GATE,
+    "audit": ExitCode.REFUSED_AUDIT,
+    "prerequisite": ExitCode.MISSING_PREREQUISITE,
+}
+
 
 def describe(codes: Iterable[ExitCode]) -> str:
     """The table's lines for ``codes``: ``"  3  a service or the database is unreachable ..."``."""
     return "\n".join(f"  {code.value:>3}  {DESCRIPTIONS[code]}" for code in codes)
+
+
+def help_epilog(codes: Iterable[ExitCode]) -> str:
+    """The "exit codes" section of the ``--help`` of a command that returns ``codes``."""
+    return f"exit codes (nexuscrm_runtime.exit_codes):\n{describe(codes)}"

@@ -87,7 +87,7 @@ class PoolConfig:
     ``pack_install_id`` and ``work_type``: the generations it claims; instead of the id, ``pack``
     may name the pack by namespace, name and version (resolved through Controlplane when the
     host starts; ``with_pack_install_id``). ``flow``: a Flow reference
-    (see ``flows.resolve_flow``). ``size``: workers (each runs one generation at a time).
+    (see ``nexuscrm_sdk.flows.resolve_flow``). ``size``: workers (each runs one generation at a time).
     ``lease_seconds``: claim lease, renewed by heartbeats every third of it. ``page_size``:
     members per LoadInputs page (0: the service default). ``batch_size``: generations a worker
     claims at once and runs in turn (more: fewer claims, but a worker may hold work another

@@ -27,12 +27,6 @@ class HostConfigError(IntegrationError):
     kind = ErrorKind.INVALID_ARGUMENT
 
 
-class FlowNotFound(IntegrationError):
-    """A Flow reference names no importable ``module:function`` and no registered entry point."""
-
-    kind = ErrorKind.NOT_FOUND
-
-
 class NotGranted(IntegrationError):
     """A worker was asked to serve a pack that its activation grant does not cover."""
 

@@ -21,9 +21,8 @@ from sqlalchemy.engine import Engine
 from nexuscrm_integration.activation import ActivationGrant
 from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, PoolConfig
 from nexuscrm_integration.errors import ActivationRefused, NotGranted
-from nexuscrm_integration.flows import resolve_flow
-from nexuscrm_sdk.flows import FlowContext
-from nexuscrm_sdk.worker import Flow, Worker, WorkSource, host_clock
+from nexuscrm_sdk.flows import Flow, FlowContext, resolve_flow
+from nexuscrm_sdk.worker import Worker, WorkSource, host_clock
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ class _Member:
 class WorkerHost:
     """Every configured pool's workers; built only with a grant covering every pool's pack.
 
-    Construction resolves each pool's Flow factory once (raising ``FlowNotFound``) and builds
+    Construction resolves each pool's Flow factory once (``nexuscrm_sdk.flows.resolve_flow``) and builds
     its workers, which measure their skew with ``wall_clock`` (this host's clock); ``start``
     starts them; ``run_until_drained`` stops every claim first, then waits for the in-flight
     generations (it does not drain the durable queue).

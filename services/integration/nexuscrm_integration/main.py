@@ -57,6 +57,7 @@ from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.telemetry import Tracing
 from nexuscrm_runtime.tls import open_channel
 from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.flows import FlowNotFound
 
 log = logging.getLogger("nexuscrm_integration")
 DEFAULT_PORT = 50054
@@ -143,7 +144,7 @@ def serve(
             pools = dataclasses.replace(host_config, pools=resolved[0].pools).pools
             log.info("pools: %s", ", ".join(pool.name for pool in pools))
             host = WorkerHost(grant, pools, ConnectorsClient(connectors), engine, host_id=host_config.host_id)
-        except IntegrationError as error:
+        except (IntegrationError, FlowNotFound) as error:
             log.error("configuration error: %s", error)
             running.stop(0)
             engine.dispose()

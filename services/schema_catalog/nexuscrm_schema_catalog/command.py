@@ -33,7 +33,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.database import DatabaseUnavailable, create_engine
 from nexuscrm_runtime.database_check import DatabaseUnusable, check_database
-from nexuscrm_runtime.exit_codes import ExitCode, describe
+from nexuscrm_runtime.exit_codes import ExitCode, help_epilog
 from nexuscrm_runtime.prerequisites import PrerequisiteError, verify
 from nexuscrm_schema.verification import NEWEST_VERSION
 from nexuscrm_schema_catalog import migrations
@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__,
-        epilog=f"exit codes (nexuscrm_runtime.exit_codes):\n{describe(EXIT_CODES)}",
+        epilog=help_epilog(EXIT_CODES),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)

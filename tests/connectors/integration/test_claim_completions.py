@@ -26,7 +26,8 @@ from nexuscrm_runtime.faults import InjectedFault
 from nexuscrm_runtime.server import create_server
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk.flows import Generation
+from nexuscrm_sdk.worker import Worker
 from tests.connectors.integration.test_claims import CLAIM_STATEMENTS
 from tests.connectors.integration.test_index_plans import capture
 from tests.support.factories import delivery, install_pack

@@ -14,7 +14,8 @@ from nexuscrm_connectors.retention_queries import events_delete
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk.flows import Generation
+from nexuscrm_sdk.worker import Worker
 from tests.connectors.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants

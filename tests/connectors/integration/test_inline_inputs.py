@@ -29,7 +29,8 @@ from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_runtime.server import create_server
 from nexuscrm_schema.tables import Event, EventPayload
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.worker import Generation, Worker, WorkSource
+from nexuscrm_sdk.flows import Generation
+from nexuscrm_sdk.worker import Worker, WorkSource
 from tests.connectors.integration.test_admission_statements import counting
 from tests.connectors.integration.test_claims import CLAIM_STATEMENTS
 from tests.connectors.integration.test_index_plans import capture

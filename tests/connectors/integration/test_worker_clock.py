@@ -8,7 +8,8 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import WorkItem
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk.flows import Generation
+from nexuscrm_sdk.worker import Worker
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until

@@ -14,9 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from examples import contact_stages
-from nexuscrm_sdk.flows import Flow, FlowContext
-from nexuscrm_sdk.testing import InMemoryWorkSource
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk import Flow, FlowContext, Generation, InMemoryWorkSource, Worker
 from workqueue import ProjectionIdentity, WorkStatus
 
 PACK = "pk-example"

@@ -1,18 +1,28 @@
-"""The Flow and its test in ``nexuscrm_sdk``'s package docstring run as written."""
+"""``nexuscrm_sdk``'s public surface: ``__all__`` names what exists; the docstring's Flow and test run as written."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import pkgutil
 import textwrap
 from typing import Any
 
 import sqlalchemy as sa
 
 import nexuscrm_sdk
-from nexuscrm_sdk.flows import Flow, FlowContext
-from nexuscrm_sdk.testing import InMemoryWorkSource
-from nexuscrm_sdk.worker import Generation, Worker
-from workqueue import ProjectionIdentity, WorkStatus
+from nexuscrm_sdk.flows import FlowContext
+
+# What a Flow author uses (examples/, the README's "Writing a Flow", the SDK's README), by the
+# module that defines it.
+PUBLIC = {
+    "AppliedInputs": "applied",
+    "ConnectorsClient": "client",
+    "InMemoryWorkSource": "testing",
+    **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation"), "flows"),
+    **dict.fromkeys(("WorkSource", "Worker"), "worker"),
+}
+INTERNAL_MODULES = {"convert", "draining", "timestamps"}
 
 
 def docstring_example(docstring: str, marker: str) -> str:
@@ -22,17 +32,34 @@ def docstring_example(docstring: str, marker: str) -> str:
     return textwrap.dedent("\n".join(block))
 
 
+def test_the_public_surface_is_what_a_flow_author_uses_and_each_name_exists() -> None:
+    assert sorted(nexuscrm_sdk.__all__) == sorted(PUBLIC)
+    # Each name is the object its module defines (a class, or the Flow protocol's callable types).
+    for name, module in PUBLIC.items():
+        assert getattr(nexuscrm_sdk, name) is getattr(importlib.import_module(f"nexuscrm_sdk.{module}"), name), name
+    # A star import gives exactly the surface.
+    namespace: dict[str, Any] = {}
+    exec("from nexuscrm_sdk import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(PUBLIC)
+
+
+def test_the_internal_modules_say_so_and_the_code_map_lists_them_as_internal() -> None:
+    modules = {info.name for info in pkgutil.iter_modules(nexuscrm_sdk.__path__)}
+    assert modules >= INTERNAL_MODULES
+    for name in INTERNAL_MODULES:
+        module = importlib.import_module(f"nexuscrm_sdk.{name}")
+        assert (module.__doc__ or "").startswith("Internal:"), name
+        assert f"``nexuscrm_sdk.{name}``" in (nexuscrm_sdk.__doc__ or "").split("Internal,", 1)[1], name
+    for name in modules - INTERNAL_MODULES:  # every other module is documented as public
+        module = importlib.import_module(f"nexuscrm_sdk.{name}")
+        assert not (module.__doc__ or "").startswith("Internal"), name
+
+
 def test_the_flow_and_its_test_in_the_package_docstring_pass() -> None:
     assert nexuscrm_sdk.__doc__ is not None
     example = docstring_example(nexuscrm_sdk.__doc__, "A Flow and its test::")
+    assert example.lstrip().startswith("from nexuscrm_sdk import ")  # it imports only the public surface
     namespace: dict[str, Any] = {
-        "Flow": Flow,
-        "FlowContext": FlowContext,
-        "Generation": Generation,
-        "InMemoryWorkSource": InMemoryWorkSource,
-        "ProjectionIdentity": ProjectionIdentity,
-        "Worker": Worker,
-        "WorkStatus": WorkStatus,
         "context": FlowContext(pack_install_id="pk-1", work_type="count", engine=sa.create_engine("sqlite://")),
     }
     exec(compile(example, "nexuscrm_sdk.__doc__", "exec"), namespace)

@@ -6,8 +6,9 @@ import datetime as dt
 
 import pytest
 
+from nexuscrm_sdk.flows import Generation
 from nexuscrm_sdk.testing import EPOCH, FakeClock, InMemoryWorkSource, LeaseNotHeld
-from nexuscrm_sdk.worker import FLOW_MESSAGE_LOG_CHARS, Generation, Worker
+from nexuscrm_sdk.worker import FLOW_MESSAGE_LOG_CHARS, Worker
 from workqueue import ProjectionIdentity, WorkStatus
 from workqueue.values import IngestItem, Outcome, Route
 

@@ -12,16 +12,19 @@ from typing import Any
 import pytest
 
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
-from nexuscrm_controlplane import cutover
+from nexuscrm_controlplane import cutover, runbook
 from nexuscrm_controlplane.audit import Category
-from nexuscrm_runtime import exit_codes
+from nexuscrm_runtime import durations, exit_codes
 from nexuscrm_runtime.clock import iso_utc
+from nexuscrm_runtime.durations import InvalidDuration, format_duration, parse_duration, whole_seconds
 from nexuscrm_runtime.polling import poll_until
-from nexuscrm_tools import cli, exits, run, runbook
-from nexuscrm_tools.durations import InvalidDuration, format_duration, parse_duration, whole_seconds
-from nexuscrm_tools.exits import COMMAND_EXIT_CODES, DESCRIPTIONS, ExitCode
+from nexuscrm_tools import cli, exits, run
+from nexuscrm_tools.exits import DESCRIPTIONS, REFUSAL_EXIT_CODES, ExitCode
 
-TOOLS = Path(exits.__file__).parent
+# Every operator command's module: the tools' and the Controlplane's runbook commands.
+COMMAND_SOURCES = [*Path(exits.__file__).parent.glob("*.py"), Path(runbook.__file__)]
+# Which codes each command returns, from the module of the command (decision 154).
+COMMAND_EXIT_CODES = {**exits.COMMAND_EXIT_CODES, **runbook.COMMAND_EXIT_CODES}
 
 # --- the exit-code table ----------------------------------------------------------------------
 
@@ -67,7 +70,7 @@ def test_every_commands_help_lists_its_codes_from_the_table(command: str, capsys
 
 
 def test_no_command_defines_exit_codes_of_its_own() -> None:
-    for source in TOOLS.glob("*.py"):
+    for source in COMMAND_SOURCES:
         if source.name != "exits.py":
             assert not re.search(r"^EXIT_\w+\s*=", source.read_text(), re.MULTILINE), source.name
 
@@ -81,7 +84,8 @@ def test_cutover_outcomes_and_rpc_refusals_map_alike(outcome: cutover.Outcome) -
         assert code == cli._refusal_code(report) == {"gate": 4, "audit": 5, "prerequisite": 6}[refused[outcome]]
     else:
         assert code == ExitCode.OK
-    assert set(exits.REFUSAL_EXIT_CODES) == set(Category)
+    assert set(REFUSAL_EXIT_CODES) == set(Category)
+    assert exits.REFUSAL_EXIT_CODES is exit_codes.REFUSAL_EXIT_CODES  # one table, re-exported for the tools
 
 
 def test_a_usage_error_exits_with_the_usage_code(capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,10 +169,10 @@ def test_durations_print_as_go_prints_them() -> None:
 
 
 def test_no_command_parses_durations_of_its_own() -> None:
-    for source in TOOLS.glob("*.py"):
-        if source.name != "durations.py":
-            text = source.read_text()
-            assert "(ms|s|m|h)" not in text and "def parse_duration" not in text, source.name
+    assert "def parse_duration" in Path(durations.__file__).read_text()
+    for source in COMMAND_SOURCES:
+        text = source.read_text()
+        assert "(ms|s|m|h)" not in text and "def parse_duration" not in text, source.name
 
 
 # --- UTC formatting ---------------------------------------------------------------------------

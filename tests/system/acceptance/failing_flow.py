@@ -6,8 +6,7 @@ summary and the host's log line show it (bounded).
 
 from __future__ import annotations
 
-from nexuscrm_sdk.flows import FlowContext
-from nexuscrm_sdk.worker import Flow, Generation
+from nexuscrm_sdk.flows import Flow, FlowContext, Generation
 
 MESSAGE = "this Flow refuses every contact"
 

@@ -12,8 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from nexuscrm_sdk.flows import FlowContext
-from nexuscrm_sdk.worker import Flow, Generation
+from nexuscrm_sdk.flows import Flow, FlowContext, Generation
 from nexuscrm_tools import demo
 
 RELEASE_TIMEOUT = 120.0  # seconds; the test releases long before

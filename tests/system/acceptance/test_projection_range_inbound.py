@@ -19,7 +19,8 @@ from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk.flows import Generation
+from nexuscrm_sdk.worker import Worker
 from nexuscrm_tools.launcher import CONNECTORS, SCHEMA_CATALOG, ServiceProcess, start_services, stop_services
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -19,8 +19,7 @@ from nexuscrm_integration.host import HostStatus, WorkerHost
 from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.server import create_server
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.flows import FlowContext
-from nexuscrm_sdk.worker import Flow, Generation
+from nexuscrm_sdk.flows import Flow, FlowContext, Generation
 
 DRAIN_TIMEOUT = 30.0  # seconds for the workers' in-flight generations at stop
 

@@ -19,10 +19,10 @@ from nexuscrm_connectors.legacy import LegacyRuntime
 from nexuscrm_controlplane import audit, cutover, drain
 from nexuscrm_controlplane.audit import Category, Rule
 from nexuscrm_controlplane.cutover import Outcome
+from nexuscrm_controlplane.runbook import outcome_exit_code
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import PackInstall, WorkItem
 from nexuscrm_tools.exits import ExitCode
-from nexuscrm_tools.runbook import outcome_exit_code
 from tests.controlplane.integration.history import (
     FakeClock,
     arm,

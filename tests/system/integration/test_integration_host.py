@@ -14,12 +14,11 @@ import sqlalchemy as sa
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_integration.activation import ActivationGrant, check_activation, wait_for_activation
 from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, HostConfig, PackName, PoolConfig
-from nexuscrm_integration.errors import ActivationRefused, FlowNotFound, HostConfigError, NotGranted
-from nexuscrm_integration.flows import resolve_flow
+from nexuscrm_integration.errors import ActivationRefused, HostConfigError, NotGranted
 from nexuscrm_integration.host import WorkerHost, standalone_worker
 from nexuscrm_integration.packs import PackLookupFailed, resolve_pools
-from nexuscrm_sdk.flows import Flow, FlowContext
-from nexuscrm_sdk.worker import Generation, WorkSource
+from nexuscrm_sdk.flows import Flow, FlowContext, FlowNotFound, Generation, resolve_flow
+from nexuscrm_sdk.worker import WorkSource
 from nexuscrm_tools import demo
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.simulator import WorkloadConfig, workload

@@ -21,7 +21,8 @@ import sqlalchemy as sa
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.worker import Generation, Worker
+from nexuscrm_sdk.flows import Generation
+from nexuscrm_sdk.worker import Worker
 from nexuscrm_tools.launcher import (
     CONNECTORS,
     SCHEMA_CATALOG,

@@ -1,4 +1,4 @@
-"""Operator commands of the L2 cutover runbook (docs/runbook-cutover.md).
+"""Operator commands of the L2 cutover runbook (docs/runbook-cutover.md), shipped with Controlplane.
 
 ``connector-projection-cutover -pack-install-id ID -timeout D [-dry-run] [-json]``
     audits a pack and writes its cutoff once (``cutover.run_cutover``).
@@ -7,17 +7,20 @@
 ``connector-admission-fence arm|disarm|list|override-add|override-remove ...``
     arms and lifts admission fences.
 
-Flags follow Go's style (``-flag value``, ``-flag=value``; ``--flag`` works too) and
-durations are Go durations (``30s``, ``5m``, ``1h30m``, ``500ms``; ``nexuscrm_tools.durations``).
-Every command reads the database URL from ``CONNECTOR_CUTOVER_DSN`` and never prints it.
+They run the cutover in process, on the Controlplane's own modules (the specification's "same
+Controlplane lifecycle entrypoint"), so they ship with the Controlplane distribution and the
+operator tools import no service (decision 154). Flags follow Go's style (``-flag value``,
+``-flag=value``; ``--flag`` works too) and durations are Go durations (``30s``, ``5m``,
+``1h30m``, ``500ms``; ``nexuscrm_runtime.durations``). Every command reads the database URL
+from ``CONNECTOR_CUTOVER_DSN`` and never prints it.
 
-Exit codes come from the one table of every operator command, ``nexuscrm_tools.exits``; each
-command's ``--help`` lists its own. ``connector-projection-cutover``: 0 written, already
-written (the same checkpoint) or dry run passed; 1 any other failure; 2 usage error (bad
-flags, unknown pack); 3 CONNECTOR_CUTOVER_DSN missing or malformed, or the database
-unreachable; 4 refused gate; 5 refused audit; 6 missing prerequisite; 7 timeout, nothing was
-written. The drain wait and the fence command use 0, 1, 2, 3 alike and the drain wait 7 when
-it ends undrained (it prints its last report).
+Exit codes come from the one table of every operator command, ``nexuscrm_runtime.exit_codes``;
+``COMMAND_EXIT_CODES`` says which each command returns, and its ``--help`` lists those.
+``connector-projection-cutover``: 0 written, already written (the same checkpoint) or dry run
+passed; 1 any other failure; 2 usage error (bad flags, unknown pack); 3 CONNECTOR_CUTOVER_DSN
+missing or malformed, or the database unreachable; 4 refused gate; 5 refused audit; 6 missing
+prerequisite; 7 timeout, nothing was written. The drain wait and the fence command use 0, 1,
+2, 3 alike and the drain wait 7 when it ends undrained (it prints its last report).
 """
 
 from __future__ import annotations
@@ -42,13 +45,21 @@ from nexuscrm_controlplane import cutover, drain, fences
 from nexuscrm_controlplane.errors import CutoverTimeout, UnknownFence, UnknownPack
 from nexuscrm_runtime.config import dsn_backend
 from nexuscrm_runtime.database import DatabaseUnavailable, create_engine, is_retryable
+from nexuscrm_runtime.durations import format_duration, parse_duration, whole_seconds
+from nexuscrm_runtime.exit_codes import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
-from nexuscrm_tools.durations import format_duration, parse_duration, whole_seconds
-from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog
 from workqueue.errors import DomainError, InvalidArgument
 
 DSN_VARIABLE = "CONNECTOR_CUTOVER_DSN"
 PROGRESS_LOG_INTERVAL = 10.0  # seconds between progress lines when stderr is not a terminal
+
+# Which codes each command returns; its --help lists exactly these.
+_EVERY_COMMAND = (ExitCode.OK, ExitCode.FAILURE, ExitCode.USAGE, ExitCode.UNREACHABLE)
+COMMAND_EXIT_CODES: dict[str, tuple[ExitCode, ...]] = {
+    "connector-projection-cutover": (*_EVERY_COMMAND, *REFUSAL_EXIT_CODES.values(), ExitCode.TIMEOUT),
+    "connector-projection-drain": (*_EVERY_COMMAND, ExitCode.TIMEOUT),
+    "connector-admission-fence": _EVERY_COMMAND,
+}
 
 
 def outcome_exit_code(outcome: cutover.Outcome) -> ExitCode:
@@ -71,7 +82,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with Go-style single-dash long flags, our usage exit code and exit-code help."""
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("epilog", help_epilog(kwargs["prog"].split()[0]))
+        kwargs.setdefault("epilog", help_epilog(COMMAND_EXIT_CODES[kwargs["prog"].split()[0]]))
         super().__init__(allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
     def _get_option_tuples(self, option_string: str) -> list[Any]:
