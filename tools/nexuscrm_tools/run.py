@@ -375,11 +375,11 @@ def summary_table(summary: Summary, lanes: int) -> Table:
         ("wall time", f"{summary.seconds:.1f} s"),
         (
             "invariants M O B D X P (every input in one generation)",
-            ok if not invariants else f"[red]{_count(len(invariants), 'violation')}[/]",
+            ok if not invariants else f"[red]{tables.plural(len(invariants), 'violation')}[/]",
         ),
         (
             "projection equals the inputs" if is_demo else "every generation completed",
-            NOT_CHECKED if interrupted else ok if not projection else f"[red]{_count(len(projection), 'problem')}[/]",
+            NOT_CHECKED if interrupted else ok if not projection else f"[red]{tables.plural(len(projection), 'problem')}[/]",
         ),
     ]
     others = {o.value: n for o, n in stats.outcomes.items() if o.value not in ("admitted", "duplicate_covered")}
@@ -388,10 +388,6 @@ def summary_table(summary: Summary, lanes: int) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def print_problems(console: Console, problems: Sequence[str]) -> None:
