@@ -87,6 +87,7 @@ from nexuscrm_tools.launcher import (
 )
 from nexuscrm_tools.run_outcome import Ending, ending, failure_problems, states_text
 from nexuscrm_tools.simulator import Simulator, SimulatorStats, WorkloadConfig
+from nexuscrm_tools.tables import plural
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 
 POLL_INTERVAL = dt.timedelta(milliseconds=250)  # between progress reads of the database
@@ -375,11 +376,11 @@ def summary_table(summary: Summary, lanes: int) -> Table:
         ("wall time", f"{summary.seconds:.1f} s"),
         (
             "invariants M O B D X P (every input in one generation)",
-            ok if not invariants else f"[red]{tables.plural(len(invariants), 'violation')}[/]",
+            ok if not invariants else f"[red]{plural(len(invariants), 'violation')}[/]",
         ),
         (
             "projection equals the inputs" if is_demo else "every generation completed",
-            NOT_CHECKED if interrupted else ok if not projection else f"[red]{tables.plural(len(projection), 'problem')}[/]",
+            NOT_CHECKED if interrupted else ok if not projection else f"[red]{plural(len(projection), 'problem')}[/]",
         ),
     ]
     others = {o.value: n for o, n in stats.outcomes.items() if o.value not in ("admitted", "duplicate_covered")}
