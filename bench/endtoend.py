@@ -34,8 +34,8 @@ from workqueue.values import Outcome as IngestOutcome
 
 NAMESPACE = "bench-peer"
 # Generations per claim of each worker (the pool's batch_size): how a team tunes the host for
-# many small generations, as the peer runs one worker process with concurrency 4. Measured
-# side by side on MariaDB: 4 gave 9-11 % more inputs/s than 1 (docs/performance.md).
+# many small generations, as the peer runs one worker process with concurrency 4; chosen by
+# measurement (docs/performance.md).
 CLAIM_BATCH = 4
 # The host's workers call a Connectors replica of their own on MariaDB (decision 135): how a
 # deployment runs Connectors past one Python process. Not on SQLite, where one process holds

@@ -68,8 +68,8 @@ def sent_at(payload: bytes) -> float:
     return float(json.loads(payload)["sent_at"])
 
 
-# The fold's statements, built once with bind parameters: building a statement per call costs
-# more CPU than running it (the host's workers spent a quarter of their time there).
+# The fold's statements, built once with bind parameters, as a Flow author would who measured
+# it (docs/performance.md, "Eighteenth pass").
 _LANE = (BenchLaneSum.c.PackInstallId == sa.bindparam("pack"), BenchLaneSum.c.SourceLane == sa.bindparam("lane"))
 _LANE_SUM_GET = (
     sa.select(BenchLaneSum.c.Total, BenchLaneSum.c.Inputs, BenchLaneSum.c.LastOrdinal).where(*_LANE).with_for_update()

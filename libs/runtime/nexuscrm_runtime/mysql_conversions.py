@@ -1,9 +1,9 @@
 """PyMySQL's conversions, with DATETIME and TIMESTAMP values parsed by the standard library.
 
-PyMySQL parses each DATETIME with a regular expression and an ``int`` per part (about 1.8 us);
+PyMySQL parses each DATETIME with a regular expression and an ``int`` per part;
 ``datetime.fromisoformat`` parses the text a MySQL-protocol server sends
-(``YYYY-MM-DD HH:MM:SS[.fraction]``) in C (about 0.1 us). A claim reads several per input, so
-it was about 5 % of a Connectors replica's CPU serving workers (decision 141). Whatever
+(``YYYY-MM-DD HH:MM:SS[.fraction]``) in C, and a claim reads several per input (the figures:
+docs/performance.md, "Tuning notes formerly in docs/decisions"). Whatever
 ``fromisoformat`` refuses (a zero date) goes to PyMySQL's own converter, so every value reads
 as it did before.
 """

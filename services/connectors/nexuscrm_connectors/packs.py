@@ -59,7 +59,8 @@ class Protocol:
     horizon_source_time: dt.datetime | None = None
 
 
-# Admission's statements are built once (decision 133, amended by 139); values are parameters.
+# Admission's statements are built once; values are parameters (the rule: docs/performance.md,
+# "Tuning notes formerly in docs/decisions").
 _PACK_LOCK = (
     sa.select(
         PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal, NOW_PARAMETER.label("Now")

@@ -484,7 +484,7 @@ def _event_range(
 def _event_ranges_statement(
     columns: tuple[sa.ColumnElement[Any], ...], source: sa.FromClause, count: int
 ) -> sa.Select[Any] | sa.CompoundSelect[Any]:
-    """``columns`` of the first ``limit`` members of ``count`` ranges, built once per shape (building costs more CPU).
+    """``columns`` of the first ``limit`` members of ``count`` ranges, built once per shape.
 
     Each range is one range scan of ix_event_source_lane (parameters ``pack_<n>``,
     ``identity_<n>``, ``after_<n>``, ``through_<n>``); several are a UNION ALL of those scans,
@@ -768,8 +768,8 @@ def _extend_statement(size: int) -> sa.Update:
     """The extension UPDATE of ``size`` generations; built once per size.
 
     Parameters: ``pack_install_id``, ``first_ordinal``, ``last_ordinal``, and ``work_<n>`` /
-    ``bound_<n>`` / ``added_<n>`` for n < ``size``. Building the CASE of a batch's 400
-    generations cost more CPU than running it.
+    ``bound_<n>`` / ``added_<n>`` for n < ``size`` (per-call statements are built once:
+    docs/performance.md, "Tuning notes formerly in docs/decisions").
 
     The admitted count grows by the members added only while it is trusted (LaneOrdinal at or
     below AdmittedThroughOrdinal, decision 149), and then counts through the batch's last
@@ -1086,7 +1086,8 @@ _UNBLOCK = (
 def work_items_unblock(connection: Connection, work_ids: Sequence[str], now: dt.datetime) -> int:
     """Make blocked generations claimable (one UPDATE by primary key); returns how many moved.
 
-    Every completion that has successors runs it: built once (decision 133).
+    Every completion that has successors runs it: built once (docs/performance.md, "Tuning
+    notes formerly in docs/decisions").
     """
     if not work_ids:
         return 0
@@ -1164,7 +1165,7 @@ def work_items_claimable(
     UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
     by ClaimableAt with a stable sort (ties keep each branch's index order). Each row carries
     what a claim decides on: its state, attempts, range and identity. The statement is built
-    once per number of packs (building it cost more CPU than running it).
+    once per number of packs (docs/performance.md, "Tuning notes formerly in docs/decisions").
     """
     if not pack_install_ids:
         return []
