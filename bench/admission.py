@@ -28,8 +28,9 @@ import sqlalchemy as sa
 
 from bench import seed
 from bench.environment import Backend, Report, scratch_database, verdict
-from nexuscrm_connectors import queries
 from nexuscrm_connectors.admission import Delivery, payload_hash, receipt_row
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_sdk.client import ConnectorsClient
@@ -132,11 +133,11 @@ def _floor(engine: sa.Engine, pack: str, batches: int) -> float:
     """Inputs per second of plain batched Event INSERTs."""
     rows = [seed.event_rows(pack, 1 + n * BATCH, seed.batch(f"floor-{n}", BATCH, IDENTITIES)) for n in range(batches)]
     with engine.begin() as connection:
-        queries.events_insert(connection, seed.event_rows(pack, 10**9, seed.batch("floor-warm", BATCH, IDENTITIES)))
+        events_sql.events_insert(connection, seed.event_rows(pack, 10**9, seed.batch("floor-warm", BATCH, IDENTITIES)))
     started = time.perf_counter()
     for batch_rows in rows:
         with engine.begin() as connection:
-            queries.events_insert(connection, batch_rows)
+            events_sql.events_insert(connection, batch_rows)
     return batches * BATCH / (time.perf_counter() - started)
 
 
@@ -154,8 +155,8 @@ def _design_floor(engine: sa.Engine, pack: str, batches: int) -> float:
     started = time.perf_counter()
     for receipts, events in work:
         with engine.begin() as connection:
-            queries.receipts_insert(connection, receipts)
-            queries.events_insert(connection, events)
+            receipts_sql.receipts_insert(connection, receipts)
+            events_sql.events_insert(connection, events)
     return batches * BATCH / (time.perf_counter() - started)
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors import queries
 from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_schema.tables import PackInstall
 from tests.support.factories import START, route
 from workqueue import EventStatus, WorkStatus
@@ -96,8 +97,8 @@ def load_history(
     while chunk := list(itertools.islice(ordinals, CHUNK)):
         events, work = _history_rows(pack_install_id, keys, chunk, legacy=legacy)
         with engine.begin() as connection:
-            queries.events_insert(connection, events)
-            queries.work_items_insert(connection, work)
+            events_sql.events_insert(connection, events)
+            work_items_sql.work_items_insert(connection, work)
             connection.execute(
                 sa.update(PackInstall)
                 .where(PackInstall.c.PackInstallId == pack_install_id)
@@ -138,7 +139,7 @@ def load_generation(engine: sa.Engine, pack_install_id: str, inputs: int) -> Non
             for ordinal in ordinals
         ]
         with engine.begin() as connection:
-            queries.events_insert(connection, rows)
+            events_sql.events_insert(connection, rows)
     generation = generation_row(
         work_id=str(uuid.uuid4()),
         pack_install_id=pack_install_id,
@@ -151,7 +152,7 @@ def load_generation(engine: sa.Engine, pack_install_id: str, inputs: int) -> Non
         max_attempts=5,
     )
     with engine.begin() as connection:
-        queries.work_items_insert(connection, [generation])
+        work_items_sql.work_items_insert(connection, [generation])
         connection.execute(
             sa.update(PackInstall)
             .where(PackInstall.c.PackInstallId == pack_install_id)

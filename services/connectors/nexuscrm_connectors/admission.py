@@ -28,10 +28,13 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, queries
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import receipts as receipts_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.budgets import within_bytes
@@ -257,9 +260,9 @@ def _admission(
     pack_install_id: str,
     deliveries: Sequence[Delivery],
 ) -> _Admitted:
-    pack = packs.pack_lock(connection, pack_install_id, clock)
+    pack = packs_sql.pack_lock(connection, pack_install_id, clock)
     now = pack.now  # the database's time: every instant this admission stores or decides with
-    guard = packs.admission_guard(connection, pack)
+    guard = packs_sql.admission_guard(connection, pack)
     fenced, protocol = guard.fenced, guard.protocol
     if protocol is None and not fenced:
         raise ProtocolMissing(
@@ -268,7 +271,7 @@ def _admission(
             field="pack_install_id",
         )
     results: dict[str, IngestResult] = {}
-    stored = queries.receipts_get(connection, pack_install_id, [d.item.receipt_key for d in deliveries])
+    stored = receipts_sql.receipts_get(connection, pack_install_id, [d.item.receipt_key for d in deliveries])
     accepted: list[Delivery] = []
     for delivery in deliveries:
         receipt = stored.get(delivery.item.receipt_key)
@@ -277,7 +280,7 @@ def _admission(
         else:
             accepted.append(delivery)
     if protocol is not None:  # else fenced, and not yet cut over: store only
-        events = queries.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
+        events = events_sql.events_by_receipt(connection, pack_install_id, [d.item.receipt_key for d in accepted])
         # A pruned input's receipt is gone: its tombstone holds the payload hash and route instead.
         for delivery in accepted:
             event = events.get(delivery.item.receipt_key)
@@ -307,7 +310,7 @@ def _differs(recorded: Any, delivery: Delivery) -> bool:
 
 
 def _outside_window(
-    protocol: packs.Protocol, unknown: Sequence[Delivery], stored: Mapping[str, Any]
+    protocol: packs_sql.Protocol, unknown: Sequence[Delivery], stored: Mapping[str, Any]
 ) -> dict[str, IngestResult]:
     """The verdicts of the duplicate window on deliveries of keys with no Event and no tombstone.
 
@@ -371,7 +374,7 @@ def _record_receipts(
     acknowledged; after it, a retried delivery finds the Event and takes the duplicate path.
     """
     new_rows: list[dict[str, Any]] = []
-    verdicts: dict[ReceiptState, list[str]] = {state: [] for state in queries.RECEIPT_VERDICT_FROM}
+    verdicts: dict[ReceiptState, list[str]] = {state: [] for state in receipts_sql.RECEIPT_VERDICT_FROM}
     for delivery in accepted:
         key = delivery.item.receipt_key
         outcome = results[key].outcome
@@ -381,13 +384,13 @@ def _record_receipts(
             # record; an expired one leaves none (the window's horizon answers every redelivery alike).
             if outcome not in (Outcome.ADMITTED, Outcome.DUPLICATE_PRUNED, Outcome.EXPIRED, Outcome.REJECTED):
                 new_rows.append(receipt_row(pack_install_id, delivery, now, state=state))
-        elif state in verdicts and stored[key].State in queries.RECEIPT_VERDICT_FROM[state]:
+        elif state in verdicts and stored[key].State in receipts_sql.RECEIPT_VERDICT_FROM[state]:
             verdicts[state].append(key)
-    queries.receipts_insert(connection, new_rows)
+    receipts_sql.receipts_insert(connection, new_rows)
     if admitted:
-        queries.receipts_insert_admitted(connection, pack_install_id, admitted, now)
+        receipts_sql.receipts_insert_admitted(connection, pack_install_id, admitted, now)
     for state, keys in verdicts.items():
-        queries.receipts_set_state(connection, pack_install_id, keys, state, now)
+        receipts_sql.receipts_set_state(connection, pack_install_id, keys, state, now)
 
 
 def _receipt_state(outcome: Outcome) -> ReceiptState:
@@ -417,7 +420,7 @@ def receipt_row(pack_install_id: str, delivery: Delivery, now: dt.datetime, *, s
         "ReceiptKey": delivery.item.receipt_key,
         "ProjectionKey": delivery.projection_key,
         "PayloadHash": delivery.payload_hash,
-        "Payload": delivery.item.payload if state is ReceiptState.STORED else queries.ADMITTED_RECEIPT_PAYLOAD,
+        "Payload": delivery.item.payload if state is ReceiptState.STORED else receipts_sql.ADMITTED_RECEIPT_PAYLOAD,
         "SourceTime": delivery.item.source_time,
         "State": state,
         "ReceivedAt": now,
@@ -479,7 +482,7 @@ def _admit_fresh(
     connection: Connection,
     settings: Settings,
     newest_known: NewestGenerations,
-    pack: packs.LockedPack,
+    pack: packs_sql.LockedPack,
     fresh: Sequence[Delivery],
     now: dt.datetime,
 ) -> _Admitted:
@@ -488,13 +491,13 @@ def _admit_fresh(
     Every identity of the batch gets exactly one generation covering its new inputs
     (invariant M): its newest one extended, or a successor.
     """
-    ordinals = packs.ordinals_allocate(connection, pack, len(fresh))
-    packs.events_insert(connection, pack.pack_install_id, event_rows(pack.pack_install_id, ordinals, fresh, now))
+    ordinals = packs_sql.ordinals_allocate(connection, pack, len(fresh))
+    packs_sql.events_insert(connection, pack.pack_install_id, event_rows(pack.pack_install_id, ordinals, fresh, now))
     by_identity: dict[str, list[tuple[int, Delivery]]] = {}
     for ordinal, delivery in zip(ordinals, fresh, strict=True):
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
     known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
-    newest = queries.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
+    newest = work_items_sql.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
     new_generations: list[dict[str, Any]] = []
     extended: dict[str, tuple[int, int]] = {}  # WorkId -> (new LaneOrdinal, members added)
     linked: dict[str, str] = {}  # nonterminal predecessor WorkId -> the blocked successor behind it
@@ -526,12 +529,12 @@ def _admit_fresh(
                 max_attempts=settings.max_attempts,
             )
         )
-    changed = queries.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0], ordinals[-1])
+    changed = work_items_sql.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0], ordinals[-1])
     if changed != len(extended):
         raise RuntimeError("a generation of this batch changed under its row lock")
-    queries.work_items_insert(connection, new_generations)
+    work_items_sql.work_items_insert(connection, new_generations)
     # The blocking decision writes the row it was taken from (decision 106).
-    if queries.work_items_link_successors(connection, linked) != len(linked):
+    if work_items_sql.work_items_link_successors(connection, linked) != len(linked):
         raise RuntimeError("a predecessor of this batch changed under its row lock")
     results = {
         delivery.item.receipt_key: IngestResult(
@@ -548,7 +551,7 @@ def _admit_fresh(
 
 def _extendable(row: Any) -> bool:
     """Only an unclaimed attempt-zero generation may raise its upper bound (invariant B)."""
-    return WorkStatus(row.Status) in queries.UNCLAIMED_STATUSES and row.Attempt == 0
+    return WorkStatus(row.Status) in work_items_sql.UNCLAIMED_STATUSES and row.Attempt == 0
 
 
 def generation_row(
@@ -603,13 +606,13 @@ def materialize(engine: Engine, settings: Settings, clock: DatabaseClock, limit:
     pack_install_id = ""
     while True:
         with engine.connect() as connection:
-            next_pack = queries.receipt_pack_stored_after(connection, pack_install_id)
+            next_pack = receipts_sql.receipt_pack_stored_after(connection, pack_install_id)
             if next_pack is None:
                 break
             pack_install_id = next_pack
-            sizes = queries.receipts_stored_sizes(connection, pack_install_id, limit)
+            sizes = receipts_sql.receipts_stored_sizes(connection, pack_install_id, limit)
             keys = within_bytes([(row.ReceiptKey, row.PayloadBytes) for row in sizes], settings.max_transaction_bytes)
-            stored = queries.receipts_stored_list(connection, pack_install_id, keys)
+            stored = receipts_sql.receipts_stored_list(connection, pack_install_id, keys)
         deliveries = [
             Delivery(
                 item=IngestItem(

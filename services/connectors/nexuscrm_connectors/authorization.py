@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import queries
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_runtime.authorization import (
     Principal,
     Rule,
@@ -29,14 +29,14 @@ def require_pack(engine: Engine, principal: Principal, field: str, pack_install_
     A pack's namespace is fixed at install, so the rule may read it before the RPC's own transaction.
     """
     with engine.connect() as connection:
-        namespace = queries.pack_namespace(connection, pack_install_id)
+        namespace = operator_reads_sql.pack_namespace(connection, pack_install_id)
     require_visible(principal, namespace, field, pack_install_id)
 
 
 def require_work(engine: Engine, principal: Principal, work_id: str) -> None:
     """Refuse (NOT_FOUND) unless the WorkItem ``work_id`` names is in the caller's namespaces."""
     with engine.connect() as connection:
-        namespace = queries.work_namespace(connection, work_id)
+        namespace = operator_reads_sql.work_namespace(connection, work_id)
     require_visible(principal, namespace, "work_id", work_id)
 
 
@@ -45,7 +45,7 @@ def require_works(engine: Engine, principal: Principal, field: str, work_ids: li
     if not work_ids:
         return
     with engine.connect() as connection:
-        namespaces = queries.work_namespaces(connection, work_ids)
+        namespaces = operator_reads_sql.work_namespaces(connection, work_ids)
     for work_id in work_ids:
         require_visible(principal, namespaces.get(work_id), field, work_id)
 

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import leases, queries
+from nexuscrm_connectors import leases
 from nexuscrm_connectors.errors import ConnectorsError, LimitExceeded
+from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
 from workqueue import EventStatus, WorkStatus
@@ -57,7 +58,7 @@ def complete_all(
     """
     if not completions:
         return []
-    rows = queries.work_items_lock(connection, [c.work_id for c in completions], clock)
+    rows = claims_sql.work_items_lock(connection, [c.work_id for c in completions], clock)
     held, refused = [], {}
     for completion in completions:
         try:
@@ -67,7 +68,7 @@ def complete_all(
     done: dict[str, WorkItemRow] = {}
     if held:
         now = held[0].Now
-        if queries.work_items_complete(connection, held, now) != len(held):
+        if claims_sql.work_items_complete(connection, held, now) != len(held):
             raise leases.lost(", ".join(row.WorkId for row in held))
         leases.finish(connection, held, EventStatus.PROCESSED, now)
         values = {"Status": WorkStatus.COMPLETED, "ClaimableAt": None, "FinishedAt": now}

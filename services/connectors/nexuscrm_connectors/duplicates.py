@@ -16,9 +16,11 @@ from collections.abc import Mapping
 
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors import queries
-from nexuscrm_connectors.packs import Protocol
-from nexuscrm_connectors.queries import DbRow, Generation
+from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.packs import Protocol
+from nexuscrm_connectors.queries.work_items import Generation
 from nexuscrm_runtime.clock import iso_utc
 from workqueue.values import IngestResult, Outcome
 
@@ -28,10 +30,10 @@ def verify_duplicates(
 ) -> dict[str, IngestResult]:
     """Classify deliveries whose receipt keys already have Events; results by receipt key.
 
-    ``events`` maps receipt keys to rows of ``queries.events_by_receipt``, which carry their
+    ``events`` maps receipt keys to rows of ``events_sql.events_by_receipt``, which carry their
     identity's newest generation: when it holds the input, it is the covering generation
     (generations never overlap). Only the other inputs (older than their identity's newest
-    generation) cost a statement, one however many they are: ``queries.work_items_covering``
+    generation) cost a statement, one however many they are: ``work_items_sql.work_items_covering``
     (decision 132). Inputs that no generation covers then cost one more, read again in case
     retention pruned them in between.
     """
@@ -40,12 +42,12 @@ def verify_duplicates(
     for key, event in events.items():
         if event.EnqueueOrdinal <= protocol.legacy_max_ordinal or event.PrunedAt is not None:
             continue
-        newest = queries.newest_generation(event)
+        newest = events_sql.newest_generation(event)
         if newest is not None and _holds(newest, int(event.EnqueueOrdinal)):
             candidates[key] = newest
         else:
             older[key] = event
-    candidates.update(queries.work_items_covering(connection, protocol.pack_install_id, older))
+    candidates.update(work_items_sql.work_items_covering(connection, protocol.pack_install_id, older))
     uncovered = [
         key
         for key, event in older.items()
@@ -55,7 +57,7 @@ def verify_duplicates(
         # Each statement reads its own snapshot (READ COMMITTED): retention may have pruned
         # these inputs' generations since ``events`` was read. Read them again, so that a
         # pruned one is acknowledged as pruned, and only a real gap is coverage missing.
-        events = {**events, **queries.events_by_receipt(connection, protocol.pack_install_id, uncovered)}
+        events = {**events, **events_sql.events_by_receipt(connection, protocol.pack_install_id, uncovered)}
     return {key: _verdict(protocol, key, event, candidates.get(key)) for key, event in events.items()}
 
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import page_tokens, queries
+from nexuscrm_connectors import page_tokens
 from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFound
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
@@ -47,14 +50,14 @@ def list_generations(
     size = settings.page_size(page_size)
     scan = size if status is None else size * STATUS_SCAN_FACTOR
     with engine.connect() as connection:
-        if queries.pack_namespace(connection, pack_install_id) is None:
+        if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
         if key is not None:
             below = page_tokens.decode_token(page_token, "ListGenerations", _ordinal_position)
-            rows = queries.work_items_of_identity(connection, pack_install_id, key, below, scan)
+            rows = operator_reads_sql.work_items_of_identity(connection, pack_install_id, key, below, scan)
         else:
             before = page_tokens.decode_token(page_token, "ListGenerations", _identity_position)
-            rows = queries.work_items_of_pack(connection, pack_install_id, before, scan)
+            rows = operator_reads_sql.work_items_of_pack(connection, pack_install_id, before, scan)
     kept: list[DbRow] = []
     examined = 0
     for row in rows:
@@ -69,7 +72,7 @@ def list_generations(
         token = page_tokens.encode_token(
             (last.LaneOrdinal,) if key is not None else (last.ProjectionKey, last.LaneOrdinal)
         )
-    return GenerationPage(generations=tuple(queries.work_item_value(row) for row in kept), next_page_token=token)
+    return GenerationPage(generations=tuple(work_items_sql.work_item_value(row) for row in kept), next_page_token=token)
 
 
 def _identity_key(pack_install_id: str, route: Route) -> str:
@@ -94,7 +97,7 @@ def list_members(
     size = settings.page_size(page_size)
     after = page_tokens.decode_token(page_token, "ListMembers", _ordinal_position)
     with engine.connect() as connection:
-        row = queries.work_item_get(connection, work_id)
+        row = work_items_sql.work_item_get(connection, work_id)
         if row is None:
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
         start, end = row.InputStartOrdinal, row.LaneOrdinal
@@ -103,8 +106,8 @@ def list_members(
                 f"work {work_id} is old-protocol work: its coverage was inferred, it has no member range",
                 field="work_id",
             )
-        count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
-        rows = queries.event_range_page(
+        count = events_sql.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
+        rows = events_sql.event_range_page(
             connection,
             row.PackInstallId,
             row.ProjectionKey,
@@ -116,7 +119,7 @@ def list_members(
     # Members follow when the byte budget cut the page or the candidates filled it.
     more = bool(rows) and (len(rows) < rows[0].Candidates or len(rows) == size) and rows[-1].EnqueueOrdinal < end
     return MemberPage(
-        inputs=tuple(queries.input_value(r) for r in rows),
+        inputs=tuple(events_sql.input_value(r) for r in rows),
         next_page_token=page_tokens.encode_token((rows[-1].EnqueueOrdinal,)) if more else "",
         member_count=count,
     )

@@ -10,9 +10,14 @@ import datetime as dt
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, page_tokens, queries, retention
+from nexuscrm_connectors import page_tokens, retention
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import receipts as receipts_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import iso_utc
 from workqueue import ReceiptState, decode_projection_key
@@ -27,15 +32,15 @@ def get_work(engine: Engine, work_id: str) -> WorkDescription:
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
     with engine.connect() as connection:
-        row = queries.work_item_get(connection, work_id)
+        row = work_items_sql.work_item_get(connection, work_id)
         if row is None:
             retention.refuse_if_pruned(connection, work_id)
         members = 0
         if row.InputStartOrdinal is not None:
-            members = queries.event_range_count(
+            members = events_sql.event_range_count(
                 connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
             )
-        return WorkDescription(work=queries.work_item_value(row), member_count=members)
+        return WorkDescription(work=work_items_sql.work_item_value(row), member_count=members)
 
 
 def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> ReceiptExplanation:
@@ -43,9 +48,9 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
     if not pack_install_id or not receipt_key:
         raise InvalidArgument("pack_install_id and receipt_key are required", field="receipt_key")
     with engine.connect() as connection:
-        receipt = queries.receipt_get(connection, pack_install_id, receipt_key)
+        receipt = receipts_sql.receipt_get(connection, pack_install_id, receipt_key)
         if receipt is None:
-            pruned = queries.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
+            pruned = events_sql.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
             if pruned is None or pruned.PrunedAt is None:
                 raise WorkNotFound(
                     f"no receipt {receipt_key!r} in pack {pack_install_id}{_expired_hint(connection, pack_install_id)}",
@@ -59,7 +64,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
                 f"{pruned.EnqueueOrdinal} was a member of terminal generation {pruned.WorkId}; a duplicate delivery "
                 "is acknowledged as pruned and creates no work",
             )
-        event = queries.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
+        event = events_sql.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
         if event is None:
             return ReceiptExplanation(
                 receipt_state=receipt.State,
@@ -68,7 +73,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
                 explanation="stored durably but not admitted yet: an admission fence held the pack, or the "
                 "pack has no protocol row yet; the materializer admits it once admission is possible",
             )
-        protocol = packs.protocol_get(connection, pack_install_id)
+        protocol = packs_sql.protocol_get(connection, pack_install_id)
         if protocol is None:
             return ReceiptExplanation(
                 receipt_state=receipt.State,
@@ -77,7 +82,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
                 explanation="admitted by the old protocol; the pack has not been cut over, so coverage is inferred",
             )
         verdict = verify_duplicates(connection, protocol, {receipt_key: event})[receipt_key]
-        covering = queries.work_item_get(connection, verdict.work_id) if verdict.work_id else None
+        covering = work_items_sql.work_item_get(connection, verdict.work_id) if verdict.work_id else None
         explanation = verdict.message
         if verdict.outcome is Outcome.DUPLICATE_COVERED:
             explanation = f"input {event.EnqueueOrdinal} is a member of " + verdict.message.removeprefix(
@@ -88,14 +93,14 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
         return ReceiptExplanation(
             receipt_state=receipt.State,
             enqueue_ordinal=event.EnqueueOrdinal,
-            covered_by=queries.work_item_value(covering) if covering is not None else None,
+            covered_by=work_items_sql.work_item_value(covering) if covering is not None else None,
             explanation=explanation,
         )
 
 
 def _expired_hint(connection: Connection, pack_install_id: str) -> str:
     """What an unknown key may be in a pack whose duplicate window expired tombstones (decision 127)."""
-    protocol = packs.protocol_get(connection, pack_install_id)
+    protocol = packs_sql.protocol_get(connection, pack_install_id)
     if protocol is None or protocol.horizon_source_time is None:
         return ""
     return (
@@ -118,9 +123,9 @@ def list_receipts(
         raise InvalidArgument(f"state must be one of {known}, got {state!r}", field="state") from None
     size = settings.page_size(page_size)
     with engine.connect() as connection:
-        if pack_install_id and queries.pack_namespace(connection, pack_install_id) is None:
+        if pack_install_id and operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        rows = queries.receipts_in_state(
+        rows = operator_reads_sql.receipts_in_state(
             connection,
             wanted,
             pack_install_id or None,

@@ -34,18 +34,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import queries
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import claims as claims_sql
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, is_sqlite, run_transaction
 from nexuscrm_schema.member_counts import admitted_count
-from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
@@ -245,11 +245,11 @@ def _claim_transaction(
     token = new_lease_token(now)  # one fresh token per claim: fencing checks it together with the WorkId
     grant = lease_grant(request.worker_id, token, now + request.lease)
     work_ids = [candidate.WorkId for candidate in chosen]
-    if queries.work_items_claim(connection, work_ids, now, grant) == 0:
+    if claims_sql.work_items_claim(connection, work_ids, now, grant) == 0:
         batch.lost = len(chosen)
         return batch
-    queries.work_items_record_member_count(connection, work_ids, token)
-    leased = {row.WorkId: row for row in queries.work_items_leased(connection, work_ids, token)}
+    claims_sql.work_items_record_member_count(connection, work_ids, token)
+    leased = {row.WorkId: row for row in claims_sql.work_items_leased(connection, work_ids, token)}
     batch.lost = len(chosen) - len(leased)
     missing = {work_id: reason for work_id, row in leased.items() if (reason := _damage(row)) is not None}
     if missing:
@@ -258,13 +258,13 @@ def _claim_transaction(
         if not leased:
             return batch
     selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in leased.values()]
-    if queries.selected_events_set_status(connection, selected, EventStatus.PROCESSING) != len(selected):
+    if events_sql.selected_events_set_status(connection, selected, EventStatus.PROCESSING) != len(selected):
         raise MembershipMissing(f"a selected Event of {sorted(leased)} disappeared during the claim")
     batch.leased = [leased[candidate.WorkId] for candidate in chosen if candidate.WorkId in leased]  # oldest first
     inputs = request.read_inputs(connection, batch.leased) if request.read_inputs and request.inputs_in_claim else {}
     for candidate in chosen:
         if candidate.WorkId in leased:
-            work = queries.work_item_value(leased[candidate.WorkId])
+            work = work_items_sql.work_item_value(leased[candidate.WorkId])
             batch.claims.append(Claim(work=work, lease_token=token, inputs=inputs.get(candidate.WorkId)))
             # The UPDATE re-checked claimability: a candidate read as processing had expired.
             batch.reclaimed += candidate.Status == WorkStatus.PROCESSING
@@ -322,7 +322,7 @@ def _live_candidates(
     """
     now: dt.datetime | None = None
     for _ in range(CLAIM_PASSES):
-        candidates = queries.work_items_claimable(connection, served, request.work_types, clock, window)
+        candidates = claims_sql.work_items_claimable(connection, served, request.work_types, clock, window)
         now = candidates[0].Now if candidates else now
         exhausted = {c.WorkId for c in candidates if _last_attempt_expired(c)}
         for candidate in candidates:
@@ -353,7 +353,7 @@ def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
         "FinishedAt": now,
         "LastError": "lease expired on the last attempt",
     }
-    if queries.work_item_update_if(connection, candidate.WorkId, expect, values) != 1:
+    if claims_sql.work_item_update_if(connection, candidate.WorkId, expect, values) != 1:
         return False
     finish(connection, [candidate], EventStatus.FAILED, now)
     return True
@@ -376,17 +376,10 @@ def _fail_damaged(connection: Connection, row: DbRow, token: str, reason: str, n
         "FinishedAt": now,
         "LastError": f"damaged: {reason}",
     }
-    if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
+    if claims_sql.work_item_update_if(connection, row.WorkId, expect, values) != 1:
         return False
     finish(connection, [row], EventStatus.FAILED, now)
     return True
-
-
-# Every installed pack with its protocol row (Native is None without one), and those named.
-_PACKS = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.PackInstallId.label("Native")).outerjoin(
-    ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
-)
-_PACKS_NAMED = _PACKS.where(PackInstall.c.PackInstallId.in_(sa.bindparam("requested", expanding=True)))
 
 
 def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]:
@@ -395,10 +388,7 @@ def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]
     This is claim's protocol check: candidates are read from these packs only, and a
     protocol row is never deleted.
     """
-    if requested:
-        rows = connection.execute(_PACKS_NAMED, {"requested": list(requested)}).all()
-    else:
-        rows = connection.execute(_PACKS).all()
+    rows = claims_sql.packs_with_protocol(connection, requested)
     if requested:
         known = {row.PackInstallId for row in rows}
         for pack_install_id in requested:
@@ -486,12 +476,12 @@ def finish(connection: Connection, rows: Sequence[DbRow], event_status: EventSta
     if not rows:
         return
     selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in rows]
-    queries.selected_events_set_status(connection, selected, event_status)
+    events_sql.selected_events_set_status(connection, selected, event_status)
     successors = [row.SuccessorWorkId for row in rows if row.SuccessorWorkId is not None]
-    successors += queries.work_items_successors(
+    successors += work_items_sql.work_items_successors(
         connection, [row for row in rows if row.SuccessorWorkId is None]
     ).values()
-    queries.work_items_unblock(connection, successors, now)
+    work_items_sql.work_items_unblock(connection, successors, now)
 
 
 def current_lease(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> DbRow:
@@ -500,7 +490,7 @@ def current_lease(connection: Connection, work_id: str, lease_token: str, clock:
     The row carries the database's time it was read at (``Now``): the caller's instant.
     """
     require_lease_fields(work_id, lease_token)
-    return check_lease(queries.work_item_get(connection, work_id, clock=clock), work_id, lease_token)
+    return check_lease(work_items_sql.work_item_get(connection, work_id, clock=clock), work_id, lease_token)
 
 
 def require_lease_fields(work_id: str, lease_token: str) -> None:
@@ -553,7 +543,7 @@ def heartbeat(
         row, expect = _held(connection, work_id, lease_token, clock)
         expires: dt.datetime = row.Now + lease
         if (
-            queries.work_item_update_if(
+            claims_sql.work_item_update_if(
                 connection, work_id, expect, {"LeaseExpiresAt": expires, "ClaimableAt": expires}
             )
             != 1
@@ -589,7 +579,7 @@ def fail(
             }
         else:
             values = {**common, "Status": WorkStatus.FAILED, "ClaimableAt": None, "FinishedAt": now}
-        if queries.work_item_update_if(connection, work_id, expect, values) != 1:
+        if claims_sql.work_item_update_if(connection, work_id, expect, values) != 1:
             raise lost(work_id)
         if values["Status"] == WorkStatus.FAILED:
             finish(connection, [row], EventStatus.FAILED, now)
@@ -602,4 +592,4 @@ def written(row: DbRow, values: dict[str, Any]) -> WorkItemRow:
     """The WorkItem as a compare-and-set left it: the row it read, with the values it wrote (no re-read)."""
     written = {**row._asdict(), **values}
     written.pop("Now", None)
-    return queries.work_item_value(types.SimpleNamespace(**written))
+    return work_items_sql.work_item_value(types.SimpleNamespace(**written))

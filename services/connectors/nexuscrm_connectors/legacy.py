@@ -28,10 +28,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, payload_contract, queries
+from nexuscrm_connectors import payload_contract
 from nexuscrm_connectors.admission import (
     Delivery,
     check_call_bytes,
@@ -43,105 +42,25 @@ from nexuscrm_connectors.admission import (
 from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
 from nexuscrm_connectors.leases import lease_values
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import claims as claims_sql
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import legacy as legacy_sql
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import receipts as receipts_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import run_transaction
-from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH, PackInstall, WorkItem
+from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
 from workqueue import EventStatus, ReceiptState, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import validate_text
-from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 from workqueue.values import Claim, IngestItem, IngestResult, InputRow, Outcome, WorkItemRow
 
 MAX_ATTEMPTS = 3
 RETRY_SECONDS = 60  # seconds between a failed attempt and the next one
 LEASE_SECONDS = 30  # seconds a claim is held without completion
 INPUT_PAGE = 1000  # Events per inference read
-
-LEGACY_WORK = WorkItem.c.InputStartOrdinal.is_(None)
-UNCLAIMED = (WorkStatus.PENDING, WorkStatus.BLOCKED)
-
-
-# --- statements (old-protocol only; the native ones live in queries) ----------------------
-
-
-def legacy_handoff_get(connection: Connection, pack_install_id: str) -> dt.datetime | None:
-    """The pack's WorkItem-only handoff time, or None (primary key read)."""
-    return connection.execute(
-        sa.select(PackInstall.c.WorkItemHandoffAt).where(PackInstall.c.PackInstallId == pack_install_id)
-    ).scalar()
-
-
-def legacy_handoff_set(connection: Connection, pack_install_id: str, now: dt.datetime) -> int:
-    """Record the handoff once; an existing record is kept (row count 0)."""
-    return connection.execute(
-        sa.update(PackInstall)
-        .where(PackInstall.c.PackInstallId == pack_install_id, PackInstall.c.WorkItemHandoffAt.is_(None))
-        .values(WorkItemHandoffAt=now)
-    ).rowcount
-
-
-def legacy_work_unclaimed(connection: Connection, pack_install_id: str, projection_key: str) -> DbRow | None:
-    """An unclaimed nonterminal old-protocol WorkItem of an identity, locked (ix_workitem_projection_order)."""
-    return connection.execute(
-        sa.select(WorkItem.c.WorkId)
-        .where(
-            WorkItem.c.PackInstallId == pack_install_id,
-            WorkItem.c.ProjectionKey == projection_key,
-            WorkItem.c.Status.in_(UNCLAIMED),
-            LEGACY_WORK,
-        )
-        .limit(1)
-        .with_for_update()
-    ).first()
-
-
-def legacy_work_live(connection: Connection, pack_install_id: str, projection_key: str, below: int | None) -> bool:
-    """True when an identity has nonterminal old-protocol work (below ordinal ``below``, if given)."""
-    statement = sa.select(WorkItem.c.WorkId).where(
-        WorkItem.c.PackInstallId == pack_install_id,
-        WorkItem.c.ProjectionKey == projection_key,
-        WorkItem.c.Status.in_(NONTERMINAL_WORK_STATUSES),
-        LEGACY_WORK,
-    )
-    if below is not None:
-        statement = statement.where(WorkItem.c.LaneOrdinal < below)
-    return connection.execute(statement.limit(1)).first() is not None
-
-
-def legacy_work_claimable(
-    connection: Connection, pack_install_id: str, now: queries.Instant, limit: int
-) -> list[DbRow]:
-    """Old-protocol claim candidates of a pack: pending, due retries, expired leases (ix_workitem_claim)."""
-    return list(
-        connection.execute(
-            sa.select(WorkItem.c.WorkId, WorkItem.c.Status, WorkItem.c.ClaimableAt, WorkItem.c.LeaseToken)
-            .where(
-                WorkItem.c.PackInstallId == pack_install_id,
-                WorkItem.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.PROCESSING]),
-                WorkItem.c.ClaimableAt <= now,
-                LEGACY_WORK,
-            )
-            .order_by(WorkItem.c.ClaimableAt)
-            .limit(limit)
-        )
-    )
-
-
-def legacy_work_previous_lane(
-    connection: Connection, pack_install_id: str, projection_key: str, lane_ordinal: int
-) -> int | None:
-    """The LaneOrdinal of the previous retained old-protocol WorkItem of an identity (ix_workitem_projection_order)."""
-    value = connection.execute(
-        sa.select(sa.func.max(WorkItem.c.LaneOrdinal)).where(
-            WorkItem.c.PackInstallId == pack_install_id,
-            WorkItem.c.ProjectionKey == projection_key,
-            WorkItem.c.LaneOrdinal < lane_ordinal,
-            LEGACY_WORK,
-        )
-    ).scalar()
-    return None if value is None else int(value)
-
 
 # --- the runtime ----------------------------------------------------------------------------
 
@@ -151,7 +70,7 @@ def _terminal(status: WorkStatus, now: dt.datetime) -> dict[str, Any]:
 
 
 def _refuse_if_cut_over(connection: Connection, pack_install_id: str, action: str) -> None:
-    protocol = packs.protocol_get(connection, pack_install_id)
+    protocol = packs_sql.protocol_get(connection, pack_install_id)
     if protocol is not None:
         raise LegacyRefused(
             f"pack {pack_install_id} has been cut over to projection protocol {protocol.protocol_version} "
@@ -181,10 +100,10 @@ class LegacyRuntime:
         """
 
         def record(connection: Connection) -> dt.datetime:
-            pack = packs.pack_lock(connection, pack_install_id, self.clock)
+            pack = packs_sql.pack_lock(connection, pack_install_id, self.clock)
             _refuse_if_cut_over(connection, pack.pack_install_id, "record a handoff")
-            legacy_handoff_set(connection, pack.pack_install_id, pack.now)
-            recorded = legacy_handoff_get(connection, pack.pack_install_id)
+            legacy_sql.legacy_handoff_set(connection, pack.pack_install_id, pack.now)
+            recorded = legacy_sql.legacy_handoff_get(connection, pack.pack_install_id)
             if recorded is None:  # set in this transaction or before
                 raise RuntimeError(f"the legacy handoff of {pack.pack_install_id} vanished inside its transaction")
             return recorded
@@ -218,16 +137,16 @@ class LegacyRuntime:
         )
 
     def _admit(self, connection: Connection, pack_install_id: str, deliveries: list[Delivery]) -> list[IngestResult]:
-        pack = packs.pack_lock(connection, pack_install_id, self.clock)
+        pack = packs_sql.pack_lock(connection, pack_install_id, self.clock)
         now = pack.now
         _refuse_if_cut_over(connection, pack.pack_install_id, "admit")
-        fenced = packs.fence_active(connection, pack, now)
-        work_item_only = legacy_handoff_get(connection, pack.pack_install_id) is not None
+        fenced = packs_sql.fence_active(connection, pack, now)
+        work_item_only = legacy_sql.legacy_handoff_get(connection, pack.pack_install_id) is not None
         keys = [d.item.receipt_key for d in deliveries]
         if len(set(keys)) != len(keys):
             raise InvalidArgument("a legacy batch may not repeat a receipt key", field="items")
-        stored = queries.receipts_get(connection, pack.pack_install_id, keys)
-        events = queries.events_by_receipt(connection, pack.pack_install_id, keys)
+        stored = receipts_sql.receipts_get(connection, pack.pack_install_id, keys)
+        events = events_sql.events_by_receipt(connection, pack.pack_install_id, keys)
         results: dict[str, IngestResult] = {}
         fresh: list[Delivery] = []
         new_receipts: list[dict[str, Any]] = []
@@ -247,9 +166,11 @@ class LegacyRuntime:
                     results[key] = IngestResult(receipt_key=key, outcome=Outcome.FENCED, message="stored; fenced")
                 else:
                     fresh.append(delivery)
-        queries.receipts_insert(connection, new_receipts)
-        ordinals = packs.ordinals_allocate(connection, pack, len(fresh)) if fresh else range(0)
-        packs.events_insert(connection, pack.pack_install_id, event_rows(pack.pack_install_id, ordinals, fresh, now))
+        receipts_sql.receipts_insert(connection, new_receipts)
+        ordinals = packs_sql.ordinals_allocate(connection, pack, len(fresh)) if fresh else range(0)
+        packs_sql.events_insert(
+            connection, pack.pack_install_id, event_rows(pack.pack_install_id, ordinals, fresh, now)
+        )
         for ordinal, delivery in zip(ordinals, fresh, strict=True):
             work_id = (
                 self._direct_task(connection, pack.pack_install_id, delivery, ordinal, now) if work_item_only else None
@@ -261,7 +182,7 @@ class LegacyRuntime:
                 work_id=work_id,
             )
         acknowledged = [k for k, r in results.items() if r.outcome in (Outcome.ADMITTED, Outcome.DUPLICATE_LEGACY)]
-        queries.receipts_set_state(connection, pack.pack_install_id, acknowledged, ReceiptState.CONFIRMED, now)
+        receipts_sql.receipts_set_state(connection, pack.pack_install_id, acknowledged, ReceiptState.CONFIRMED, now)
         return [results[key] for key in keys]
 
     @staticmethod
@@ -269,11 +190,11 @@ class LegacyRuntime:
         connection: Connection, pack_install_id: str, delivery: Delivery, ordinal: int, now: dt.datetime
     ) -> str | None:
         """Give the Event its direct task, or coalesce it (None) into the identity's unclaimed one."""
-        if legacy_work_unclaimed(connection, pack_install_id, delivery.projection_key) is not None:
+        if legacy_sql.legacy_work_unclaimed(connection, pack_install_id, delivery.projection_key) is not None:
             return None  # coalesced: a later task infers it
-        blocked = legacy_work_live(connection, pack_install_id, delivery.projection_key, None)
+        blocked = legacy_sql.legacy_work_live(connection, pack_install_id, delivery.projection_key, None)
         work_id = str(uuid.uuid4())
-        queries.work_items_insert(
+        work_items_sql.work_items_insert(
             connection,
             [
                 {
@@ -304,7 +225,7 @@ class LegacyRuntime:
         validate_text("worker_id", worker_id, 128)
         with self.engine.connect() as connection:
             _refuse_if_cut_over(connection, pack_install_id, "claim")
-            candidates = legacy_work_claimable(connection, pack_install_id, self.clock.now(), 10)
+            candidates = legacy_sql.legacy_work_claimable(connection, pack_install_id, self.clock.now(), 10)
         for candidate in candidates:
             claimed = run_transaction(
                 self.engine,
@@ -320,7 +241,7 @@ class LegacyRuntime:
     def _claim_one(
         self, connection: Connection, *, candidate: DbRow, worker_id: str, lease_seconds: int
     ) -> Claim | None:
-        row = queries.work_item_get(connection, candidate.WorkId, lock=True, clock=self.clock)
+        row = work_items_sql.work_item_get(connection, candidate.WorkId, lock=True, clock=self.clock)
         if row is None:
             return None
         now = row.Now
@@ -333,13 +254,13 @@ class LegacyRuntime:
                 "Attempt": attempt,
                 "LastError": "lease expired on the last attempt",
             }
-            if queries.work_item_update_if(connection, row.WorkId, expect, values) == 1:
+            if claims_sql.work_item_update_if(connection, row.WorkId, expect, values) == 1:
                 self._settle(connection, row, EventStatus.FAILED, now)
             return None
         token, values = lease_values(worker_id, attempt, now, dt.timedelta(seconds=lease_seconds))
-        if queries.work_item_update_if(connection, row.WorkId, expect, values) != 1:
+        if claims_sql.work_item_update_if(connection, row.WorkId, expect, values) != 1:
             return None
-        queries.event_set_status(
+        events_sql.event_set_status(
             connection, row.PackInstallId, row.LaneOrdinal, EventStatus.PROCESSING, row.ProjectionKey
         )
         return Claim(work=self._reread(connection, row.WorkId), lease_token=token)
@@ -353,10 +274,12 @@ class LegacyRuntime:
         """
         with self.engine.connect() as connection:
             row = self._held(connection, work_id, lease_token)
-            after = legacy_work_previous_lane(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal)
+            after = legacy_sql.legacy_work_previous_lane(
+                connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal
+            )
             after = -1 if after is None else after  # old history may hold ordinal 0
             inputs: list[InputRow] = []
-            while page := queries.event_range_page(
+            while page := events_sql.event_range_page(
                 connection,
                 row.PackInstallId,
                 row.ProjectionKey,
@@ -365,7 +288,7 @@ class LegacyRuntime:
                 INPUT_PAGE,
                 self.settings.max_page_bytes,
             ):
-                inputs.extend(queries.input_value(e) for e in page)
+                inputs.extend(events_sql.input_value(e) for e in page)
                 after = int(page[-1].EnqueueOrdinal)
             return inputs
 
@@ -402,15 +325,15 @@ class LegacyRuntime:
         """
 
         def resolve(connection: Connection) -> WorkItemRow:
-            row = queries.work_item_get(connection, work_id, lock=True)
+            row = work_items_sql.work_item_get(connection, work_id, lock=True)
             if row is None:
                 raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
             _refuse_if_cut_over(connection, row.PackInstallId, "resolve a dependency")
-            if row.Status != WorkStatus.BLOCKED or legacy_work_live(
+            if row.Status != WorkStatus.BLOCKED or legacy_sql.legacy_work_live(
                 connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal
             ):
                 raise LeaseLost(f"work {work_id} is not waiting for a dependency ({row.Status})", field="work_id")
-            if queries.work_item_unblock(connection, work_id, self.clock.now()) != 1:
+            if work_items_sql.work_item_unblock(connection, work_id, self.clock.now()) != 1:
                 raise LeaseLost(f"work {work_id} changed concurrently", field="work_id")
             return self._reread(connection, work_id)
 
@@ -419,7 +342,7 @@ class LegacyRuntime:
     # --- helpers -------------------------------------------------------------------------
 
     def _held(self, connection: Connection, work_id: str, lease_token: str) -> DbRow:
-        row = queries.work_item_get(connection, work_id, clock=self.clock)
+        row = work_items_sql.work_item_get(connection, work_id, clock=self.clock)
         if row is None:
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
         if row.Status != WorkStatus.PROCESSING or row.LeaseToken != lease_token:
@@ -438,7 +361,7 @@ class LegacyRuntime:
             values = decide(row, now)
             expect = {"Status": WorkStatus.PROCESSING, "LeaseToken": lease_token}
             released = {"LeaseToken": None, "LeaseExpiresAt": None, **values}
-            if queries.work_item_update_if(connection, work_id, expect, released) != 1:
+            if claims_sql.work_item_update_if(connection, work_id, expect, released) != 1:
                 raise LeaseLost(f"lease of work {work_id} changed concurrently", field="lease_token")
             if values["Status"] == WorkStatus.COMPLETED:
                 self._settle(connection, row, EventStatus.PROCESSED, now)
@@ -451,14 +374,16 @@ class LegacyRuntime:
     @staticmethod
     def _settle(connection: Connection, row: DbRow, event_status: EventStatus, now: dt.datetime) -> None:
         """A WorkItem became terminal: settle its selected Event, release the next blocked one."""
-        queries.event_set_status(connection, row.PackInstallId, row.LaneOrdinal, event_status, row.ProjectionKey)
-        successor = queries.work_item_successor(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal)
+        events_sql.event_set_status(connection, row.PackInstallId, row.LaneOrdinal, event_status, row.ProjectionKey)
+        successor = work_items_sql.work_item_successor(
+            connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal
+        )
         if successor is not None and successor.Status == WorkStatus.BLOCKED:
-            queries.work_item_unblock(connection, successor.WorkId, now)
+            work_items_sql.work_item_unblock(connection, successor.WorkId, now)
 
     @staticmethod
     def _reread(connection: Connection, work_id: str) -> WorkItemRow:
-        row = queries.work_item_get(connection, work_id)
+        row = work_items_sql.work_item_get(connection, work_id)
         if row is None:  # changed in this transaction
             raise RuntimeError(f"work {work_id} vanished inside the transaction that changed it")
-        return queries.work_item_value(row)
+        return work_items_sql.work_item_value(row)

@@ -19,7 +19,8 @@ import threading
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import queries
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
 from workqueue.statuses import TERMINAL_WORK_STATUSES
@@ -41,7 +42,7 @@ class StrandedSweep:
         """One pass over every pack; returns how many generations it made claimable."""
         with self._lock:
             with engine.connect() as connection:
-                pack_ids = queries.packs_list(connection)
+                pack_ids = operator_reads_sql.packs_list(connection)
             healed = 0
             for pack_install_id in pack_ids:
                 after = self._after.get(pack_install_id, "")
@@ -54,13 +55,13 @@ class StrandedSweep:
     def _page(
         self, connection: Connection, *, clock: DatabaseClock, pack_install_id: str, after: str
     ) -> tuple[int, str]:
-        page = queries.work_items_blocked_page(connection, pack_install_id, after, self._limit)
+        page = work_items_sql.work_items_blocked_page(connection, pack_install_id, after, self._limit)
         stranded = [
             row.WorkId
             for row in page
             if row.PredecessorStatus is None or row.PredecessorStatus in TERMINAL_WORK_STATUSES
         ]
-        healed = queries.work_items_unblock(connection, stranded, clock.read(connection)) if stranded else 0
+        healed = work_items_sql.work_items_unblock(connection, stranded, clock.read(connection)) if stranded else 0
         if healed:
             log.warning(
                 "made %d blocked generations of pack %s claimable: their predecessor is terminal or missing: %s",

@@ -14,9 +14,10 @@ from collections.abc import Iterator, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.leases import current_lease
+from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_schema.member_counts import admitted_count
@@ -45,7 +46,7 @@ def load_inputs(
         start, end = row.InputStartOrdinal, row.LaneOrdinal
         if start is None:
             raise MembershipMissing(f"work {work_id} has no InputStartOrdinal: its membership was never recorded")
-        count = queries.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
+        count = events_sql.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
         rows, last = _page(connection, settings, row, start - 1, end, size)
     admitted = admitted_count(row)
     streamed = 0
@@ -67,7 +68,7 @@ def load_inputs(
         if last and streamed != count:
             raise MembershipMissing(f"work {work_id}: streamed {streamed} inputs but the range holds {count}")
         yield InputPage(
-            inputs=tuple(queries.input_value(r) for r in rows),
+            inputs=tuple(events_sql.input_value(r) for r in rows),
             last=last,
             member_count=count,
         )
@@ -79,19 +80,19 @@ def load_inputs(
 
 
 def _page(
-    connection: Connection, settings: Settings, work: queries.DbRow, after: int, end: int, size: int
-) -> tuple[list[queries.DbRow], bool]:
+    connection: Connection, settings: Settings, work: DbRow, after: int, end: int, size: int
+) -> tuple[list[DbRow], bool]:
     """The next members after ``after`` within ``size`` members and the byte budget; and whether none follow.
 
     One statement (``event_range_page``): a page's sizes come from Event.PayloadBytes.
     """
-    rows = queries.event_range_page(
+    rows = events_sql.event_range_page(
         connection, work.PackInstallId, work.ProjectionKey, after, end, size, settings.max_page_bytes
     )
     return rows, not rows or (rows[0].Candidates < size and len(rows) == rows[0].Candidates)
 
 
-def whole_pages(connection: Connection, settings: Settings, works: Sequence[queries.DbRow]) -> dict[str, InputPage]:
+def whole_pages(connection: Connection, settings: Settings, works: Sequence[DbRow]) -> dict[str, InputPage]:
     """The whole membership of those of ``works`` that fit together in one page, by WorkId: a claim's inline inputs.
 
     ``works`` are WorkItem rows a claim has just leased, oldest first: their bounds are frozen
@@ -108,10 +109,12 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[quer
     room = size = settings.page_size(0)
     budget = settings.max_page_bytes
     ranges = [
-        queries.EventRange(w.PackInstallId, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
+        events_sql.EventRange(w.PackInstallId, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
     ]
-    fitting: list[tuple[queries.DbRow, queries.EventRange, int]] = []
-    for work, members, sizes in zip(works, ranges, queries.event_ranges_sizes(connection, ranges, size), strict=True):
+    fitting: list[tuple[DbRow, events_sql.EventRange, int]] = []
+    for work, members, sizes in zip(
+        works, ranges, events_sql.event_ranges_sizes(connection, ranges, size), strict=True
+    ):
         payload_bytes = sum(r.PayloadBytes for r in sizes)
         if len(sizes) <= room and payload_bytes <= budget and _whole(work, [r.EnqueueOrdinal for r in sizes]):
             room -= len(sizes)
@@ -119,15 +122,15 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[quer
             fitting.append((work, members, len(sizes)))
     if not fitting:
         return {}
-    pages = queries.event_ranges_members(connection, [members for _, members, _ in fitting])
+    pages = events_sql.event_ranges_members(connection, [members for _, members, _ in fitting])
     return {
-        work.WorkId: InputPage(inputs=tuple(queries.input_value(r) for r in rows), last=True, member_count=len(rows))
+        work.WorkId: InputPage(inputs=tuple(events_sql.input_value(r) for r in rows), last=True, member_count=len(rows))
         for (work, _, count), rows in zip(fitting, pages, strict=True)
         if len(rows) == count
     }
 
 
-def _whole(work: queries.DbRow, ordinals: Sequence[int]) -> bool:
+def _whole(work: DbRow, ordinals: Sequence[int]) -> bool:
     """Whether ``ordinals`` are a membership LoadInputs would stream whole: both ends, the counts it checks."""
     admitted = admitted_count(work)
     return (

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors import queries
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import UnknownPack
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from workqueue import ReceiptState, WorkStatus
@@ -31,11 +31,13 @@ def queue_state(engine: Engine, clock: DatabaseClock, pack_install_id: str) -> Q
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
     with engine.connect() as connection:
-        if queries.pack_namespace(connection, pack_install_id) is None:
+        if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        counts = queries.work_queue_counts(connection, pack_install_id)
-        oldest = queries.work_oldest_waiting(connection, pack_install_id)
-        waiting = queries.receipt_count_capped(connection, pack_install_id, ReceiptState.STORED, RECEIPTS_WAITING_CAP)
+        counts = operator_reads_sql.work_queue_counts(connection, pack_install_id)
+        oldest = operator_reads_sql.work_oldest_waiting(connection, pack_install_id)
+        waiting = operator_reads_sql.receipt_count_capped(
+            connection, pack_install_id, ReceiptState.STORED, RECEIPTS_WAITING_CAP
+        )
         now = clock.read(connection)  # ages on the database's clock, as CreatedAt was (decision 118)
     return QueueState(
         pack_install_id=pack_install_id,

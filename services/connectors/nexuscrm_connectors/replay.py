@@ -12,9 +12,11 @@ import uuid
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, queries, retention
+from nexuscrm_connectors import retention
 from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
@@ -35,22 +37,22 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
         raise InvalidArgument("work_id is required", field="work_id")
 
     def run(connection: Connection) -> ReplayResult:
-        found = queries.work_item_get(connection, work_id)
+        found = work_items_sql.work_item_get(connection, work_id)
         if found is None:
             retention.refuse_if_pruned(connection, work_id)
-        pack = packs.pack_lock(connection, found.PackInstallId, clock)
-        target = queries.work_item_get(connection, work_id, lock=True)
+        pack = packs_sql.pack_lock(connection, found.PackInstallId, clock)
+        target = work_items_sql.work_item_get(connection, work_id, lock=True)
         if target is None:  # WorkItems are never deleted
             raise RuntimeError(f"work {work_id} vanished between its read and its row lock")
-        if target.InputStartOrdinal is None or packs.protocol_get(connection, target.PackInstallId) is None:
+        if target.InputStartOrdinal is None or packs_sql.protocol_get(connection, target.PackInstallId) is None:
             raise ProtocolMissing(f"work {work_id} is old-protocol work; replay needs native range work")
         if WorkStatus(target.Status) not in TERMINAL_WORK_STATUSES:
             raise ReplayRefused(f"work {work_id} is {target.Status}; only terminal work can be replayed")
-        live = queries.work_item_live_replay(connection, work_id)
+        live = work_items_sql.work_item_live_replay(connection, work_id)
         if live is not None:
             raise ReplayRefused(f"work {work_id} already has a live replay {live.WorkId} ({live.Status})")
         now = pack.now
-        (ordinal,) = packs.ordinals_allocate(connection, pack, 1)
+        (ordinal,) = packs_sql.ordinals_allocate(connection, pack, 1)
         payload = json.dumps(
             {
                 "replay_of_work_id": work_id,
@@ -59,7 +61,7 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
             },
             sort_keys=True,
         ).encode()
-        packs.events_insert(
+        packs_sql.events_insert(
             connection,
             pack.pack_install_id,
             [
@@ -76,12 +78,12 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
                 )
             ],
         )
-        newest = queries.work_items_newest(
+        newest = work_items_sql.work_items_newest(
             connection, pack.pack_install_id, range(ordinal, ordinal + 1), [target.ProjectionKey]
         )[target.ProjectionKey]
         new_id = str(uuid.uuid4())
         blocked = WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES
-        queries.work_items_insert(
+        work_items_sql.work_items_insert(
             connection,
             [
                 generation_row(
@@ -98,11 +100,11 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
                 )
             ],
         )
-        if blocked and queries.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
+        if blocked and work_items_sql.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
             raise RuntimeError("the newest generation changed under its row lock")  # decision 106
-        created = queries.work_item_get(connection, new_id)
+        created = work_items_sql.work_item_get(connection, new_id)
         if created is None:
             raise RuntimeError(f"replay {new_id} vanished inside the transaction that inserted it")
-        return ReplayResult(work=queries.work_item_value(created), replay_event_ordinal=ordinal)
+        return ReplayResult(work=work_items_sql.work_item_value(created), replay_event_ordinal=ordinal)
 
     return run_transaction(engine, run, name="replay", unique_keys_conflict=True)  # an ordinal another primary took

@@ -46,9 +46,11 @@ from typing import Any, NoReturn
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import packs, queries
-from nexuscrm_connectors import retention_queries as rq
 from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack, WorkNotFound, WorkPruned
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import retention as retention_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import run_transaction
@@ -111,14 +113,14 @@ def set_policy(
         )
 
     def run(connection: Connection) -> RetentionPolicy:
-        pack = packs.pack_lock(connection, pack_install_id, clock)
-        if packs.protocol_get(connection, pack_install_id) is None:
+        pack = packs_sql.pack_lock(connection, pack_install_id, clock)
+        if packs_sql.protocol_get(connection, pack_install_id) is None:
             raise ProtocolMissing(
                 f"pack {pack_install_id} has no projection protocol row: retention is refused, because the "
                 "cutover audit of a pack that is not cut over reads its whole retained history",
                 field="pack_install_id",
             )
-        rq.policy_upsert(
+        retention_sql.policy_upsert(
             connection,
             pack_install_id,
             keep_generations=keep_generations,
@@ -126,7 +128,7 @@ def set_policy(
             duplicate_window_seconds=duplicate_window_seconds,
             now=pack.now,
         )
-        return policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+        return policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
 
     return run_transaction(engine, run, name="retention policy")
 
@@ -134,9 +136,9 @@ def set_policy(
 def get_policy(engine: Engine, pack_install_id: str) -> RetentionPolicy:
     """The pack's policy and horizon (off when none was set); raises ``UnknownPack``."""
     with engine.connect() as connection:
-        if queries.pack_namespace(connection, pack_install_id) is None:
+        if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        return policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+        return policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
 
 
 def prune(
@@ -167,7 +169,7 @@ def prune(
         return dataclasses.replace(expired, horizon_ordinal=policy.horizon_ordinal), None
     with engine.connect() as connection:
         now = clock.read(connection)  # ages on the database's clock, as FinishedAt was (decision 118)
-        candidates = rq.work_items_retention_candidates(
+        candidates = retention_sql.work_items_retention_candidates(
             connection, pack_install_id, finished_before=policy.finished_before(now), after=after, limit=limit
         )
         if dry_run:
@@ -217,7 +219,9 @@ def _expire(
     if dry_run:
         with engine.connect() as connection:
             before = clock.read(connection) - dt.timedelta(seconds=policy.duplicate_window_seconds)
-            due = rq.tombstones_expiring(connection, policy.pack_install_id, before, settings.prune_batch_events)
+            due = retention_sql.tombstones_expiring(
+                connection, policy.pack_install_id, before, settings.prune_batch_events
+            )
         return dataclasses.replace(report, expired_receipts=len(due))
     receipts = generations = 0
     for _ in range(EXPIRE_BATCHES_PER_PASS):
@@ -246,20 +250,24 @@ def _expire_batch(
     and records deleted, and whether more may be due.
     """
     now = clock.read(connection)
-    policy = policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
     before = policy.expire_before(now)
     if before is None:
         return 0, 0, False
     limit = settings.prune_batch_events
-    due = rq.tombstones_expiring(connection, pack_install_id, before, limit)
-    records = [] if len(due) == limit else rq.pruned_work_expiring(connection, pack_install_id, before, limit)
+    due = retention_sql.tombstones_expiring(connection, pack_install_id, before, limit)
+    records = (
+        [] if len(due) == limit else retention_sql.pruned_work_expiring(connection, pack_install_id, before, limit)
+    )
     if not due and not records:
         return 0, 0, False
-    rq.pack_control_version_bump(connection, pack_install_id)  # the pack row first, as admission locks it
-    tombstones = rq.tombstones_delete(connection, pack_install_id, [row.ReceiptKey for row in due], before)
-    expired = rq.pruned_work_delete(connection, records)
+    retention_sql.pack_control_version_bump(connection, pack_install_id)  # the pack row first, as admission locks it
+    tombstones = retention_sql.tombstones_delete(connection, pack_install_id, [row.ReceiptKey for row in due], before)
+    expired = retention_sql.pruned_work_delete(connection, records)
     horizon = max((row.SourceTime for row in due), default=None)
-    recorded = rq.policy_record_expiry(connection, pack_install_id, horizon=horizon, expired=tombstones, now=now)
+    recorded = retention_sql.policy_record_expiry(
+        connection, pack_install_id, horizon=horizon, expired=tombstones, now=now
+    )
     if recorded != 1:
         raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
     return tombstones, expired, len(due) == limit or len(records) == limit
@@ -271,7 +279,7 @@ def _dry_run(connection: Connection, policy: RetentionPolicy, candidates: list[A
         if _keeps(connection, policy, row, now):
             kept += 1
             continue
-        members, with_receipt = rq.events_member_counts(
+        members, with_receipt = retention_sql.events_member_counts(
             connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
         )
         generations, events, receipts = generations + 1, events + members, receipts + with_receipt
@@ -293,10 +301,11 @@ def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.da
     if row.FinishedAt is None or row.FinishedAt > policy.finished_before(now):
         return True
     keep = policy.keep_generations or 1  # the newest generation of an identity always stays
-    if rq.work_items_newer(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal, keep) < keep:
+    if retention_sql.work_items_newer(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal, keep) < keep:
         return True
     return (
-        row.SuccessorWorkId is not None and rq.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED
+        row.SuccessorWorkId is not None
+        and retention_sql.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED
     )
 
 
@@ -327,7 +336,7 @@ def _prune_batch(
     transaction.
     """
     now = clock.read(connection)
-    policy = policy_from_row(pack_install_id, rq.policy_get(connection, pack_install_id))
+    policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
     budget = settings.prune_batch_events
     tally, settled, horizon = _Tally(), 0, None
     tombstones: list[dict[str, Any]] = []
@@ -336,14 +345,14 @@ def _prune_batch(
     for work_id in work_ids:
         # Keeping needs no lock; the row lock is taken only to delete (admission locks an
         # identity's newest generation, which the policy always keeps), then decided again.
-        row = queries.work_item_get(connection, work_id)
+        row = work_items_sql.work_item_get(connection, work_id)
         if row is not None and policy.active and not _keeps(connection, policy, row, now):
-            row = queries.work_item_get(connection, work_id, lock=True)
+            row = work_items_sql.work_item_get(connection, work_id, lock=True)
         if row is None or not policy.active or _keeps(connection, policy, row, now):
             tally.kept += row is not None
             settled += 1
             continue
-        members = rq.events_members_page(
+        members = retention_sql.events_members_page(
             connection, pack_install_id, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal, budget + 1
         )
         done = len(members) <= budget
@@ -373,14 +382,14 @@ def _prune_batch(
         horizon = max(horizon or 0, row.LaneOrdinal)
         if budget <= 0:
             break
-    rq.receipts_prune(connection, tombstones)
+    retention_sql.receipts_prune(connection, tombstones)
     tally.receipts = len(tombstones)
-    tally.events = rq.events_delete(connection, pack_install_id, ordinals)
-    tally.generations = rq.work_items_prune(connection, pruned, now)
+    tally.events = retention_sql.events_delete(connection, pack_install_id, ordinals)
+    tally.generations = retention_sql.work_items_prune(connection, pruned, now)
     if tally.generations != len(pruned):
         raise RuntimeError(f"a terminal generation of pack {pack_install_id} changed under its row lock")
     if tally.events or tally.generations:
-        recorded = rq.policy_record_pruning(
+        recorded = retention_sql.policy_record_pruning(
             connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now
         )
         if recorded != 1:
@@ -393,7 +402,7 @@ def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:
 
     The record expires with the window by it. A generation pruned in several chunks may have
     earlier tombstones newer than this: they outlive the record, and still answer duplicates
-    (``queries.events_by_receipt`` reads tombstones without their record too).
+    (``events_sql.events_by_receipt`` reads tombstones without their record too).
     """
     times: list[dt.datetime | None] = [t["SourceTime"] for t in tombstones]
     if not times or None in times:
@@ -403,7 +412,7 @@ def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:
 
 def refuse_if_pruned(connection: Connection, work_id: str) -> NoReturn:
     """Raise ``WorkPruned`` saying when ``work_id`` was pruned, if it was; else ``WorkNotFound``."""
-    pruned = rq.pruned_work_get(connection, work_id)
+    pruned = retention_sql.pruned_work_get(connection, work_id)
     if pruned is None:
         raise WorkNotFound(
             f"work {work_id} does not exist (or it was pruned and its record expired with its pack's duplicate window)",
@@ -430,7 +439,7 @@ class Pruner:
     def run(self, engine: Engine, settings: Settings, clock: DatabaseClock) -> list[PruneReport]:
         """One pass; returns a report per pack with an active policy."""
         with engine.connect() as connection:
-            packs_with_policy = [row.PackInstallId for row in rq.policies_active(connection)]
+            packs_with_policy = [row.PackInstallId for row in retention_sql.policies_active(connection)]
         reports = []
         for pack_install_id in packs_with_policy:
             report, self._after[pack_install_id] = prune(

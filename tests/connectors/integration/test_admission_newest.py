@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import queries
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import delivery, install_pack
@@ -88,14 +88,14 @@ def test_a_rolled_back_admission_is_not_remembered(
     _admit(here, pack, "a1")
     running = _claim(here, pack)  # the next input needs a successor
 
-    insert = queries.work_items_insert
+    insert = work_items_sql.work_items_insert
 
     def insert_then_fail(connection: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
         insert(connection, rows)
         raise RuntimeError("the admission transaction fails after creating its successor")
 
     with monkeypatch.context() as patch:
-        patch.setattr(queries, "work_items_insert", insert_then_fail)
+        patch.setattr(work_items_sql, "work_items_insert", insert_then_fail)
         with pytest.raises(RuntimeError, match="fails after creating"):
             here.ingest(pack, items=[delivery("a2")])
     successor = _admit(there, pack, "b1")  # LastOrdinal now equals what the rolled-back batch would have left

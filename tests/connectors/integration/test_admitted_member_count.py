@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.retention_queries import events_delete
+from nexuscrm_connectors.queries.retention import events_delete
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import WorkItem
 from tests.support.factories import delivery, install_pack

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 from nexuscrm_connectors.leases import CLAIM_PASSES
-from nexuscrm_connectors.retention_queries import events_delete
+from nexuscrm_connectors.queries.retention import events_delete
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem

@@ -27,8 +27,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from nexuscrm_connectors import queries
 from nexuscrm_connectors.admission import generation_row
+from nexuscrm_connectors.queries import claims as claims_sql
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import receipts as receipts_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import Event, WorkItem
@@ -104,7 +107,7 @@ def seed(engine: sa.Engine) -> Seeded:
         clock.advance(1)
     claim = connectors.claim("seed", pack_install_ids=[native])[0]
     with engine.begin() as connection:
-        queries.receipts_insert(
+        receipts_sql.receipts_insert(
             connection,
             [
                 {
@@ -198,9 +201,9 @@ def _insert_history(engine: sa.Engine, pack: str, keys: list[str], *, legacy: bo
         for row in events
     ]
     with engine.begin() as connection:
-        queries.receipts_insert(connection, receipts)
-        queries.events_insert(connection, events)
-        queries.work_items_insert(connection, work)
+        receipts_sql.receipts_insert(connection, receipts)
+        events_sql.events_insert(connection, events)
+        work_items_sql.work_items_insert(connection, work)
 
 
 def _analyze(engine: sa.Engine) -> None:
@@ -213,10 +216,10 @@ def _analyze(engine: sa.Engine) -> None:
             )
 
 
-def ranges(seeded: Seeded) -> list[queries.EventRange]:
+def ranges(seeded: Seeded) -> list[events_sql.EventRange]:
     """Member ranges of three identities of the native pack."""
     return [
-        queries.EventRange(seeded.native_pack, key, seeded.start - 1, seeded.end)
+        events_sql.EventRange(seeded.native_pack, key, seeded.start - 1, seeded.end)
         for key in list(seeded.projection_keys)[:3]
     ]
 
@@ -264,7 +267,7 @@ def test_a_claims_member_count_reads_the_members_identity_not_the_pack(engine: s
         overhead = -rows_read() + rows_read()  # what reading the counters itself adds
         before = rows_read()
         with capture(engine) as captured:
-            assert queries.work_items_record_member_count(connection, [work.WorkId], "t") == 1
+            assert claims_sql.work_items_record_member_count(connection, [work.WorkId], "t") == 1
         read = rows_read() - before - overhead
         (statement,) = captured
         sqlite_plan = _sqlite_plan(connection, statement)
@@ -306,7 +309,7 @@ def test_a_claims_inline_payloads_are_read_without_a_temporary_table(engine: sa.
             .where(WorkItem.c.PackInstallId == pack)
             .order_by(WorkItem.c.ProjectionKey)
         ).all()
-        ranges = [queries.EventRange(pack, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works]
+        ranges = [events_sql.EventRange(pack, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works]
 
         def temporary_tables() -> int:
             return _session_counters(connection, "Created_tmp%tables")
@@ -314,7 +317,7 @@ def test_a_claims_inline_payloads_are_read_without_a_temporary_table(engine: sa.
         overhead = -temporary_tables() + temporary_tables()  # SHOW STATUS builds temporary tables itself
         before = temporary_tables()
         with capture(engine) as captured:
-            members = queries.event_ranges_members(connection, ranges)
+            members = events_sql.event_ranges_members(connection, ranges)
         built = temporary_tables() - before - overhead
         (statement,) = captured
         sqlite_plan = _sqlite_plan(connection, statement)

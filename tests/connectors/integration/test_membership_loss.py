@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from nexuscrm_connectors.errors import MembershipMissing
-from nexuscrm_connectors.retention_queries import events_delete
+from nexuscrm_connectors.queries.retention import events_delete
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
 from nexuscrm_schema.tables import WorkItem

@@ -10,8 +10,10 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors import leases, queries
+from nexuscrm_connectors import leases
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
+from nexuscrm_connectors.queries import claims as claims_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.checksums import database_checksums
@@ -131,19 +133,19 @@ def test_stale_snapshot_is_refused_by_the_conditional_update(engine: sa.Engine, 
     pack = install_pack(engine)
     connectors.ingest(pack, items=[delivery()])
     with engine.connect() as connection:
-        snapshot = queries.work_item_get(connection, connectors.ingest(pack, items=[delivery()])[0].work_id)
+        snapshot = work_items_sql.work_item_get(connection, connectors.ingest(pack, items=[delivery()])[0].work_id)
     assert snapshot is not None and snapshot.Status == WorkStatus.PENDING
     claim = connectors.claim("w", pack_install_ids=[pack])[0]  # the row moves on
     with engine.begin() as connection:
         # A caller acting on its outdated read: claim as if still pending, extend as if unclaimed.
         assert (
-            queries.work_item_update_if(
+            claims_sql.work_item_update_if(
                 connection, snapshot.WorkId, {"Status": snapshot.Status, "LeaseToken": None}, {"LeaseOwner": "intruder"}
             )
             == 0
         )
         assert (
-            queries.work_items_extend(
+            work_items_sql.work_items_extend(
                 connection,
                 pack,
                 {snapshot.WorkId: (snapshot.LaneOrdinal + 5, 5)},

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import queries, retention
+from nexuscrm_connectors import retention
+from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK
@@ -95,7 +96,7 @@ def test_an_admission_that_read_the_old_horizon_cannot_commit_after_its_tombston
     synced(engines[1])
     read_horizon, expired = threading.Event(), threading.Event()
     reads: list[None] = []
-    real = queries.events_by_receipt
+    real = events_sql.events_by_receipt
 
     def after_the_horizon(connection: sa.Connection, pack_install_id: str, keys: Sequence[str]) -> Any:
         reads.append(None)
@@ -104,7 +105,7 @@ def test_an_admission_that_read_the_old_horizon_cannot_commit_after_its_tombston
             assert expired.wait(DEADLINE)
         return real(connection, pack_install_id, keys)
 
-    monkeypatch.setattr(queries, "events_by_receipt", after_the_horizon)
+    monkeypatch.setattr(events_sql, "events_by_receipt", after_the_horizon)
     answers: list[list[IngestResult]] = []
     redelivery = threading.Thread(target=lambda: answers.append(Connectors(engines[1]).ingest(pack, items=[old])))
     redelivery.start()

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.legacy import RETRY_SECONDS, LegacyRuntime
-from nexuscrm_connectors.retention_queries import events_delete
+from nexuscrm_connectors.queries.retention import events_delete
 from nexuscrm_controlplane import audit, cutover, fences
 from nexuscrm_controlplane.audit import Rule
 from nexuscrm_controlplane.cutover import Outcome

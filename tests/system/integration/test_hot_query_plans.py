@@ -16,9 +16,14 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import packs, queries
-from nexuscrm_connectors import retention_queries as rq
 from nexuscrm_connectors.leases import lease_grant
+from nexuscrm_connectors.queries import claims as claims_sql
+from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import receipts as receipts_sql
+from nexuscrm_connectors.queries import retention as retention_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_runtime.budgets import MIB
 from nexuscrm_runtime.clock import DATABASE_CLOCK
@@ -39,87 +44,93 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
     after = (pack, START, "h-1")  # a ListReceipts page token's position
     return {
         # Connectors: admission, duplicate verification, claim, payload reads, materializer.
-        "receipts_get": lambda c: queries.receipts_get(c, pack, ["n-1-1", "n-2-2"]),
-        "events_by_receipt": lambda c: queries.events_by_receipt(c, pack, ["n-1-1", "h-7"]),
-        "work_items_covering": lambda c: queries.work_items_covering(
-            c, pack, queries.events_by_receipt(c, pack, ["n-1-1", "h-7", "h-8"])
+        "receipts_get": lambda c: receipts_sql.receipts_get(c, pack, ["n-1-1", "n-2-2"]),
+        "events_by_receipt": lambda c: events_sql.events_by_receipt(c, pack, ["n-1-1", "h-7"]),
+        "work_items_covering": lambda c: work_items_sql.work_items_covering(
+            c, pack, events_sql.events_by_receipt(c, pack, ["n-1-1", "h-7", "h-8"])
         ),
         # Every Event of the range already has its receipt: the copy inserts nothing, and EXPLAIN reads its plan.
-        "receipts_insert_admitted": lambda c: queries.receipts_insert_admitted(
+        "receipts_insert_admitted": lambda c: receipts_sql.receipts_insert_admitted(
             c, pack, range(seeded.start, seeded.end + 1), now
         ),
-        "work_items_newest": lambda c: queries.work_items_newest(
+        "work_items_newest": lambda c: work_items_sql.work_items_newest(
             c, pack, range(seeded.start, seeded.end + 1), seeded.projection_keys
         ),
-        "work_items_extend": lambda c: queries.work_items_extend(
+        "work_items_extend": lambda c: work_items_sql.work_items_extend(
             c, pack, {seeded.claimed_work_id: (seeded.end + 1, 1)}, seeded.end + 1, seeded.end + 1
         ),
-        "work_items_get": lambda c: queries.work_items_get(c, [seeded.claimed_work_id]),
-        "work_item_successor": lambda c: queries.work_item_successor(c, pack, key, seeded.start),
+        "work_items_get": lambda c: work_items_sql.work_items_get(c, [seeded.claimed_work_id]),
+        "work_item_successor": lambda c: work_items_sql.work_item_successor(c, pack, key, seeded.start),
         # Completions (Complete, and a claim's: decision 131): locked read, compare-and-set, successors.
-        "work_items_lock": lambda c: queries.work_items_lock(
+        "work_items_lock": lambda c: claims_sql.work_items_lock(
             c, [seeded.claimed_work_id, "no-such-work"], DATABASE_CLOCK
         ),
-        "work_items_complete": lambda c: queries.work_items_complete(
-            c, list(queries.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values()), now
+        "work_items_complete": lambda c: claims_sql.work_items_complete(
+            c, list(claims_sql.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values()), now
         ),
-        "work_items_successors": lambda c: queries.work_items_successors(
-            c, list(queries.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values())
+        "work_items_successors": lambda c: work_items_sql.work_items_successors(
+            c, list(claims_sql.work_items_lock(c, [seeded.claimed_work_id], DATABASE_CLOCK).values())
         ),
-        "work_items_claimable": lambda c: queries.work_items_claimable(
+        "work_items_claimable": lambda c: claims_sql.work_items_claimable(
             c, [pack, legacy], ["project"], DATABASE_CLOCK, 10
         ),
-        "work_items_claim": lambda c: queries.work_items_claim(
+        "work_items_claim": lambda c: claims_sql.work_items_claim(
             c, [seeded.claimed_work_id, "no-such-work"], now, lease_grant("plan", "token", now)
         ),
-        "work_items_leased": lambda c: queries.work_items_leased(c, [seeded.claimed_work_id], "token"),
-        "work_items_record_member_count": lambda c: queries.work_items_record_member_count(
+        "work_items_leased": lambda c: claims_sql.work_items_leased(c, [seeded.claimed_work_id], "token"),
+        "work_items_record_member_count": lambda c: claims_sql.work_items_record_member_count(
             c, [seeded.claimed_work_id], "token"
         ),
-        "selected_events_set_status": lambda c: queries.selected_events_set_status(
+        "selected_events_set_status": lambda c: events_sql.selected_events_set_status(
             c, [(pack, seeded.end, key), (pack, seeded.start, key)], EventStatus.PROCESSING
         ),
-        "event_range_count": lambda c: queries.event_range_count(c, pack, key, seeded.start, seeded.end),
-        "event_range_page": lambda c: queries.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500, MIB),
+        "event_range_count": lambda c: events_sql.event_range_count(c, pack, key, seeded.start, seeded.end),
+        "event_range_page": lambda c: events_sql.event_range_page(c, pack, key, seeded.start - 1, seeded.end, 500, MIB),
         # A claim's inline inputs (decision 129): the sizes, one UNION ALL of range scans for its
         # generations; then the members of those that fit, one scan of their OR-ed intervals.
-        "event_ranges_sizes (several)": lambda c: queries.event_ranges_sizes(c, ranges(seeded), 500),
-        "event_ranges_members (several)": lambda c: queries.event_ranges_members(c, ranges(seeded)),
-        "receipt_pack_stored_after": lambda c: queries.receipt_pack_stored_after(c, ""),
+        "event_ranges_sizes (several)": lambda c: events_sql.event_ranges_sizes(c, ranges(seeded), 500),
+        "event_ranges_members (several)": lambda c: events_sql.event_ranges_members(c, ranges(seeded)),
+        "receipt_pack_stored_after": lambda c: receipts_sql.receipt_pack_stored_after(c, ""),
         # the allocation UPDATE proves no Event sits above the counter (rolled back here)
-        "ordinals_allocate": lambda c: packs.ordinals_allocate(c, packs.pack_lock(c, pack, DATABASE_CLOCK), 1),
+        "ordinals_allocate": lambda c: packs_sql.ordinals_allocate(c, packs_sql.pack_lock(c, pack, DATABASE_CLOCK), 1),
         # the fence check and the protocol row after the pack lock, one statement (decision 140)
-        "admission_guard": lambda c: packs.admission_guard(c, packs.pack_lock(c, pack, DATABASE_CLOCK)),
-        "receipts_stored_sizes": lambda c: queries.receipts_stored_sizes(c, pack, 500),
-        "receipts_stored_list": lambda c: queries.receipts_stored_list(c, pack, ["stored-0", "stored-2"]),
+        "admission_guard": lambda c: packs_sql.admission_guard(c, packs_sql.pack_lock(c, pack, DATABASE_CLOCK)),
+        "receipts_stored_sizes": lambda c: receipts_sql.receipts_stored_sizes(c, pack, 500),
+        "receipts_stored_list": lambda c: receipts_sql.receipts_stored_list(c, pack, ["stored-0", "stored-2"]),
         # Connectors: ListReceipts pages after the first (the dashboard test covers the first).
-        "receipts_in_state": lambda c: queries.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),
-        "receipts_in_state (all packs)": lambda c: queries.receipts_in_state(c, ReceiptState.STORED, None, after, 50),
+        "receipts_in_state": lambda c: operator_reads_sql.receipts_in_state(c, ReceiptState.CONFIRMED, pack, after, 50),
+        "receipts_in_state (all packs)": lambda c: operator_reads_sql.receipts_in_state(
+            c, ReceiptState.STORED, None, after, 50
+        ),
         # Connectors: the native queue (GetQueueState, WaitQueueDrained) and generation reads.
-        "work_queue_counts": lambda c: queries.work_queue_counts(c, pack),
-        "work_oldest_waiting": lambda c: queries.work_oldest_waiting(c, pack),
-        "receipt_count_capped": lambda c: queries.receipt_count_capped(c, pack, ReceiptState.STORED, 10_000),
-        "work_items_of_identity": lambda c: queries.work_items_of_identity(c, pack, key, None, 50),
-        "work_items_of_identity (next page)": lambda c: queries.work_items_of_identity(c, pack, key, seeded.end, 50),
-        "work_items_of_pack": lambda c: queries.work_items_of_pack(c, pack, None, 50),
-        "work_items_of_pack (next page)": lambda c: queries.work_items_of_pack(c, pack, (key, seeded.end), 50),
+        "work_queue_counts": lambda c: operator_reads_sql.work_queue_counts(c, pack),
+        "work_oldest_waiting": lambda c: operator_reads_sql.work_oldest_waiting(c, pack),
+        "receipt_count_capped": lambda c: operator_reads_sql.receipt_count_capped(c, pack, ReceiptState.STORED, 10_000),
+        "work_items_of_identity": lambda c: operator_reads_sql.work_items_of_identity(c, pack, key, None, 50),
+        "work_items_of_identity (next page)": lambda c: operator_reads_sql.work_items_of_identity(
+            c, pack, key, seeded.end, 50
+        ),
+        "work_items_of_pack": lambda c: operator_reads_sql.work_items_of_pack(c, pack, None, 50),
+        "work_items_of_pack (next page)": lambda c: operator_reads_sql.work_items_of_pack(
+            c, pack, (key, seeded.end), 50
+        ),
         # Controlplane: pack reads (GetPack, FindPacks, ListPacks) and a fence by its short id.
         "packs_by_name": lambda c: cp_queries.packs_by_name(c, "acme", "crm", "1.0", 100),
         "packs_page": lambda c: cp_queries.packs_page(c, "", "", 100),
         "packs_page (one namespace, next page)": lambda c: cp_queries.packs_page(c, "acme", pack, 100),
         "fence_ids_with_prefix": lambda c: cp_queries.fence_ids_with_prefix(c, "97c1e36e", 2),
         # Connectors: the retention pruner (decision 123); candidates after a keyset position.
-        "work_items_retention_candidates": lambda c: rq.work_items_retention_candidates(
+        "work_items_retention_candidates": lambda c: retention_sql.work_items_retention_candidates(
             c, pack, finished_before=now, after=(START, "h-1"), limit=50
         ),
-        "work_items_newer": lambda c: rq.work_items_newer(c, pack, key, seeded.start, 2),
-        "events_members_page": lambda c: rq.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
-        "events_member_counts": lambda c: rq.events_member_counts(c, pack, key, seeded.start, seeded.end),
-        "pruned_work_get": lambda c: rq.pruned_work_get(c, seeded.claimed_work_id),
+        "work_items_newer": lambda c: retention_sql.work_items_newer(c, pack, key, seeded.start, 2),
+        "events_members_page": lambda c: retention_sql.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
+        "events_member_counts": lambda c: retention_sql.events_member_counts(c, pack, key, seeded.start, seeded.end),
+        "pruned_work_get": lambda c: retention_sql.pruned_work_get(c, seeded.claimed_work_id),
         # Connectors: the duplicate window's expiry (decision 127), oldest SourceTime first.
-        "tombstones_expiring": lambda c: rq.tombstones_expiring(c, pack, now, 500),
-        "pruned_work_expiring": lambda c: rq.pruned_work_expiring(c, pack, now, 500),
-        "work_namespace": lambda c: queries.work_namespace(c, seeded.claimed_work_id),
+        "tombstones_expiring": lambda c: retention_sql.tombstones_expiring(c, pack, now, 500),
+        "pruned_work_expiring": lambda c: retention_sql.pruned_work_expiring(c, pack, now, 500),
+        "work_namespace": lambda c: operator_reads_sql.work_namespace(c, seeded.claimed_work_id),
         # Controlplane: drain counts (GetDrainStatus, the cutover gate).
         "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),
         "legacy_work_live_sample": lambda c: cp_queries.legacy_work_live_sample(c, legacy, 10),

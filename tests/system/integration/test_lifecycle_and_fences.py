@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import packs
 from nexuscrm_connectors.errors import LegacyRefused
 from nexuscrm_connectors.legacy import LegacyRuntime
+from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_controlplane import drain, fences, lifecycle
 from nexuscrm_controlplane.errors import PackHasHistory, UnknownFence, UnknownPack
 from nexuscrm_schema.tables import Event, IngressReceipt
@@ -90,10 +90,10 @@ def test_the_legacy_runtime_refuses_a_cut_over_pack(engine: sa.Engine, clock: Fa
 def fenced(engine: sa.Engine, pack: str, clock: FakeClock) -> bool:
     """Whether a fence holds ``pack`` as admission reads it; the legacy writer's reads agree (decision 140)."""
     with engine.connect() as connection:
-        locked = packs.pack_lock(connection, pack, clock)
-        guard = packs.admission_guard(connection, locked)
-        assert guard.fenced == packs.fence_active(connection, locked, locked.now)
-        assert guard.protocol == packs.protocol_get(connection, pack)
+        locked = packs_sql.pack_lock(connection, pack, clock)
+        guard = packs_sql.admission_guard(connection, locked)
+        assert guard.fenced == packs_sql.fence_active(connection, locked, locked.now)
+        assert guard.protocol == packs_sql.protocol_get(connection, pack)
         return guard.fenced
 
 

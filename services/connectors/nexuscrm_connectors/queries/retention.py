@@ -14,7 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors.queries import DbRow, after_keyset
+from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries.operator_reads import after_keyset
 from nexuscrm_schema.tables import (
     Event,
     EventPayload,

@@ -14,8 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors import queries
 from nexuscrm_connectors.errors import OrdinalCollision, UnknownPack
+from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.tables import (
     NAMESPACE_SCOPE,
@@ -126,7 +126,7 @@ def ordinals_allocate(connection: Connection, pack: LockedPack, count: int) -> r
 
 
 def events_insert(connection: Connection, pack_install_id: str, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert the new Events of ``ordinals_allocate``'s ordinals (``queries.events_insert``).
+    """Insert the new Events of ``ordinals_allocate``'s ordinals (``events_sql.events_insert``).
 
     An Event that appeared at one of those ordinals after the counter was checked (a writer
     that bypassed the pack lock) raises ``OrdinalCollision``, not the driver's integrity
@@ -134,7 +134,7 @@ def events_insert(connection: Connection, pack_install_id: str, rows: Sequence[d
     a statement, so the probe sees only rows that were there before it.
     """
     try:
-        queries.events_insert(connection, rows)
+        events_sql.events_insert(connection, rows)
     except sa.exc.IntegrityError:
         ordinals = [int(row["EnqueueOrdinal"]) for row in rows]
         _refuse_collision(connection, pack_install_id, min(ordinals) - 1, max(ordinals))

@@ -1,0 +1,302 @@
+"""The claim and the end of an attempt: candidates, the lease UPDATE, heartbeat, complete and fail statements."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from nexuscrm_connectors.queries import DbRow
+from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
+from nexuscrm_schema.tables import (
+    ConnectorProjectionProtocol,
+    Event,
+    PackInstall,
+    WorkItem,
+)
+from workqueue import WorkStatus
+
+# ``work_items_lock``'s statement, built once. Parameters: ``work_ids`` (expanding) and the clock's.
+_LOCK_HELD = (
+    sa.select(WorkItem, NOW_PARAMETER.label("Now"))
+    .where(WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
+    .with_for_update()
+)
+
+
+def work_items_lock(connection: Connection, work_ids: Collection[str], clock: DatabaseClock) -> dict[str, DbRow]:
+    """WorkItems by primary key, locked (FOR UPDATE), each with ``clock``'s now as ``Now``; one statement.
+
+    The lock keeps the leases read unchanged until the caller's compare-and-set in the same
+    transaction (``work_items_complete``), so its row count is exact.
+    """
+    rows = connection.execute(_LOCK_HELD, {"work_ids": list(work_ids), **clock.parameters()})
+    return {row.WorkId: row for row in rows}
+
+
+@functools.lru_cache(maxsize=16)
+def _complete_statement(size: int) -> sa.Update:
+    """``work_items_complete``'s UPDATE of ``size`` leases; built once per size (padded, as ``_link_statement``)."""
+    leases = [
+        sa.and_(
+            WorkItem.c.WorkId == sa.bindparam(f"work_{n}"),
+            WorkItem.c.LeaseToken == sa.bindparam(f"token_{n}"),
+            WorkItem.c.LeaseExpiresAt == sa.bindparam(f"expires_{n}"),
+        )
+        for n in range(size)
+    ]
+    return (
+        sa.update(WorkItem)
+        .where(sa.or_(*leases), WorkItem.c.Status == WorkStatus.PROCESSING)
+        .values(Status=WorkStatus.COMPLETED, ClaimableAt=None, FinishedAt=sa.bindparam("finished_at"))
+    )
+
+
+def work_items_complete(connection: Connection, held: Sequence[DbRow], now: dt.datetime) -> int:
+    """Complete the generations ``held`` (rows as read), each only if it still holds the lease read; one UPDATE.
+
+    The compare-and-set of each row is its WorkId, lease token and lease expiry as read, and
+    processing; an OR of primary-key conjunctions (as ``selected_events_set_status``), padded to
+    a power of two by repeating the last row. Returns the row count for the caller to compare
+    with ``len(held)``.
+    """
+    if not held:
+        return 0
+    padded = list(held)
+    size = 1 << (len(padded) - 1).bit_length()
+    padded += padded[-1:] * (size - len(padded))
+    parameters: dict[str, Any] = {"finished_at": now}
+    for n, row in enumerate(padded):
+        parameters |= {f"work_{n}": row.WorkId, f"token_{n}": row.LeaseToken, f"expires_{n}": row.LeaseExpiresAt}
+    return connection.execute(_complete_statement(size), parameters).rowcount
+
+
+@functools.lru_cache(maxsize=64)
+def _claimable_statement(packs: int, by_work_type: bool) -> sa.CompoundSelect[Any]:
+    """The candidate read of ``work_items_claimable`` for ``packs`` packs; built once per shape.
+
+    Parameters: ``pack_<n>`` for n < ``packs``, ``limit``, the clock's offset
+    (``DatabaseClock.parameters``) and, if ``by_work_type``, ``work_types``.
+    """
+    selects = []
+    for n in range(packs):
+        for status in (WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.PROCESSING):
+            statement = (
+                sa.select(
+                    WorkItem.c.WorkId,
+                    WorkItem.c.PackInstallId,
+                    WorkItem.c.ProjectionKey,
+                    WorkItem.c.Status,
+                    WorkItem.c.ClaimableAt,
+                    WorkItem.c.LeaseToken,
+                    WorkItem.c.Attempt,
+                    WorkItem.c.MaxAttempts,
+                    WorkItem.c.InputStartOrdinal,
+                    WorkItem.c.LaneOrdinal,
+                    WorkItem.c.SuccessorWorkId,
+                    NOW_PARAMETER.label("Now"),
+                )
+                .where(
+                    WorkItem.c.PackInstallId == sa.bindparam(f"pack_{n}"),
+                    WorkItem.c.Status == status,
+                    WorkItem.c.ClaimableAt <= NOW_PARAMETER,
+                )
+                .order_by(WorkItem.c.ClaimableAt)
+                .limit(sa.bindparam("limit", type_=sa.Integer()))
+            )
+            if by_work_type:
+                statement = statement.where(WorkItem.c.WorkType.in_(sa.bindparam("work_types", expanding=True)))
+            selects.append(statement.subquery().select())
+    return sa.union_all(*selects)
+
+
+def work_items_claimable(
+    connection: Connection,
+    pack_install_ids: Sequence[str],
+    work_types: Sequence[str],
+    clock: DatabaseClock,
+    limit: int,
+) -> list[DbRow]:
+    """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
+
+    Due at ``clock``'s now, which each row carries as column ``Now``: the instant the claim
+    transaction decides with.
+
+    One ordered, limited range scan of ix_workitem_claim per (pack, status), combined with
+    UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
+    by ClaimableAt with a stable sort (ties keep each branch's index order). Each row carries
+    what a claim decides on: its state, attempts, range and identity. The statement is built
+    once per number of packs (docs/performance.md, "Tuning notes formerly in docs/decisions").
+    """
+    if not pack_install_ids:
+        return []
+    parameters: dict[str, Any] = {"limit": limit, **clock.parameters()}
+    parameters |= {f"pack_{n}": pack_install_id for n, pack_install_id in enumerate(pack_install_ids)}
+    if work_types:
+        parameters["work_types"] = list(work_types)
+    statement = _claimable_statement(len(pack_install_ids), bool(work_types))
+    rows = connection.execute(statement, parameters).all()
+    return sorted(rows, key=lambda row: row.ClaimableAt)[:limit]
+
+
+def work_items_claim(
+    connection: Connection, work_ids: Sequence[str], now: dt.datetime, grant: Mapping[str, Any]
+) -> int:
+    """Lease every generation of ``work_ids`` that is still claimable at ``now``, in one UPDATE.
+
+    The compare-and-set is the claimability condition itself, evaluated on each row's current
+    version under its row lock: pending or retry, or processing with an expired lease and an
+    attempt left, and ClaimableAt <= ``now``. A row another claim took meanwhile carries a
+    future ClaimableAt and is skipped, so ``grant`` (``LeaseToken`` and the other lease
+    columns) marks exactly the rows this statement won: the caller reads them back by token.
+    An expired lease counts as a failed attempt (Attempt + 1). Primary-key lookups; returns
+    the row count.
+    """
+    if not work_ids:
+        return 0
+    parameters = {"work_ids": list(work_ids), "now": now, **{f"grant_{name}": value for name, value in grant.items()}}
+    return connection.execute(_claim_statement(tuple(grant)), parameters).rowcount
+
+
+@functools.lru_cache(maxsize=4)
+def _claim_statement(granted: tuple[str, ...]) -> sa.Update:
+    """The lease UPDATE of ``work_items_claim`` setting the ``granted`` columns; built once.
+
+    Parameters: ``work_ids``, ``now`` and ``grant_<column>`` for each granted column.
+    """
+    expired = WorkItem.c.Status == WorkStatus.PROCESSING
+    claimable = sa.or_(
+        WorkItem.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY]),
+        sa.and_(expired, WorkItem.c.Attempt + 1 < WorkItem.c.MaxAttempts),
+    )
+    # Attempt first: MySQL evaluates SET assignments left to right, so the CASE must see the
+    # old Status (SQLite and TiDB read old values anyway).
+    attempt = WorkItem.c.Attempt + sa.case((expired, 1), else_=0)
+    assignments = [
+        (WorkItem.c.Attempt, attempt),
+        *((WorkItem.c[name], sa.bindparam(f"grant_{name}", type_=WorkItem.c[name].type)) for name in granted),
+    ]
+    return (
+        sa.update(WorkItem)
+        .where(
+            WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
+            WorkItem.c.ClaimableAt <= sa.bindparam("now", type_=WorkItem.c.ClaimableAt.type),
+            claimable,
+        )
+        .ordered_values(*assignments)
+    )
+
+
+_MEMBER_COUNT_RECORD = (
+    sa.update(WorkItem)
+    .where(
+        WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
+        WorkItem.c.LeaseToken == sa.bindparam("lease_token"),
+        WorkItem.c.ClaimedMemberCount.is_(None),
+    )
+    .values(
+        ClaimedMemberCount=sa.select(sa.func.count())
+        .select_from(Event)
+        .where(
+            Event.c.PackInstallId == WorkItem.c.PackInstallId,
+            Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            Event.c.EnqueueOrdinal.between(WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal),
+        )
+        .with_hint(Event, "FORCE INDEX (ix_event_source_lane)", dialect_name="mysql")
+        .correlate(WorkItem)
+        .scalar_subquery()
+    )
+)
+
+
+def work_items_record_member_count(connection: Connection, work_ids: Sequence[str], lease_token: str) -> int:
+    """Record the member count of each generation of ``work_ids`` that ``lease_token`` leased for the first time.
+
+    ``ClaimedMemberCount`` is the number of the identity's Events in the generation's range,
+    counted on ix_event_source_lane; the range is frozen from the first claim, so LoadInputs
+    can detect a lost member (decision 110); later claims keep the first count. A statement
+    of its own, after the lease UPDATE: an UPDATE that waited for the row lock of an
+    admission extending the generation re-reads the row, but on MySQL-protocol servers its
+    subqueries keep the read view taken before the wait and would miss the extension's
+    Events. A new statement reads them (READ COMMITTED). Primary-key lookups, and the count
+    named to ix_event_source_lane (``FORCE INDEX`` on MySQL-protocol servers): with the
+    statistics InnoDB keeps by itself MariaDB counted on the primary key by PackInstallId
+    alone, reading every Event of the pack for each claimed generation.
+    """
+    return connection.execute(_MEMBER_COUNT_RECORD, {"work_ids": list(work_ids), "lease_token": lease_token}).rowcount
+
+
+_LEASED = (
+    sa.select(WorkItem, Event.c.EnqueueOrdinal.label("SelectedOrdinal"))
+    .select_from(
+        WorkItem.outerjoin(
+            Event,
+            sa.and_(
+                Event.c.PackInstallId == WorkItem.c.PackInstallId,
+                Event.c.EnqueueOrdinal == WorkItem.c.LaneOrdinal,
+                Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            ),
+        )
+    )
+    .where(
+        WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
+        WorkItem.c.LeaseToken == sa.bindparam("lease_token"),
+    )
+)
+
+
+def work_items_leased(connection: Connection, work_ids: Sequence[str], lease_token: str) -> list[DbRow]:
+    """The generations of ``work_ids`` that hold ``lease_token``, each with its selected Event's ordinal.
+
+    ``SelectedOrdinal`` is None when the Event at the generation's LaneOrdinal (its selected
+    Event, of its identity) is missing. Primary-key lookups of WorkItem and Event.
+    """
+    return list(connection.execute(_LEASED, {"work_ids": list(work_ids), "lease_token": lease_token}))
+
+
+def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, Any], values: dict[str, Any]) -> int:
+    """Compare-and-set one WorkItem; return the row count (0 or 1).
+
+    The update applies only if every column in ``expect`` still holds its value (None
+    compares with IS NULL).
+    """
+    compared = tuple((column, value is None) for column, value in expect.items())
+    parameters = {
+        "work_id": work_id,
+        **{f"expect_{column}": value for column, value in expect.items() if value is not None},
+        **{f"value_{column}": value for column, value in values.items()},
+    }
+    return connection.execute(_update_if_statement(compared, tuple(values)), parameters).rowcount
+
+
+@functools.lru_cache(maxsize=64)
+def _update_if_statement(compared: tuple[tuple[str, bool], ...], written: tuple[str, ...]) -> sa.Update:
+    """``work_item_update_if``'s statement; built once per shape.
+
+    ``compared``: (column, whether it must be NULL); ``written``: the columns set. Parameters:
+    ``work_id``, ``expect_<column>`` for each compared column not NULL, ``value_<column>``.
+    """
+    conditions = [WorkItem.c.WorkId == sa.bindparam("work_id")]
+    for column, null in compared:
+        expected = sa.bindparam(f"expect_{column}", type_=WorkItem.c[column].type)
+        conditions.append(WorkItem.c[column].is_(None) if null else WorkItem.c[column] == expected)
+    assignments = {column: sa.bindparam(f"value_{column}", type_=WorkItem.c[column].type) for column in written}
+    return sa.update(WorkItem).where(*conditions).values(assignments)
+
+
+# Every installed pack with its protocol row (Native is None without one), and those named.
+_PACKS = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.PackInstallId.label("Native")).outerjoin(
+    ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
+)
+_PACKS_NAMED = _PACKS.where(PackInstall.c.PackInstallId.in_(sa.bindparam("requested", expanding=True)))
+
+
+def packs_with_protocol(connection: Connection, requested: Sequence[str]) -> list[DbRow]:
+    """The requested packs (every pack when none) with ``Native``, their protocol row's key (None without one)."""
+    if requested:
+        return list(connection.execute(_PACKS_NAMED, {"requested": list(requested)}))
+    return list(connection.execute(_PACKS))
