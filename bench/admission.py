@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from bench import seed
 from bench.environment import Backend, Report, scratch_database, verdict
-from nexuscrm_connectors.admission import Delivery, payload_hash, receipt_row
+from nexuscrm_connectors.deliveries import Delivery, payload_hash, receipt_row
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.service import Connectors

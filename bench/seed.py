@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
+from nexuscrm_connectors.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_schema.tables import PackInstall

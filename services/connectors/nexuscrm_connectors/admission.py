@@ -18,31 +18,38 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import hashlib
 import logging
 import threading
 import uuid
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from nexuscrm_connectors.deliveries import (
+    Delivery,
+    RefusedItem,
+    event_rows,
+    first_of_each_key,
+    generation_row,
+    payload_hash,
+    receipt_row,
+    result_of,
+)
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
-from nexuscrm_connectors.grouping import AdmissionGroups, same_key_again
+from nexuscrm_connectors.grouping import GroupCommit
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime import sqlite_writer
-from nexuscrm_runtime.budgets import within_bytes
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
 from nexuscrm_sdk.timestamps import naive_utc
-from workqueue import EventStatus, ReceiptState, WorkStatus, decode_projection_key
+from workqueue import ReceiptState, WorkStatus
 from workqueue.errors import DomainError, InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
 from workqueue.statuses import TERMINAL_WORK_STATUSES
@@ -58,77 +65,6 @@ log = logging.getLogger(__name__)
 
 IDENTITY_CACHE_SIZE = 65_536  # distinct (pack, route) pairs whose projection key is remembered
 NEWEST_CACHE_SIZE = 65_536  # identities whose newest generation one engine's admissions remember
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Delivery:
-    """A validated delivery with its projection key and payload digest (shared with the legacy runtime)."""
-
-    item: IngestItem
-    projection_key: str
-    payload_hash: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RefusedItem:
-    """A delivery whose fields the transport could not read (an out-of-range Timestamp, an over-long key).
-
-    It stands in its batch for its REJECTED outcome, so that one bad delivery never holds
-    back the others of its call (``nexuscrm_runtime.requests``, item messages).
-    """
-
-    receipt_key: str
-    message: str
-
-
-def ingest(
-    engine: Engine,
-    settings: Settings,
-    clock: DatabaseClock,
-    pack_install_id: str,
-    items: Sequence[IngestItem | RefusedItem],
-) -> list[IngestResult]:
-    """Store and admit a batch of deliveries of one pack; one result per item, in order.
-
-    Raises ``UnknownPack``, ``LimitExceeded`` (too many items), ``InvalidArgument`` (more
-    payload bytes than one transaction may write, ``max_transaction_bytes``) and
-    ``ProtocolMissing`` (an unfenced pack without a protocol row) for the whole batch, before
-    writing anything.
-    Concurrent calls of one pack share admission transactions (``grouping``); a receipt key
-    repeated in the batch (or in a concurrent one) is admitted once.
-    """
-    validate_text("pack_install_id", pack_install_id, FIELD_MAX_LENGTHS["pack_install_id"])
-    if len(items) > settings.max_batch_items:
-        raise LimitExceeded(
-            f"items has {len(items)} deliveries; the limit is {settings.max_batch_items}", field="items"
-        )
-    check_call_bytes(settings, [item for item in items if isinstance(item, IngestItem)])
-    results: dict[int, IngestResult] = {}
-    validated: dict[int, Delivery] = {}
-    first: dict[str, Delivery] = {}  # the first valid delivery of each receipt key
-    for index, item in enumerate(items):
-        if isinstance(item, RefusedItem):
-            results[index] = IngestResult(receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=item.message)
-            continue
-        try:
-            validated[index] = _validate(settings, pack_install_id, item)
-        except DomainError as error:
-            results[index] = IngestResult(receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=str(error))
-            continue
-        first.setdefault(item.receipt_key, validated[index])
-
-    with sqlite_writer.urgent():  # a client waits on this transaction; the workers' can wait (decision 136)
-        admitted = _GROUPS.setdefault(engine, AdmissionGroups()).admit(
-            pack_install_id,
-            list(first.values()),
-            lambda batch: admit(engine, settings, clock, pack_install_id, batch),
-            group_items=settings.admission_group_items,
-            group_bytes=settings.max_transaction_bytes,
-        )
-    for index, delivery in validated.items():
-        key = delivery.item.receipt_key
-        results[index] = admitted[key] if first[key] is delivery else same_key_again(first[key], delivery, admitted)
-    return [results[index] for index in range(len(items))]
 
 
 def check_call_bytes(settings: Settings, items: Sequence[IngestItem]) -> None:
@@ -171,11 +107,6 @@ def _projection_key(pack_install_id: str, route: Route) -> str:
     CPU time. Invalid routes raise and are never cached.
     """
     return route.identity(pack_install_id).key
-
-
-def payload_hash(payload: bytes) -> str:
-    """The stored digest of a payload (sha256, hex)."""
-    return hashlib.sha256(payload).hexdigest()
 
 
 class NewestGenerations:
@@ -222,10 +153,6 @@ class NewestGenerations:
                 self._packs = {pack_install_id: (after, dict(work_ids))}  # forgetting only costs seeks
 
 
-_NEWEST: weakref.WeakKeyDictionary[Engine, NewestGenerations] = weakref.WeakKeyDictionary()
-_GROUPS: weakref.WeakKeyDictionary[Engine, AdmissionGroups] = weakref.WeakKeyDictionary()
-
-
 @dataclasses.dataclass(frozen=True)
 class _Admitted:
     """What one admission transaction decided, and the newest generations it left (for ``NewestGenerations``)."""
@@ -235,24 +162,97 @@ class _Admitted:
     newest: dict[str, str] = dataclasses.field(default_factory=dict)  # identity -> WorkId
 
 
-def admit(
-    engine: Engine, settings: Settings, clock: DatabaseClock, pack_install_id: str, deliveries: Sequence[Delivery]
-) -> dict[str, IngestResult]:
-    """Run the admission transaction (receipts written with their verdicts); results by key."""
-    newest = _NEWEST.setdefault(engine, NewestGenerations())
-    admitted = run_transaction(
-        engine,
-        lambda connection: _admission(connection, settings, clock, newest, pack_install_id, deliveries),
-        name="admission",
-        unique_keys_conflict=True,  # a twin committed through another primary: run again, answer duplicate
-    )
-    if admitted.ordinals:  # committed: a failure here only costs the next admission its seeks
-        ordinals = admitted.ordinals
-        follow_up("admission", lambda: newest.record(pack_install_id, ordinals[0] - 1, ordinals[-1], admitted.newest))
-    return admitted.results
+class Admission:
+    """One service's admission: its group commit and the newest generations it remembers.
+
+    Both live as long as the ``Connectors`` that owns this object; two services on one
+    database stay correct apart (the pack lock orders them, and either one's admission
+    moves the LastOrdinal the other's ``NewestGenerations`` checks).
+    """
+
+    def __init__(self, engine: Engine, settings: Settings, clock: DatabaseClock) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.clock = clock
+        self.newest = NewestGenerations()
+        self.groups: GroupCommit[Delivery, IngestResult] = GroupCommit(
+            self._group_transaction, lambda delivery: len(delivery.item.payload)
+        )
+
+    def ingest(self, pack_install_id: str, items: Sequence[IngestItem | RefusedItem]) -> list[IngestResult]:
+        """Store and admit a batch of deliveries of one pack; one result per item, in order.
+
+        Raises ``UnknownPack``, ``LimitExceeded`` (too many items), ``InvalidArgument`` (more
+        payload bytes than one transaction may write, ``max_transaction_bytes``) and
+        ``ProtocolMissing`` (an unfenced pack without a protocol row) for the whole batch,
+        before writing anything. Concurrent calls of one pack share admission transactions
+        (``grouping``); a receipt key repeated in the batch (or in a concurrent one) is
+        admitted once.
+        """
+        settings = self.settings
+        validate_text("pack_install_id", pack_install_id, FIELD_MAX_LENGTHS["pack_install_id"])
+        if len(items) > settings.max_batch_items:
+            raise LimitExceeded(
+                f"items has {len(items)} deliveries; the limit is {settings.max_batch_items}", field="items"
+            )
+        check_call_bytes(settings, [item for item in items if isinstance(item, IngestItem)])
+        results: dict[int, IngestResult] = {}
+        validated: dict[int, Delivery] = {}
+        for index, item in enumerate(items):
+            if isinstance(item, RefusedItem):
+                results[index] = IngestResult(
+                    receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=item.message
+                )
+                continue
+            try:
+                validated[index] = _validate(settings, pack_install_id, item)
+            except DomainError as error:
+                results[index] = IngestResult(
+                    receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=str(error)
+                )
+        first = first_of_each_key(validated.values())
+        with sqlite_writer.urgent():  # a client waits on this transaction; the workers' can wait (decision 136)
+            grouped = self.groups.submit(
+                pack_install_id,
+                list(first.values()),
+                max_items=settings.admission_group_items,
+                max_weight=settings.max_transaction_bytes,
+            )
+        admitted = {result.receipt_key: result for result in grouped}
+        for index, delivery in validated.items():
+            results[index] = result_of(first, delivery, admitted)
+        return [results[index] for index in range(len(items))]
+
+    def _group_transaction(self, pack_install_id: str, deliveries: Sequence[Delivery]) -> list[IngestResult]:
+        """One group's deliveries admitted in one ``admit_batch``: a result per delivery, in order."""
+        first = first_of_each_key(deliveries)
+        admitted = self.admit_batch(pack_install_id, list(first.values()))
+        return [result_of(first, delivery, admitted) for delivery in deliveries]
+
+    def admit_batch(self, pack_install_id: str, deliveries: Sequence[Delivery]) -> dict[str, IngestResult]:
+        """Run one batch's admission transaction (receipts written with their verdicts); results by key.
+
+        ``deliveries`` have unique receipt keys: the ingest of a group, or the materializer's
+        stored receipts of one pack.
+        """
+        newest = self.newest
+        admitted = run_transaction(
+            self.engine,
+            lambda connection: _batch_transaction(
+                connection, self.settings, self.clock, newest, pack_install_id, deliveries
+            ),
+            name="admission",
+            unique_keys_conflict=True,  # a twin committed through another primary: run again, answer duplicate
+        )
+        if admitted.ordinals:  # committed: a failure here only costs the next admission its seeks
+            ordinals = admitted.ordinals
+            follow_up(
+                "admission", lambda: newest.record(pack_install_id, ordinals[0] - 1, ordinals[-1], admitted.newest)
+            )
+        return admitted.results
 
 
-def _admission(
+def _batch_transaction(
     connection: Connection,
     settings: Settings,
     clock: DatabaseClock,
@@ -297,7 +297,7 @@ def _admission(
             results[delivery.item.receipt_key] = _fenced(delivery)
         else:
             fresh.append(delivery)
-    admitted = _admit_fresh(connection, settings, newest, pack, fresh, now) if fresh else _Admitted({})
+    admitted = _new_generations(connection, settings, newest, pack, fresh, now) if fresh else _Admitted({})
     results.update(admitted.results)
     _record_receipts(connection, pack_install_id, accepted, stored, results, admitted.ordinals, now)
     return dataclasses.replace(admitted, results=results)
@@ -409,76 +409,7 @@ def _fenced(delivery: Delivery) -> IngestResult:
     )
 
 
-def receipt_row(pack_install_id: str, delivery: Delivery, now: dt.datetime, *, state: ReceiptState) -> dict[str, Any]:
-    """The IngressReceipt row of a newly received delivery, written in ``state``.
-
-    Only a stored receipt (not admitted yet) keeps the payload: an admitted input's payload
-    is stored once, in its Event.
-    """
-    return {
-        "PackInstallId": pack_install_id,
-        "ReceiptKey": delivery.item.receipt_key,
-        "ProjectionKey": delivery.projection_key,
-        "PayloadHash": delivery.payload_hash,
-        "Payload": delivery.item.payload if state is ReceiptState.STORED else receipts_sql.ADMITTED_RECEIPT_PAYLOAD,
-        "SourceTime": delivery.item.source_time,
-        "State": state,
-        "ReceivedAt": now,
-        "ConfirmedAt": now if state is ReceiptState.CONFIRMED else None,
-    }
-
-
-def event_row(
-    pack_install_id: str,
-    *,
-    ordinal: int,
-    projection_key: str,
-    receipt_key: str | None,
-    payload: bytes,
-    digest: str,
-    source_time: dt.datetime | None,
-    is_replay: bool,
-    now: dt.datetime,
-) -> dict[str, Any]:
-    """A new pending Event row: a fresh input (admission) or a replay Event (``replay``, no receipt).
-
-    ``digest`` is ``payload_hash(payload)``, which admission has computed already.
-    """
-    return {
-        "PackInstallId": pack_install_id,
-        "EnqueueOrdinal": ordinal,
-        "ProjectionKey": projection_key,
-        "ReceiptKey": receipt_key,
-        "PayloadHash": digest,
-        "Payload": payload,
-        "SourceTime": source_time,
-        "Status": EventStatus.PENDING,
-        "IsReplay": is_replay,
-        "CreatedAt": now,
-    }
-
-
-def event_rows(
-    pack_install_id: str, ordinals: Iterable[int], deliveries: Sequence[Delivery], now: dt.datetime
-) -> list[dict[str, Any]]:
-    """The Event rows of fresh deliveries, one ordinal each, in arrival order."""
-    return [
-        event_row(
-            pack_install_id,
-            ordinal=ordinal,
-            projection_key=delivery.projection_key,
-            receipt_key=delivery.item.receipt_key,
-            payload=delivery.item.payload,
-            digest=delivery.payload_hash,
-            source_time=delivery.item.source_time,
-            is_replay=False,
-            now=now,
-        )
-        for ordinal, delivery in zip(ordinals, deliveries, strict=True)
-    ]
-
-
-def _admit_fresh(
+def _new_generations(
     connection: Connection,
     settings: Settings,
     newest_known: NewestGenerations,
@@ -552,87 +483,3 @@ def _admit_fresh(
 def _extendable(row: Any) -> bool:
     """Only an unclaimed attempt-zero generation may raise its upper bound (invariant B)."""
     return WorkStatus(row.Status) in work_items_sql.UNCLAIMED_STATUSES and row.Attempt == 0
-
-
-def generation_row(
-    *,
-    work_id: str,
-    pack_install_id: str,
-    projection_key: str,
-    start: int,
-    end: int,
-    members: int,
-    blocked: bool,
-    now: dt.datetime,
-    max_attempts: int,
-    replay_of_work_id: str | None = None,
-) -> dict[str, Any]:
-    """A new generation [start, end] of ``members`` inputs; blocked while its predecessor is not terminal (X).
-
-    The row records ``members`` as counted through ``end`` (AdmittedMemberCount and
-    AdmittedThroughOrdinal, decision 149): claim and LoadInputs refuse the range when its
-    members come to differ.
-    """
-    return {
-        "WorkId": work_id,
-        "PackInstallId": pack_install_id,
-        "ProjectionKey": projection_key,
-        "WorkType": decode_projection_key(projection_key).work_type,
-        "InputStartOrdinal": start,
-        "LaneOrdinal": end,
-        "ReplayOfWorkId": replay_of_work_id,
-        "Status": WorkStatus.BLOCKED if blocked else WorkStatus.PENDING,
-        "Attempt": 0,
-        "MaxAttempts": max_attempts,
-        "ClaimableAt": None if blocked else now,
-        "CreatedAt": now,
-        "AdmittedMemberCount": members,
-        "AdmittedThroughOrdinal": end,
-    }
-
-
-def materialize(engine: Engine, settings: Settings, clock: DatabaseClock, limit: int = 500) -> int:
-    """Admit stored, unconfirmed receipts (left by a fence or a crash); return how many were acknowledged.
-
-    Each pack with such receipts gets its oldest ``limit`` admitted in one batch, cut to the
-    oldest that fit in ``settings.max_transaction_bytes`` of payload (at least one), so a pack
-    that stays fenced never starves the others and no batch exceeds TiDB's transaction size.
-    Packs are found one index seek each (``receipt_pack_stored_after``). Packs without a
-    protocol row are skipped, and so is a pack whose admission fails (a conflict that outlasted
-    its retries, the database away): it is logged and retried by the next pass, and the packs
-    admitted already are still counted.
-    """
-    acknowledged = 0
-    pack_install_id = ""
-    while True:
-        with engine.connect() as connection:
-            next_pack = receipts_sql.receipt_pack_stored_after(connection, pack_install_id)
-            if next_pack is None:
-                break
-            pack_install_id = next_pack
-            sizes = receipts_sql.receipts_stored_sizes(connection, pack_install_id, limit)
-            keys = within_bytes([(row.ReceiptKey, row.PayloadBytes) for row in sizes], settings.max_transaction_bytes)
-            stored = receipts_sql.receipts_stored_list(connection, pack_install_id, keys)
-        deliveries = [
-            Delivery(
-                item=IngestItem(
-                    receipt_key=row.ReceiptKey,
-                    route=Route.of(decode_projection_key(row.ProjectionKey)),
-                    payload=row.Payload,
-                    source_time=row.SourceTime,
-                ),
-                projection_key=row.ProjectionKey,
-                payload_hash=row.PayloadHash,
-            )
-            for row in stored
-        ]
-        try:
-            results = admit(engine, settings, clock, pack_install_id, deliveries)
-        except ProtocolMissing as error:
-            log.warning("materializer skipped pack %s: %s", pack_install_id, error)
-            continue
-        except DomainError as error:  # nothing of this pack committed; the next pass tries again
-            log.warning("materializer could not admit pack %s this pass: %s", pack_install_id, error)
-            continue
-        acknowledged += sum(1 for r in results.values() if r.outcome in ACKNOWLEDGED_OUTCOMES)
-    return acknowledged

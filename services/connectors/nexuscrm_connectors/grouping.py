@@ -1,50 +1,39 @@
-"""Group admission: concurrent Ingest calls of one pack share one admission transaction.
+"""Group commit: concurrent calls for one key share one transaction (decision 085).
 
-Admission of a pack is serialized by its PackInstall row lock, so concurrent calls of one
-pack used to queue behind it, each for a transaction and a commit of its own. Here the first
-caller of a pack leads: it admits its own deliveries together with those of every call that
-arrived while the previous group of the pack ran (up to ``admission_group_items`` deliveries
-and ``max_transaction_bytes`` payload bytes), in one transaction, and hands each caller its
-own results. A caller that arrives while a group runs waits for the next one (group commit,
-as databases do for their logs).
-
-A call's results are exactly what it would have got alone, but for a receipt key that two
-concurrent calls both carry: the second reads as a duplicate of the first (or is rejected
-when its payload differs), as inside one batch. A failure that is not a domain error (a
-delivery the database refuses) could be any member's fault: then each call runs alone, so
-no call is failed by a neighbour. A domain error (unknown pack, no protocol row, database
-unavailable, conflict) is the pack's or the database's, and every member receives it.
+The first caller of a key leads: it runs its own items together with those of every call that
+arrived while the previous group of the key ran (within an item and a weight limit), in one
+run, and hands each caller its own results; a later caller waits for the next group. A domain
+error is every member's; any other failure could be any member's fault, so each call then
+runs alone. It knows nothing of what the items are: its owner says how to key, weigh, run and
+answer them (``admission.Admission``).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 from workqueue.errors import DomainError
-from workqueue.values import IngestResult, Outcome
 
-if TYPE_CHECKING:
-    from nexuscrm_connectors.admission import Delivery
-
-Admit = Callable[[Sequence["Delivery"]], dict[str, IngestResult]]
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
-class _Call:
-    """One caller's deliveries and, once its group ran, its results or error."""
+class _Call(Generic[Item, Result]):
+    """One caller's items and, once its group ran, its results or error."""
 
-    def __init__(self, deliveries: Sequence[Delivery]) -> None:
-        self.deliveries = deliveries
-        self.payload_bytes = sum(len(delivery.item.payload) for delivery in deliveries)
-        self.results: dict[str, IngestResult] | None = None
+    def __init__(self, items: Sequence[Item], weight: int) -> None:
+        self.items = items
+        self.weight = weight
+        self.results: list[Result] | None = None
         self.error: BaseException | None = None
 
     @property
     def done(self) -> bool:
         return self.results is not None or self.error is not None
 
-    def outcome(self) -> dict[str, IngestResult]:
+    def outcome(self) -> list[Result]:
         if self.error is not None:
             raise self.error
         if self.results is None:
@@ -52,105 +41,79 @@ class _Call:
         return self.results
 
 
-class AdmissionGroups:
-    """Merges concurrent admissions of one pack into one transaction (one instance per engine)."""
+class GroupCommit(Generic[Item, Result]):
+    """Merges concurrent calls of one key into one run; thread-safe.
 
-    def __init__(self) -> None:
+    ``run(items)`` runs one group's items (in arrival order) in one transaction and returns one
+    result per item, in order; ``weigh(item)`` is what ``max_weight`` bounds (payload bytes).
+    """
+
+    def __init__(self, run: Callable[[str, Sequence[Item]], list[Result]], weigh: Callable[[Item], int]) -> None:
+        self._run = run
+        self._weigh = weigh
         self._condition = threading.Condition()
-        self._waiting: dict[str, list[_Call]] = {}  # pack -> calls not yet taken by a leader
-        self._leading: set[str] = set()  # packs whose group is running
+        self._waiting: dict[str, list[_Call[Item, Result]]] = {}  # key -> calls not yet taken by a leader
+        self._leading: set[str] = set()  # keys whose group is running
 
-    def admit(
-        self,
-        pack_install_id: str,
-        deliveries: Sequence[Delivery],
-        run: Admit,
-        *,
-        group_items: int,
-        group_bytes: int,
-    ) -> dict[str, IngestResult]:
-        """Admit ``deliveries`` (unique receipt keys) with ``run``, grouped with concurrent calls of the pack.
+    def submit(self, key: str, items: Sequence[Item], *, max_items: int, max_weight: int) -> list[Result]:
+        """Run ``items`` grouped with concurrent calls of ``key``; their results, in order.
 
-        ``run`` admits a list of deliveries with unique keys in one transaction and returns
-        results by key. A group holds at most ``group_items`` deliveries and ``group_bytes``
-        payload bytes, and always at least the leader's own.
+        A group holds at most ``max_items`` items and ``max_weight``, and always at least the
+        leader's own.
         """
-        call = _Call(deliveries)
+        call: _Call[Item, Result] = _Call(items, sum(self._weigh(item) for item in items))
         with self._condition:
-            waiting = self._waiting.setdefault(pack_install_id, [])
+            waiting = self._waiting.setdefault(key, [])
             waiting.append(call)
-            while not call.done and pack_install_id in self._leading:
+            while not call.done and key in self._leading:
                 self._condition.wait()
             if call.done:
                 return call.outcome()
-            self._leading.add(pack_install_id)
-            group = _take(waiting, call, group_items, group_bytes)
+            self._leading.add(key)
+            group = _take(waiting, call, max_items, max_weight)
         try:
-            _run_group(group, run)
+            self._run_group(key, group)
         finally:
             with self._condition:
-                self._leading.discard(pack_install_id)
+                self._leading.discard(key)
                 if not waiting:
-                    del self._waiting[pack_install_id]
+                    del self._waiting[key]
                 self._condition.notify_all()
         return call.outcome()
 
+    def waiting(self, key: str) -> int:
+        """How many calls of ``key`` wait for the next group."""
+        with self._condition:
+            return len(self._waiting.get(key, []))
 
-def _take(waiting: list[_Call], leader: _Call, limit: int, limit_bytes: int) -> list[_Call]:
-    """The leader and the oldest waiting calls within ``limit`` deliveries and ``limit_bytes`` (taken out)."""
+    def _run_group(self, key: str, group: list[_Call[Item, Result]]) -> None:
+        try:
+            results = self._run(key, [item for call in group for item in call.items])
+        except DomainError as error:
+            for call in group:
+                call.error = error
+            return
+        except Exception as error:
+            if len(group) == 1:
+                group[0].error = error
+                return
+            for call in group:  # whose item failed it is unknown: each call alone
+                self._run_group(key, [call])
+            return
+        start = 0
+        for call in group:
+            call.results = results[start : start + len(call.items)]
+            start += len(call.items)
+
+
+def _take(
+    waiting: list[_Call[Item, Result]], leader: _Call[Item, Result], limit: int, limit_weight: int
+) -> list[_Call[Item, Result]]:
+    """The leader and the oldest waiting calls within ``limit`` items and ``limit_weight`` (taken out)."""
     waiting.remove(leader)
-    group, size, size_bytes = [leader], len(leader.deliveries), leader.payload_bytes
-    while (
-        waiting and size + len(waiting[0].deliveries) <= limit and size_bytes + waiting[0].payload_bytes <= limit_bytes
-    ):
-        size += len(waiting[0].deliveries)
-        size_bytes += waiting[0].payload_bytes
+    group, size, weight = [leader], len(leader.items), leader.weight
+    while waiting and size + len(waiting[0].items) <= limit and weight + waiting[0].weight <= limit_weight:
+        size += len(waiting[0].items)
+        weight += waiting[0].weight
         group.append(waiting.pop(0))
     return group
-
-
-def _run_group(group: list[_Call], run: Admit) -> None:
-    first: dict[str, Delivery] = {}
-    for call in group:
-        for delivery in call.deliveries:
-            first.setdefault(delivery.item.receipt_key, delivery)
-    try:
-        admitted = run(list(first.values()))
-    except DomainError as error:
-        for call in group:
-            call.error = error
-        return
-    except Exception as error:
-        if len(group) == 1:
-            group[0].error = error
-            return
-        for call in group:  # whose delivery failed it is unknown: each call alone
-            _run_group([call], run)
-        return
-    for call in group:
-        call.results = {
-            d.item.receipt_key: admitted[d.item.receipt_key]
-            if first[d.item.receipt_key] is d
-            else same_key_again(first[d.item.receipt_key], d, admitted)
-            for d in call.deliveries
-        }
-
-
-def same_key_again(first: Delivery, again: Delivery, admitted: dict[str, IngestResult]) -> IngestResult:
-    """A later delivery of a receipt key that an earlier delivery of the same transaction carried."""
-    result = admitted[first.item.receipt_key]
-    if again.item.payload != first.item.payload or again.item.route != first.item.route:
-        return IngestResult(
-            receipt_key=again.item.receipt_key,
-            outcome=Outcome.REJECTED,
-            message="receipt_key was delivered twice in one admission with a different payload or route",
-        )
-    if result.outcome is Outcome.ADMITTED:
-        return IngestResult(
-            receipt_key=again.item.receipt_key,
-            outcome=Outcome.DUPLICATE_COVERED,
-            enqueue_ordinal=result.enqueue_ordinal,
-            work_id=result.work_id,
-            message="duplicate of a delivery admitted in the same transaction",
-        )
-    return result

@@ -31,14 +31,8 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import payload_contract
-from nexuscrm_connectors.admission import (
-    Delivery,
-    check_call_bytes,
-    check_payload,
-    event_rows,
-    payload_hash,
-    receipt_row,
-)
+from nexuscrm_connectors.admission import check_call_bytes, check_payload
+from nexuscrm_connectors.deliveries import Delivery, event_rows, payload_hash, receipt_row
 from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
 from nexuscrm_connectors.leases import lease_values
 from nexuscrm_connectors.queries import DbRow

@@ -13,7 +13,7 @@ import uuid
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import retention
-from nexuscrm_connectors.admission import event_row, generation_row, payload_hash
+from nexuscrm_connectors.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql

@@ -22,6 +22,7 @@ from nexuscrm_connectors import (
     inspection,
     leases,
     liveness,
+    materializer,
     metrics,
     payload_contract,
     payloads,
@@ -30,8 +31,8 @@ from nexuscrm_connectors import (
     retention,
 )
 from nexuscrm_connectors import completions as completing
-from nexuscrm_connectors.admission import RefusedItem
 from nexuscrm_connectors.claimers import Claimers
+from nexuscrm_connectors.deliveries import RefusedItem
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
@@ -72,6 +73,7 @@ class Connectors:
         self.engine = engine
         self.settings = settings or Settings()
         self.clock = clock
+        self.admission = admission.Admission(engine, self.settings, clock)
         self.claimers = Claimers(self.settings.max_claim_waiters)
         self.stranded = liveness.StrandedSweep()
         self.pruner = retention.Pruner()
@@ -82,22 +84,22 @@ class Connectors:
         payload_contract.refresh(self.engine)
 
     def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]:
-        """See ``admission.ingest``."""
+        """See ``admission.Admission.ingest``."""
         return self.ingest_received(pack_install_id, items=items)
 
     def ingest_received(self, pack_install_id: str, *, items: Sequence[IngestItem | RefusedItem]) -> list[IngestResult]:
         """``ingest`` as the servicer calls it: an item the transport refused stands as its ``RefusedItem``."""
         self._events_written()
-        results = admission.ingest(self.engine, self.settings, self.clock, pack_install_id, items)
+        results = self.admission.ingest(pack_install_id, items)
         follow_up("admission", lambda: metrics.record_ingest(results))
         if any(result.outcome is Outcome.ADMITTED for result in results):
             follow_up("admission", self.claimers.notify)
         return results
 
     def materialize(self, limit: int = 500) -> int:
-        """See ``admission.materialize``."""
+        """See ``materializer.materialize``."""
         self._events_written()
-        admitted = admission.materialize(self.engine, self.settings, self.clock, limit)
+        admitted = materializer.materialize(self.admission, limit)
         if admitted:
             follow_up("admission", self.claimers.notify)
         return admitted

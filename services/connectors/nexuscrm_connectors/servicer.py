@@ -13,7 +13,7 @@ import grpc
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors import authorization
-from nexuscrm_connectors.admission import RefusedItem
+from nexuscrm_connectors.deliveries import RefusedItem
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.release import RELEASE
 from nexuscrm_connectors.service import Connectors

@@ -9,7 +9,6 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from nexuscrm_connectors import admission
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.factories import delivery, install_pack
@@ -28,7 +27,7 @@ def test_calls_waiting_behind_an_admission_are_admitted_together(
     connectors = Connectors(engine)
     pack = install_pack(engine)
     entered, release = threading.Event(), threading.Event()
-    admit = admission.admit
+    admit = connectors.admission.admit_batch
 
     def first_admission_waits(*args: Any) -> dict[str, IngestResult]:
         if not entered.is_set():
@@ -36,7 +35,7 @@ def test_calls_waiting_behind_an_admission_are_admitted_together(
             release.wait(30)
         return admit(*args)
 
-    monkeypatch.setattr(admission, "admit", first_admission_waits)
+    monkeypatch.setattr(connectors.admission, "admit_batch", first_admission_waits)
     commits: list[None] = []
     event.listen(engine, "commit", lambda _conn: commits.append(None))
     answers: dict[int, list[IngestResult]] = {}
@@ -54,7 +53,7 @@ def test_calls_waiting_behind_an_admission_are_admitted_together(
     assert entered.wait(30)
     for thread in threads[1:]:
         thread.start()
-    groups = admission._GROUPS[engine]
+    groups = connectors.admission.groups
     wait_until(lambda: len(groups._waiting.get(pack, [])) == CALLERS - 1, "the other callers to queue")
     release.set()
     for thread in threads:

@@ -9,18 +9,20 @@ gets the outcomes of what committed, and the database invariants hold.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors import admission
+from nexuscrm_connectors.deliveries import Delivery
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import TransactionConflict
 from nexuscrm_schema.tables import AdmissionFence, Event, WorkItem
 from tests.support.factories import START, delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import WorkStatus
-from workqueue.values import Outcome
+from workqueue.values import IngestResult, Outcome
 
 pytestmark = pytest.mark.database
 
@@ -93,15 +95,15 @@ def test_materializer_admits_the_other_packs_when_one_pack_conflicts(
         assert connectors.ingest(pack, items=[delivery(lane="a")])[0].outcome is Outcome.FENCED
     with engine.begin() as connection:
         connection.execute(sa.delete(AdmissionFence))
-    real_admit = admission.admit
+    real_admit = connectors.admission.admit_batch
 
-    def conflicting(engine_: sa.Engine, settings: object, clock: object, pack_install_id: str, deliveries: object):  # type: ignore[no-untyped-def]
+    def conflicting(pack_install_id: str, deliveries: Sequence[Delivery]) -> dict[str, IngestResult]:
         if pack_install_id == stuck:
             raise TransactionConflict("admission conflicted with concurrent transactions; nothing was committed")
-        return real_admit(engine_, settings, clock, pack_install_id, deliveries)  # type: ignore[arg-type]
+        return real_admit(pack_install_id, deliveries)
 
-    monkeypatch.setattr(admission, "admit", conflicting)
+    monkeypatch.setattr(connectors.admission, "admit_batch", conflicting)
     assert connectors.materialize() == 1  # the other pack was admitted and is counted
-    monkeypatch.setattr(admission, "admit", real_admit)
+    monkeypatch.setattr(connectors.admission, "admit_batch", real_admit)
     assert connectors.materialize() == 1  # the next pass admits the one that conflicted
     assert_invariants(engine)

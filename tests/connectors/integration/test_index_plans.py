@@ -27,7 +27,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from nexuscrm_connectors.admission import generation_row
+from nexuscrm_connectors.deliveries import generation_row
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql

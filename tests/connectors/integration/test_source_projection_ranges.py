@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors import admission
+from nexuscrm_connectors.deliveries import payload_hash
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.factories import START, FakeClock, delivery, install_pack
@@ -136,7 +137,7 @@ def test_mixed_duplicates(engine: sa.Engine, connectors: Connectors, clock: Fake
             connection.execute(
                 sa.insert(IngressReceipt).values(
                     **row,
-                    PayloadHash=admission.payload_hash(item.payload),
+                    PayloadHash=payload_hash(item.payload),
                     Payload=item.payload,
                     State=ReceiptState.CONFIRMED,
                     ReceivedAt=START,
@@ -148,7 +149,7 @@ def test_mixed_duplicates(engine: sa.Engine, connectors: Connectors, clock: Fake
                     EnqueueOrdinal=ordinal,
                     ProjectionKey=key,
                     ReceiptKey=item.receipt_key,
-                    PayloadHash=admission.payload_hash(item.payload),
+                    PayloadHash=payload_hash(item.payload),
                     Payload=item.payload,
                     Status="processed",
                     CreatedAt=START,

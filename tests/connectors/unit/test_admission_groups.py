@@ -1,4 +1,8 @@
-"""Group admission without a database: merging, results per caller, and who receives a failure."""
+"""Group admission without a database: merging, results per caller, and who receives a failure.
+
+``admission.Admission``'s group commit (``grouping.GroupCommit``) with its batch transaction
+replaced by a recorder.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from nexuscrm_connectors.admission import Delivery
+from nexuscrm_connectors.admission import Admission
+from nexuscrm_connectors.deliveries import Delivery
 from nexuscrm_connectors.errors import UnknownPack
-from nexuscrm_connectors.grouping import AdmissionGroups
+from nexuscrm_connectors.grouping import GroupCommit
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import DATABASE_CLOCK
 from tests.support.factories import delivery
 from tests.support.waiting import wait_until
 from workqueue.values import IngestResult, Outcome
@@ -32,7 +39,7 @@ class Recorder:
         self.release = threading.Event()
         self.release.set()
 
-    def __call__(self, batch: Sequence[Delivery]) -> dict[str, IngestResult]:
+    def __call__(self, pack_install_id: str, batch: Sequence[Delivery]) -> dict[str, IngestResult]:
         keys = [d.item.receipt_key for d in batch]
         self.batches.append(keys)
         if not self.entered.is_set():
@@ -51,19 +58,35 @@ class Recorder:
 Answer = dict[str, IngestResult] | Exception | None
 
 
-def _queued(groups: AdmissionGroups, count: int) -> bool:
-    return len(groups._waiting.get(PACK, [])) == count
+Groups = GroupCommit[Delivery, IngestResult]
+
+
+def _groups(run: Recorder) -> Groups:
+    """An admission's group commit whose batch transaction is ``run``."""
+    admission = Admission(engine=None, settings=Settings(), clock=DATABASE_CLOCK)
+    setattr(admission, "admit_batch", run)  # noqa: B010 (an instance attribute hides the method)
+    return admission.groups
+
+
+def _submit(groups: Groups, calls: list[Delivery], max_items: int, max_weight: int) -> dict[str, IngestResult]:
+    return {
+        result.receipt_key: result for result in groups.submit(PACK, calls, max_items=max_items, max_weight=max_weight)
+    }
+
+
+def _queued(groups: Groups, count: int) -> bool:
+    return groups.waiting(PACK) == count
 
 
 def _concurrently(
-    groups: AdmissionGroups, run: Recorder, calls: list[list[Delivery]], group_bytes: int = 1 << 30
+    groups: Groups, run: Recorder, calls: list[list[Delivery]], group_bytes: int = 1 << 30
 ) -> list[Answer]:
     """The first call leads and blocks in ``run``; the others queue behind it; then all proceed."""
     answers: list[Answer] = [None] * len(calls)
 
     def call(n: int) -> None:
         try:
-            answers[n] = groups.admit(PACK, calls[n], run, group_items=100, group_bytes=group_bytes)
+            answers[n] = _submit(groups, calls[n], 100, group_bytes)
         except Exception as error:
             answers[n] = error
 
@@ -87,7 +110,8 @@ def _results(answer: Answer) -> dict[str, IngestResult]:
 
 
 def test_waiting_calls_share_one_transaction_and_get_their_own_results() -> None:
-    groups, run = AdmissionGroups(), Recorder()
+    run = Recorder()
+    groups = _groups(run)
     calls = [[_delivery("a")], [_delivery("b"), _delivery("c")], [_delivery("d")], [_delivery("b")]]
     answers = _concurrently(groups, run, calls)
     assert run.batches[0] == ["a"]
@@ -99,14 +123,16 @@ def test_waiting_calls_share_one_transaction_and_get_their_own_results() -> None
 
 
 def test_a_key_repeated_by_a_concurrent_call_with_another_payload_is_rejected() -> None:
-    groups, run = AdmissionGroups(), Recorder()
+    run = Recorder()
+    groups = _groups(run)
     answers = _concurrently(groups, run, [[_delivery("a")], [_delivery("k", b"one")], [_delivery("k", b"two")]])
     outcomes = sorted(_results(answer)["k"].outcome for answer in answers[1:])
     assert outcomes == sorted([Outcome.ADMITTED, Outcome.REJECTED])
 
 
 def test_a_refused_delivery_fails_only_its_own_call() -> None:
-    groups, run = AdmissionGroups(), Recorder()
+    run = Recorder()
+    groups = _groups(run)
     answers = _concurrently(groups, run, [[_delivery("a")], [_delivery("b")], [_delivery("poison")], [_delivery("c")]])
     assert isinstance(answers[2], ValueError)
     assert _results(answers[1])["b"].outcome is Outcome.ADMITTED
@@ -114,25 +140,28 @@ def test_a_refused_delivery_fails_only_its_own_call() -> None:
 
 
 def test_a_domain_error_reaches_every_member_of_the_group() -> None:
-    groups, run = AdmissionGroups(), Recorder()
+    run = Recorder()
+    groups = _groups(run)
     answers = _concurrently(groups, run, [[_delivery("a")], [_delivery("b")], [_delivery("unknown-pack")]])
     assert answers[0] == {"a": IngestResult(receipt_key="a", outcome=Outcome.ADMITTED, enqueue_ordinal=0)}
     assert isinstance(answers[1], UnknownPack) and answers[1] is answers[2]
 
 
 def test_a_group_never_exceeds_its_size_but_always_takes_its_leader() -> None:
-    groups, run = AdmissionGroups(), Recorder()
+    run = Recorder()
+    groups = _groups(run)
     calls = [[_delivery("a")], [_delivery(f"b{n}") for n in range(60)], [_delivery(f"c{n}") for n in range(60)]]
     _concurrently(groups, run, calls)
     assert [len(batch) for batch in run.batches] == [1, 60, 60]
     assert groups._waiting == {} and not groups._leading
     with pytest.raises(ValueError):
-        groups.admit(PACK, [_delivery("poison")], run, group_items=1, group_bytes=1)
+        _submit(groups, [_delivery("poison")], 1, 1)
 
 
 def test_a_group_never_exceeds_its_payload_bytes_but_always_takes_its_leader() -> None:
     """Issue 19: a group is one transaction, bounded in bytes as well as in deliveries."""
-    groups, run = AdmissionGroups(), Recorder()
+    run = Recorder()
+    groups = _groups(run)
     kib = b"x" * 1024
     calls = [[_delivery("a", kib)], *([[_delivery(f"b{n}", kib * 3)] for n in range(4)]), [_delivery("big", kib * 9)]]
     _concurrently(groups, run, calls, group_bytes=7 * 1024)
