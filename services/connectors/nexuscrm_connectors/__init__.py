@@ -1,1 +1,26 @@
-"""Connectors: receipts, Events and WorkItems of source projection."""
+"""Connectors: receipts, Events and WorkItems of source projection (docs/design.md).
+
+Code map: each RPC (``servicer``) -> ``service.Connectors`` -> the function doing its work ->
+the SQL it runs (``queries.<module>``):
+
+- Ingest: ``admission.Admission.ingest`` -> ``grouping.GroupCommit`` -> ``Admission.admit_batch``
+  (``_batch_transaction``, ``_new_generations``; rows from ``deliveries``; duplicates:
+  ``duplicates.verify_duplicates``) -> ``queries.packs``, ``receipts``, ``events``, ``work_items``
+- Replay: ``replay.replay`` -> ``queries.packs``, ``work_items``
+- Claim: ``claims.complete_all`` (its completions), then ``claims.claim`` ->
+  ``claims.claim_transaction`` (rows reserved by ``reservations.Reservations``; inline inputs:
+  ``payloads.whole_pages``) -> ``queries.claims``, ``work_items``, ``events``
+- Heartbeat, Complete, Fail: ``claims.heartbeat``, ``claims.complete``, ``claims.fail`` ->
+  ``queries.claims``, ``work_items``, ``events``
+- LoadInputs: ``payloads.load_inputs`` -> ``queries.events``
+- GetWork, ExplainReceipt, ListReceipts: ``inspection`` -> ``queries.work_items``,
+  ``receipts``, ``events``, ``operator_reads``
+- GetQueueState, WaitQueueDrained: ``queue_state`` -> ``queries.operator_reads``
+- ListGenerations, ListMembers: ``generations`` -> ``queries.operator_reads``, ``events``
+- SetRetentionPolicy, GetRetentionPolicy, Prune: ``retention`` -> ``queries.retention``
+- every RPC's authorization: ``authorization`` -> ``queries.operator_reads``
+- background (``materializer.Materializer``): ``materializer.materialize`` ->
+  ``Admission.admit_batch``; ``liveness.StrandedSweep`` -> ``queries.work_items``;
+  ``retention.Pruner`` -> ``queries.retention``
+- the old-protocol runtime: ``legacy.LegacyRuntime`` -> ``queries.legacy``
+"""

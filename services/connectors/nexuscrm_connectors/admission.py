@@ -176,7 +176,7 @@ class Admission:
         self.clock = clock
         self.newest = NewestGenerations()
         self.groups: GroupCommit[Delivery, IngestResult] = GroupCommit(
-            self._group_transaction, lambda delivery: len(delivery.item.payload)
+            self._admit_group, lambda delivery: len(delivery.item.payload)
         )
 
     def ingest(self, pack_install_id: str, items: Sequence[IngestItem | RefusedItem]) -> list[IngestResult]:
@@ -223,7 +223,7 @@ class Admission:
             results[index] = result_of(first, delivery, admitted)
         return [results[index] for index in range(len(items))]
 
-    def _group_transaction(self, pack_install_id: str, deliveries: Sequence[Delivery]) -> list[IngestResult]:
+    def _admit_group(self, pack_install_id: str, deliveries: Sequence[Delivery]) -> list[IngestResult]:
         """One group's deliveries admitted in one ``admit_batch``: a result per delivery, in order."""
         first = first_of_each_key(deliveries)
         admitted = self.admit_batch(pack_install_id, list(first.values()))

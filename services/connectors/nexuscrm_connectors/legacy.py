@@ -32,9 +32,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import payload_contract
 from nexuscrm_connectors.admission import check_call_bytes, check_payload
+from nexuscrm_connectors.claims import lease_values
 from nexuscrm_connectors.deliveries import Delivery, event_rows, payload_hash, receipt_row
 from nexuscrm_connectors.errors import LeaseLost, LegacyRefused, WorkNotFound
-from nexuscrm_connectors.leases import lease_values
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql

@@ -47,7 +47,7 @@ def main() -> None:
 
     def stop() -> None:  # runs as soon as SIGTERM came, while gRPC waits for in-flight calls
         for connectors in services:
-            connectors.claimers.close()  # a Claim waiting for work answers now, not after the grace
+            connectors.reservations.close()  # a Claim waiting for work answers now, not after the grace
         for materializer in materializers:
             materializer.stop()
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from nexuscrm_connectors.leases import ClaimBatch
+from nexuscrm_connectors.claims import ClaimBatch
 from workqueue import WorkStatus
 from workqueue.values import IngestResult, InputPage, Outcome, PruneReport, WorkItemRow
 

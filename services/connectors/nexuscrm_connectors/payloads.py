@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
+from nexuscrm_connectors.claims import current_lease
 from nexuscrm_connectors.errors import MembershipMissing
-from nexuscrm_connectors.leases import current_lease
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.settings import Settings

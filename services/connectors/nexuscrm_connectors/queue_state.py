@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import UnknownPack
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.reservations import Reservations
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from workqueue import ReceiptState, WorkStatus
@@ -57,7 +57,7 @@ def wait_drained(
     engine: Engine,
     settings: Settings,
     clock: DatabaseClock,
-    claimers: Claimers,
+    reservations: Reservations,
     pack_install_id: str,
     wait: dt.timedelta,
     active: Callable[[], bool] = lambda: True,
@@ -66,8 +66,8 @@ def wait_drained(
 
     ``wait`` is cut to ``settings.max_claim_wait_ms``: a waiting call holds an RPC handler
     thread, so callers loop until their own deadline. Between reads it waits for a
-    completion of this process (``claimers.notify``), else ``settings.claim_poll_ms`` (work of
-    other processes); it answers at once when the waiting places of ``claimers`` are taken,
+    completion of this process (``reservations.notify``), else ``settings.claim_poll_ms`` (work of
+    other processes); it answers at once when the waiting places of ``reservations`` are taken,
     and when ``active`` says the caller has gone. A negative ``wait`` is refused.
     """
     if wait < dt.timedelta(0):
@@ -77,10 +77,10 @@ def wait_drained(
     deadline = time.monotonic() + min(wait, dt.timedelta(milliseconds=settings.max_claim_wait_ms)).total_seconds()
     poll = settings.claim_poll_ms / 1000
     while True:
-        seen = claimers.version()
+        seen = reservations.version()
         state = queue_state(engine, clock, pack_install_id)
         remaining = deadline - time.monotonic()
         if state.drained or remaining <= 0 or not active():
             return state
-        if not claimers.wait(seen, min(poll, remaining)):
+        if not reservations.wait(seen, min(poll, remaining)):
             return state

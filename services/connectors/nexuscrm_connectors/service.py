@@ -3,7 +3,7 @@
 The servicer and in-process workers call this class; it only binds the engine, settings
 and clock to the modules that own each operation, counts what they return
 (``nexuscrm_connectors.metrics``), and wakes waiting claims when an operation may have made
-work claimable (``nexuscrm_connectors.claimers``). Counting and waking follow a committed
+work claimable (``nexuscrm_connectors.reservations``). Counting and waking follow a committed
 transaction (``database.follow_up``): their failure is logged, never the caller's answer,
 so an answer never hides committed work; waiting claims poll anyway
 (``settings.claim_poll_ms``).
@@ -18,9 +18,9 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import (
     admission,
+    claims,
     generations,
     inspection,
-    leases,
     liveness,
     materializer,
     metrics,
@@ -30,9 +30,8 @@ from nexuscrm_connectors import (
     replay,
     retention,
 )
-from nexuscrm_connectors import completions as completing
-from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.deliveries import RefusedItem
+from nexuscrm_connectors.reservations import Reservations
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
@@ -74,7 +73,7 @@ class Connectors:
         self.settings = settings or Settings()
         self.clock = clock
         self.admission = admission.Admission(engine, self.settings, clock)
-        self.claimers = Claimers(self.settings.max_claim_waiters)
+        self.reservations = Reservations(self.settings.max_claim_waiters)
         self.stranded = liveness.StrandedSweep()
         self.pruner = retention.Pruner()
         payload_contract.refresh(engine)  # read at start; refreshed before writes of Events while unset
@@ -93,7 +92,7 @@ class Connectors:
         results = self.admission.ingest(pack_install_id, items)
         follow_up("admission", lambda: metrics.record_ingest(results))
         if any(result.outcome is Outcome.ADMITTED for result in results):
-            follow_up("admission", self.claimers.notify)
+            follow_up("admission", self.reservations.notify)
         return results
 
     def materialize(self, limit: int = 500) -> int:
@@ -101,7 +100,7 @@ class Connectors:
         self._events_written()
         admitted = materializer.materialize(self.admission, limit)
         if admitted:
-            follow_up("admission", self.claimers.notify)
+            follow_up("admission", self.reservations.notify)
         return admitted
 
     def heal_stranded(self) -> int:
@@ -109,7 +108,7 @@ class Connectors:
         healed = self.stranded.run(self.engine, self.clock)
         if healed:
             follow_up("heal stranded", lambda: metrics.STRANDED_HEALED.inc(healed))
-            follow_up("heal stranded", self.claimers.notify)
+            follow_up("heal stranded", self.reservations.notify)
         return healed
 
     def prune_pass(self) -> list[PruneReport]:
@@ -154,7 +153,7 @@ class Connectors:
         self._events_written()
         replayed = replay.replay(self.engine, self.settings, self.clock, work_id)
         follow_up("replay", metrics.GENERATIONS_CREATED.labels("replay").inc)
-        follow_up("replay", self.claimers.notify)
+        follow_up("replay", self.reservations.notify)
         return replayed
 
     def claim(
@@ -168,7 +167,7 @@ class Connectors:
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
     ) -> list[Claim]:
-        """See ``leases.claim``; ``inline_inputs``: claims carry inputs that fit (``payloads.whole_pages``)."""
+        """See ``claims.claim``; ``inline_inputs``: claims carry inputs that fit (``payloads.whole_pages``)."""
         return self.complete_and_claim(
             worker_id,
             completions=(),
@@ -194,15 +193,15 @@ class Connectors:
     ) -> ClaimAnswer:
         """Complete ``completions`` (each answered on its own, one transaction), then claim as ``claim``.
 
-        See ``completions.complete_all`` and ``leases.claim`` (decision 131).
+        See ``claims.complete_all`` and ``claims.claim`` (decision 131).
         """
-        completing.validate(completions, self.settings.max_claim_items)
+        claims.validate_completions(completions, self.settings.max_claim_items)
         self._events_written()
-        batch = leases.claim(
+        batch = claims.claim(
             self.engine,
             self.settings,
             self.clock,
-            self.claimers,
+            self.reservations,
             worker_id=worker_id,
             pack_install_ids=pack_install_ids,
             work_types=work_types,
@@ -210,7 +209,7 @@ class Connectors:
             lease_seconds=lease_seconds(lease),
             wait=wait,
             read_inputs=(lambda c, works: payloads.whole_pages(c, self.settings, works)) if inline_inputs else None,
-            complete_first=(lambda c: completing.complete_all(c, self.clock, completions)) if completions else None,
+            complete_first=(lambda c: claims.complete_all(c, self.clock, completions)) if completions else None,
         )
         follow_up("claim", lambda: metrics.record_claim(batch))  # the leases are the caller's: never lose them
         done = [result.work for result in batch.completed if result.work is not None]
@@ -230,24 +229,24 @@ class Connectors:
         )
 
     def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
-        """See ``leases.heartbeat``."""
-        return leases.heartbeat(self.engine, self.settings, self.clock, work_id, lease_token, lease_seconds(lease))
+        """See ``claims.heartbeat``."""
+        return claims.heartbeat(self.engine, self.settings, self.clock, work_id, lease_token, lease_seconds(lease))
 
     def complete(self, work_id: str, *, lease_token: str) -> WorkItemRow:
-        """See ``leases.complete``."""
+        """See ``claims.complete``."""
         self._events_written()
-        work = completing.complete(self.engine, self.clock, work_id, lease_token)
+        work = claims.complete(self.engine, self.clock, work_id, lease_token)
         follow_up("complete", lambda: metrics.record_finish(work))
-        follow_up("complete", self.claimers.notify)  # its successor may have become claimable
+        follow_up("complete", self.reservations.notify)  # its successor may have become claimable
         return work
 
     def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
-        """See ``leases.fail``."""
+        """See ``claims.fail``."""
         self._events_written()
-        work = leases.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
+        work = claims.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
         follow_up("fail", lambda: metrics.record_finish(work, retryable=retryable))
         if work.status is WorkStatus.FAILED:
-            follow_up("fail", self.claimers.notify)  # its successor may have become claimable
+            follow_up("fail", self.reservations.notify)  # its successor may have become claimable
         return work
 
     def get_work(self, work_id: str) -> WorkDescription:
@@ -279,7 +278,7 @@ class Connectors:
     ) -> QueueState:
         """One wait of WaitQueueDrained, at most ``settings.max_claim_wait_ms``: see ``queue_state.wait_drained``."""
         return queue_state.wait_drained(
-            self.engine, self.settings, self.clock, self.claimers, pack_install_id, wait, active
+            self.engine, self.settings, self.clock, self.reservations, pack_install_id, wait, active
         )
 
     def list_generations(

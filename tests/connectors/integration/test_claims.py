@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.leases import CLAIM_PASSES
+from nexuscrm_connectors.claims import CLAIM_PASSES
 from nexuscrm_connectors.queries.retention import events_delete
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
@@ -72,10 +72,10 @@ def test_claims_of_one_process_never_choose_rows_another_has_reserved(
     pack = install_pack(engine)
     connectors.ingest(pack, items=[delivery(lane=f"lane-{n}") for n in range(6)])
     oldest = _oldest_first(engine, pack)
-    with connectors.claimers.reserving() as take:  # another claim of this process is leasing the two oldest
+    with connectors.reservations.reserving() as take:  # another claim of this process is leasing the two oldest
         assert take(oldest, 2) == oldest[:2]
         concurrent = connectors.claim("w2", pack_install_ids=[pack], max_items=2)
-        with connectors.claimers.reserving() as late:  # began after that claim ended: it would read them leased
+        with connectors.reservations.reserving() as late:  # began after that claim ended: it would read them leased
             assert late(oldest, 6) == oldest[2:]
     alone = connectors.claim("w1", pack_install_ids=[pack], max_items=2)
     assert [c.work.work_id for c in concurrent] == oldest[2:4]

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors import leases
+from nexuscrm_connectors import claims
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
@@ -267,7 +267,7 @@ def test_a_refused_lease_token_says_whether_it_was_ever_issued_for_the_work(
     assert taken.work.work_id == first.work.work_id
     with pytest.raises(LeaseLost, match=r"stale: work .* was claimed again by another worker"):
         connectors.complete(first.work.work_id, lease_token=first.lease_token)
-    future = leases.new_lease_token(taken.work.lease_expires_at + dt.timedelta(days=1))
+    future = claims.new_lease_token(taken.work.lease_expires_at + dt.timedelta(days=1))
     with pytest.raises(LeaseLost, match="was not issued for work"):
         connectors.complete(taken.work.work_id, lease_token=future)
     pending = connectors.ingest(pack, items=[delivery("r-3", lane="c")])[0].work_id

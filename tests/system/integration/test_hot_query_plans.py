@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.leases import lease_grant
+from nexuscrm_connectors.claims import lease_grant
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import threading
 
-from nexuscrm_connectors.claimers import Claimers
+from nexuscrm_connectors.reservations import Reservations
 
 LONG_WAIT = 600.0  # seconds: far longer than the test may take, so only ``close`` can end it
 
 
 def test_close_ends_waits_in_progress_and_later_ones() -> None:
-    claimers = Claimers(max_waiters=2)
+    reservations = Reservations(max_waiters=2)
     answers: list[bool] = []
-    waiter = threading.Thread(target=lambda: answers.append(claimers.wait(claimers.version(), LONG_WAIT)))
+    waiter = threading.Thread(target=lambda: answers.append(reservations.wait(reservations.version(), LONG_WAIT)))
     waiter.start()
-    claimers.close()
+    reservations.close()
     waiter.join()
     assert answers == [False]  # nothing was notified: the wait ended because the service stops
-    assert claimers.wait(claimers.version(), LONG_WAIT) is False  # and the next one does not wait at all
+    assert reservations.wait(reservations.version(), LONG_WAIT) is False  # and the next one does not wait at all
 
 
 def test_a_notify_still_wakes_a_waiter_before_close() -> None:
-    claimers = Claimers(max_waiters=1)
-    seen = claimers.version()
-    claimers.notify()
-    assert claimers.wait(seen, LONG_WAIT) is True
+    reservations = Reservations(max_waiters=1)
+    seen = reservations.version()
+    reservations.notify()
+    assert reservations.wait(seen, LONG_WAIT) is True

@@ -24,20 +24,20 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 
-class Claimers:
+class Reservations:
     """The reserved rows and the work signal of one process's claims; thread-safe."""
 
     def __init__(self, max_waiters: int) -> None:
         self._changed = threading.Condition()
         self._version = 0  # bumped by every notify: a waiter compares it with what it saw
-        self._reservations = _Reservations()  # guarded by self._changed
+        self._rows = _ReservedRows()  # guarded by self._changed
         self._waiters = threading.BoundedSemaphore(max_waiters)
         self._closed = False  # guarded by self._changed; set once the service stops
 
     def held(self) -> int:
         """How many rows are reserved now: a candidate read skips at most that many."""
         with self._changed:
-            return self._reservations.size()
+            return self._rows.size()
 
     @contextlib.contextmanager
     def reserving(self) -> Iterator[Callable[[Sequence[str], int], list[str]]]:
@@ -49,18 +49,18 @@ class Claimers:
         ``work_ids`` that are not reserved for this claim.
         """
         with self._changed:
-            ticket = self._reservations.begin()
+            ticket = self._rows.begin()
         mine: set[str] = set()
 
         def take(work_ids: Sequence[str], count: int) -> list[str]:
             with self._changed:
-                return self._reservations.take(ticket, mine, work_ids, count)
+                return self._rows.take(ticket, mine, work_ids, count)
 
         try:
             yield take
         finally:
             with self._changed:
-                self._reservations.end(ticket, mine)
+                self._rows.end(ticket, mine)
 
     def version(self) -> int:
         """The signal's current version: read it before looking for work, pass it to ``wait``."""
@@ -104,8 +104,8 @@ class Claimers:
         return True
 
 
-class _Reservations:
-    """Reserved rows by WorkId; not thread-safe (``Claimers`` guards it).
+class _ReservedRows:
+    """Reserved rows by WorkId; not thread-safe (``Reservations`` guards it).
 
     Each claim gets a ticket when it begins, before it reads. A row is reserved while a claim
     holds it (mark None); when that claim ends, the row keeps as its mark the last ticket

@@ -7,7 +7,7 @@ takes no lock with it; the UPDATE re-checks claimability on each row and the lea
 marks the rows it won), one UPDATE recording the member count of first claims, a re-read
 of those rows with their selected Events, and one UPDATE that moves those Events to
 processing. Claims of one process reserve the rows they lease
-(``claimers``), so they do not race each other. The claim's row lock is what freezes a
+(``reservations``), so they do not race each other. The claim's row lock is what freezes a
 generation's bounds against a concurrent admission, which only extends unclaimed
 attempt-zero rows. A leased generation whose selected Event is missing, or whose members
 differ from the count its admission recorded (decision 149), is damaged: the claim fails it
@@ -36,12 +36,20 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors.claimers import Claimers
-from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
+from nexuscrm_connectors.errors import (
+    ConnectorsError,
+    LeaseLost,
+    LimitExceeded,
+    MembershipMissing,
+    ProtocolMissing,
+    UnknownPack,
+    WorkNotFound,
+)
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.reservations import Reservations
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, is_sqlite, run_transaction
@@ -49,7 +57,7 @@ from nexuscrm_schema.member_counts import admitted_count
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
-from workqueue.values import Claim, CompletionResult, InputPage, WorkItemRow
+from workqueue.values import Claim, Completion, CompletionResult, InputPage, WorkItemRow
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +107,7 @@ class ClaimBatch:
 # (``payloads.whole_pages``): the claim's inline inputs.
 InputReader = Callable[[Connection, Sequence[DbRow]], dict[str, InputPage]]
 # Completes the generations a claim request finished, in a transaction before the claim's
-# (``completions.complete_all``): one result per completion.
+# (``complete_all``): one result per completion.
 Completer = Callable[[Connection], list[CompletionResult]]
 
 
@@ -120,7 +128,7 @@ def claim(
     engine: Engine,
     settings: Settings,
     clock: DatabaseClock,
-    claimers: Claimers,
+    reservations: Reservations,
     *,
     worker_id: str,
     pack_install_ids: Sequence[str] = (),
@@ -144,7 +152,7 @@ def claim(
 
     When nothing is claimable, the claim waits up to ``wait`` (at most
     ``settings.max_claim_wait_ms``) and returns as soon as it claimed something: woken by
-    ``claimers.notify`` for work of this process, else polling every
+    ``reservations.notify`` for work of this process, else polling every
     ``settings.claim_poll_ms``. It returns at once when ``settings.max_claim_waiters`` other
     claims are waiting already.
 
@@ -185,46 +193,38 @@ def claim(
     completed = run_transaction(engine, complete_first, name="complete") if complete_first else []
     batch = ClaimBatch(completed=completed)
     if any(result.work for result in batch.completed):
-        follow_up("complete", claimers.notify)  # their successors may have become claimable
+        follow_up("complete", reservations.notify)  # their successors may have become claimable
     while True:
-        seen = claimers.version()
-        attempt = _claim_attempt(engine, claimers, request, clock)
+        seen = reservations.version()
+        attempt = ClaimBatch()
+        for _ in range(CLAIM_PASSES):  # again when others leased all it chose first, or all it leased was damaged
+            with reservations.reserving() as take:  # held until the transaction has ended
+                transaction = run_transaction(
+                    engine,
+                    functools.partial(
+                        claim_transaction, request=request, clock=clock, reservations=reservations, take=take
+                    ),
+                    name="claim",
+                )
+            attempt.add(transaction)
+            if transaction.claims or not (transaction.lost or transaction.failed_damaged):
+                break
         batch.add(attempt)
         remaining = deadline - time.monotonic()
         if batch.claims or remaining <= 0:
             return _with_inputs(engine, request, batch)
         # Work that other claims took first: look again at once; none at all: wait for some.
         # Damaged work failed: the window moved past it, look again at once too.
-        if not (attempt.lost or attempt.failed_damaged) and not claimers.wait(seen, min(poll, remaining)):
+        if not (attempt.lost or attempt.failed_damaged) and not reservations.wait(seen, min(poll, remaining)):
             return batch
 
 
-def _claim_attempt(engine: Engine, claimers: Claimers, request: _Request, clock: DatabaseClock) -> ClaimBatch:
-    """One claim transaction; run again (a bounded number of times) when it claimed nothing.
-
-    It runs again when other claims had leased every generation it chose first, and when
-    every generation it leased was damaged (failed: the next candidate read is past them).
-    """
-    total = ClaimBatch()
-    for _ in range(CLAIM_PASSES):
-        with claimers.reserving() as take:  # held until the transaction has ended
-            batch = run_transaction(
-                engine,
-                functools.partial(_claim_transaction, request=request, clock=clock, claimers=claimers, take=take),
-                name="claim",
-            )
-        total.add(batch)
-        if batch.claims or not (batch.lost or batch.failed_damaged):
-            break
-    return total
-
-
-def _claim_transaction(
+def claim_transaction(
     connection: Connection,
     *,
     request: _Request,
     clock: DatabaseClock,
-    claimers: Claimers,
+    reservations: Reservations,
     take: Callable[[Sequence[str], int], list[str]],
 ) -> ClaimBatch:
     """Read candidates, retire exhausted ones, lease the oldest that no other claim holds, move their selected Events.
@@ -234,7 +234,7 @@ def _claim_transaction(
     """
     batch = ClaimBatch()
     served = _native_packs(connection, request.pack_install_ids)
-    window = request.max_items + claimers.held()
+    window = request.max_items + reservations.held()
     live, now = _live_candidates(connection, request, served, clock, window, batch)
     candidates = {c.WorkId: c for c in live}
     open_ids = list(candidates)
@@ -552,6 +552,73 @@ def heartbeat(
         return expires
 
     return run_transaction(engine, extend, name="heartbeat")
+
+
+COMPLETIONS_FIELD = "completions"
+
+
+def validate_completions(completions: Sequence[Completion], limit: int) -> None:
+    """Refuse a request's completions before anything runs: too many, a field missing, a WorkId named twice."""
+    if len(completions) > limit:
+        raise LimitExceeded(
+            f"completions has {len(completions)} generations; the limit is {limit}", field=COMPLETIONS_FIELD
+        )
+    seen: set[str] = set()
+    for n, completion in enumerate(completions):
+        if not completion.work_id:
+            raise InvalidArgument(f"completions[{n}].work_id is required", field=f"{COMPLETIONS_FIELD}.work_id")
+        if not completion.lease_token:
+            raise InvalidArgument(f"completions[{n}].lease_token is required", field=f"{COMPLETIONS_FIELD}.lease_token")
+        if completion.work_id in seen:
+            raise InvalidArgument(
+                f"completions names work {completion.work_id} twice (completions[{n}])",
+                field=f"{COMPLETIONS_FIELD}.work_id",
+            )
+        seen.add(completion.work_id)
+
+
+def complete_all(
+    connection: Connection, clock: DatabaseClock, completions: Sequence[Completion]
+) -> list[CompletionResult]:
+    """Complete every held generation of ``completions`` (validated) in the caller's transaction; one result each.
+
+    The results are in the order of ``completions``.
+
+    A refused completion (unknown WorkId, lease lost or expired, already completed) changes
+    nothing and does not stop the others. Raises ``LeaseLost`` for them all (the transaction
+    then changes nothing) only if a lease changed between the locked read and the UPDATE,
+    which the lock rules out on one server.
+    """
+    if not completions:
+        return []
+    rows = claims_sql.work_items_lock(connection, [c.work_id for c in completions], clock)
+    held, refused = [], {}
+    for completion in completions:
+        try:
+            held.append(check_lease(rows.get(completion.work_id), completion.work_id, completion.lease_token))
+        except ConnectorsError as error:
+            refused[completion.work_id] = error
+    done: dict[str, WorkItemRow] = {}
+    if held:
+        now = held[0].Now
+        if claims_sql.work_items_complete(connection, held, now) != len(held):
+            raise lost(", ".join(row.WorkId for row in held))
+        finish(connection, held, EventStatus.PROCESSED, now)
+        values = {"Status": WorkStatus.COMPLETED, "ClaimableAt": None, "FinishedAt": now}
+        done = {row.WorkId: written(row, values) for row in held}
+    return [
+        CompletionResult(work_id=c.work_id, work=done.get(c.work_id), error=refused.get(c.work_id)) for c in completions
+    ]
+
+
+def complete(engine: Engine, clock: DatabaseClock, work_id: str, lease_token: str) -> WorkItemRow:
+    """Finish one held generation (the Complete RPC); its successor becomes claimable in the same transaction."""
+    require_lease_fields(work_id, lease_token)
+    completion = Completion(work_id=work_id, lease_token=lease_token)
+    (result,) = run_transaction(engine, lambda c: complete_all(c, clock, [completion]), name="complete")
+    if result.work is None:
+        raise result.error or lost(work_id)  # a result has its work or its error
+    return result.work
 
 
 def fail(
