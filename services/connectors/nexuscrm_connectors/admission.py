@@ -43,6 +43,9 @@ from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.events import AdmittedInput
+from nexuscrm_connectors.queries.receipts import StoredReceipt
+from nexuscrm_connectors.queries.work_items import NewestGeneration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
@@ -303,14 +306,14 @@ def _batch_transaction(
     return dataclasses.replace(admitted, results=results)
 
 
-def _differs(recorded: Any, delivery: Delivery) -> bool:
+def _differs(recorded: StoredReceipt | AdmittedInput, delivery: Delivery) -> bool:
     # A tombstone whose generation record expired first has no route: its payload still decides.
     route_differs = recorded.ProjectionKey is not None and recorded.ProjectionKey != delivery.projection_key
     return bool(recorded.PayloadHash != delivery.payload_hash or route_differs)
 
 
 def _outside_window(
-    protocol: packs_sql.Protocol, unknown: Sequence[Delivery], stored: Mapping[str, Any]
+    protocol: packs_sql.Protocol, unknown: Sequence[Delivery], stored: Mapping[str, StoredReceipt]
 ) -> dict[str, IngestResult]:
     """The verdicts of the duplicate window on deliveries of keys with no Event and no tombstone.
 
@@ -358,7 +361,7 @@ def _record_receipts(
     connection: Connection,
     pack_install_id: str,
     accepted: Sequence[Delivery],
-    stored: Mapping[str, Any],
+    stored: Mapping[str, StoredReceipt],
     results: Mapping[str, IngestResult],
     admitted: range,
     now: dt.datetime,
@@ -480,6 +483,6 @@ def _new_generations(
     return _Admitted(results, ordinals, work_ids)
 
 
-def _extendable(row: Any) -> bool:
+def _extendable(row: NewestGeneration) -> bool:
     """Only an unclaimed attempt-zero generation may raise its upper bound (invariant B)."""
     return WorkStatus(row.Status) in work_items_sql.UNCLAIMED_STATUSES and row.Attempt == 0

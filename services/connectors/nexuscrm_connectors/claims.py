@@ -29,7 +29,6 @@ import functools
 import logging
 import secrets
 import time
-import types
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,10 +44,11 @@ from nexuscrm_connectors.errors import (
     UnknownPack,
     WorkNotFound,
 )
-from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.claims import ClaimCandidate, LeasedWork
+from nexuscrm_connectors.queries.work_items import HeldWork, Positioned, WorkRow
 from nexuscrm_connectors.reservations import Reservations
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
@@ -91,7 +91,7 @@ class ClaimBatch:
     lost: int = 0  # chosen generations that another claim leased first
     failed_damaged: int = 0  # leased generations found damaged (``_damage``): failed for good
     completed: list[CompletionResult] = dataclasses.field(default_factory=list)  # the request's completions
-    leased: list[DbRow] = dataclasses.field(default_factory=list)  # the claims' WorkItem rows, oldest first
+    leased: list[LeasedWork] = dataclasses.field(default_factory=list)  # the claims' WorkItem rows, oldest first
 
     def add(self, other: ClaimBatch) -> None:
         """Count ``other`` (a later transaction of the same claim) into this batch."""
@@ -105,7 +105,7 @@ class ClaimBatch:
 
 # Reads the whole membership of the generations a claim leased, by WorkId
 # (``payloads.whole_pages``): the claim's inline inputs.
-InputReader = Callable[[Connection, Sequence[DbRow]], dict[str, InputPage]]
+InputReader = Callable[[Connection, Sequence[LeasedWork]], dict[str, InputPage]]
 # Completes the generations a claim request finished, in a transaction before the claim's
 # (``complete_all``): one result per completion.
 Completer = Callable[[Connection], list[CompletionResult]]
@@ -287,7 +287,7 @@ def _with_inputs(engine: Engine, request: _Request, batch: ClaimBatch) -> ClaimB
     return batch
 
 
-def _damage(row: DbRow) -> str | None:
+def _damage(row: LeasedWork) -> str | None:
     """Why a generation this claim leased cannot be executed, or None when it can.
 
     ``ClaimedMemberCount`` is the count the first claim recorded (this claim's statement
@@ -312,7 +312,7 @@ def _live_candidates(
     clock: DatabaseClock,
     window: int,
     batch: ClaimBatch,
-) -> tuple[list[DbRow], dt.datetime | None]:
+) -> tuple[list[ClaimCandidate], dt.datetime | None]:
     """The window's candidates that may be claimed, after failing those whose expired lease was the last attempt.
 
     Also the database's time the candidates were read at (None when there were none): the
@@ -339,11 +339,11 @@ def _live_candidates(
     return live, now
 
 
-def _last_attempt_expired(candidate: DbRow) -> bool:
+def _last_attempt_expired(candidate: ClaimCandidate) -> bool:
     return bool(candidate.Status == WorkStatus.PROCESSING and candidate.Attempt + 1 >= candidate.MaxAttempts)
 
 
-def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
+def _retire(connection: Connection, candidate: ClaimCandidate, now: dt.datetime) -> bool:
     """Fail a generation whose expired lease was its last attempt; False if another claim was first."""
     expect = {"Status": candidate.Status, "LeaseToken": candidate.LeaseToken, "ClaimableAt": candidate.ClaimableAt}
     values = {
@@ -359,7 +359,7 @@ def _retire(connection: Connection, candidate: DbRow, now: dt.datetime) -> bool:
     return True
 
 
-def _fail_damaged(connection: Connection, row: DbRow, token: str, reason: str, now: dt.datetime) -> bool:
+def _fail_damaged(connection: Connection, row: LeasedWork, token: str, reason: str, now: dt.datetime) -> bool:
     """Fail a damaged generation this claim leased (``_damage`` says why); unblock its successor.
 
     Claiming it again can never succeed (its membership cannot be recovered), and leaving it
@@ -426,7 +426,7 @@ def lease_token_issued_at(token: str) -> dt.datetime | None:
     return dt.datetime.fromtimestamp((parsed.int >> 80) / 1000, dt.UTC).replace(tzinfo=None)
 
 
-def _not_current(row: DbRow, work_id: str, lease_token: str, now: dt.datetime) -> LeaseLost:
+def _not_current(row: WorkRow, work_id: str, lease_token: str, now: dt.datetime) -> LeaseLost:
     """Why ``lease_token`` is not the lease of processing ``row``: never issued for it, or superseded."""
     issued = lease_token_issued_at(lease_token)
     if row.Attempt == 0 or (
@@ -464,7 +464,7 @@ def lease_values(worker_id: str, attempt: int, now: dt.datetime, lease: dt.timed
     return token, {"Attempt": attempt, **lease_grant(worker_id, token, now + lease)}
 
 
-def finish(connection: Connection, rows: Sequence[DbRow], event_status: EventStatus, now: dt.datetime) -> None:
+def finish(connection: Connection, rows: Sequence[Positioned], event_status: EventStatus, now: dt.datetime) -> None:
     """After generations became terminal: settle their selected Events, unblock their successors; set-wise.
 
     At most three statements whatever ``len(rows)``. The successor is the one linked on the row
@@ -484,13 +484,13 @@ def finish(connection: Connection, rows: Sequence[DbRow], event_status: EventSta
     work_items_sql.work_items_unblock(connection, successors, now)
 
 
-def current_lease(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> DbRow:
+def current_lease(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> HeldWork:
     """The WorkItem if ``lease_token`` is its current lease, unexpired on the database clock; else why not.
 
     The row carries the database's time it was read at (``Now``): the caller's instant.
     """
     require_lease_fields(work_id, lease_token)
-    return check_lease(work_items_sql.work_item_get(connection, work_id, clock=clock), work_id, lease_token)
+    return check_lease(work_items_sql.work_item_held(connection, work_id, clock), work_id, lease_token)
 
 
 def require_lease_fields(work_id: str, lease_token: str) -> None:
@@ -501,7 +501,7 @@ def require_lease_fields(work_id: str, lease_token: str) -> None:
         raise InvalidArgument("lease_token is required", field="lease_token")
 
 
-def check_lease(row: DbRow | None, work_id: str, lease_token: str) -> DbRow:
+def check_lease(row: HeldWork | None, work_id: str, lease_token: str) -> HeldWork:
     """``row`` (read with the database's ``Now``) if it is processing under ``lease_token``, unexpired; else refuse.
 
     ``WorkNotFound`` for no row; else ``LeaseLost`` saying why: never claimed, no longer
@@ -518,12 +518,17 @@ def check_lease(row: DbRow | None, work_id: str, lease_token: str) -> DbRow:
         raise LeaseLost(f"lease of work {work_id} is no longer held: the work is {row.Status}", field="lease_token")
     if row.LeaseToken != lease_token:
         raise _not_current(row, work_id, lease_token, row.Now)
-    if row.LeaseExpiresAt <= row.Now:
-        raise LeaseLost(f"lease of work {work_id} expired at {iso_utc(row.LeaseExpiresAt)}", field="lease_token")
+    expires = row.LeaseExpiresAt
+    if expires is None:  # a claim sets it with the status: never reached
+        raise RuntimeError(f"work {work_id} is processing without a lease expiry")
+    if expires <= row.Now:
+        raise LeaseLost(f"lease of work {work_id} expired at {iso_utc(expires)}", field="lease_token")
     return row
 
 
-def _held(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> tuple[DbRow, dict[str, Any]]:
+def _held(
+    connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock
+) -> tuple[HeldWork, dict[str, Any]]:
     row = current_lease(connection, work_id, lease_token, clock)
     return row, {"Status": WorkStatus.PROCESSING, "LeaseToken": lease_token, "LeaseExpiresAt": row.LeaseExpiresAt}
 
@@ -655,8 +660,6 @@ def fail(
     return run_transaction(engine, record, name="fail")
 
 
-def written(row: DbRow, values: dict[str, Any]) -> WorkItemRow:
+def written(row: HeldWork, values: dict[str, Any]) -> WorkItemRow:
     """The WorkItem as a compare-and-set left it: the row it read, with the values it wrote (no re-read)."""
-    written = {**row._asdict(), **values}
-    written.pop("Now", None)
-    return work_items_sql.work_item_value(types.SimpleNamespace(**written))
+    return work_items_sql.work_item_value(dataclasses.replace(row, **values))

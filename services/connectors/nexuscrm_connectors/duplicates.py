@@ -16,9 +16,8 @@ from collections.abc import Mapping
 
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import events as events_sql
-from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.events import AdmittedInput
 from nexuscrm_connectors.queries.packs import Protocol
 from nexuscrm_connectors.queries.work_items import Generation
 from nexuscrm_runtime.clock import iso_utc
@@ -26,19 +25,19 @@ from workqueue.values import IngestResult, Outcome
 
 
 def verify_duplicates(
-    connection: Connection, protocol: Protocol, events: Mapping[str, DbRow]
+    connection: Connection, protocol: Protocol, events: Mapping[str, AdmittedInput]
 ) -> dict[str, IngestResult]:
     """Classify deliveries whose receipt keys already have Events; results by receipt key.
 
     ``events`` maps receipt keys to rows of ``events_sql.events_by_receipt``, which carry their
     identity's newest generation: when it holds the input, it is the covering generation
     (generations never overlap). Only the other inputs (older than their identity's newest
-    generation) cost a statement, one however many they are: ``work_items_sql.work_items_covering``
+    generation) cost a statement, one however many they are: ``events_sql.work_items_covering``
     (decision 132). Inputs that no generation covers then cost one more, read again in case
     retention pruned them in between.
     """
     candidates: dict[str, Generation | None] = {}
-    older: dict[str, DbRow] = {}
+    older: dict[str, AdmittedInput] = {}
     for key, event in events.items():
         if event.EnqueueOrdinal <= protocol.legacy_max_ordinal or event.PrunedAt is not None:
             continue
@@ -47,7 +46,7 @@ def verify_duplicates(
             candidates[key] = newest
         else:
             older[key] = event
-    candidates.update(work_items_sql.work_items_covering(connection, protocol.pack_install_id, older))
+    candidates.update(events_sql.work_items_covering(connection, protocol.pack_install_id, older))
     uncovered = [
         key
         for key, event in older.items()
@@ -67,7 +66,7 @@ def _holds(generation: Generation, ordinal: int) -> bool:
     return start is not None and start <= ordinal <= generation.LaneOrdinal
 
 
-def _verdict(protocol: Protocol, receipt_key: str, event: DbRow, candidate: Generation | None) -> IngestResult:
+def _verdict(protocol: Protocol, receipt_key: str, event: AdmittedInput, candidate: Generation | None) -> IngestResult:
     ordinal = int(event.EnqueueOrdinal)
     if event.PrunedAt is not None:
         return IngestResult(

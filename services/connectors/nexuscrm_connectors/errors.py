@@ -61,7 +61,9 @@ class MembershipMissing(ConnectorsError):
     kind = ErrorKind.DATA_LOSS
 
     @classmethod
-    def admitted_count_differs(cls, work_id: str, start: int, end: int, found: int, admitted: int) -> MembershipMissing:
+    def admitted_count_differs(
+        cls, work_id: str, start: int | None, end: int, found: int | None, admitted: int
+    ) -> MembershipMissing:
         """The refusal of a range [``start``, ``end``] of ``found`` members where admission recorded ``admitted``."""
         return cls(f"work {work_id}: its range [{start}, {end}] holds {found} inputs but admission recorded {admitted}")
 

@@ -17,10 +17,10 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import page_tokens
 from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFound
-from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.work_items import WorkRow
 from nexuscrm_connectors.settings import Settings
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
@@ -58,7 +58,7 @@ def list_generations(
         else:
             before = page_tokens.decode_token(page_token, "ListGenerations", _identity_position)
             rows = operator_reads_sql.work_items_of_pack(connection, pack_install_id, before, scan)
-    kept: list[DbRow] = []
+    kept: list[WorkRow] = []
     examined = 0
     for row in rows:
         examined += 1

@@ -42,6 +42,7 @@ from nexuscrm_connectors.queries import legacy as legacy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.work_items import HeldWork, WorkRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import run_transaction
@@ -235,7 +236,7 @@ class LegacyRuntime:
     def _claim_one(
         self, connection: Connection, *, candidate: DbRow, worker_id: str, lease_seconds: int
     ) -> Claim | None:
-        row = work_items_sql.work_item_get(connection, candidate.WorkId, lock=True, clock=self.clock)
+        row = work_items_sql.work_item_held(connection, candidate.WorkId, self.clock, lock=True)
         if row is None:
             return None
         now = row.Now
@@ -293,7 +294,7 @@ class LegacyRuntime:
     def fail(self, work_id: str, lease_token: str, error: str, *, retryable: bool = True) -> WorkItemRow:
         """Record a failed attempt: retry after ``RETRY_SECONDS`` or, attempts exhausted, failed."""
 
-        def decide(row: DbRow, now: dt.datetime) -> dict[str, Any]:
+        def decide(row: HeldWork, now: dt.datetime) -> dict[str, Any]:
             attempt = row.Attempt + 1
             values: dict[str, Any] = {"Attempt": attempt, "LastError": error[:4000]}
             if retryable and attempt < row.MaxAttempts:
@@ -335,8 +336,8 @@ class LegacyRuntime:
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _held(self, connection: Connection, work_id: str, lease_token: str) -> DbRow:
-        row = work_items_sql.work_item_get(connection, work_id, clock=self.clock)
+    def _held(self, connection: Connection, work_id: str, lease_token: str) -> HeldWork:
+        row = work_items_sql.work_item_held(connection, work_id, self.clock)
         if row is None:
             raise WorkNotFound(f"work {work_id} does not exist", field="work_id")
         if row.Status != WorkStatus.PROCESSING or row.LeaseToken != lease_token:
@@ -344,7 +345,7 @@ class LegacyRuntime:
         return row
 
     def _transition(
-        self, work_id: str, lease_token: str, decide: Callable[[DbRow, dt.datetime], dict[str, Any]]
+        self, work_id: str, lease_token: str, decide: Callable[[HeldWork, dt.datetime], dict[str, Any]]
     ) -> WorkItemRow:
         """Move a held WorkItem out of processing to the values ``decide`` returns, releasing the lease."""
 
@@ -366,7 +367,7 @@ class LegacyRuntime:
         return run_transaction(self.engine, move, name="legacy transition")
 
     @staticmethod
-    def _settle(connection: Connection, row: DbRow, event_status: EventStatus, now: dt.datetime) -> None:
+    def _settle(connection: Connection, row: WorkRow, event_status: EventStatus, now: dt.datetime) -> None:
         """A WorkItem became terminal: settle its selected Event, release the next blocked one."""
         events_sql.event_set_status(connection, row.PackInstallId, row.LaneOrdinal, event_status, row.ProjectionKey)
         successor = work_items_sql.work_item_successor(

@@ -18,6 +18,8 @@ from nexuscrm_connectors.claims import current_lease
 from nexuscrm_connectors.errors import MembershipMissing
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries.claims import LeasedWork
+from nexuscrm_connectors.queries.work_items import WorkRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_schema.member_counts import admitted_count
@@ -80,7 +82,7 @@ def load_inputs(
 
 
 def _page(
-    connection: Connection, settings: Settings, work: DbRow, after: int, end: int, size: int
+    connection: Connection, settings: Settings, work: WorkRow, after: int, end: int, size: int
 ) -> tuple[list[DbRow], bool]:
     """The next members after ``after`` within ``size`` members and the byte budget; and whether none follow.
 
@@ -92,7 +94,7 @@ def _page(
     return rows, not rows or (rows[0].Candidates < size and len(rows) == rows[0].Candidates)
 
 
-def whole_pages(connection: Connection, settings: Settings, works: Sequence[DbRow]) -> dict[str, InputPage]:
+def whole_pages(connection: Connection, settings: Settings, works: Sequence[LeasedWork]) -> dict[str, InputPage]:
     """The whole membership of those of ``works`` that fit together in one page, by WorkId: a claim's inline inputs.
 
     ``works`` are WorkItem rows a claim has just leased, oldest first: their bounds are frozen
@@ -111,7 +113,7 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[DbRo
     ranges = [
         events_sql.EventRange(w.PackInstallId, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
     ]
-    fitting: list[tuple[DbRow, events_sql.EventRange, int]] = []
+    fitting: list[tuple[WorkRow, events_sql.EventRange, int]] = []
     for work, members, sizes in zip(
         works, ranges, events_sql.event_ranges_sizes(connection, ranges, size), strict=True
     ):
@@ -130,7 +132,7 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[DbRo
     }
 
 
-def _whole(work: DbRow, ordinals: Sequence[int]) -> bool:
+def _whole(work: WorkRow, ordinals: Sequence[int]) -> bool:
     """Whether ``ordinals`` are a membership LoadInputs would stream whole: both ends, the counts it checks."""
     admitted = admitted_count(work)
     return (

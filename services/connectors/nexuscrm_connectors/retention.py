@@ -348,7 +348,8 @@ def _prune_batch(
         row = work_items_sql.work_item_get(connection, work_id)
         if row is not None and policy.active and not _keeps(connection, policy, row, now):
             row = work_items_sql.work_item_get(connection, work_id, lock=True)
-        if row is None or not policy.active or _keeps(connection, policy, row, now):
+        # _keeps keeps old-protocol work (no InputStartOrdinal); said again for the type checker.
+        if row is None or not policy.active or _keeps(connection, policy, row, now) or row.InputStartOrdinal is None:
             tally.kept += row is not None
             settled += 1
             continue

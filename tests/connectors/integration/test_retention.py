@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack, WorkNotFound, WorkPruned
-from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import iso_utc
@@ -260,7 +260,7 @@ def test_a_duplicate_whose_generation_is_pruned_during_its_verification_is_ackno
     _generations(connectors, pack, "a", 1)  # a newer generation: the first one is older, prunable
     connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
     clock.advance(5)
-    covering = work_items_sql.work_items_covering
+    covering = events_sql.work_items_covering
     pruning: list[threading.Thread] = []
 
     def prune_meanwhile(*args: Any) -> Any:
@@ -270,7 +270,7 @@ def test_a_duplicate_whose_generation_is_pruned_during_its_verification_is_ackno
         pruning.append(thread)
         return covering(*args)
 
-    monkeypatch.setattr(work_items_sql, "work_items_covering", prune_meanwhile)
+    monkeypatch.setattr(events_sql, "work_items_covering", prune_meanwhile)
     events_before = _count(engine, Event)
     (again,) = connectors.ingest(pack, items=[first])
     pruning[0].join(HANG_GUARD)

@@ -46,7 +46,7 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         # Connectors: admission, duplicate verification, claim, payload reads, materializer.
         "receipts_get": lambda c: receipts_sql.receipts_get(c, pack, ["n-1-1", "n-2-2"]),
         "events_by_receipt": lambda c: events_sql.events_by_receipt(c, pack, ["n-1-1", "h-7"]),
-        "work_items_covering": lambda c: work_items_sql.work_items_covering(
+        "work_items_covering": lambda c: events_sql.work_items_covering(
             c, pack, events_sql.events_by_receipt(c, pack, ["n-1-1", "h-7", "h-8"])
         ),
         # Every Event of the range already has its receipt: the copy inserts nothing, and EXPLAIN reads its plan.

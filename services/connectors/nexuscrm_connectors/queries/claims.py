@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries.work_items import HeldWork, WorkRow
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
@@ -20,6 +21,42 @@ from nexuscrm_schema.tables import (
 )
 from workqueue import WorkStatus
 
+
+class ClaimCandidate(NamedTuple):
+    """A row of ``work_items_claimable``: what a claim decides on, with the database's ``Now``."""
+
+    WorkId: str
+    PackInstallId: str
+    ProjectionKey: str
+    Status: str
+    ClaimableAt: dt.datetime
+    LeaseToken: str | None
+    Attempt: int
+    MaxAttempts: int
+    InputStartOrdinal: int | None
+    LaneOrdinal: int
+    SuccessorWorkId: str | None
+    Now: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeasedWork(WorkRow):
+    """A generation a claim leased (``work_items_leased``), with its selected Event's ordinal (None: missing).
+
+    Native work only (a claim refuses work without an InputStartOrdinal), so its range has a start.
+    """
+
+    InputStartOrdinal: int
+    SelectedOrdinal: int | None
+
+
+class ServedPack(NamedTuple):
+    """A pack a claim asked for, with ``Native``: its protocol row's key, None without one."""
+
+    PackInstallId: str
+    Native: str | None
+
+
 # ``work_items_lock``'s statement, built once. Parameters: ``work_ids`` (expanding) and the clock's.
 _LOCK_HELD = (
     sa.select(WorkItem, NOW_PARAMETER.label("Now"))
@@ -28,14 +65,14 @@ _LOCK_HELD = (
 )
 
 
-def work_items_lock(connection: Connection, work_ids: Collection[str], clock: DatabaseClock) -> dict[str, DbRow]:
+def work_items_lock(connection: Connection, work_ids: Collection[str], clock: DatabaseClock) -> dict[str, HeldWork]:
     """WorkItems by primary key, locked (FOR UPDATE), each with ``clock``'s now as ``Now``; one statement.
 
     The lock keeps the leases read unchanged until the caller's compare-and-set in the same
     transaction (``work_items_complete``), so its row count is exact.
     """
     rows = connection.execute(_LOCK_HELD, {"work_ids": list(work_ids), **clock.parameters()})
-    return {row.WorkId: row for row in rows}
+    return {row.WorkId: HeldWork(*row) for row in rows}
 
 
 @functools.lru_cache(maxsize=16)
@@ -56,7 +93,7 @@ def _complete_statement(size: int) -> sa.Update:
     )
 
 
-def work_items_complete(connection: Connection, held: Sequence[DbRow], now: dt.datetime) -> int:
+def work_items_complete(connection: Connection, held: Sequence[HeldWork], now: dt.datetime) -> int:
     """Complete the generations ``held`` (rows as read), each only if it still holds the lease read; one UPDATE.
 
     The compare-and-set of each row is its WorkId, lease token and lease expiry as read, and
@@ -120,7 +157,7 @@ def work_items_claimable(
     work_types: Sequence[str],
     clock: DatabaseClock,
     limit: int,
-) -> list[DbRow]:
+) -> list[ClaimCandidate]:
     """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
 
     Due at ``clock``'s now, which each row carries as column ``Now``: the instant the claim
@@ -139,7 +176,7 @@ def work_items_claimable(
     if work_types:
         parameters["work_types"] = list(work_types)
     statement = _claimable_statement(len(pack_install_ids), bool(work_types))
-    rows = connection.execute(statement, parameters).all()
+    rows = map(ClaimCandidate._make, connection.execute(statement, parameters))
     return sorted(rows, key=lambda row: row.ClaimableAt)[:limit]
 
 
@@ -249,13 +286,14 @@ _LEASED = (
 )
 
 
-def work_items_leased(connection: Connection, work_ids: Sequence[str], lease_token: str) -> list[DbRow]:
+def work_items_leased(connection: Connection, work_ids: Sequence[str], lease_token: str) -> list[LeasedWork]:
     """The generations of ``work_ids`` that hold ``lease_token``, each with its selected Event's ordinal.
 
     ``SelectedOrdinal`` is None when the Event at the generation's LaneOrdinal (its selected
     Event, of its identity) is missing. Primary-key lookups of WorkItem and Event.
     """
-    return list(connection.execute(_LEASED, {"work_ids": list(work_ids), "lease_token": lease_token}))
+    rows = connection.execute(_LEASED, {"work_ids": list(work_ids), "lease_token": lease_token})
+    return [LeasedWork(*row) for row in rows]
 
 
 def work_item_update_if(connection: Connection, work_id: str, expect: dict[str, Any], values: dict[str, Any]) -> int:
@@ -295,8 +333,8 @@ _PACKS = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.Pa
 _PACKS_NAMED = _PACKS.where(PackInstall.c.PackInstallId.in_(sa.bindparam("requested", expanding=True)))
 
 
-def packs_with_protocol(connection: Connection, requested: Sequence[str]) -> list[DbRow]:
+def packs_with_protocol(connection: Connection, requested: Sequence[str]) -> list[ServedPack]:
     """The requested packs (every pack when none) with ``Native``, their protocol row's key (None without one)."""
     if requested:
-        return list(connection.execute(_PACKS_NAMED, {"requested": list(requested)}))
-    return list(connection.execute(_PACKS))
+        return list(map(ServedPack._make, connection.execute(_PACKS_NAMED, {"requested": list(requested)})))
+    return list(map(ServedPack._make, connection.execute(_PACKS)))

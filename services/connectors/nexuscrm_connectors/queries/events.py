@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -19,6 +20,7 @@ from nexuscrm_schema.tables import (
     EventPayload,
     PrunedReceipt,
     PrunedWork,
+    WorkItem,
 )
 from workqueue import EventStatus
 from workqueue.values import InputRow
@@ -38,6 +40,25 @@ _PAYLOAD_AFTER_STATUS: dict[str, sa.ColumnElement[bytes]] = {
 
 
 _NEWEST_PREFIX = "Newest"  # the newest generation beside a retained Event: NewestWorkId, NewestStatus, ...
+
+
+class AdmittedInput(NamedTuple):
+    """A row of ``events_by_receipt``: a retained Event (with its identity's newest generation) or a tombstone."""
+
+    ReceiptKey: str
+    EnqueueOrdinal: int
+    ProjectionKey: str | None
+    PayloadHash: str
+    WorkId: str | None
+    PrunedAt: dt.datetime | None
+    NewestWorkId: str | None
+    NewestInputStartOrdinal: int | None
+    NewestLaneOrdinal: int | None
+    NewestStatus: str | None
+
+
+if AdmittedInput._fields[6:] != tuple(_NEWEST_PREFIX + column.name for column in GENERATION_COLUMNS):
+    raise RuntimeError("AdmittedInput's Newest fields are not the generation columns events_by_receipt reads")
 
 
 # Inputs already admitted for some receipt keys: retained Events (with their identity's newest
@@ -75,7 +96,7 @@ _EVENTS_BY_RECEIPT = sa.union_all(
 )
 
 
-def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
+def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, AdmittedInput]:
     """Inputs already admitted for ``keys``: ReceiptKey, EnqueueOrdinal, ProjectionKey, PayloadHash, WorkId, PrunedAt.
 
     WorkId and PrunedAt come from the tombstone of an input that retention pruned (NULL for a
@@ -90,13 +111,79 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
     pruned concurrently shows up exactly once, as Event or as tombstone (decision 123).
     """
     rows = connection.execute(_EVENTS_BY_RECEIPT, {"pack_install_id": pack_install_id, "keys": list(keys)})
-    return {row.ReceiptKey: row for row in rows}
+    return {row.ReceiptKey: row for row in map(AdmittedInput._make, rows)}
 
 
-def newest_generation(event: DbRow) -> Generation | None:
+def newest_generation(event: AdmittedInput) -> Generation | None:
     """The newest generation of a retained Event's identity as ``events_by_receipt`` read it; None for a tombstone."""
-    values = [getattr(event, _NEWEST_PREFIX + column.name) for column in GENERATION_COLUMNS]
-    return None if values[0] is None else Generation(*values)
+    if event.NewestWorkId is None or event.NewestLaneOrdinal is None or event.NewestStatus is None:
+        return None
+    return Generation(event.NewestWorkId, event.NewestInputStartOrdinal, event.NewestLaneOrdinal, event.NewestStatus)
+
+
+# Per Event of the given receipt keys, its candidate covering generation's columns: correlated
+# top-of-range seeks of ix_workitem_projection_order (SQLite).
+_COVERING_CORRELATED = sa.select(
+    Event.c.ReceiptKey,
+    *(identity_generation(column, covering=True).label(column.name) for column in GENERATION_COLUMNS),
+).where(
+    Event.c.PackInstallId == sa.bindparam("pack_install_id"),
+    Event.c.ReceiptKey.in_(sa.bindparam("keys", expanding=True)),
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _covering_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
+    """UNION ALL of ``size`` parameterized covering seeks (MySQL protocol); built once per size.
+
+    Parameters: ``pack_install_id`` and ``key_<n>`` / ``identity_<n>`` / ``ordinal_<n>``.
+    """
+    return sa.union_all(
+        *(
+            sa.select(sa.bindparam(f"key_{n}", type_=sa.String()).label("ReceiptKey"), *GENERATION_COLUMNS)
+            .where(
+                WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
+                WorkItem.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
+                WorkItem.c.LaneOrdinal >= sa.bindparam(f"ordinal_{n}"),
+            )
+            .order_by(WorkItem.c.LaneOrdinal)
+            .limit(1)
+            for n in range(size)
+        )
+    )
+
+
+def work_items_covering(
+    connection: Connection, pack_install_id: str, events: Mapping[str, AdmittedInput]
+) -> dict[str, Generation]:
+    """The candidate covering generation of each admitted input, by receipt key: one statement.
+
+    ``events`` maps receipt keys to their Events (``events_by_receipt``). The candidate is the
+    first generation of the Event's identity whose LaneOrdinal is at or above its ordinal:
+    generations of one identity never overlap, so it is the only one whose range can hold
+    the input, and the caller checks its lower bound. One index seek per input, whatever the
+    retained history. SQLite plans the correlated form's range per Event; MariaDB does not (it
+    reads the identity's generations from the first, so the cost grew with history), so
+    MySQL-protocol servers get one UNION ALL of seeks with the ordinals as parameters, padded
+    to a power of two by repeating the last input (a few cached statements serve every size).
+    """
+    if not events:
+        return {}
+    if connection.dialect.name == "sqlite":
+        rows = connection.execute(_COVERING_CORRELATED, {"pack_install_id": pack_install_id, "keys": list(events)})
+    else:
+        inputs = list(events.items())
+        size = 1 << (len(inputs) - 1).bit_length()
+        inputs += inputs[-1:] * (size - len(inputs))
+        parameters: dict[str, Any] = {"pack_install_id": pack_install_id}
+        for n, (key, event) in enumerate(inputs):
+            parameters |= {f"key_{n}": key, f"identity_{n}": event.ProjectionKey, f"ordinal_{n}": event.EnqueueOrdinal}
+        rows = connection.execute(_covering_seeks(size), parameters)
+    return {
+        row.ReceiptKey: Generation(row.WorkId, row.InputStartOrdinal, row.LaneOrdinal, row.Status)
+        for row in rows
+        if row.WorkId is not None
+    }
 
 
 def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:

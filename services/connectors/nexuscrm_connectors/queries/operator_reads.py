@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries.work_items import WorkRow
 from nexuscrm_schema.tables import (
     IngressReceipt,
     PackInstall,
@@ -165,7 +166,7 @@ def receipt_count_capped(connection: Connection, pack_install_id: str, state: Re
 
 def work_items_of_identity(
     connection: Connection, pack_install_id: str, projection_key: str, below: int | None, limit: int
-) -> list[DbRow]:
+) -> list[WorkRow]:
     """Generations of one identity with LaneOrdinal below ``below``, newest (highest LaneOrdinal) first.
 
     ix_workitem_projection_order read backwards, up to ``limit`` rows: keyset pagination by the
@@ -177,12 +178,12 @@ def work_items_of_identity(
     )
     if below is not None:
         statement = statement.where(WorkItem.c.LaneOrdinal < below)
-    return list(connection.execute(statement.order_by(WorkItem.c.LaneOrdinal.desc()).limit(limit)))
+    return [WorkRow(*row) for row in connection.execute(statement.order_by(WorkItem.c.LaneOrdinal.desc()).limit(limit))]
 
 
 def work_items_of_pack(
     connection: Connection, pack_install_id: str, before: tuple[str, int] | None, limit: int
-) -> list[DbRow]:
+) -> list[WorkRow]:
     """Generations of a pack, identity after identity (ProjectionKey descending), newest first in each.
 
     ix_workitem_projection_order read backwards from the position ``before`` (the previous
@@ -193,4 +194,5 @@ def work_items_of_pack(
     statement = sa.select(WorkItem).where(WorkItem.c.PackInstallId == pack_install_id)
     if before is not None:
         statement = statement.where(after_keyset(order, before, descending=True))
-    return list(connection.execute(statement.order_by(*(column.desc() for column in order)).limit(limit)))
+    rows = connection.execute(statement.order_by(*(column.desc() for column in order)).limit(limit))
+    return [WorkRow(*row) for row in rows]

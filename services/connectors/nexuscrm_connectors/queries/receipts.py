@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -22,6 +22,15 @@ from workqueue import ReceiptState
 ADMITTED_RECEIPT_PAYLOAD = b""
 
 
+class StoredReceipt(NamedTuple):
+    """What admission compares a delivery with in its stored receipt (``receipts_get``)."""
+
+    ReceiptKey: str
+    PayloadHash: str
+    ProjectionKey: str | None
+    State: str
+
+
 _RECEIPTS_GET = sa.select(
     IngressReceipt.c.ReceiptKey,
     IngressReceipt.c.PayloadHash,
@@ -33,10 +42,10 @@ _RECEIPTS_GET = sa.select(
 )
 
 
-def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, DbRow]:
+def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[str]) -> dict[str, StoredReceipt]:
     """Stored receipts of ``keys`` (primary key lookups)."""
     rows = connection.execute(_RECEIPTS_GET, {"pack_install_id": pack_install_id, "keys": list(keys)})
-    return {row.ReceiptKey: row for row in rows}
+    return {row.ReceiptKey: row for row in map(StoredReceipt._make, rows)}
 
 
 def receipts_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -38,6 +39,72 @@ class Generation(NamedTuple):
     Status: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkRow:
+    """A WorkItem row: every column, in the table's order (checked below), so ``WorkRow(*row)`` reads one."""
+
+    WorkId: str
+    PackInstallId: str
+    ProjectionKey: str
+    WorkType: str
+    InputStartOrdinal: int | None
+    LaneOrdinal: int
+    ReplayOfWorkId: str | None
+    Status: str
+    Attempt: int
+    MaxAttempts: int
+    ClaimableAt: dt.datetime | None
+    LeaseOwner: str | None
+    LeaseToken: str | None
+    LeaseExpiresAt: dt.datetime | None
+    LastError: str | None
+    CreatedAt: dt.datetime
+    FinishedAt: dt.datetime | None
+    SuccessorWorkId: str | None
+    ClaimedMemberCount: int | None
+    AdmittedMemberCount: int | None
+    AdmittedThroughOrdinal: int | None
+
+
+if tuple(field.name for field in dataclasses.fields(WorkRow)) != tuple(WorkItem.c.keys()):
+    raise RuntimeError("WorkRow's fields are not WorkItem's columns in table order")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeldWork(WorkRow):
+    """A WorkItem row read with the database clock's now (``Now``): the instant its caller decides with."""
+
+    Now: dt.datetime
+
+
+class Positioned(Protocol):
+    """A generation's place in its identity, what finishing it reads: a ``WorkRow`` or a claim candidate."""
+
+    @property
+    def WorkId(self) -> str: ...
+
+    @property
+    def PackInstallId(self) -> str: ...
+
+    @property
+    def ProjectionKey(self) -> str: ...
+
+    @property
+    def LaneOrdinal(self) -> int: ...
+
+    @property
+    def SuccessorWorkId(self) -> str | None: ...
+
+
+class NewestGeneration(NamedTuple):
+    """The newest generation of an identity, locked, with what admission decides on (``work_items_newest``)."""
+
+    WorkId: str
+    ProjectionKey: str
+    Status: str
+    Attempt: int
+
+
 GENERATION_COLUMNS = (WorkItem.c.WorkId, WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal, WorkItem.c.Status)
 
 
@@ -53,71 +120,6 @@ def identity_generation(column: sa.Column[Any], *, covering: bool) -> sa.ScalarS
         conditions.append(WorkItem.c.LaneOrdinal >= Event.c.EnqueueOrdinal)
     order = WorkItem.c.LaneOrdinal if covering else WorkItem.c.LaneOrdinal.desc()
     return sa.select(column).where(*conditions).order_by(order).limit(1).correlate(Event).scalar_subquery()
-
-
-# Per Event of the given receipt keys, its candidate covering generation's columns: correlated
-# top-of-range seeks of ix_workitem_projection_order (SQLite).
-_COVERING_CORRELATED = sa.select(
-    Event.c.ReceiptKey,
-    *(identity_generation(column, covering=True).label(column.name) for column in GENERATION_COLUMNS),
-).where(
-    Event.c.PackInstallId == sa.bindparam("pack_install_id"),
-    Event.c.ReceiptKey.in_(sa.bindparam("keys", expanding=True)),
-)
-
-
-@functools.lru_cache(maxsize=16)
-def _covering_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
-    """UNION ALL of ``size`` parameterized covering seeks (MySQL protocol); built once per size.
-
-    Parameters: ``pack_install_id`` and ``key_<n>`` / ``identity_<n>`` / ``ordinal_<n>``.
-    """
-    return sa.union_all(
-        *(
-            sa.select(sa.bindparam(f"key_{n}", type_=sa.String()).label("ReceiptKey"), *GENERATION_COLUMNS)
-            .where(
-                WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
-                WorkItem.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
-                WorkItem.c.LaneOrdinal >= sa.bindparam(f"ordinal_{n}"),
-            )
-            .order_by(WorkItem.c.LaneOrdinal)
-            .limit(1)
-            for n in range(size)
-        )
-    )
-
-
-def work_items_covering(
-    connection: Connection, pack_install_id: str, events: Mapping[str, DbRow]
-) -> dict[str, Generation]:
-    """The candidate covering generation of each admitted input, by receipt key: one statement.
-
-    ``events`` maps receipt keys to their Events (``events_by_receipt``). The candidate is the
-    first generation of the Event's identity whose LaneOrdinal is at or above its ordinal:
-    generations of one identity never overlap, so it is the only one whose range can hold
-    the input, and the caller checks its lower bound. One index seek per input, whatever the
-    retained history. SQLite plans the correlated form's range per Event; MariaDB does not (it
-    reads the identity's generations from the first, so the cost grew with history), so
-    MySQL-protocol servers get one UNION ALL of seeks with the ordinals as parameters, padded
-    to a power of two by repeating the last input (a few cached statements serve every size).
-    """
-    if not events:
-        return {}
-    if connection.dialect.name == "sqlite":
-        rows = connection.execute(_COVERING_CORRELATED, {"pack_install_id": pack_install_id, "keys": list(events)})
-    else:
-        inputs = list(events.items())
-        size = 1 << (len(inputs) - 1).bit_length()
-        inputs += inputs[-1:] * (size - len(inputs))
-        parameters: dict[str, Any] = {"pack_install_id": pack_install_id}
-        for n, (key, event) in enumerate(inputs):
-            parameters |= {f"key_{n}": key, f"identity_{n}": event.ProjectionKey, f"ordinal_{n}": event.EnqueueOrdinal}
-        rows = connection.execute(_covering_seeks(size), parameters)
-    return {
-        row.ReceiptKey: Generation(row.WorkId, row.InputStartOrdinal, row.LaneOrdinal, row.Status)
-        for row in rows
-        if row.WorkId is not None
-    }
 
 
 # The newest generation of each identity that has an Event in an ordinal range of a pack
@@ -155,7 +157,7 @@ def work_items_newest(
     ordinals: range,
     projection_keys: Iterable[str],
     known: Mapping[str, str] | None = None,
-) -> dict[str, DbRow]:
+) -> dict[str, NewestGeneration]:
     """The newest generation of each identity, locked: its WorkId, ProjectionKey, Status and Attempt.
 
     ``ordinals`` are the Events just inserted for ``projection_keys`` (a batch or a replay),
@@ -179,7 +181,8 @@ def work_items_newest(
         work_ids += (work_id for work_id in connection.execute(_NEWEST_SEEK, parameters).scalars() if work_id)
     if not work_ids:
         return {}
-    return {row.ProjectionKey: row for row in connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})}
+    rows = connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})
+    return {row.ProjectionKey: row for row in map(NewestGeneration._make, rows)}
 
 
 def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -309,12 +312,19 @@ def work_items_link_successors(connection: Connection, successors: Mapping[str, 
     return connection.execute(_link_statement(size), parameters).rowcount
 
 
-def work_item_get(
-    connection: Connection, work_id: str, *, lock: bool = False, clock: DatabaseClock | None = None
-) -> DbRow | None:
-    """One WorkItem by primary key, optionally locked; with ``clock``'s now as column ``Now``."""
-    parameters: dict[str, Any] = {"work_id": work_id, **(clock.parameters() if clock else {})}
-    return connection.execute(_work_item_statement(lock, clock is not None), parameters).first()
+def work_item_get(connection: Connection, work_id: str, *, lock: bool = False) -> WorkRow | None:
+    """One WorkItem by primary key, optionally locked."""
+    row = connection.execute(_work_item_statement(lock, False), {"work_id": work_id}).first()
+    return None if row is None else WorkRow(*row)
+
+
+def work_item_held(
+    connection: Connection, work_id: str, clock: DatabaseClock, *, lock: bool = False
+) -> HeldWork | None:
+    """``work_item_get`` with ``clock``'s now as ``Now``."""
+    statement = _work_item_statement(lock, True)
+    row = connection.execute(statement, {"work_id": work_id, **clock.parameters()}).first()
+    return None if row is None else HeldWork(*row)
 
 
 @functools.lru_cache(maxsize=4)
@@ -325,8 +335,8 @@ def _work_item_statement(lock: bool, clocked: bool) -> sa.Select[Any]:
     return statement.with_for_update() if lock else statement
 
 
-def work_item_value(row: Any) -> WorkItemRow:
-    """The value of a WorkItem result row."""
+def work_item_value(row: WorkRow) -> WorkItemRow:
+    """The value of a WorkItem row."""
     return WorkItemRow(
         work_id=row.WorkId,
         pack_install_id=row.PackInstallId,
@@ -348,11 +358,12 @@ def work_item_value(row: Any) -> WorkItemRow:
     )
 
 
-def work_items_get(connection: Connection, work_ids: Collection[str]) -> dict[str, DbRow]:
+def work_items_get(connection: Connection, work_ids: Collection[str]) -> dict[str, WorkRow]:
     """WorkItems by primary key (one statement), keyed by WorkId."""
     if not work_ids:
         return {}
-    return {row.WorkId: row for row in connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId.in_(work_ids)))}
+    rows = connection.execute(sa.select(WorkItem).where(WorkItem.c.WorkId.in_(work_ids)))
+    return {row.WorkId: WorkRow(*row) for row in rows}
 
 
 _SUCCESSOR = (
@@ -392,7 +403,7 @@ def _successor_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
     )
 
 
-def work_items_successors(connection: Connection, rows: Sequence[DbRow]) -> dict[str, str]:
+def work_items_successors(connection: Connection, rows: Sequence[Positioned]) -> dict[str, str]:
     """The next generation of each row's identity after its LaneOrdinal: predecessor WorkId -> successor WorkId.
 
     One statement whatever ``len(rows)``: a UNION ALL of index seeks, padded to a power of two
