@@ -1,16 +1,9 @@
-"""Fresh admission: receipts, Events and generations of one pack in one transaction.
+"""Admission: a batch of deliveries of one pack becomes receipts, Events and generations in one transaction.
 
-``ingest`` validates each delivery on its own (a rejected item changes nothing and does not
-fail its neighbours), then runs one transaction per batch that locks the PackInstall row
-(serializing admission and replay of the pack), checks fences, reads the protocol row once,
-splits duplicates (verified in one statement, whatever their number) from new inputs,
-allocates ordinals in arrival order, inserts Events, extends or succeeds each identity's
-newest generation (found by one statement of index seeks, or remembered from this process's
-own last admission of the pack while no other writer has moved its ordinal counter:
-``NewestGenerations``), and writes every receipt with its verdict: an admitted input's
-receipt is born confirmed, without a copy of the payload (the Event holds it). The number of
-statements is constant per batch. A crash after the commit leaves receipt, Event and WorkItem
-intact, and the retried delivery takes the duplicate path.
+One transaction per batch (concurrent calls grouped, ``grouping``), a constant number of
+statements whatever its size, every receipt written with its verdict; a retried delivery
+after a crash takes the duplicate path (decisions 003 and 085; the newest-generation memory:
+070).
 """
 
 from __future__ import annotations
@@ -263,6 +256,13 @@ def _batch_transaction(
     pack_install_id: str,
     deliveries: Sequence[Delivery],
 ) -> _Admitted:
+    """The admission transaction of one batch: lock the pack, check fences and the protocol, decide, write.
+
+    The PackInstall row lock serializes admission and replay of the pack. Duplicates are
+    verified in one statement whatever their number; new inputs get ordinals in arrival
+    order, their Events, and each identity's newest generation extended or succeeded
+    (``_new_generations``); every receipt is written with its verdict (``_record_receipts``).
+    """
     pack = packs_sql.pack_lock(connection, pack_install_id, clock)
     now = pack.now  # the database's time: every instant this admission stores or decides with
     guard = packs_sql.admission_guard(connection, pack)

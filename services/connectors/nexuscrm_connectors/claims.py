@@ -1,24 +1,9 @@
-"""Claims, leases and the end of an attempt: claim, heartbeat, complete, fail.
+"""Claims and the end of an attempt: claim, heartbeat, complete and fail a leased generation.
 
-A claim is one transaction with a constant number of statements, whatever ``max_items``:
-the served packs (with their protocol rows), a window of the oldest candidates, one
-conditional multi-row UPDATE that leases the chosen ones (never SKIP LOCKED: TiDB silently
-takes no lock with it; the UPDATE re-checks claimability on each row and the lease token
-marks the rows it won), one UPDATE recording the member count of first claims, a re-read
-of those rows with their selected Events, and one UPDATE that moves those Events to
-processing. Claims of one process reserve the rows they lease
-(``reservations``), so they do not race each other. The claim's row lock is what freezes a
-generation's bounds against a concurrent admission, which only extends unclaimed
-attempt-zero rows. A leased generation whose selected Event is missing, or whose members
-differ from the count its admission recorded (decision 149), is damaged: the claim fails it
-in the same transaction, with its reason (decision 110), so it never holds the candidate
-window.
-Every instant is the database's (decision 118): the candidate read carries the database
-clock, and the transaction decides and stores with that one instant; Heartbeat, Complete,
-Fail and LoadInputs read it with the WorkItem they check. No process clock decides.
-Every later call presents the lease token of the claim: a stale token changes nothing. A
-generation that becomes terminal unblocks its successor in the same transaction, so per
-identity at most one generation runs, in LaneOrdinal order.
+A claim is one transaction of a constant number of statements, a conditional UPDATE instead
+of SKIP LOCKED (TiDB takes no lock with it); every instant is the database's (decision 118),
+every later call presents the claim's lease token, and a generation that becomes terminal
+unblocks its successor in the same transaction (decisions 090, 110, 131 and 149).
 """
 
 from __future__ import annotations
@@ -229,6 +214,11 @@ def claim_transaction(
 ) -> ClaimBatch:
     """Read candidates, retire exhausted ones, lease the oldest that no other claim holds, move their selected Events.
 
+    The constant few statements: the served packs, a window of the oldest candidates, one
+    conditional UPDATE leasing the chosen ones (it re-checks claimability per row; the lease
+    token marks the rows it won), one recording first claims' member counts, a re-read of the
+    leased rows with their selected Events, one moving those Events to processing. The row
+    lock freezes a generation's bounds: admission only extends unclaimed attempt-zero rows.
     A leased generation found damaged (``_damage``) is failed for good in this transaction
     (``_fail_damaged``); only that path runs statements beyond the constant few.
     """

@@ -1,14 +1,7 @@
-"""Reads of generations for operators and cross-repository harnesses: an identity's generations, a generation's members.
+"""Operator reads of generations: an identity's or a pack's generations, a generation's members.
 
-Neither needs a lease nor changes a row. Both page by keyset (``page_tokens``) over the same
-indexes the runtime uses: an identity's generations newest first down
-ix_workitem_projection_order (without an identity, a pack's generations identity after
-identity down the same index), a generation's members in ordinal order along
-ix_event_source_lane. A listing filtered by status examines at most ``STATUS_SCAN_FACTOR``
-generations per row asked for: its page may be short, and the token then continues after the
-last generation examined. Members are the Events of the generation's identity in its range
-[InputStartOrdinal, LaneOrdinal] as it stands at each page: an unclaimed generation may still
-be extended by admission. Only LoadInputs (the worker's read) refuses a damaged range.
+Neither needs a lease nor changes a row; both page by keyset over the runtime's indexes
+(``page_tokens``). Only LoadInputs refuses a damaged range.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""The legacy (v0) runtime: admission and work the way the old protocol did them.
+"""The legacy (v0) runtime: admission and work the way the old protocol did them (decision 010).
 
-It exists so that old-protocol history can be built for real, kept live, drained and audited
-before the cutover; production code never mixes it with the native runtime. What makes it
-"old":
-
-- WorkItems carry no ``InputStartOrdinal``; a WorkItem's inputs are *inferred* at execution
-  time from retained history: the Events of its identity above the LaneOrdinal of the
-  previous retained old-protocol WorkItem, up to its own LaneOrdinal.
-- One direct WorkItem per selected Event (LaneOrdinal = that Event's ordinal). When the
-  identity already has an unclaimed nonterminal WorkItem (pending or blocked), a new Event is
-  *coalesced*: it gets no task and its coverage is left to inference by a later task.
-- Claim, completion and failure change only the selected Event's status; coalesced inputs
-  keep their historical status.
-- Before a pack's WorkItem-only handoff (``record_work_item_handoff``), admission writes
-  Events only: the Event-status backlog of the era before WorkItems drove execution.
-
-Every write first refuses a pack that has a protocol row (``LegacyRefused``): a binary
-rollback to old writers after the cutover is unsupported. Admission also honours admission
-fences: a fenced delivery is stored as a durable receipt for the native materializer.
+It builds old-protocol history for real (inferred inputs, coalesced Events, a WorkItem-only
+handoff) so that it can be drained, audited and cut over; every write refuses a pack that has
+a protocol row (``LegacyRefused``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The liveness backstop: blocked generations whose predecessor is terminal become claimable.
+"""The liveness backstop: blocked generations whose predecessor is terminal become claimable (decision 106).
 
-A successor is created blocked while its predecessor is not terminal, and the transaction
-that makes the predecessor terminal unblocks it. Decision 106 makes those two transactions
-conflict on every engine, so nothing should be left behind; this sweep is the backstop the
-design asks for anyway (docs/design.md, "Multi-primary engines"): rows written by an older release,
-or by a path that is wrong in a way nobody has found yet, must not block an identity
-forever. Each pass reads at most ``limit`` blocked generations per pack, continuing where
-the previous pass of this sweep stopped (keyset by WorkId, starting over at the end), so
-its cost is bounded whatever the backlog. Reading a predecessor as terminal is safe without
-writing it: terminal is final.
+Nothing should be left blocked (the transaction that ends a predecessor unblocks its
+successor); the sweep is the bounded backstop docs/design.md asks for, "Multi-primary engines".
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The background materializer: admits receipts that were stored but not admitted.
+"""The background loop: admits stored receipts, heals stranded generations, prunes (decisions 106, 123).
 
-Each pass also runs the liveness sweep (``Connectors.heal_stranded``): a blocked generation
-whose predecessor is terminal becomes claimable within one interval; and the retention pass
-(``Connectors.prune_pass``), which prunes what each pack's retention policy lets go, bounded
-per pack (decision 123).
-
-The loop is supervised: a pass that raises anything (a domain error when the database is
-away, or a bug) is logged once, counted in ``nexuscrm_materializer_failures_total``, and the
-next pass comes after a doubling back-off (up to ``MAX_BACKOFF_SECONDS``); the thread never
-ends while the service serves. ``nexuscrm_materializer_healthy`` and the health status of
-``HEALTH_NAME`` (SERVING / NOT_SERVING, beside the service's own, which stays SERVING: the
-RPCs still work) say whether the last pass succeeded
-(docs/decisions/109-transport-fails-closed.md).
+A failed pass is logged, counted and retried after a doubling back-off; the loop's health is
+reported beside the service's own (decision 109).
 """
 
 from __future__ import annotations

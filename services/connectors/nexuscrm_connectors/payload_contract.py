@@ -1,16 +1,8 @@
 """Whether the payload contract is set (schema v10, decision 130), cached per engine.
 
-Until it is set, a v7 Connectors may serve the same database, and it reads payloads from
-Event.Payload only: admission then also writes each payload there (a column value of the
-same INSERT, not a statement), and a status change keeps it. Once set, Event.Payload stays
-empty and a status change empties an old copy.
-
-The cache lives here, one per Engine (per process and database), because every admission and
-status change reaches ``queries`` through a connection of that engine; ``held`` only reads
-memory. The Connectors facade calls ``refresh`` before each operation that writes Events,
-outside its transaction: it reads the flag only while it is unset and the last read is
-``REFRESH_SECONDS`` old, so no admission pays a statement for it, and once set it is never
-read again (the flag is one-way). A stale "unset" is the safe side: a few more dual writes.
+The flag is a fact of the database, read through every connection of its engine, so the
+cache lives with the engine, not with one service; it is refreshed outside transactions and
+never read again once set (the flag is one-way).
 """
 
 from __future__ import annotations

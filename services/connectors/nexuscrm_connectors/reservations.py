@@ -1,20 +1,7 @@
-"""In-process coordination of concurrent Claim calls: no two take the same rows, waiting for work.
+"""Reservations of one process's claims: no two take the same rows, and a claim may wait for work.
 
-The Claim calls of one Connectors process run in parallel RPC handler threads. Left alone,
-they all read the same oldest candidates: all but one lose each compare-and-set, and the
-losers first wait for the winner's row locks. So a claim reserves the rows it is about to
-lease: it takes the oldest candidates that no other claim of this process has reserved.
-Reserved rows stay reserved until the claim's transaction has ended, and then for as long as
-a claim that began before that end is still running (its candidate read may predate the
-commit and still show the rows claimable). Claims of this process therefore never race for a
-row, and a lone claim takes exactly the oldest. Claims of other processes are not
-coordinated: the conditional UPDATE settles those races.
-
-A claim that found nothing may wait for work. ``notify`` (the facade calls it after this
-process admitted work or finished a generation, which may unblock its successor) wakes every
-waiting claim at once; work made claimable elsewhere (by another process, a retry coming due,
-an expired lease) is found by polling. At most ``max_waiters`` claims wait at once, so that
-waiting claims never hold every RPC handler thread.
+Claims of one process would otherwise all read the same oldest candidates and lose to each
+other's compare-and-set; claims of other processes are settled by the UPDATE (decision 090).
 """
 
 from __future__ import annotations

@@ -1,40 +1,8 @@
-"""Retention: a per-pack policy, and the pruner that deletes what it lets go (decision 123).
+"""Retention: a per-pack policy, and the pruner that deletes what it lets go (decisions 123 and 127).
 
-What may go: a terminal native generation (completed or failed, InputStartOrdinal set) that
-the policy no longer keeps, with its member Events and their receipts. What never goes: a
-generation that is not terminal (so never a member of one), the newest ``KeepGenerations``
-(at least one) generations of each identity, a generation finished less than ``KeepSeconds``
-ago, a generation whose successor is still blocked (the liveness sweep reads it), old-protocol
-work, and anything of a pack without a protocol row: setting a policy for such a pack is
-refused, because its cutover audit reads the whole retained history.
-
-What it leaves: a ``PrunedWork`` record per generation and a ``PrunedReceipt`` tombstone per
-receipt, so a duplicate delivery is acknowledged as pruned (never admitted again, never
-coverage_missing), and replay, GetWork and ExplainReceipt answer "pruned at ...". The ordinal
-counter is never touched, so ordinals are never reused; the policy row's HorizonOrdinal
-records the highest LaneOrdinal pruned and never moves back.
-
-Bounded: candidates are read by keyset from ``ix_workitem_retention`` (at most
-``prune_generations_per_pass`` per pack and pass), and one transaction deletes at most
-``prune_batch_events`` members: small generations go several to a transaction, a larger
-one alone in several, its WorkItem with the last, so every intermediate state keeps each
-retained Event in its retained generation.
-
-Multi-primary (decision 107): each pruning transaction re-reads the policy and the generation
-and decides only from facts no concurrent writer can undo: terminal is final, a generation
-never becomes the newest again (generations are only added above it, and no pruner removes
-one of the newest ``KeepGenerations``), a terminal generation's bounds and members are frozen,
-and a blocked successor is only ever unblocked. The one decision a concurrent writer can
-invalidate, the policy itself, is written by both: each pruning transaction writes the policy
-row (LastPrunedAt), so a policy change and a pruning that read the old policy conflict.
-
-The duplicate window (decision 127, opt-in per pack): tombstones whose input's SourceTime is
-older than the database clock minus the window expire, oldest first, in bounded batches; each
-expiring transaction raises the policy row's HorizonSourceTime over every SourceTime it deleted
-(it never moves back) and bumps the pack row admission writes, so an admission that read the
-old horizon cannot commit beside it. Admission answers an unknown key at or below the horizon
-``expired``: a duplicate never creates work, even after its tombstone is gone. Records of
-pruned generations expire with the window too, once no tombstone below the cutoff is left.
+Only terminal native generations the policy no longer keeps go, with their Events and
+receipts; tombstones answer later duplicates, and every pass is bounded. ``prune`` says what
+is kept and how a pruning stays right on a multi-primary engine.
 """
 
 from __future__ import annotations
@@ -156,6 +124,22 @@ def prune(
     Reads up to ``max_generations`` (0: the per-pass setting) candidates after ``after`` and
     prunes those the policy lets go, then expires what the duplicate window lets go (up to
     ``EXPIRE_BATCHES_PER_PASS`` transactions); ``dry_run`` counts them and changes nothing.
+
+    Never pruned: a generation that is not terminal (so never a member of one), the newest
+    ``KeepGenerations`` of each identity, one finished less than ``KeepSeconds`` ago, one whose
+    successor is still blocked, old-protocol work, and anything of a pack without a protocol
+    row. What goes leaves a ``PrunedWork`` record and a ``PrunedReceipt`` tombstone per
+    receipt; the ordinal counter is never touched, HorizonOrdinal never moves back. One
+    transaction deletes at most ``prune_batch_events`` members (a larger generation in
+    several, its WorkItem with the last), so each retained Event stays in its generation.
+
+    Multi-primary (decision 107): each transaction re-reads the policy and the generation and
+    decides only from facts no concurrent writer undoes (terminal is final, a generation never
+    becomes the newest again, a terminal one's members are frozen, a blocked successor is
+    only unblocked), and writes the policy row (LastPrunedAt), so a policy change conflicts
+    with a pruning that read the old policy. Tombstones older than the duplicate window expire
+    oldest first; each expiring transaction raises HorizonSourceTime (never back) and bumps
+    the pack row admission writes, so an admission that read the old horizon cannot commit.
     """
     limit = max_generations or settings.prune_generations_per_pass
     if not 1 <= limit <= settings.prune_generations_per_pass:
