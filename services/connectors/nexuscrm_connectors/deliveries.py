@@ -2,7 +2,7 @@
 
 A leaf: it imports no other module of the service but the receipts' SQL constants, so that
 admission, replay and the legacy runtime build their receipt, Event and generation rows the
-same way without importing each other (decision 085).
+same way without importing each other (decision 155).
 """
 
 from __future__ import annotations

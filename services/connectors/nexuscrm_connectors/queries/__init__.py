@@ -4,7 +4,7 @@ The one rule (decisions 133 and 139, docs/performance.md "Tuning notes formerly 
 docs/decisions"): a statement on a per-call path is built once, as a module constant or by an
 ``lru_cache``d builder keyed by the statement's shape only, and every value is a bound
 parameter (lists expanding, a LIMIT and the database clock too). Call sites import a module
-by name: ``from nexuscrm_connectors.queries import claims as claims_sql``.
+by name: ``from nexuscrm_connectors.queries import claims as claims_sql`` (decision 155).
 """
 
 from typing import Any
