@@ -18,6 +18,8 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import (
     admission,
+    claim_pauses,
+    dead_letters,
     generations,
     inspection,
     leases,
@@ -31,7 +33,9 @@ from nexuscrm_connectors import (
 )
 from nexuscrm_connectors import completions as completing
 from nexuscrm_connectors.admission import RefusedItem
+from nexuscrm_connectors.claim_pauses import ClaimPause
 from nexuscrm_connectors.claimers import Claimers
+from nexuscrm_connectors.dead_letter_queries import Filter
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
@@ -297,3 +301,50 @@ class Connectors:
     def list_members(self, work_id: str, *, page_size: int = 0, page_token: str = "") -> MemberPage:
         """See ``generations.list_members``."""
         return generations.list_members(self.engine, self.settings, work_id, page_size, page_token)
+
+    # Operating projections (issue 37): claim pauses and the dead-letter queue.
+
+    def pause_claims(
+        self, scope: claim_pauses.Scope, *, paused_by: str, reason: str, expires_at: dt.datetime | None = None
+    ) -> ClaimPause:
+        """See ``claim_pauses.pause``."""
+        return claim_pauses.pause(
+            self.engine, self.clock, scope, paused_by=paused_by, reason=reason, expires_at=expires_at
+        )
+
+    def resume_claims(self, scope: claim_pauses.Scope, *, resumed_by: str) -> ClaimPause:
+        """See ``claim_pauses.resume``; waiting claims are woken: the scope's work is claimable again."""
+        resumed = claim_pauses.resume(self.engine, self.clock, scope, resumed_by=resumed_by)
+        follow_up("resume claims", self.claimers.notify)
+        return resumed
+
+    def list_claim_pauses(self, pack_install_id: str) -> list[ClaimPause]:
+        """See ``claim_pauses.list_pauses``."""
+        return claim_pauses.list_pauses(self.engine, self.clock, pack_install_id)
+
+    def list_dead_letters(
+        self, pack_install_id: str, wanted: Filter, *, page_size: int = 0, page_token: str = ""
+    ) -> dead_letters.DeadLetterPage:
+        """See ``dead_letters.list_dead_letters``."""
+        return dead_letters.list_dead_letters(
+            self.engine, self.settings, pack_install_id, wanted, page_size, page_token
+        )
+
+    def count_dead_letters(self, pack_install_id: str, wanted: Filter) -> dead_letters.DeadLetterCount:
+        """See ``dead_letters.count_dead_letters``."""
+        return dead_letters.count_dead_letters(self.engine, pack_install_id, wanted)
+
+    def replay_dead_letters(
+        self, pack_install_id: str, wanted: Filter, *, dry_run: bool, max_generations: int = 0, page_token: str = ""
+    ) -> dead_letters.BulkReplay:
+        """See ``dead_letters.replay_dead_letters``: each dead letter replayed as ``replay`` replays one."""
+        return dead_letters.replay_dead_letters(
+            self.engine,
+            self.settings,
+            pack_install_id,
+            wanted,
+            self.replay,
+            dry_run=dry_run,
+            max_generations=max_generations,
+            page_token=page_token,
+        )

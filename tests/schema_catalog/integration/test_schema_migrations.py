@@ -118,8 +118,10 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         ],
         10: ["_System_PayloadContract"],
         11: ["WorkItem.AdmittedMemberCount", "WorkItem.AdmittedThroughOrdinal"],
+        12: ["ClaimPause"],
     }
     order = [
+        "ClaimPause",
         "Event.PayloadBytes",
         "EventPayload",
         "NamespaceControl",
