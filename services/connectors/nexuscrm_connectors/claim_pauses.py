@@ -127,9 +127,7 @@ def _known(connection: Connection, scope: Scope) -> None:
         return
     column = WorkItem.c.ProjectionKey if scope.scope is PauseScope.IDENTITY else WorkItem.c.WorkType
     if not pause_queries.work_item_exists(connection, scope.pack_install_id, column, scope.value):
-        raise UnknownScope(
-            f"pack {scope.pack_install_id} has no generation of {scope.scope} {_described(scope)}", field=scope.scope
-        )
+        raise UnknownScope(f"{_described(scope)}: the pack has no generation of it", field=scope.scope)
 
 
 class UnknownScope(ConnectorsError):
@@ -139,9 +137,12 @@ class UnknownScope(ConnectorsError):
 
 
 def _described(scope: Scope) -> str:
+    """The scope as a refusal names it: ``pack P``, ``identity Route(...) of pack P``, ``work type 'x' of pack P``."""
     if scope.scope is PauseScope.IDENTITY:
-        return repr(Route.of(decode_projection_key(scope.value)))
-    return repr(scope.value)
+        return f"identity {Route.of(decode_projection_key(scope.value))!r} of pack {scope.pack_install_id}"
+    if scope.scope is PauseScope.WORK_TYPE:
+        return f"work type {scope.value!r} of pack {scope.pack_install_id}"
+    return f"pack {scope.pack_install_id}"
 
 
 def pause(
@@ -174,8 +175,7 @@ def pause(
         active = pause_queries.claim_pause_active(connection, scope.pack_install_id, scope.scope, scope.value, pack.now)
         if active is not None:
             raise AlreadyPaused(
-                f"{scope.scope} {_described(scope)} of pack {scope.pack_install_id} is already paused"
-                f" (pause {active.PauseId} by {active.PausedBy}: {active.Reason})",
+                f"{_described(scope)} is already paused (pause {active.PauseId} by {active.PausedBy}: {active.Reason})",
                 field="scope",
             )
         pause_id = str(uuid.uuid4())
@@ -221,9 +221,7 @@ def resume(engine: Engine, clock: DatabaseClock, scope: Scope, *, resumed_by: st
         pack = packs.pack_lock(connection, scope.pack_install_id, clock)
         active = pause_queries.claim_pause_active(connection, scope.pack_install_id, scope.scope, scope.value, pack.now)
         if active is None:
-            raise NotPaused(
-                f"{scope.scope} {_described(scope)} of pack {scope.pack_install_id} is not paused", field="scope"
-            )
+            raise NotPaused(f"{_described(scope)} is not paused", field="scope")
         if pause_queries.claim_pause_resume(connection, active.PauseId, resumed_by, pack.now) != 1:
             raise RuntimeError(f"pause {active.PauseId} changed under the pack's row lock")
         return dataclasses.replace(ClaimPause.from_row(active), resumed_at=pack.now, resumed_by=resumed_by)

@@ -118,14 +118,14 @@ def test_bad_pauses_are_refused_and_change_nothing(engine: sa.Engine, connectors
         ),
         (
             UnknownScope,
-            "no generation of identity",
+            "the pack has no generation of it",
             lambda: connectors.pause_claims(
                 scope_of(pack, PauseScope.IDENTITY, route("zz"), ""), paused_by="o", reason="r"
             ),
         ),
         (
             UnknownScope,
-            "no generation of work_type",
+            "work type .nope. of pack .*: the pack has no generation",
             lambda: connectors.pause_claims(
                 scope_of(pack, PauseScope.WORK_TYPE, None, "nope"), paused_by="o", reason="r"
             ),

@@ -109,7 +109,7 @@ def test_dead_letters_and_claim_pauses_from_the_command_line(
         "r",
         code=2,
     )
-    assert "has no generation of identity" in unknown
+    assert "the pack has no generation of it" in unknown
     resumed = run(capsys, "claims", "resume", pack, "--by", "ops@acme")
     assert resumed["resumed_by"] == "ops@acme" and resumed["resumed_at"]
     claims = client.claim("flow", pack_install_ids=[pack], max_items=10)
