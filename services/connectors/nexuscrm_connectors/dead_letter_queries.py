@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.tables import WorkItem
 from workqueue import WorkStatus
 
@@ -48,7 +49,7 @@ def _matches(table: Any, wanted: Filter) -> sa.ColumnElement[bool]:
     """The filter's residual conditions (not served by the window's index) on ``table``'s row."""
     conditions: list[sa.ColumnElement[bool]] = [
         table.c.InputStartOrdinal.is_not(None),
-        ~sa.exists().where(_REPLAYS.c.ReplayOfWorkId == table.c.WorkId),
+        ~probe_exists(sa.select(_REPLAYS.c.WorkId).where(_REPLAYS.c.ReplayOfWorkId == table.c.WorkId)),
     ]
     if wanted.projection_key is not None:
         conditions.append(table.c.ProjectionKey == wanted.projection_key)

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_schema.hints import NO_DECORRELATE
 from nexuscrm_schema.tables import ClaimPause, WorkItem
 
 # ``queries`` builds the claim's candidate read with ``candidate_not_paused``: this module
@@ -40,6 +41,7 @@ def _paused(
     # table MariaDB scans ClaimPause for the identity's probe otherwise.
     return (
         sa.select(sa.literal(1))
+        .prefix_with(NO_DECORRELATE, dialect="mysql")
         .where(
             ClaimPause.c.PackInstallId == pack,
             ClaimPause.c.Scope == scope,
