@@ -311,11 +311,18 @@ def _queue_outcome(state: QueueState, undrained: ExitCode) -> Outcome:
 
 
 def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """A pack's native queue: depth per status, receipts waiting, the oldest waiting generation.
+    """A pack's native queue: depth per status, receipts waiting, the oldest waiting generation, its claim pauses.
 
     Exit 9 (check failed) unless drained.
     """
-    return _queue_outcome(clients.connectors_client.queue_state(args.pack), ExitCode.CHECK_FAILED)
+    outcome = _queue_outcome(clients.connectors_client.queue_state(args.pack), ExitCode.CHECK_FAILED)
+    pauses = clients.connectors.ListClaimPauses(
+        cn_pb.ListClaimPausesRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    ).pauses
+    outcome.data["paused"] = [_dict(pause) for pause in pauses]
+    if isinstance(outcome.view, Table):
+        outcome.view.add_row("claims paused", "; ".join(" ".join(map(str, _pause_row(p)[1:4])) for p in pauses) or "no")
+    return outcome
 
 
 def queue_wait(clients: Clients, args: argparse.Namespace) -> Outcome:

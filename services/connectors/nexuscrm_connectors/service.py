@@ -308,13 +308,16 @@ class Connectors:
         self, scope: claim_pauses.Scope, *, paused_by: str, reason: str, expires_at: dt.datetime | None = None
     ) -> ClaimPause:
         """See ``claim_pauses.pause``."""
-        return claim_pauses.pause(
+        paused = claim_pauses.pause(
             self.engine, self.clock, scope, paused_by=paused_by, reason=reason, expires_at=expires_at
         )
+        follow_up("pause claims", metrics.CLAIM_PAUSES.labels("pause", scope.scope.value).inc)
+        return paused
 
     def resume_claims(self, scope: claim_pauses.Scope, *, resumed_by: str) -> ClaimPause:
         """See ``claim_pauses.resume``; waiting claims are woken: the scope's work is claimable again."""
         resumed = claim_pauses.resume(self.engine, self.clock, scope, resumed_by=resumed_by)
+        follow_up("resume claims", metrics.CLAIM_PAUSES.labels("resume", scope.scope.value).inc)
         follow_up("resume claims", self.claimers.notify)
         return resumed
 
@@ -338,7 +341,7 @@ class Connectors:
         self, pack_install_id: str, wanted: Filter, *, dry_run: bool, max_generations: int = 0, page_token: str = ""
     ) -> dead_letters.BulkReplay:
         """See ``dead_letters.replay_dead_letters``: each dead letter replayed as ``replay`` replays one."""
-        return dead_letters.replay_dead_letters(
+        handled = dead_letters.replay_dead_letters(
             self.engine,
             self.settings,
             pack_install_id,
@@ -348,3 +351,11 @@ class Connectors:
             max_generations=max_generations,
             page_token=page_token,
         )
+        if not dry_run:
+
+            def count() -> None:
+                for answer in handled.answers:
+                    metrics.DEAD_LETTERS_REPLAYED.labels(answer.verdict.value).inc()
+
+            follow_up("replay dead letters", count)
+        return handled

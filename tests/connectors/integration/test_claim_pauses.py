@@ -6,6 +6,7 @@ import datetime as dt
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
 from nexuscrm_connectors import queries
 from nexuscrm_connectors.claim_pauses import AlreadyPaused, NotPaused, PauseScope, Scope, UnknownScope, scope_of
@@ -44,6 +45,7 @@ def _now(engine: sa.Engine, clock: FakeClock) -> dt.datetime:
 def test_a_paused_pack_gets_no_claims_while_admission_goes_on_and_resumes(
     engine: sa.Engine, connectors: Connectors
 ) -> None:
+    pauses = REGISTRY.get_sample_value("nexuscrm_claim_pauses_total", {"action": "pause", "scope": "pack"}) or 0
     pack, other = install_pack(engine), install_pack(engine)
     connectors.ingest(pack, items=[delivery(lane="held")])
     held = connectors.claim("w", pack_install_ids=[pack])[0]  # in flight before the pause
@@ -62,6 +64,7 @@ def test_a_paused_pack_gets_no_claims_while_admission_goes_on_and_resumes(
     assert connectors.queue_state(pack).pending == 2
     assert [p.pause_id for p in connectors.list_claim_pauses(pack)] == [paused.pause_id]
 
+    assert REGISTRY.get_sample_value("nexuscrm_claim_pauses_total", {"action": "pause", "scope": "pack"}) == pauses + 1
     resumed = connectors.resume_claims(_pack_scope(pack), resumed_by="ops@acme")
     assert resumed.pause_id == paused.pause_id and resumed.resumed_by == "ops@acme"
     assert resumed.resumed_at is not None and resumed.resumed_at >= paused.paused_at

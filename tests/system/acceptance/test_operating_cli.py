@@ -75,6 +75,8 @@ def test_dead_letters_and_claim_pauses_from_the_command_line(
     client.ingest(pack, items=[delivery("k-late", lane="lane-2")])  # admission goes on
     assert client.claim("flow", pack_install_ids=[pack], max_items=10) == []
     assert [p["pause_id"] for p in run(capsys, "claims", "list", pack)["pauses"]] == [paused["pause_id"]]
+    queue = run(capsys, "queue", "state", pack, code=9)  # not drained: the late input waits
+    assert [p["pause_id"] for p in queue["paused"]] == [paused["pause_id"]]
     again = refused(capsys, "claims", "pause", pack, "--by", "ops", "--reason", "twice", code=8)
     assert "already paused" in again
     past = refused(
