@@ -4,7 +4,8 @@ Subcommands: ``packs list|install|activate|protocol|show|find``,
 ``fences arm|disarm|list|override``, ``drain status|wait``, ``queue state|wait``,
 ``cutover audit|run``, ``work show|list|members``, ``receipts list|missing``,
 ``retention set|show|prune``, ``schema contract-payloads``, ``why``, ``activation``,
-``workers``, ``version``, ``claims pause|resume|list`` and ``dead-letters list|count|replay``.
+``workers``, ``version``, ``claims pause|resume|list``, ``dead-letters list|count|replay|skip``
+and ``order-policy set|show``.
 Tables by default, ``--json`` for scripts (docs/output-conventions.md).
 Services are found through the variables NEXUSCRM_SCHEMA_CATALOG_TARGET,
 NEXUSCRM_CONTROLPLANE_TARGET, NEXUSCRM_CONNECTORS_TARGET and NEXUSCRM_INTEGRATION_TARGET
@@ -860,6 +861,55 @@ def dead_letters_replay(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=data, view=view, code=ExitCode.CHECK_FAILED if refused else ExitCode.OK)
 
 
+ORDER_POLICIES = {"block": cn_pb.ORDER_POLICY_KIND_BLOCK, "continue": cn_pb.ORDER_POLICY_KIND_CONTINUE}
+
+
+def _policy_view(policy: cn_pb.OrderPolicy, title: str) -> Outcome:
+    word = enum_word(cn_pb.OrderPolicyKind.DESCRIPTOR, policy.policy)
+    view = {
+        "policy": word,
+        "set": f"{policy.set_at.ToJsonString()} by {policy.set_by}: {policy.reason}"
+        if policy.HasField("set_at")
+        else "never: the default",
+    }
+    return Outcome(data=_dict(policy), view=_fields(title, view))
+
+
+def order_policy_set(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Set what a generation that failed for good means for its identity's successors in a pack.
+
+    block: Claim holds them back until it is replayed or skipped; continue (the default): they
+    run, and the failed range stays listed by ``dead-letters list`` for replay.
+    """
+    response = clients.connectors.SetOrderPolicy(
+        cn_pb.SetOrderPolicyRequest(
+            pack_install_id=args.pack, policy=ORDER_POLICIES[args.policy], set_by=args.by, reason=args.reason
+        ),
+        timeout=RPC_TIMEOUT,
+    )
+    return _policy_view(response.policy, f"order policy of {args.pack} set")
+
+
+def order_policy_show(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's order policy, who set it, when and why."""
+    response = clients.connectors.GetOrderPolicy(
+        cn_pb.GetOrderPolicyRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    )
+    return _policy_view(response.policy, f"order policy of {args.pack}")
+
+
+def dead_letters_skip(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Skip a dead letter: recorded (who, when, why), it leaves the queue and no longer holds its identity.
+
+    Its status stays failed. Refused (exit 8): work that is not failed, was replayed or skipped.
+    """
+    response = clients.connectors.SkipDeadLetter(
+        cn_pb.SkipDeadLetterRequest(work_id=args.work_id, skipped_by=args.by, reason=args.reason), timeout=RPC_TIMEOUT
+    )
+    view = f"skipped {response.work_id} at {response.skipped_at.ToJsonString()} by {response.skipped_by}"
+    return Outcome(data=_dict(response), view=view)
+
+
 def _instant(text: str) -> dt.datetime:
     """An ISO 8601 instant (``2026-12-03T05:00:00Z``); one without a zone is UTC."""
     value = dt.datetime.fromisoformat(text)
@@ -867,7 +917,7 @@ def _instant(text: str) -> dt.datetime:
 
 
 def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentParser]) -> None:
-    """``claims pause|resume|list`` and ``dead-letters list|count|replay``."""
+    """``claims pause|resume|list``, ``dead-letters list|count|replay|skip`` and ``order-policy set|show``."""
     claims = commands.add_parser("claims", help="claim pauses").add_subparsers(dest="action", required=True)
     for name, handler, text in (
         ("pause", claims_pause, "stop claims of a pack, identity or work type"),
@@ -905,6 +955,20 @@ def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentPars
         if name == "replay":
             sub.add_argument("--dry-run", action="store_true", help="list what would be replayed, change nothing")
             sub.add_argument("--batch", type=int, default=0, metavar="N", help="per call (default: the service's)")
+    sub = leaf(dead, "skip", dead_letters_skip, "skip one, recorded (it stays failed)")
+    sub.add_argument("work_id")
+    sub.add_argument("--by", required=True, help="who, as recorded")
+    sub.add_argument("--reason", required=True, help="why, as recorded")
+
+    order = commands.add_parser("order-policy", help="what a failure means for its identity").add_subparsers(
+        dest="action", required=True
+    )
+    sub = leaf(order, "set", order_policy_set, "block or continue")
+    sub.add_argument("pack")
+    sub.add_argument("policy", choices=tuple(ORDER_POLICIES))
+    sub.add_argument("--by", required=True, help="who, as recorded")
+    sub.add_argument("--reason", required=True, help="why, as recorded")
+    leaf(order, "show", order_policy_show, "a pack's order policy").add_argument("pack")
 
 
 def _paged(parser: argparse.ArgumentParser, *, dest: str = "page_size") -> None:

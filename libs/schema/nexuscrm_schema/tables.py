@@ -369,6 +369,35 @@ ClaimPause = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 
+# Added by schema v12 (decision 160): a pack's order policy, what a generation that failed for
+# good means for its identity's successors. "block": the claim holds back the next generation
+# of its identity until it is replayed or skipped; "continue": they run, and the failed range
+# stays listed for replay. No row: the default, "continue".
+OrderPolicy = sa.Table(
+    "OrderPolicy",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("Policy", sa.String(16), nullable=False),
+    sa.Column("SetBy", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("SetAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v12 (decision 160): an operator's explicit skip of a generation that failed
+# for good: it stays failed (no status is rewritten), leaves the dead-letter queue and no
+# longer holds its identity's successors under the "block" policy. Never deleted.
+SkippedWork = sa.Table(
+    "SkippedWork",
+    metadata,
+    sa.Column("WorkId", sa.String(WORK_ID_LENGTH), primary_key=True),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("SkippedBy", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("SkippedAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
 SchemaVersion = sa.Table(
     "_System_SchemaVersion",
     metadata,

@@ -103,5 +103,8 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "ListDeadLetters": by_filter,
         "CountDeadLetters": by_filter,
         "ReplayDeadLetters": by_filter,
+        "SetOrderPolicy": by_pack,
+        "GetOrderPolicy": by_pack,
+        "SkipDeadLetter": by_work,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

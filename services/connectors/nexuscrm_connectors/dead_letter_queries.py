@@ -1,4 +1,4 @@
-"""Every statement of the dead-letter reads: a pack's generations that failed for good and were never replayed.
+"""Every statement of the dead-letter reads: a pack's generations that failed for good, never replayed nor skipped.
 
 Builders are named noun + verb, as in ``queries``; each takes the caller's connection. A read
 examines a bounded window of the pack's failed generations, oldest finished first, along
@@ -16,12 +16,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from nexuscrm_connectors import order_queries
 from nexuscrm_connectors.queries import DbRow
-from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.tables import WorkItem
 from workqueue import WorkStatus
-
-_REPLAYS = WorkItem.alias("Replays")  # a replay of the examined generation (ix_workitem_replay_of)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,7 +47,7 @@ def _matches(table: Any, wanted: Filter) -> sa.ColumnElement[bool]:
     """The filter's residual conditions (not served by the window's index) on ``table``'s row."""
     conditions: list[sa.ColumnElement[bool]] = [
         table.c.InputStartOrdinal.is_not(None),
-        ~probe_exists(sa.select(_REPLAYS.c.WorkId).where(_REPLAYS.c.ReplayOfWorkId == table.c.WorkId)),
+        order_queries.unresolved(table),
     ]
     if wanted.projection_key is not None:
         conditions.append(table.c.ProjectionKey == wanted.projection_key)

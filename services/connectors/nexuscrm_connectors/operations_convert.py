@@ -11,7 +11,7 @@ import datetime as dt
 from google.protobuf.message import Message
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
-from nexuscrm_connectors import claim_pauses, dead_letters
+from nexuscrm_connectors import claim_pauses, dead_letters, order_policy
 from nexuscrm_connectors.claim_pauses import ClaimPause, PauseScope
 from nexuscrm_connectors.dead_letter_queries import Filter
 from nexuscrm_runtime.status import STATUS_CODES
@@ -25,6 +25,11 @@ _SCOPES = {
     pb.PAUSE_SCOPE_WORK_TYPE: PauseScope.WORK_TYPE,
 }
 _SCOPES_BACK = {scope: number for number, scope in _SCOPES.items()}
+_POLICIES = {
+    pb.ORDER_POLICY_KIND_BLOCK: order_policy.Policy.BLOCK,
+    pb.ORDER_POLICY_KIND_CONTINUE: order_policy.Policy.CONTINUE,
+}
+_POLICIES_BACK = {policy: number for number, policy in _POLICIES.items()}
 _VERDICTS = {
     dead_letters.ReplayVerdict.REPLAYED: pb.DEAD_LETTER_VERDICT_REPLAYED,
     dead_letters.ReplayVerdict.WOULD_REPLAY: pb.DEAD_LETTER_VERDICT_WOULD_REPLAY,
@@ -123,4 +128,31 @@ def bulk_replay_to_proto(replay: dead_letters.BulkReplay) -> pb.ReplayDeadLetter
         next_page_token=replay.next_page_token,
         examined=replay.examined,
         dry_run=replay.dry_run,
+    )
+
+
+def policy_from_proto(kind: pb.OrderPolicyKind) -> order_policy.Policy | None:
+    """OrderPolicyKind -> Policy; None for unspecified (refused downstream)."""
+    return _POLICIES.get(kind)
+
+
+def policy_to_proto(policy: order_policy.OrderPolicy) -> pb.OrderPolicy:
+    """OrderPolicy -> proto (set_at unset while the default applies)."""
+    return pb.OrderPolicy(
+        pack_install_id=policy.pack_install_id,
+        policy=_POLICIES_BACK[policy.policy],
+        set_by=policy.set_by,
+        reason=policy.reason,
+        set_at=to_timestamp(policy.set_at),
+    )
+
+
+def skip_to_proto(skip: order_policy.Skip) -> pb.SkipDeadLetterResponse:
+    """Skip -> SkipDeadLetterResponse."""
+    return pb.SkipDeadLetterResponse(
+        work_id=skip.work_id,
+        pack_install_id=skip.pack_install_id,
+        skipped_by=skip.skipped_by,
+        reason=skip.reason,
+        skipped_at=to_timestamp(skip.skipped_at),
     )

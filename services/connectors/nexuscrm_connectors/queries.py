@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from nexuscrm_connectors import pause_queries, payload_contract
+from nexuscrm_connectors import order_queries, payload_contract
 from nexuscrm_runtime.bulk import insert_many
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.hints import probe_exists
@@ -1139,7 +1139,7 @@ def _claimable_statement(packs: int, by_work_type: bool) -> sa.CompoundSelect[An
                     WorkItem.c.PackInstallId == sa.bindparam(f"pack_{n}"),
                     WorkItem.c.Status == status,
                     WorkItem.c.ClaimableAt <= NOW_PARAMETER,
-                    pause_queries.candidate_not_paused(sa.bindparam(f"pack_{n}"), NOW_PARAMETER),
+                    order_queries.candidate_operable(sa.bindparam(f"pack_{n}"), NOW_PARAMETER),
                 )
                 .order_by(WorkItem.c.ClaimableAt)
                 .limit(sa.bindparam("limit", type_=sa.Integer()))

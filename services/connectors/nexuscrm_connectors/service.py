@@ -25,6 +25,7 @@ from nexuscrm_connectors import (
     leases,
     liveness,
     metrics,
+    order_policy,
     payload_contract,
     payloads,
     queue_state,
@@ -359,3 +360,23 @@ class Connectors:
 
             follow_up("replay dead letters", count)
         return handled
+
+    def set_order_policy(
+        self, pack_install_id: str, policy: order_policy.Policy | None, *, set_by: str, reason: str
+    ) -> order_policy.OrderPolicy:
+        """See ``order_policy.set_policy``; waiting claims are woken: held work may be claimable now."""
+        changed = order_policy.set_policy(
+            self.engine, self.clock, pack_install_id, policy, set_by=set_by, reason=reason
+        )
+        follow_up("set order policy", self.claimers.notify)
+        return changed
+
+    def get_order_policy(self, pack_install_id: str) -> order_policy.OrderPolicy:
+        """See ``order_policy.get_policy``."""
+        return order_policy.get_policy(self.engine, pack_install_id)
+
+    def skip_dead_letter(self, work_id: str, *, skipped_by: str, reason: str) -> order_policy.Skip:
+        """See ``order_policy.skip``; waiting claims are woken: the successor it held may be claimable."""
+        skipped = order_policy.skip(self.engine, self.clock, work_id, skipped_by=skipped_by, reason=reason)
+        follow_up("skip dead letter", self.claimers.notify)
+        return skipped

@@ -230,6 +230,32 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         )
         return operating.bulk_replay_to_proto(replayed)
 
+    def SetOrderPolicy(
+        self, request: pb.SetOrderPolicyRequest, context: grpc.ServicerContext
+    ) -> pb.SetOrderPolicyResponse:
+        policy = self._connectors.set_order_policy(
+            request.pack_install_id,
+            operating.policy_from_proto(request.policy),
+            set_by=request.set_by,
+            reason=request.reason,
+        )
+        return pb.SetOrderPolicyResponse(policy=operating.policy_to_proto(policy))
+
+    def GetOrderPolicy(
+        self, request: pb.GetOrderPolicyRequest, context: grpc.ServicerContext
+    ) -> pb.GetOrderPolicyResponse:
+        return pb.GetOrderPolicyResponse(
+            policy=operating.policy_to_proto(self._connectors.get_order_policy(request.pack_install_id))
+        )
+
+    def SkipDeadLetter(
+        self, request: pb.SkipDeadLetterRequest, context: grpc.ServicerContext
+    ) -> pb.SkipDeadLetterResponse:
+        skipped = self._connectors.skip_dead_letter(
+            request.work_id, skipped_by=request.skipped_by, reason=request.reason
+        )
+        return operating.skip_to_proto(skipped)
+
 
 def _lease(seconds: int) -> dt.timedelta | None:
     """The lease a request asks for: 0 means the server's default; a negative one is refused downstream."""

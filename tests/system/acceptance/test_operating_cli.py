@@ -120,6 +120,17 @@ def test_dead_letters_and_claim_pauses_from_the_command_line(
         client.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert "is not paused" in refused(capsys, "claims", "resume", pack, "--by", "ops", code=8)
 
+    assert run(capsys, "order-policy", "show", pack)["policy"] == "continue"  # the default, never set
+    blocking = run(capsys, "order-policy", "set", pack, "block", "--by", "ops@acme", "--reason", "ledger order")
+    assert (blocking["policy"], blocking["set_by"]) == ("block", "ops@acme") and blocking["set_at"]
+    (left,) = run(capsys, "dead-letters", "list", pack)["dead_letters"]
+    skipped = run(capsys, "dead-letters", "skip", left["work_id"], "--by", "ops@acme", "--reason", "fixed upstream")
+    assert skipped["work_id"] == left["work_id"] and skipped["skipped_by"] == "ops@acme"
+    assert "was skipped at" in refused(
+        capsys, "dead-letters", "skip", left["work_id"], "--by", "o", "--reason", "r", code=8
+    )
+    assert run(capsys, "dead-letters", "list", pack)["dead_letters"] == []
+
     engine = create_engine(empty_dsn)
     try:
         assert_invariants(engine)

@@ -51,6 +51,7 @@ class World:
     lease_token: str
     done_work_id: str
     fence_id: str
+    dead_work_id: str
 
 
 def _world(engine: sa.Engine) -> World:
@@ -74,6 +75,7 @@ def _world(engine: sa.Engine) -> World:
         lease_token=held.lease_token,
         done_work_id=done.work.work_id,
         fence_id=fence.fence_id,
+        dead_work_id=dead.work.work_id,
     )
 
 
@@ -122,6 +124,13 @@ NAMESPACED: dict[str, Build] = {
     ),
     f"{CONNECTORS}/ReplayDeadLetters": lambda w: cn.ReplayDeadLettersRequest(
         filter=cn.DeadLetterFilter(pack_install_id=w.pack)
+    ),
+    f"{CONNECTORS}/SetOrderPolicy": lambda w: cn.SetOrderPolicyRequest(
+        pack_install_id=w.pack, policy=cn.ORDER_POLICY_KIND_BLOCK, set_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/GetOrderPolicy": lambda w: cn.GetOrderPolicyRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/SkipDeadLetter": lambda w: cn.SkipDeadLetterRequest(
+        work_id=w.dead_work_id, skipped_by="ops", reason="test"
     ),
     f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
     f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
