@@ -366,6 +366,8 @@ ClaimPause = sa.Table(
     # The claim's pause probes (served packs, and each candidate's identity and work type) and
     # the active pause of a scope that pause and resume look up.
     sa.Index("ix_claimpause_scope", "PackInstallId", "Scope", "ScopeValue"),
+    # The claim's check, with the served packs, whether a pack has any pause not resumed.
+    sa.Index("ix_claimpause_active", "PackInstallId", "ResumedAt"),
     **MYSQL_TABLE_OPTIONS,
 )
 

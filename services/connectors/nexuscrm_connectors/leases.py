@@ -31,18 +31,18 @@ import secrets
 import time
 import types
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import queries
+from nexuscrm_connectors import order_queries, queries
 from nexuscrm_connectors.claimers import Claimers
 from nexuscrm_connectors.errors import LeaseLost, MembershipMissing, ProtocolMissing, UnknownPack, WorkNotFound
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import DatabaseClock, iso_utc
+from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, is_sqlite, run_transaction
 from nexuscrm_schema.member_counts import admitted_count
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, PackInstall
@@ -233,9 +233,9 @@ def _claim_transaction(
     (``_fail_damaged``); only that path runs statements beyond the constant few.
     """
     batch = ClaimBatch()
-    served = _native_packs(connection, request.pack_install_ids)
+    served, operated = _native_packs(connection, request.pack_install_ids, clock)
     window = request.max_items + claimers.held()
-    live, now = _live_candidates(connection, request, served, clock, window, batch)
+    live, now = _live_candidates(connection, request, served, operated, clock, window, batch)
     candidates = {c.WorkId: c for c in live}
     open_ids = list(candidates)
     chosen = [candidates[work_id] for work_id in take(open_ids, request.max_items)]
@@ -309,6 +309,7 @@ def _live_candidates(
     connection: Connection,
     request: _Request,
     served: Sequence[str],
+    operated: Collection[str],
     clock: DatabaseClock,
     window: int,
     batch: ClaimBatch,
@@ -322,7 +323,7 @@ def _live_candidates(
     """
     now: dt.datetime | None = None
     for _ in range(CLAIM_PASSES):
-        candidates = queries.work_items_claimable(connection, served, request.work_types, clock, window)
+        candidates = queries.work_items_claimable(connection, served, request.work_types, clock, window, operated)
         now = candidates[0].Now if candidates else now
         exhausted = {c.WorkId for c in candidates if _last_attempt_expired(c)}
         for candidate in candidates:
@@ -382,23 +383,26 @@ def _fail_damaged(connection: Connection, row: DbRow, token: str, reason: str, n
     return True
 
 
-# Every installed pack with its protocol row (Native is None without one), and those named.
-_PACKS = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.PackInstallId.label("Native")).outerjoin(
-    ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
-)
+# Every installed pack with its protocol row (Native is None without one), and whether an
+# operator's pause or order policy may apply to it (``order_queries.pack_operated``); and those named.
+_PACKS = sa.select(
+    PackInstall.c.PackInstallId,
+    ConnectorProjectionProtocol.c.PackInstallId.label("Native"),
+    order_queries.pack_operated(PackInstall.c.PackInstallId, NOW_PARAMETER).label("Operated"),
+).outerjoin(ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId)
 _PACKS_NAMED = _PACKS.where(PackInstall.c.PackInstallId.in_(sa.bindparam("requested", expanding=True)))
 
 
-def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]:
-    """The requested packs (default: all) that have a protocol row; refuse named ones without.
+def _native_packs(connection: Connection, requested: Sequence[str], clock: DatabaseClock) -> tuple[list[str], set[str]]:
+    """The requested packs (default: all) that have a protocol row, and those an operator's decision may apply to.
 
     This is claim's protocol check: candidates are read from these packs only, and a
-    protocol row is never deleted.
+    protocol row is never deleted. Named packs without one are refused.
     """
     if requested:
-        rows = connection.execute(_PACKS_NAMED, {"requested": list(requested)}).all()
+        rows = connection.execute(_PACKS_NAMED, {"requested": list(requested), **clock.parameters()}).all()
     else:
-        rows = connection.execute(_PACKS).all()
+        rows = connection.execute(_PACKS, clock.parameters()).all()
     if requested:
         known = {row.PackInstallId for row in rows}
         for pack_install_id in requested:
@@ -410,7 +414,8 @@ def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]
                     f"pack {row.PackInstallId} has no projection protocol row; native workers cannot claim its work",
                     field="pack_install_ids",
                 )
-    return sorted(row.PackInstallId for row in rows if row.Native is not None)
+    native = [row for row in rows if row.Native is not None]
+    return sorted(row.PackInstallId for row in native), {row.PackInstallId for row in native if row.Operated}
 
 
 def new_lease_token(now: dt.datetime) -> str:

@@ -57,6 +57,18 @@ def candidate_operable(pack: sa.ColumnElement[str], now: Instant) -> sa.ColumnEl
     return sa.and_(pause_queries.candidate_not_paused(pack, now), candidate_not_held(pack))
 
 
+def pack_operated(pack: sa.ColumnElement[str], now: Instant) -> sa.ColumnElement[bool]:
+    """Whether an operator's decision may hold claims of ``pack``: an active pause, or the "block" policy.
+
+    Read with the claim's served packs, so a pack without either is read without the conditions
+    of ``candidate_operable`` (the claim's fast path).
+    """
+    return sa.or_(
+        pause_queries.pack_paused_any(pack, now),
+        sa.exists().where(OrderPolicy.c.PackInstallId == pack, OrderPolicy.c.Policy == BLOCK),
+    )
+
+
 def order_policy_get(connection: Connection, pack_install_id: str) -> DbRow | None:
     """The pack's OrderPolicy row (primary key); None: the default."""
     return connection.execute(sa.select(OrderPolicy).where(OrderPolicy.c.PackInstallId == pack_install_id)).first()

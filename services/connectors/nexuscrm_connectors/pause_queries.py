@@ -72,6 +72,11 @@ def candidate_not_paused(pack: sa.ColumnElement[str], now: Instant) -> sa.Column
     )
 
 
+def pack_paused_any(pack: sa.ColumnElement[str], now: Instant) -> sa.Exists:
+    """Whether the pack has any active pause (ix_claimpause_active: its pauses not resumed)."""
+    return sa.exists().where(ClaimPause.c.PackInstallId == pack, _active(now))
+
+
 def work_item_exists(connection: Connection, pack_install_id: str, column: sa.Column[str], value: str) -> bool:
     """Whether the pack has a generation whose ``column`` (ProjectionKey or WorkType) is ``value``.
 

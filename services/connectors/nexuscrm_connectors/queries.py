@@ -1111,14 +1111,15 @@ def work_item_unblock(connection: Connection, work_id: str, now: Instant) -> int
 
 
 @functools.lru_cache(maxsize=64)
-def _claimable_statement(packs: int, by_work_type: bool) -> sa.CompoundSelect[Any]:
-    """The candidate read of ``work_items_claimable`` for ``packs`` packs; built once per shape.
+def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool) -> sa.CompoundSelect[Any]:
+    """The candidate read of ``work_items_claimable`` for one pack per item of ``operated``; built once per shape.
 
-    Parameters: ``pack_<n>`` for n < ``packs``, ``limit``, the clock's offset
-    (``DatabaseClock.parameters``) and, if ``by_work_type``, ``work_types``.
+    Parameters: ``pack_<n>`` for each pack, ``limit``, the clock's offset
+    (``DatabaseClock.parameters``) and, if ``by_work_type``, ``work_types``. A pack whose item
+    is True carries the operator's conditions (pauses, order policy).
     """
     selects = []
-    for n in range(packs):
+    for n, decided in enumerate(operated):
         for status in (WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.PROCESSING):
             statement = (
                 sa.select(
@@ -1139,13 +1140,14 @@ def _claimable_statement(packs: int, by_work_type: bool) -> sa.CompoundSelect[An
                     WorkItem.c.PackInstallId == sa.bindparam(f"pack_{n}"),
                     WorkItem.c.Status == status,
                     WorkItem.c.ClaimableAt <= NOW_PARAMETER,
-                    order_queries.candidate_operable(sa.bindparam(f"pack_{n}"), NOW_PARAMETER),
                 )
                 .order_by(WorkItem.c.ClaimableAt)
                 .limit(sa.bindparam("limit", type_=sa.Integer()))
             )
             if by_work_type:
                 statement = statement.where(WorkItem.c.WorkType.in_(sa.bindparam("work_types", expanding=True)))
+            if decided:
+                statement = statement.where(order_queries.candidate_operable(sa.bindparam(f"pack_{n}"), NOW_PARAMETER))
             selects.append(statement.subquery().select())
     return sa.union_all(*selects)
 
@@ -1156,8 +1158,12 @@ def work_items_claimable(
     work_types: Sequence[str],
     clock: DatabaseClock,
     limit: int,
+    operated: Collection[str] | None = None,
 ) -> list[DbRow]:
     """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
+
+    ``operated``: the packs an operator's pause or order policy may apply to
+    (``order_queries.pack_operated``); only their reads carry those conditions. None: every pack.
 
     Due at ``clock``'s now, which each row carries as column ``Now``: the instant the claim
     transaction decides with.
@@ -1174,7 +1180,8 @@ def work_items_claimable(
     parameters |= {f"pack_{n}": pack_install_id for n, pack_install_id in enumerate(pack_install_ids)}
     if work_types:
         parameters["work_types"] = list(work_types)
-    statement = _claimable_statement(len(pack_install_ids), bool(work_types))
+    decided = tuple(operated is None or pack in operated for pack in pack_install_ids)
+    statement = _claimable_statement(decided, bool(work_types))
     rows = connection.execute(statement, parameters).all()
     return sorted(rows, key=lambda row: row.ClaimableAt)[:limit]
 
