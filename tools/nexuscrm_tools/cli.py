@@ -4,7 +4,9 @@ Subcommands: ``packs list|install|activate|protocol|show|find``,
 ``fences arm|disarm|list|override``, ``drain status|wait``, ``queue state|wait``,
 ``cutover audit|run``, ``work show|list|members``, ``receipts list|missing``,
 ``retention set|show|prune``, ``schema contract-payloads``, ``why``, ``activation``,
-``workers`` and ``version``. Tables by default, ``--json`` for scripts (docs/output-conventions.md).
+``workers``, ``version``, ``claims pause|resume|list``, ``dead-letters list|count|replay|skip``
+and ``order-policy set|show``.
+Tables by default, ``--json`` for scripts (docs/output-conventions.md).
 Services are found through the variables NEXUSCRM_SCHEMA_CATALOG_TARGET,
 NEXUSCRM_CONTROLPLANE_TARGET, NEXUSCRM_CONNECTORS_TARGET and NEXUSCRM_INTEGRATION_TARGET
 (host:port; ``nexuscrm-run --serve`` prints them). With NEXUSCRM_TLS_CA / _CERT / _KEY set, it
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import json
 import sys
 import time
@@ -309,11 +312,18 @@ def _queue_outcome(state: QueueState, undrained: ExitCode) -> Outcome:
 
 
 def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """A pack's native queue: depth per status, receipts waiting, the oldest waiting generation.
+    """A pack's native queue: depth per status, receipts waiting, the oldest waiting generation, its claim pauses.
 
     Exit 9 (check failed) unless drained.
     """
-    return _queue_outcome(clients.connectors_client.queue_state(args.pack), ExitCode.CHECK_FAILED)
+    outcome = _queue_outcome(clients.connectors_client.queue_state(args.pack), ExitCode.CHECK_FAILED)
+    pauses = clients.connectors.ListClaimPauses(
+        cn_pb.ListClaimPausesRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    ).pauses
+    outcome.data["paused"] = [_dict(pause) for pause in pauses]
+    if isinstance(outcome.view, Table):
+        outcome.view.add_row("claims paused", "; ".join(" ".join(map(str, _pause_row(p)[1:4])) for p in pauses) or "no")
+    return outcome
 
 
 def queue_wait(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -678,6 +688,289 @@ def version(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=versions.to_json(answers), view=view, code=versions.exit_code(answers))
 
 
+# Operating projections (issue 37): claim pauses and the dead-letter queue.
+
+PAUSE_SCOPES = {
+    "pack": cn_pb.PAUSE_SCOPE_PACK,
+    "identity": cn_pb.PAUSE_SCOPE_IDENTITY,
+    "work_type": cn_pb.PAUSE_SCOPE_WORK_TYPE,
+}
+
+
+def _claim_scope(args: argparse.Namespace) -> cn_pb.ClaimScope:
+    """The scope ``--scope`` names, with the identity flags (identity) or ``--work-type`` (work_type)."""
+    scope = cn_pb.ClaimScope(pack_install_id=args.pack, scope=PAUSE_SCOPES[args.scope])
+    if args.scope == "identity":
+        route = _identity(args)
+        if route is None:
+            raise UsageError(f"--scope identity needs all of {', '.join(IDENTITY_FLAGS)}")
+        scope.route.CopyFrom(convert.route_to_proto(route))
+    elif args.scope == "work_type":
+        scope.work_type = args.work_type or ""
+    return scope
+
+
+def _pause_row(pause: cn_pb.ClaimPause) -> tuple[object, ...]:
+    scope = pause.scope
+    what = enum_word(cn_pb.PauseScope.DESCRIPTOR, scope.scope)
+    if scope.HasField("route"):
+        what += f" lane {scope.route.source_lane} ({scope.route.event_kind}, {scope.route.work_type})"
+    elif scope.work_type:
+        what += f" {scope.work_type}"
+    until = pause.expires_at.ToJsonString() if pause.HasField("expires_at") else "until resumed"
+    return (pause.pause_id, what, pause.paused_by, pause.reason, pause.paused_at.ToJsonString(), until)
+
+
+PAUSE_COLUMNS = ("pause", "scope", "by", "reason", "since", "until")
+
+
+def claims_pause(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Stop claims of a pack, one identity or one work type; admission goes on, leases granted finish.
+
+    ``--for`` or ``--until`` end it by itself (on the database's clock); otherwise it holds until
+    ``claims resume``. Refused: an unknown pack, identity or work type, an expiry in the past
+    (exit 2), a scope already paused (exit 8).
+    """
+    request = cn_pb.PauseClaimsRequest(scope=_claim_scope(args), paused_by=args.by, reason=args.reason)
+    if args.duration is not None and args.until is not None:
+        raise UsageError("give --for or --until, not both")
+    if args.duration is not None:
+        request.expires_at.FromDatetime(dt.datetime.now(dt.UTC) + args.duration)
+    elif args.until is not None:
+        request.expires_at.FromDatetime(args.until)
+    response = clients.connectors.PauseClaims(request, timeout=RPC_TIMEOUT)
+    return Outcome(
+        data=_dict(response.pause), view=listing("claims paused", PAUSE_COLUMNS, [_pause_row(response.pause)])
+    )
+
+
+def claims_resume(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """End the active pause of a scope; its work is claimable again at once."""
+    response = clients.connectors.ResumeClaims(
+        cn_pb.ResumeClaimsRequest(scope=_claim_scope(args), resumed_by=args.by), timeout=RPC_TIMEOUT
+    )
+    pause = response.pause
+    view = f"claims resumed: pause {pause.pause_id} ended at {pause.resumed_at.ToJsonString()} by {pause.resumed_by}"
+    return Outcome(data=_dict(pause), view=view)
+
+
+def claims_list(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's active claim pauses."""
+    response = clients.connectors.ListClaimPauses(
+        cn_pb.ListClaimPausesRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    )
+    rows = [_pause_row(p) for p in response.pauses]
+    return Outcome(data=_dict(response), view=listing(f"claim pauses of {args.pack}", PAUSE_COLUMNS, rows))
+
+
+def _dead_letter_filter(args: argparse.Namespace) -> cn_pb.DeadLetterFilter:
+    """The filter the flags name: an identity (all five identity flags) or a work type alone, times, error text."""
+    wanted = cn_pb.DeadLetterFilter(pack_install_id=args.pack, error_contains=args.error or "")
+    only_work_type = args.work_type is not None and all(
+        getattr(args, flag.removeprefix("--").replace("-", "_")) is None
+        for flag in IDENTITY_FLAGS
+        if flag != "--work-type"
+    )
+    if only_work_type:
+        wanted.work_type = args.work_type
+    elif (route := _identity(args)) is not None:
+        wanted.route.CopyFrom(convert.route_to_proto(route))
+    if args.after is not None:
+        wanted.finished_after.FromDatetime(args.after)
+    if args.before is not None:
+        wanted.finished_before.FromDatetime(args.before)
+    return wanted
+
+
+def _dead_letter_row(work: cn_pb.WorkItem) -> tuple[object, ...]:
+    return (
+        work.work_id,
+        work.route.source_lane,
+        _range(work),
+        _attempts(work),
+        work.finished_at.ToJsonString(),
+        work.last_error,
+    )
+
+
+def dead_letters_list(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's generations that failed for good and were never replayed, oldest finished first.
+
+    Range, attempts and last error of each; paged (a filtered page may be short: it examines at
+    most ten failed generations per row asked for).
+    """
+    response = clients.connectors.ListDeadLetters(
+        cn_pb.ListDeadLettersRequest(
+            filter=_dead_letter_filter(args), page_size=args.page_size, page_token=args.page_token
+        ),
+        timeout=RPC_TIMEOUT,
+    )
+    rows = [_dead_letter_row(w) for w in response.dead_letters]
+    title = f"dead letters of {args.pack}{_count(rows, response.next_page_token)}"
+    columns = ("work", "lane", "range", "attempts", "failed at", "last error")
+    return Outcome(data=_dict(response), view=listing(title, columns, rows))
+
+
+def dead_letters_count(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's dead letters per identity (among its 100 000 oldest failed generations)."""
+    response = clients.connectors.CountDeadLetters(
+        cn_pb.CountDeadLettersRequest(filter=_dead_letter_filter(args)), timeout=RPC_TIMEOUT
+    )
+    rows = [(i.route.source_lane, i.route.event_kind, i.route.work_type, i.dead_letters) for i in response.identities]
+    complete = "" if response.complete else f" (stopped after {response.examined} failed generations)"
+    title = f"{plural(response.total, 'dead letter')} of {args.pack}{complete}"
+    return Outcome(data=_dict(response), view=listing(title, ("lane", "event kind", "work type", "dead letters"), rows))
+
+
+def dead_letters_replay(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Replay every dead letter the filters keep, page by page, one transaction per WorkId; ``--dry-run`` lists them.
+
+    One identity's are replayed in ordinal order. Each WorkId is answered: replayed (its new
+    generation), would replay (dry run) or refused and why. Exit 9 when any was refused.
+    """
+    answers: list[cn_pb.DeadLetterReplay] = []
+    token = ""
+    while True:
+        response = clients.connectors.ReplayDeadLetters(
+            cn_pb.ReplayDeadLettersRequest(
+                filter=_dead_letter_filter(args), dry_run=args.dry_run, max_generations=args.batch, page_token=token
+            ),
+            timeout=RPC_TIMEOUT,
+        )
+        answers += response.answers
+        verb = "would replay" if args.dry_run else "replayed"
+        print(f"nexuscrm: {verb} {len(answers)} so far", file=sys.stderr)
+        token = response.next_page_token
+        if not token:
+            break
+    refused = [a for a in answers if a.verdict == cn_pb.DEAD_LETTER_VERDICT_REFUSED]
+    rows = [
+        (
+            a.work_id,
+            a.route.source_lane,
+            a.lane_ordinal,
+            enum_word(cn_pb.DeadLetterVerdict.DESCRIPTOR, a.verdict),
+            a.replay_work_id or a.message or "-",
+        )
+        for a in answers
+    ]
+    dry = " (dry run: nothing changed)" if args.dry_run else ""
+    title = f"{plural(len(answers), 'dead letter')} of {args.pack}, {len(refused)} refused{dry}"
+    data = {"dry_run": args.dry_run, "answers": [_dict(a) for a in answers], "refused": len(refused)}
+    view = listing(title, ("work", "lane", "last ordinal", "verdict", "replay or reason"), rows)
+    return Outcome(data=data, view=view, code=ExitCode.CHECK_FAILED if refused else ExitCode.OK)
+
+
+ORDER_POLICIES = {"block": cn_pb.ORDER_POLICY_KIND_BLOCK, "continue": cn_pb.ORDER_POLICY_KIND_CONTINUE}
+
+
+def _policy_view(policy: cn_pb.OrderPolicy, title: str) -> Outcome:
+    word = enum_word(cn_pb.OrderPolicyKind.DESCRIPTOR, policy.policy)
+    view = {
+        "policy": word,
+        "set": f"{policy.set_at.ToJsonString()} by {policy.set_by}: {policy.reason}"
+        if policy.HasField("set_at")
+        else "never: the default",
+    }
+    return Outcome(data=_dict(policy), view=_fields(title, view))
+
+
+def order_policy_set(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Set what a generation that failed for good means for its identity's successors in a pack.
+
+    block: Claim holds them back until it is replayed or skipped; continue (the default): they
+    run, and the failed range stays listed by ``dead-letters list`` for replay.
+    """
+    response = clients.connectors.SetOrderPolicy(
+        cn_pb.SetOrderPolicyRequest(
+            pack_install_id=args.pack, policy=ORDER_POLICIES[args.policy], set_by=args.by, reason=args.reason
+        ),
+        timeout=RPC_TIMEOUT,
+    )
+    return _policy_view(response.policy, f"order policy of {args.pack} set")
+
+
+def order_policy_show(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's order policy, who set it, when and why."""
+    response = clients.connectors.GetOrderPolicy(
+        cn_pb.GetOrderPolicyRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+    )
+    return _policy_view(response.policy, f"order policy of {args.pack}")
+
+
+def dead_letters_skip(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Skip a dead letter: recorded (who, when, why), it leaves the queue and no longer holds its identity.
+
+    Its status stays failed. Refused (exit 8): work that is not failed, was replayed or skipped.
+    """
+    response = clients.connectors.SkipDeadLetter(
+        cn_pb.SkipDeadLetterRequest(work_id=args.work_id, skipped_by=args.by, reason=args.reason), timeout=RPC_TIMEOUT
+    )
+    view = f"skipped {response.work_id} at {response.skipped_at.ToJsonString()} by {response.skipped_by}"
+    return Outcome(data=_dict(response), view=view)
+
+
+def _instant(text: str) -> dt.datetime:
+    """An ISO 8601 instant (``2026-12-03T05:00:00Z``); one without a zone is UTC."""
+    value = dt.datetime.fromisoformat(text)
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentParser]) -> None:
+    """``claims pause|resume|list``, ``dead-letters list|count|replay|skip`` and ``order-policy set|show``."""
+    claims = commands.add_parser("claims", help="claim pauses").add_subparsers(dest="action", required=True)
+    for name, handler, text in (
+        ("pause", claims_pause, "stop claims of a pack, identity or work type"),
+        ("resume", claims_resume, "end a pause"),
+    ):
+        sub = leaf(claims, name, handler, text)
+        sub.add_argument("pack")
+        sub.add_argument("--scope", choices=tuple(PAUSE_SCOPES), default="pack", help="default: %(default)s")
+        for flag in IDENTITY_FLAGS:
+            sub.add_argument(flag, help="--scope identity: all five; --scope work_type: --work-type")
+        sub.add_argument("--by", required=True, help="who, as recorded")
+        if name == "pause":
+            sub.add_argument("--reason", required=True, help="why, as recorded")
+            sub.add_argument("--for", dest="duration", type=parse_duration, metavar="DURATION", help="ends by itself")
+            sub.add_argument("--until", type=_instant, metavar="INSTANT", help="ends by itself then (ISO 8601)")
+    leaf(claims, "list", claims_list, "a pack's active pauses").add_argument("pack")
+
+    dead = commands.add_parser("dead-letters", help="work that failed for good").add_subparsers(
+        dest="action", required=True
+    )
+    for name, handler, text in (
+        ("list", dead_letters_list, "failed generations never replayed, oldest first"),
+        ("count", dead_letters_count, "dead letters per identity"),
+        ("replay", dead_letters_replay, "replay them page by page (or --dry-run)"),
+    ):
+        sub = leaf(dead, name, handler, text)
+        sub.add_argument("pack")
+        for flag in IDENTITY_FLAGS:
+            sub.add_argument(flag, help="all five: one identity; --work-type alone: one work type")
+        sub.add_argument("--after", type=_instant, metavar="INSTANT", help="failed at or after (ISO 8601)")
+        sub.add_argument("--before", type=_instant, metavar="INSTANT", help="failed before (ISO 8601)")
+        sub.add_argument("--error", metavar="TEXT", help="last error contains TEXT")
+        if name == "list":
+            _paged(sub)
+        if name == "replay":
+            sub.add_argument("--dry-run", action="store_true", help="list what would be replayed, change nothing")
+            sub.add_argument("--batch", type=int, default=0, metavar="N", help="per call (default: the service's)")
+    sub = leaf(dead, "skip", dead_letters_skip, "skip one, recorded (it stays failed)")
+    sub.add_argument("work_id")
+    sub.add_argument("--by", required=True, help="who, as recorded")
+    sub.add_argument("--reason", required=True, help="why, as recorded")
+
+    order = commands.add_parser("order-policy", help="what a failure means for its identity").add_subparsers(
+        dest="action", required=True
+    )
+    sub = leaf(order, "set", order_policy_set, "block or continue")
+    sub.add_argument("pack")
+    sub.add_argument("policy", choices=tuple(ORDER_POLICIES))
+    sub.add_argument("--by", required=True, help="who, as recorded")
+    sub.add_argument("--reason", required=True, help="why, as recorded")
+    leaf(order, "show", order_policy_show, "a pack's order policy").add_argument("pack")
+
+
 def _paged(parser: argparse.ArgumentParser, *, dest: str = "page_size") -> None:
     parser.add_argument(
         "--limit",
@@ -840,6 +1133,7 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(commands, "activation", activation, "the host's activation gate")
     leaf(commands, "workers", workers, "the host's workers")
     leaf(commands, "version", version, "what each service is, and whether they fit together")
+    _operating_commands(commands, leaf)
     return parser
 
 

@@ -18,20 +18,30 @@ import sqlalchemy as sa
 
 from nexuscrm_schema.tables import Event, EventPayload, WorkItem
 
-_PREDECESSOR = WorkItem.alias("Predecessor")
+PREDECESSOR = WorkItem.alias("Predecessor")
+"""The outer WorkItem row's predecessor in ``predecessor_select``."""
 
-PREDECESSOR_STATUS: sa.ScalarSelect[Any] = (
-    sa.select(_PREDECESSOR.c.Status)
-    .where(
-        _PREDECESSOR.c.PackInstallId == WorkItem.c.PackInstallId,
-        _PREDECESSOR.c.ProjectionKey == WorkItem.c.ProjectionKey,
-        _PREDECESSOR.c.LaneOrdinal < WorkItem.c.InputStartOrdinal,
+
+def predecessor_select(column: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """``column`` of the outer WorkItem row's predecessor (``PREDECESSOR``): one ix_workitem_projection_order seek.
+
+    The generation of the same identity with the highest LaneOrdinal below the row's
+    InputStartOrdinal; no row when it has none.
+    """
+    return (
+        sa.select(column)
+        .where(
+            PREDECESSOR.c.PackInstallId == WorkItem.c.PackInstallId,
+            PREDECESSOR.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            PREDECESSOR.c.LaneOrdinal < WorkItem.c.InputStartOrdinal,
+        )
+        .order_by(PREDECESSOR.c.LaneOrdinal.desc())
+        .limit(1)
+        .correlate(WorkItem)
     )
-    .order_by(_PREDECESSOR.c.LaneOrdinal.desc())
-    .limit(1)
-    .correlate(WorkItem)
-    .scalar_subquery()
-)
+
+
+PREDECESSOR_STATUS: sa.ScalarSelect[Any] = predecessor_select(PREDECESSOR.c.Status).scalar_subquery()
 """The status of the outer WorkItem row's predecessor; NULL when it has none."""
 
 EVENT_WITH_PAYLOAD = Event.outerjoin(

@@ -345,6 +345,61 @@ PayloadContract = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 
+# Added by schema v12 (decision 158): an operator's pause of claims on one scope of a pack:
+# the whole pack, one identity (ScopeValue: its ProjectionKey) or one work type (ScopeValue:
+# the WorkType). Admission goes on; claims lease nothing of a scope with an active pause
+# (ResumedAt NULL and ExpiresAt NULL or after the database clock). A resume writes ResumedAt
+# and ResumedBy; rows are never deleted, so every pause stays recorded.
+ClaimPause = sa.Table(
+    "ClaimPause",
+    metadata,
+    sa.Column("PauseId", sa.String(WORK_ID_LENGTH), primary_key=True),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("Scope", sa.String(16), nullable=False),  # "pack", "identity" or "work_type"
+    sa.Column("ScopeValue", sa.String(PROJECTION_KEY_MAX_LENGTH), nullable=False),  # "" for the pack
+    sa.Column("PausedBy", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("PausedAt", Timestamp(), nullable=False),  # the database clock
+    sa.Column("ExpiresAt", Timestamp(), nullable=True),  # NULL: until resumed
+    sa.Column("ResumedAt", Timestamp(), nullable=True),
+    sa.Column("ResumedBy", sa.String(255), nullable=True),
+    # The claim's pause probes (served packs, and each candidate's identity and work type) and
+    # the active pause of a scope that pause and resume look up.
+    sa.Index("ix_claimpause_scope", "PackInstallId", "Scope", "ScopeValue"),
+    # The claim's check, with the served packs, whether a pack has any pause not resumed.
+    sa.Index("ix_claimpause_active", "PackInstallId", "ResumedAt"),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v12 (decision 160): a pack's order policy, what a generation that failed for
+# good means for its identity's successors. "block": the claim holds back the next generation
+# of its identity until it is replayed or skipped; "continue": they run, and the failed range
+# stays listed for replay. No row: the default, "continue".
+OrderPolicy = sa.Table(
+    "OrderPolicy",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("Policy", sa.String(16), nullable=False),
+    sa.Column("SetBy", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("SetAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v12 (decision 160): an operator's explicit skip of a generation that failed
+# for good: it stays failed (no status is rewritten), leaves the dead-letter queue and no
+# longer holds its identity's successors under the "block" policy. Never deleted.
+SkippedWork = sa.Table(
+    "SkippedWork",
+    metadata,
+    sa.Column("WorkId", sa.String(WORK_ID_LENGTH), primary_key=True),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("SkippedBy", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("SkippedAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
 SchemaVersion = sa.Table(
     "_System_SchemaVersion",
     metadata,

@@ -18,6 +18,11 @@ the SQL it runs (``queries.<module>``):
 - GetQueueState, WaitQueueDrained: ``queue_state`` -> ``queries.operator_reads``
 - ListGenerations, ListMembers: ``generations`` -> ``queries.operator_reads``, ``events``
 - SetRetentionPolicy, GetRetentionPolicy, Prune: ``retention`` -> ``queries.retention``
+- PauseClaims, ResumeClaims, ListClaimPauses: ``claim_pauses`` -> ``queries.pauses``
+- ListDeadLetters, CountDeadLetters, ReplayDeadLetters: ``dead_letters`` (each replay:
+  ``replay.replay``) -> ``queries.dead_letters``
+- SetOrderPolicy, GetOrderPolicy, SkipDeadLetter: ``order_policy`` -> ``queries.order_policy``;
+  Claim's candidate read carries pauses and holds (``queries.order_policy.candidate_operable``)
 - every RPC's authorization: ``authorization`` -> ``queries.operator_reads``
 - background (``materializer.Materializer``): ``materializer.materialize`` ->
   ``Admission.admit_batch``; ``liveness.StrandedSweep`` -> ``queries.work_items``;

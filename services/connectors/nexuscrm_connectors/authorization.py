@@ -72,6 +72,12 @@ def rules(engine: Engine) -> dict[str, Rule]:
         else:
             require_all_namespaces(principal, request)
 
+    def by_scope(principal: Principal, request: Any) -> None:  # the operating RPCs (issue 37)
+        require_pack(engine, principal, "scope.pack_install_id", request.scope.pack_install_id)
+
+    def by_filter(principal: Principal, request: Any) -> None:
+        require_pack(engine, principal, "filter.pack_install_id", request.filter.pack_install_id)
+
     by_method: dict[str, Rule] = {
         "Ingest": by_pack,
         "ExplainReceipt": by_pack,
@@ -91,5 +97,14 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "GetRetentionPolicy": by_pack,
         "Prune": by_pack,
         "GetBuildInfo": allow_any_principal,
+        "PauseClaims": by_scope,
+        "ResumeClaims": by_scope,
+        "ListClaimPauses": by_pack,
+        "ListDeadLetters": by_filter,
+        "CountDeadLetters": by_filter,
+        "ReplayDeadLetters": by_filter,
+        "SetOrderPolicy": by_pack,
+        "GetOrderPolicy": by_pack,
+        "SkipDeadLetter": by_work,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
@@ -223,9 +223,9 @@ def claim_transaction(
     (``_fail_damaged``); only that path runs statements beyond the constant few.
     """
     batch = ClaimBatch()
-    served = _native_packs(connection, request.pack_install_ids)
+    served, operated = _native_packs(connection, request.pack_install_ids, clock)
     window = request.max_items + reservations.held()
-    live, now = _live_candidates(connection, request, served, clock, window, batch)
+    live, now = _live_candidates(connection, request, served, operated, clock, window, batch)
     candidates = {c.WorkId: c for c in live}
     open_ids = list(candidates)
     chosen = [candidates[work_id] for work_id in take(open_ids, request.max_items)]
@@ -299,6 +299,7 @@ def _live_candidates(
     connection: Connection,
     request: _Request,
     served: Sequence[str],
+    operated: Collection[str],
     clock: DatabaseClock,
     window: int,
     batch: ClaimBatch,
@@ -312,7 +313,7 @@ def _live_candidates(
     """
     now: dt.datetime | None = None
     for _ in range(CLAIM_PASSES):
-        candidates = claims_sql.work_items_claimable(connection, served, request.work_types, clock, window)
+        candidates = claims_sql.work_items_claimable(connection, served, request.work_types, clock, window, operated)
         now = candidates[0].Now if candidates else now
         exhausted = {c.WorkId for c in candidates if _last_attempt_expired(c)}
         for candidate in candidates:
@@ -372,13 +373,13 @@ def _fail_damaged(connection: Connection, row: LeasedWork, token: str, reason: s
     return True
 
 
-def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]:
-    """The requested packs (default: all) that have a protocol row; refuse named ones without.
+def _native_packs(connection: Connection, requested: Sequence[str], clock: DatabaseClock) -> tuple[list[str], set[str]]:
+    """The requested packs (default: all) that have a protocol row, and those an operator's decision may apply to.
 
     This is claim's protocol check: candidates are read from these packs only, and a
-    protocol row is never deleted.
+    protocol row is never deleted. Named packs without one are refused.
     """
-    rows = claims_sql.packs_with_protocol(connection, requested)
+    rows = claims_sql.packs_with_protocol(connection, requested, clock)
     if requested:
         known = {row.PackInstallId for row in rows}
         for pack_install_id in requested:
@@ -390,7 +391,8 @@ def _native_packs(connection: Connection, requested: Sequence[str]) -> list[str]
                     f"pack {row.PackInstallId} has no projection protocol row; native workers cannot claim its work",
                     field="pack_install_ids",
                 )
-    return sorted(row.PackInstallId for row in rows if row.Native is not None)
+    native = [row for row in rows if row.Native is not None]
+    return sorted(row.PackInstallId for row in native), {row.PackInstallId for row in native if row.Operated}
 
 
 def new_lease_token(now: dt.datetime) -> str:

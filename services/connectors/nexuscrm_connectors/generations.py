@@ -13,7 +13,6 @@ from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFou
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
-from nexuscrm_connectors.queries.work_items import WorkRow
 from nexuscrm_connectors.settings import Settings
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
@@ -39,7 +38,7 @@ def list_generations(
     """
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
-    key = _identity_key(pack_install_id, route) if route is not None else None
+    key = identity_key(pack_install_id, route) if route is not None else None
     size = settings.page_size(page_size)
     scan = size if status is None else size * STATUS_SCAN_FACTOR
     with engine.connect() as connection:
@@ -51,14 +50,7 @@ def list_generations(
         else:
             before = page_tokens.decode_token(page_token, "ListGenerations", _identity_position)
             rows = operator_reads_sql.work_items_of_pack(connection, pack_install_id, before, scan)
-    kept: list[WorkRow] = []
-    examined = 0
-    for row in rows:
-        examined += 1
-        if status is None or row.Status == status:
-            kept.append(row)
-            if len(kept) == size:
-                break
+    kept, examined = page_tokens.first_kept(rows, lambda row: status is None or row.Status == status, size)
     token = ""
     if examined and (len(kept) == size or len(rows) == scan):  # more may follow the last row examined
         last = rows[examined - 1]
@@ -68,7 +60,7 @@ def list_generations(
     return GenerationPage(generations=tuple(work_items_sql.work_item_value(row) for row in kept), next_page_token=token)
 
 
-def _identity_key(pack_install_id: str, route: Route) -> str:
+def identity_key(pack_install_id: str, route: Route) -> str:
     """The projection key of (pack, route); ``InvalidArgument`` names the route field at fault."""
     try:
         return route.identity(pack_install_id).key

@@ -85,6 +85,15 @@ STRANDED_HEALED = Counter(
     "nexuscrm_stranded_generations_healed_total",
     "Blocked generations whose predecessor was already terminal (or missing), made claimable by the liveness sweep.",
 )
+# Operating projections (issue 37).
+CLAIM_PAUSES = Counter(
+    "nexuscrm_claim_pauses_total", "Claim pauses and resumes, by action (pause, resume) and scope.", ["action", "scope"]
+)
+DEAD_LETTERS_REPLAYED = Counter(
+    "nexuscrm_dead_letters_replayed_total",
+    "Dead letters a bulk replay handled, by verdict (replayed, refused); dry runs are not counted.",
+    ["verdict"],
+)
 
 _DUPLICATE_KINDS = {
     Outcome.DUPLICATE_LEGACY: "legacy",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from workqueue.errors import InvalidArgument
@@ -51,3 +51,19 @@ def ordinal(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ORDINAL:
         raise ValueError("not an ordinal")
     return value
+
+
+def first_kept(rows: Iterable[T], keep: Callable[[T], bool], size: int) -> tuple[list[T], int]:
+    """The first ``size`` rows ``keep`` keeps, and how many rows were examined to find them.
+
+    A filtered page's token continues after the last row examined, kept or not.
+    """
+    kept: list[T] = []
+    examined = 0
+    for row in rows:
+        examined += 1
+        if keep(row):
+            kept.append(row)
+            if len(kept) == size:
+                break
+    return kept, examined

@@ -1,8 +1,9 @@
 """What this Connectors release is and which canonical schema versions it serves (decision 144).
 
-Minimum 11: admission and replay write each generation's admitted member count
-(WorkItem.AdmittedMemberCount and AdmittedThroughOrdinal, v11; decision 149), and before
-that admission and retention read RetentionPolicy's duplicate-window columns (v9) and every
+Minimum 12: claims read the operator's pauses (ClaimPause, v12; decision 158); before that
+admission and replay write each generation's admitted member count
+(WorkItem.AdmittedMemberCount and AdmittedThroughOrdinal, v11; decision 149), and
+admission and retention read RetentionPolicy's duplicate-window columns (v9) and every
 payload write follows the payload contract (v10). The forward window of one version
 lets a database migrated by the next release keep this one serving during a rolling upgrade.
 """
@@ -14,5 +15,5 @@ from nexuscrm_runtime.release import Release, SchemaSupport
 RELEASE = Release(
     owner="connectors",
     distribution="nexuscrm-connectors",
-    schema=SchemaSupport(minimum=11, newest=11, forward_window=1),
+    schema=SchemaSupport(minimum=12, newest=12, forward_window=1),
 )

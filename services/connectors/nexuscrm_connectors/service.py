@@ -18,19 +18,24 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors import (
     admission,
+    claim_pauses,
     claims,
+    dead_letters,
     generations,
     inspection,
     liveness,
     materializer,
     metrics,
+    order_policy,
     payload_contract,
     payloads,
     queue_state,
     replay,
     retention,
 )
+from nexuscrm_connectors.claim_pauses import ClaimPause
 from nexuscrm_connectors.deliveries import RefusedItem
+from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_connectors.reservations import Reservations
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
@@ -298,3 +303,81 @@ class Connectors:
     def list_members(self, work_id: str, *, page_size: int = 0, page_token: str = "") -> MemberPage:
         """See ``generations.list_members``."""
         return generations.list_members(self.engine, self.settings, work_id, page_size, page_token)
+
+    # Operating projections (issue 37): claim pauses and the dead-letter queue.
+
+    def pause_claims(
+        self, scope: claim_pauses.Scope, *, paused_by: str, reason: str, expires_at: dt.datetime | None = None
+    ) -> ClaimPause:
+        """See ``claim_pauses.pause``."""
+        paused = claim_pauses.pause(
+            self.engine, self.clock, scope, paused_by=paused_by, reason=reason, expires_at=expires_at
+        )
+        follow_up("pause claims", metrics.CLAIM_PAUSES.labels("pause", scope.scope.value).inc)
+        return paused
+
+    def resume_claims(self, scope: claim_pauses.Scope, *, resumed_by: str) -> ClaimPause:
+        """See ``claim_pauses.resume``; waiting claims are woken: the scope's work is claimable again."""
+        resumed = claim_pauses.resume(self.engine, self.clock, scope, resumed_by=resumed_by)
+        follow_up("resume claims", metrics.CLAIM_PAUSES.labels("resume", scope.scope.value).inc)
+        follow_up("resume claims", self.reservations.notify)
+        return resumed
+
+    def list_claim_pauses(self, pack_install_id: str) -> list[ClaimPause]:
+        """See ``claim_pauses.list_pauses``."""
+        return claim_pauses.list_pauses(self.engine, self.clock, pack_install_id)
+
+    def list_dead_letters(
+        self, pack_install_id: str, wanted: Filter, *, page_size: int = 0, page_token: str = ""
+    ) -> dead_letters.DeadLetterPage:
+        """See ``dead_letters.list_dead_letters``."""
+        return dead_letters.list_dead_letters(
+            self.engine, self.settings, pack_install_id, wanted, page_size, page_token
+        )
+
+    def count_dead_letters(self, pack_install_id: str, wanted: Filter) -> dead_letters.DeadLetterCount:
+        """See ``dead_letters.count_dead_letters``."""
+        return dead_letters.count_dead_letters(self.engine, pack_install_id, wanted)
+
+    def replay_dead_letters(
+        self, pack_install_id: str, wanted: Filter, *, dry_run: bool, max_generations: int = 0, page_token: str = ""
+    ) -> dead_letters.BulkReplay:
+        """See ``dead_letters.replay_dead_letters``: each dead letter replayed as ``replay`` replays one."""
+        handled = dead_letters.replay_dead_letters(
+            self.engine,
+            self.settings,
+            pack_install_id,
+            wanted,
+            self.replay,
+            dry_run=dry_run,
+            max_generations=max_generations,
+            page_token=page_token,
+        )
+        if not dry_run:
+
+            def count() -> None:
+                for answer in handled.answers:
+                    metrics.DEAD_LETTERS_REPLAYED.labels(answer.verdict.value).inc()
+
+            follow_up("replay dead letters", count)
+        return handled
+
+    def set_order_policy(
+        self, pack_install_id: str, policy: order_policy.Policy | None, *, set_by: str, reason: str
+    ) -> order_policy.OrderPolicy:
+        """See ``order_policy.set_policy``; waiting claims are woken: held work may be claimable now."""
+        changed = order_policy.set_policy(
+            self.engine, self.clock, pack_install_id, policy, set_by=set_by, reason=reason
+        )
+        follow_up("set order policy", self.reservations.notify)
+        return changed
+
+    def get_order_policy(self, pack_install_id: str) -> order_policy.OrderPolicy:
+        """See ``order_policy.get_policy``."""
+        return order_policy.get_policy(self.engine, pack_install_id)
+
+    def skip_dead_letter(self, work_id: str, *, skipped_by: str, reason: str) -> order_policy.Skip:
+        """See ``order_policy.skip``; waiting claims are woken: the successor it held may be claimable."""
+        skipped = order_policy.skip(self.engine, self.clock, work_id, skipped_by=skipped_by, reason=reason)
+        follow_up("skip dead letter", self.reservations.notify)
+        return skipped

@@ -13,6 +13,7 @@ import grpc
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors import authorization
+from nexuscrm_connectors import operations_convert as operating
 from nexuscrm_connectors.deliveries import RefusedItem
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.release import RELEASE
@@ -120,8 +121,10 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     def GetQueueState(
         self, request: pb.GetQueueStateRequest, context: grpc.ServicerContext
     ) -> pb.GetQueueStateResponse:
-        state = self._connectors.queue_state(request.pack_install_id)
-        return pb.GetQueueStateResponse(state=convert.queue_state_to_proto(state))
+        state = convert.queue_state_to_proto(self._connectors.queue_state(request.pack_install_id))
+        pauses = self._connectors.list_claim_pauses(state.pack_install_id)
+        state.paused.extend(operating.pause_to_proto(pause) for pause in pauses)
+        return pb.GetQueueStateResponse(state=state)
 
     def WaitQueueDrained(
         self, request: pb.WaitQueueDrainedRequest, context: grpc.ServicerContext
@@ -177,6 +180,81 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
 
     def GetBuildInfo(self, request: pb.GetBuildInfoRequest, context: grpc.ServicerContext) -> pb.GetBuildInfoResponse:
         return pb.GetBuildInfoResponse(build=build_info(RELEASE, read_version(self._connectors.engine)))
+
+    # Operating projections (issue 37): claim pauses and the dead-letter queue.
+
+    def PauseClaims(self, request: pb.PauseClaimsRequest, context: grpc.ServicerContext) -> pb.PauseClaimsResponse:
+        pause = self._connectors.pause_claims(
+            operating.scope_from_proto(request.scope),
+            paused_by=request.paused_by,
+            reason=request.reason,
+            expires_at=operating.expiry_from_proto(request),
+        )
+        return pb.PauseClaimsResponse(pause=operating.pause_to_proto(pause))
+
+    def ResumeClaims(self, request: pb.ResumeClaimsRequest, context: grpc.ServicerContext) -> pb.ResumeClaimsResponse:
+        pause = self._connectors.resume_claims(operating.scope_from_proto(request.scope), resumed_by=request.resumed_by)
+        return pb.ResumeClaimsResponse(pause=operating.pause_to_proto(pause))
+
+    def ListClaimPauses(
+        self, request: pb.ListClaimPausesRequest, context: grpc.ServicerContext
+    ) -> pb.ListClaimPausesResponse:
+        pauses = self._connectors.list_claim_pauses(request.pack_install_id)
+        return pb.ListClaimPausesResponse(pauses=[operating.pause_to_proto(p) for p in pauses])
+
+    def ListDeadLetters(
+        self, request: pb.ListDeadLettersRequest, context: grpc.ServicerContext
+    ) -> pb.ListDeadLettersResponse:
+        pack_install_id, wanted = operating.filter_from_proto(request.filter)
+        page = self._connectors.list_dead_letters(
+            pack_install_id, wanted, page_size=request.page_size, page_token=request.page_token
+        )
+        return operating.dead_letter_page_to_proto(page)
+
+    def CountDeadLetters(
+        self, request: pb.CountDeadLettersRequest, context: grpc.ServicerContext
+    ) -> pb.CountDeadLettersResponse:
+        pack_install_id, wanted = operating.filter_from_proto(request.filter)
+        return operating.dead_letter_count_to_proto(self._connectors.count_dead_letters(pack_install_id, wanted))
+
+    def ReplayDeadLetters(
+        self, request: pb.ReplayDeadLettersRequest, context: grpc.ServicerContext
+    ) -> pb.ReplayDeadLettersResponse:
+        pack_install_id, wanted = operating.filter_from_proto(request.filter)
+        replayed = self._connectors.replay_dead_letters(
+            pack_install_id,
+            wanted,
+            dry_run=request.dry_run,
+            max_generations=request.max_generations,
+            page_token=request.page_token,
+        )
+        return operating.bulk_replay_to_proto(replayed)
+
+    def SetOrderPolicy(
+        self, request: pb.SetOrderPolicyRequest, context: grpc.ServicerContext
+    ) -> pb.SetOrderPolicyResponse:
+        policy = self._connectors.set_order_policy(
+            request.pack_install_id,
+            operating.policy_from_proto(request.policy),
+            set_by=request.set_by,
+            reason=request.reason,
+        )
+        return pb.SetOrderPolicyResponse(policy=operating.policy_to_proto(policy))
+
+    def GetOrderPolicy(
+        self, request: pb.GetOrderPolicyRequest, context: grpc.ServicerContext
+    ) -> pb.GetOrderPolicyResponse:
+        return pb.GetOrderPolicyResponse(
+            policy=operating.policy_to_proto(self._connectors.get_order_policy(request.pack_install_id))
+        )
+
+    def SkipDeadLetter(
+        self, request: pb.SkipDeadLetterRequest, context: grpc.ServicerContext
+    ) -> pb.SkipDeadLetterResponse:
+        skipped = self._connectors.skip_dead_letter(
+            request.work_id, skipped_by=request.skipped_by, reason=request.reason
+        )
+        return operating.skip_to_proto(skipped)
 
 
 def _lease(seconds: int) -> dt.timedelta | None:

@@ -11,7 +11,8 @@ WorkItem.ClaimedMemberCount (decision 110), version 6 the NamespaceControl table
 the duplicate window: three RetentionPolicy columns, a SourceTime column and index on each
 of PrunedWork and PrunedReceipt (decision 127), version 10 the payload contract's one-way flag
 (decision 130: set at once on a database this apply creates, by the operator otherwise),
-version 11 WorkItem.AdmittedMemberCount and WorkItem.AdmittedThroughOrdinal (decision 149).
+version 11 WorkItem.AdmittedMemberCount and WorkItem.AdmittedThroughOrdinal (decision 149),
+version 12 the ClaimPause, OrderPolicy and SkippedWork tables (decisions 158, 160).
 Steps only create tables, indexes and nullable columns, each guarded so a repeated or
 concurrent run is a no-op, so the previous release keeps running while the schema moves. No
 step writes an existing row (decision 150): every Event and WorkItem stays byte for byte as it
@@ -53,6 +54,7 @@ V8_TABLES = (tables.EventPayload,)
 V8_COLUMN = tables.Event.c.PayloadBytes.name
 V10_TABLES = (tables.PayloadContract,)
 V11_COLUMNS = ("AdmittedMemberCount", "AdmittedThroughOrdinal")
+V12_TABLES = (tables.ClaimPause, tables.OrderPolicy, tables.SkippedWork)
 # Who set the payload contract on a database that ApplySchema created from nothing.
 SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
 V9_COLUMNS = {
@@ -66,7 +68,7 @@ def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + V12_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
@@ -185,6 +187,10 @@ def _apply_v11(connection: Connection) -> None:
             operations.add_column(tables.WorkItem.name, tables.WorkItem.c[name]._copy())
 
 
+def _apply_v12(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V12_TABLES), checkfirst=True)
+
+
 def _contract_empty_database(connection: Connection) -> None:
     set_contract(connection, SET_BY_EMPTY_DATABASE)
 
@@ -212,6 +218,7 @@ STEPS = (
     Step(9, "v9_duplicate_window", _apply_v9),
     Step(10, "v10_payload_contract", _apply_v10, on_empty=_contract_empty_database),
     Step(11, "v11_admitted_member_count", _apply_v11),
+    Step(12, "v12_operating_projections", _apply_v12),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")

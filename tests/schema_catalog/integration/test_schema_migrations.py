@@ -118,11 +118,14 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         ],
         10: ["_System_PayloadContract"],
         11: ["WorkItem.AdmittedMemberCount", "WorkItem.AdmittedThroughOrdinal"],
+        12: ["ClaimPause", "OrderPolicy", "SkippedWork"],
     }
     order = [
+        "ClaimPause",
         "Event.PayloadBytes",
         "EventPayload",
         "NamespaceControl",
+        "OrderPolicy",
         "PackInstall.ControlVersion",
         "PrunedReceipt",
         "PrunedReceipt.SourceTime",
@@ -134,6 +137,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "RetentionPolicy.DuplicateWindowSeconds",
         "RetentionPolicy.HorizonSourceTime",
         "RetentionPolicy.ExpiredReceipts",
+        "SkippedWork",
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
         "WorkItem.ClaimedMemberCount",

@@ -51,6 +51,7 @@ class World:
     lease_token: str
     done_work_id: str
     fence_id: str
+    dead_work_id: str
 
 
 def _world(engine: sa.Engine) -> World:
@@ -59,6 +60,9 @@ def _world(engine: sa.Engine) -> World:
     connectors.ingest(pack, items=[delivery("done-1", lane="done")])
     done = connectors.claim("w-done", pack_install_ids=[pack])[0]
     connectors.complete(done.work.work_id, lease_token=done.lease_token)
+    connectors.ingest(pack, items=[delivery("dead-1", lane="dead")])  # a dead letter for the bulk replay
+    dead = connectors.claim("w-dead", pack_install_ids=[pack])[0]
+    connectors.fail(dead.work.work_id, lease_token=dead.lease_token, error="boom", retryable=False)
     connectors.ingest(pack, items=[delivery("r-1"), delivery("r-2")])
     held = connectors.claim("w-held", pack_install_ids=[pack])[0]
     fence = arm_fence(engine, "acme", reason="security test")
@@ -71,6 +75,7 @@ def _world(engine: sa.Engine) -> World:
         lease_token=held.lease_token,
         done_work_id=done.work.work_id,
         fence_id=fence.fence_id,
+        dead_work_id=dead.work.work_id,
     )
 
 
@@ -104,6 +109,29 @@ NAMESPACED: dict[str, Build] = {
     f"{CONNECTORS}/SetRetentionPolicy": lambda w: cn.SetRetentionPolicyRequest(pack_install_id=w.pack, keep_seconds=60),
     f"{CONNECTORS}/GetRetentionPolicy": lambda w: cn.GetRetentionPolicyRequest(pack_install_id=w.pack),
     f"{CONNECTORS}/Prune": lambda w: cn.PruneRequest(pack_install_id=w.pack, dry_run=True),
+    f"{CONNECTORS}/PauseClaims": lambda w: cn.PauseClaimsRequest(
+        scope=cn.ClaimScope(pack_install_id=w.pack, scope=cn.PAUSE_SCOPE_PACK), paused_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/ResumeClaims": lambda w: cn.ResumeClaimsRequest(
+        scope=cn.ClaimScope(pack_install_id=w.pack, scope=cn.PAUSE_SCOPE_PACK), resumed_by="ops"
+    ),
+    f"{CONNECTORS}/ListClaimPauses": lambda w: cn.ListClaimPausesRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/ListDeadLetters": lambda w: cn.ListDeadLettersRequest(
+        filter=cn.DeadLetterFilter(pack_install_id=w.pack)
+    ),
+    f"{CONNECTORS}/CountDeadLetters": lambda w: cn.CountDeadLettersRequest(
+        filter=cn.DeadLetterFilter(pack_install_id=w.pack)
+    ),
+    f"{CONNECTORS}/ReplayDeadLetters": lambda w: cn.ReplayDeadLettersRequest(
+        filter=cn.DeadLetterFilter(pack_install_id=w.pack)
+    ),
+    f"{CONNECTORS}/SetOrderPolicy": lambda w: cn.SetOrderPolicyRequest(
+        pack_install_id=w.pack, policy=cn.ORDER_POLICY_KIND_BLOCK, set_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/GetOrderPolicy": lambda w: cn.GetOrderPolicyRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/SkipDeadLetter": lambda w: cn.SkipDeadLetterRequest(
+        work_id=w.dead_work_id, skipped_by="ops", reason="test"
+    ),
     f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
     f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
     f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries.work_items import HeldWork, WorkRow
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.tables import (
@@ -51,10 +52,15 @@ class LeasedWork(WorkRow):
 
 
 class ServedPack(NamedTuple):
-    """A pack a claim asked for, with ``Native``: its protocol row's key, None without one."""
+    """A pack a claim asked for, with ``Native``: its protocol row's key, None without one.
+
+    ``Operated``: whether an operator's pause or order policy may apply to it
+    (``order_policy_sql.pack_operated``); only such packs' candidate reads carry those conditions.
+    """
 
     PackInstallId: str
     Native: str | None
+    Operated: bool
 
 
 # ``work_items_lock``'s statement, built once. Parameters: ``work_ids`` (expanding) and the clock's.
@@ -113,14 +119,15 @@ def work_items_complete(connection: Connection, held: Sequence[HeldWork], now: d
 
 
 @functools.lru_cache(maxsize=64)
-def _claimable_statement(packs: int, by_work_type: bool) -> sa.CompoundSelect[Any]:
-    """The candidate read of ``work_items_claimable`` for ``packs`` packs; built once per shape.
+def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool) -> sa.CompoundSelect[Any]:
+    """The candidate read of ``work_items_claimable`` for one pack per item of ``operated``; built once per shape.
 
-    Parameters: ``pack_<n>`` for n < ``packs``, ``limit``, the clock's offset
-    (``DatabaseClock.parameters``) and, if ``by_work_type``, ``work_types``.
+    Parameters: ``pack_<n>`` for each pack, ``limit``, the clock's offset
+    (``DatabaseClock.parameters``) and, if ``by_work_type``, ``work_types``. A pack whose item
+    is True carries the operator's conditions (pauses, order policy).
     """
     selects = []
-    for n in range(packs):
+    for n, decided in enumerate(operated):
         for status in (WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.PROCESSING):
             statement = (
                 sa.select(
@@ -147,6 +154,10 @@ def _claimable_statement(packs: int, by_work_type: bool) -> sa.CompoundSelect[An
             )
             if by_work_type:
                 statement = statement.where(WorkItem.c.WorkType.in_(sa.bindparam("work_types", expanding=True)))
+            if decided:
+                statement = statement.where(
+                    order_policy_sql.candidate_operable(sa.bindparam(f"pack_{n}"), NOW_PARAMETER)
+                )
             selects.append(statement.subquery().select())
     return sa.union_all(*selects)
 
@@ -157,8 +168,12 @@ def work_items_claimable(
     work_types: Sequence[str],
     clock: DatabaseClock,
     limit: int,
+    operated: Collection[str] | None = None,
 ) -> list[ClaimCandidate]:
     """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
+
+    ``operated``: the packs an operator's pause or order policy may apply to
+    (``order_policy_sql.pack_operated``); only their reads carry those conditions. None: every pack.
 
     Due at ``clock``'s now, which each row carries as column ``Now``: the instant the claim
     transaction decides with.
@@ -167,7 +182,7 @@ def work_items_claimable(
     UNION ALL, so a large backlog is never sorted as a whole; the branches' rows are merged
     by ClaimableAt with a stable sort (ties keep each branch's index order). Each row carries
     what a claim decides on: its state, attempts, range and identity. The statement is built
-    once per number of packs (docs/performance.md, "Tuning notes formerly in docs/decisions").
+    once per shape of packs (docs/performance.md, "Tuning notes formerly in docs/decisions").
     """
     if not pack_install_ids:
         return []
@@ -175,7 +190,8 @@ def work_items_claimable(
     parameters |= {f"pack_{n}": pack_install_id for n, pack_install_id in enumerate(pack_install_ids)}
     if work_types:
         parameters["work_types"] = list(work_types)
-    statement = _claimable_statement(len(pack_install_ids), bool(work_types))
+    decided = tuple(operated is None or pack in operated for pack in pack_install_ids)
+    statement = _claimable_statement(decided, bool(work_types))
     rows = map(ClaimCandidate._make, connection.execute(statement, parameters))
     return sorted(rows, key=lambda row: row.ClaimableAt)[:limit]
 
@@ -326,15 +342,20 @@ def _update_if_statement(compared: tuple[tuple[str, bool], ...], written: tuple[
     return sa.update(WorkItem).where(*conditions).values(assignments)
 
 
-# Every installed pack with its protocol row (Native is None without one), and those named.
-_PACKS = sa.select(PackInstall.c.PackInstallId, ConnectorProjectionProtocol.c.PackInstallId.label("Native")).outerjoin(
-    ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
-)
+# Every installed pack with its protocol row (Native is None without one) and whether an operator's
+# pause or order policy may apply to it; and those named.
+_PACKS = sa.select(
+    PackInstall.c.PackInstallId,
+    ConnectorProjectionProtocol.c.PackInstallId.label("Native"),
+    order_policy_sql.pack_operated(PackInstall.c.PackInstallId, NOW_PARAMETER).label("Operated"),
+).outerjoin(ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId)
 _PACKS_NAMED = _PACKS.where(PackInstall.c.PackInstallId.in_(sa.bindparam("requested", expanding=True)))
 
 
-def packs_with_protocol(connection: Connection, requested: Sequence[str]) -> list[ServedPack]:
+def packs_with_protocol(connection: Connection, requested: Sequence[str], clock: DatabaseClock) -> list[ServedPack]:
     """The requested packs (every pack when none) with ``Native``, their protocol row's key (None without one)."""
     if requested:
-        return list(map(ServedPack._make, connection.execute(_PACKS_NAMED, {"requested": list(requested)})))
-    return list(map(ServedPack._make, connection.execute(_PACKS)))
+        rows = connection.execute(_PACKS_NAMED, {"requested": list(requested), **clock.parameters()})
+    else:
+        rows = connection.execute(_PACKS, clock.parameters())
+    return list(map(ServedPack._make, rows))

@@ -1,0 +1,256 @@
+"""Failed work as a dead-letter queue: list, count and replay a pack's generations that failed for good.
+
+A dead letter is a native generation whose status is failed and of which no replay exists
+(a replay that failed in turn is a dead letter of its own). Reads never change a row; they
+examine a bounded window of the pack's failed generations, oldest finished first
+(``dead_letters_sql``), so a page filtered down to few rows may be short, and its token
+continues after the last generation examined.
+
+A bulk replay is paged the same way: one call replays at most ``max_generations`` dead
+letters, each in its own transaction (``replay.replay``, under the pack's row lock like
+admission), and answers each WorkId: replayed (with its new generation), would be replayed
+(dry run), or refused and why. Never one transaction for a filter that matches many rows.
+One identity's dead letters are replayed in ordinal order: the window is ordered by
+FinishedAt, and a successor is claimed only after its predecessor is terminal, so an
+identity's generations finish in ordinal order; a page's dead letters are also replayed
+identity by identity in LaneOrdinal order. Each replay of an identity whose newest generation
+is not terminal (an earlier replay of this bulk replay) queues blocked behind it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Callable
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors import generations, page_tokens
+from nexuscrm_connectors.errors import UnknownPack
+from nexuscrm_connectors.queries import dead_letters as dead_letters_sql
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.dead_letters import Filter
+from nexuscrm_connectors.queries.work_items import WorkRow
+from nexuscrm_connectors.settings import Settings
+from workqueue.errors import DomainError, InvalidArgument
+from workqueue.identity import FIELD_MAX_LENGTHS, decode_projection_key, validate_text
+from workqueue.values import ReplayResult, Route, WorkItemRow
+
+SCAN_FACTOR = 10  # failed generations a page examines per dead letter asked for
+COUNT_LIMIT = 100_000  # failed generations a count examines, oldest finished first
+ERROR_TEXT_MAX_LENGTH = 1024  # characters of an error_contains filter
+DEFAULT_REPLAY_BATCH = 100  # dead letters one bulk replay call handles when the request says 0
+
+
+def filter_of(
+    pack_install_id: str,
+    *,
+    route: Route | None = None,
+    work_type: str = "",
+    finished_after: dt.datetime | None = None,
+    finished_before: dt.datetime | None = None,
+    error_contains: str = "",
+) -> Filter:
+    """A validated filter; ``InvalidArgument`` names the field at fault.
+
+    ``route``: one identity (every field); ``work_type``: one work type (with a route, it must
+    be the route's); the time bounds are naive UTC, ``finished_after`` before ``finished_before``.
+    """
+    if not pack_install_id:
+        raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    key = None
+    if route is not None:
+        key = generations.identity_key(pack_install_id, route)
+        if work_type and work_type != route.work_type:
+            raise InvalidArgument(
+                f"work_type {work_type!r} differs from the route's {route.work_type!r}", field="work_type"
+            )
+    if work_type:
+        validate_text("work_type", work_type, FIELD_MAX_LENGTHS["work_type"])
+    if finished_after is not None and finished_before is not None and finished_after >= finished_before:
+        raise InvalidArgument(
+            f"finished_after ({finished_after.isoformat()}Z) must be before finished_before"
+            f" ({finished_before.isoformat()}Z)",
+            field="finished_after",
+        )
+    if error_contains:
+        validate_text("error_contains", error_contains, ERROR_TEXT_MAX_LENGTH)
+    return Filter(
+        projection_key=key,
+        work_type=work_type,
+        finished_after=finished_after,
+        finished_before=finished_before,
+        error_contains=error_contains,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeadLetterPage:
+    """One page of dead letters, oldest finished first; ``next_page_token`` is "" after the last."""
+
+    dead_letters: tuple[WorkItemRow, ...]
+    next_page_token: str
+    examined: int  # failed generations this page examined (dead or replayed, matching or not)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IdentityCount:
+    """How many dead letters one identity has."""
+
+    route: Route
+    dead_letters: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeadLetterCount:
+    """Dead letters per identity; ``complete`` False when the count stopped at ``COUNT_LIMIT`` examined."""
+
+    identities: tuple[IdentityCount, ...]
+    total: int
+    examined: int
+    complete: bool
+
+
+class ReplayVerdict(enum.StrEnum):
+    """What a bulk replay did with one dead letter."""
+
+    REPLAYED = "replayed"
+    WOULD_REPLAY = "would_replay"  # dry run
+    REFUSED = "refused"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplayAnswer:
+    """One dead letter's answer: its replay's WorkId when replayed, the refusal's message (and code) when refused."""
+
+    work_id: str
+    route: Route
+    lane_ordinal: int
+    verdict: ReplayVerdict
+    replay_work_id: str = ""
+    error_kind: str = ""
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BulkReplay:
+    """One call of a bulk replay: an answer per dead letter, in the order handled, and where the next call starts."""
+
+    answers: tuple[ReplayAnswer, ...]
+    next_page_token: str
+    examined: int
+    dry_run: bool
+
+
+def _pack_known(connection: Connection, pack_install_id: str) -> None:
+    if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
+        raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+
+
+def _position(values: list[object]) -> tuple[dt.datetime, str]:
+    """The position a dead-letter page token carries: a FinishedAt and a WorkId."""
+    finished, work_id = values
+    return dt.datetime.fromisoformat(page_tokens.string(finished)), page_tokens.string(work_id)
+
+
+def _page(
+    engine: Engine, pack_install_id: str, wanted: Filter, size: int, page_token: str, rpc: str
+) -> tuple[list[WorkRow], str, int]:
+    """Up to ``size`` dead letters from ``page_token`` on, the next token, and how many rows were examined."""
+    after = page_tokens.decode_token(page_token, rpc, _position)
+    scan = size * SCAN_FACTOR
+    with engine.connect() as connection:
+        _pack_known(connection, pack_install_id)
+        rows = dead_letters_sql.dead_letters_window(connection, pack_install_id, wanted, after, scan)
+    kept, examined = page_tokens.first_kept(rows, lambda row: row.Matches, size)
+    token = ""
+    if examined and (len(kept) == size or len(rows) == scan):  # more may follow the last row examined
+        last = rows[examined - 1]
+        token = page_tokens.encode_token((last.FinishedAt.isoformat(), last.work.WorkId))
+    return [row.work for row in kept], token, examined
+
+
+def list_dead_letters(
+    engine: Engine, settings: Settings, pack_install_id: str, wanted: Filter, page_size: int = 0, page_token: str = ""
+) -> DeadLetterPage:
+    """One page of the pack's dead letters that ``wanted`` keeps, with range, attempts and LastError.
+
+    Raises ``UnknownPack``, and ``InvalidArgument`` for a page size out of range or a token
+    that is not one of this read's.
+    """
+    rows, token, examined = _page(
+        engine, pack_install_id, wanted, settings.page_size(page_size), page_token, "ListDeadLetters"
+    )
+    return DeadLetterPage(
+        dead_letters=tuple(work_items_sql.work_item_value(row) for row in rows),
+        next_page_token=token,
+        examined=examined,
+    )
+
+
+def count_dead_letters(engine: Engine, pack_install_id: str, wanted: Filter) -> DeadLetterCount:
+    """The pack's dead letters that ``wanted`` keeps, per identity, among its ``COUNT_LIMIT`` oldest failures."""
+    with engine.connect() as connection:
+        _pack_known(connection, pack_install_id)
+        rows = dead_letters_sql.dead_letters_identities(connection, pack_install_id, wanted, COUNT_LIMIT)
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.Matches:
+            counts[row.ProjectionKey] = counts.get(row.ProjectionKey, 0) + 1
+    identities = tuple(
+        IdentityCount(route=Route.of(decode_projection_key(key)), dead_letters=count)
+        for key, count in sorted(counts.items())
+    )
+    return DeadLetterCount(
+        identities=identities, total=sum(counts.values()), examined=len(rows), complete=len(rows) < COUNT_LIMIT
+    )
+
+
+def replay_dead_letters(
+    engine: Engine,
+    settings: Settings,
+    pack_install_id: str,
+    wanted: Filter,
+    replay_one: Callable[[str], ReplayResult],
+    *,
+    dry_run: bool,
+    max_generations: int = 0,
+    page_token: str = "",
+) -> BulkReplay:
+    """Replay (or with ``dry_run``, only list) up to ``max_generations`` dead letters that ``wanted`` keeps.
+
+    ``replay_one`` replays one WorkId in its own transaction (``Connectors.replay``); a
+    refusal (``DomainError``) is that WorkId's answer and the others go on. 0 means
+    ``DEFAULT_REPLAY_BATCH``; more than ``settings.max_page_size`` is refused. The caller
+    continues with ``next_page_token`` until it is "".
+    """
+    if max_generations < 0 or max_generations > settings.max_page_size:
+        raise InvalidArgument(
+            f"max_generations must be between 0 and {settings.max_page_size}, got {max_generations}",
+            field="max_generations",
+        )
+    size = max_generations or DEFAULT_REPLAY_BATCH
+    rows, token, examined = _page(engine, pack_install_id, wanted, size, page_token, "ReplayDeadLetters")
+    answers: list[ReplayAnswer] = []
+    for row in sorted(rows, key=lambda r: (r.ProjectionKey, r.LaneOrdinal)):  # one identity in ordinal order
+        answer = ReplayAnswer(
+            work_id=row.WorkId,
+            route=Route.of(decode_projection_key(row.ProjectionKey)),
+            lane_ordinal=row.LaneOrdinal,
+            verdict=ReplayVerdict.WOULD_REPLAY,
+        )
+        if not dry_run:
+            try:
+                replayed = replay_one(row.WorkId)
+            except DomainError as error:
+                answer = dataclasses.replace(
+                    answer, verdict=ReplayVerdict.REFUSED, error_kind=error.kind.value, message=str(error)
+                )
+            else:
+                answer = dataclasses.replace(
+                    answer, verdict=ReplayVerdict.REPLAYED, replay_work_id=replayed.work.work_id
+                )
+        answers.append(answer)
+    return BulkReplay(answers=tuple(answers), next_page_token=token, examined=examined, dry_run=dry_run)

@@ -1,0 +1,158 @@
+"""Proto conversions of the operating RPCs (claim pauses, dead letters): requests in, answers out.
+
+The servicer stays thin: it calls these and the facade. Timestamps come in as the naive UTC
+the services store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from google.protobuf.message import Message
+
+from nexuscrm.connectors.v1 import connectors_pb2 as pb
+from nexuscrm_connectors import claim_pauses, dead_letters, order_policy
+from nexuscrm_connectors.claim_pauses import ClaimPause, PauseScope
+from nexuscrm_connectors.queries.dead_letters import Filter
+from nexuscrm_runtime.status import STATUS_CODES
+from nexuscrm_sdk import convert
+from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
+from workqueue.errors import ErrorKind
+
+_SCOPES = {
+    pb.PAUSE_SCOPE_PACK: PauseScope.PACK,
+    pb.PAUSE_SCOPE_IDENTITY: PauseScope.IDENTITY,
+    pb.PAUSE_SCOPE_WORK_TYPE: PauseScope.WORK_TYPE,
+}
+_SCOPES_BACK = {scope: number for number, scope in _SCOPES.items()}
+_POLICIES = {
+    pb.ORDER_POLICY_KIND_BLOCK: order_policy.Policy.BLOCK,
+    pb.ORDER_POLICY_KIND_CONTINUE: order_policy.Policy.CONTINUE,
+}
+_POLICIES_BACK = {policy: number for number, policy in _POLICIES.items()}
+_VERDICTS = {
+    dead_letters.ReplayVerdict.REPLAYED: pb.DEAD_LETTER_VERDICT_REPLAYED,
+    dead_letters.ReplayVerdict.WOULD_REPLAY: pb.DEAD_LETTER_VERDICT_WOULD_REPLAY,
+    dead_letters.ReplayVerdict.REFUSED: pb.DEAD_LETTER_VERDICT_REFUSED,
+}
+
+
+def _naive(message: Message, field: str) -> dt.datetime | None:
+    value = from_timestamp(message, field)
+    return naive_utc(value) if value is not None else None
+
+
+def scope_from_proto(message: pb.ClaimScope) -> claim_pauses.Scope:
+    """ClaimScope -> a validated scope (``InvalidArgument`` naming the field at fault)."""
+    return claim_pauses.scope_of(
+        message.pack_install_id,
+        _SCOPES.get(message.scope),
+        convert.route_from_proto(message.route) if message.HasField("route") else None,
+        message.work_type,
+    )
+
+
+def expiry_from_proto(request: pb.PauseClaimsRequest) -> dt.datetime | None:
+    """A PauseClaims request's expiry, naive UTC; None when unset."""
+    return _naive(request, "expires_at")
+
+
+def pause_to_proto(pause: ClaimPause) -> pb.ClaimPause:
+    """ClaimPause -> proto."""
+    return pb.ClaimPause(
+        pause_id=pause.pause_id,
+        scope=pb.ClaimScope(
+            pack_install_id=pause.pack_install_id,
+            scope=_SCOPES_BACK[pause.scope],
+            route=convert.route_to_proto(pause.route) if pause.route is not None else None,
+            work_type=pause.work_type,
+        ),
+        paused_by=pause.paused_by,
+        reason=pause.reason,
+        paused_at=to_timestamp(pause.paused_at),
+        expires_at=to_timestamp(pause.expires_at),
+        resumed_at=to_timestamp(pause.resumed_at),
+        resumed_by=pause.resumed_by,
+    )
+
+
+def filter_from_proto(message: pb.DeadLetterFilter) -> tuple[str, Filter]:
+    """DeadLetterFilter -> (its pack, a validated filter)."""
+    return message.pack_install_id, dead_letters.filter_of(
+        message.pack_install_id,
+        route=convert.route_from_proto(message.route) if message.HasField("route") else None,
+        work_type=message.work_type,
+        finished_after=_naive(message, "finished_after"),
+        finished_before=_naive(message, "finished_before"),
+        error_contains=message.error_contains,
+    )
+
+
+def dead_letter_page_to_proto(page: dead_letters.DeadLetterPage) -> pb.ListDeadLettersResponse:
+    """DeadLetterPage -> ListDeadLettersResponse."""
+    return pb.ListDeadLettersResponse(
+        dead_letters=[convert.work_to_proto(work) for work in page.dead_letters],
+        next_page_token=page.next_page_token,
+        examined=page.examined,
+    )
+
+
+def dead_letter_count_to_proto(count: dead_letters.DeadLetterCount) -> pb.CountDeadLettersResponse:
+    """DeadLetterCount -> CountDeadLettersResponse."""
+    return pb.CountDeadLettersResponse(
+        identities=[
+            pb.IdentityDeadLetters(route=convert.route_to_proto(i.route), dead_letters=i.dead_letters)
+            for i in count.identities
+        ],
+        total=count.total,
+        examined=count.examined,
+        complete=count.complete,
+    )
+
+
+def bulk_replay_to_proto(replay: dead_letters.BulkReplay) -> pb.ReplayDeadLettersResponse:
+    """BulkReplay -> ReplayDeadLettersResponse (a refusal carries its google.rpc code)."""
+    return pb.ReplayDeadLettersResponse(
+        answers=[
+            pb.DeadLetterReplay(
+                work_id=answer.work_id,
+                route=convert.route_to_proto(answer.route),
+                lane_ordinal=answer.lane_ordinal,
+                verdict=_VERDICTS[answer.verdict],
+                replay_work_id=answer.replay_work_id,
+                error_code=STATUS_CODES[ErrorKind(answer.error_kind)].value[0] if answer.error_kind else 0,
+                message=answer.message,
+            )
+            for answer in replay.answers
+        ],
+        next_page_token=replay.next_page_token,
+        examined=replay.examined,
+        dry_run=replay.dry_run,
+    )
+
+
+def policy_from_proto(kind: pb.OrderPolicyKind) -> order_policy.Policy | None:
+    """OrderPolicyKind -> Policy; None for unspecified (refused downstream)."""
+    return _POLICIES.get(kind)
+
+
+def policy_to_proto(policy: order_policy.OrderPolicy) -> pb.OrderPolicy:
+    """OrderPolicy -> proto (set_at unset while the default applies)."""
+    return pb.OrderPolicy(
+        pack_install_id=policy.pack_install_id,
+        policy=_POLICIES_BACK[policy.policy],
+        set_by=policy.set_by,
+        reason=policy.reason,
+        set_at=to_timestamp(policy.set_at),
+    )
+
+
+def skip_to_proto(skip: order_policy.Skip) -> pb.SkipDeadLetterResponse:
+    """Skip -> SkipDeadLetterResponse."""
+    return pb.SkipDeadLetterResponse(
+        work_id=skip.work_id,
+        pack_install_id=skip.pack_install_id,
+        skipped_by=skip.skipped_by,
+        reason=skip.reason,
+        skipped_at=to_timestamp(skip.skipped_at),
+    )

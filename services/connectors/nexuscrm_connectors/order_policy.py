@@ -1,0 +1,155 @@
+"""A pack's order policy, and the operator's explicit skip of a generation that failed for good.
+
+"block": a dead letter (failed, never replayed nor skipped) holds back the next generation of
+its identity, and with it every later one, until it is replayed or skipped; the claim enforces
+it (``order_policy_sql.candidate_not_held`` in the candidate read). "continue" (the default,
+decision 160): successors run, the failed range stays listed as a dead letter for replay.
+A skip is a recorded act (who, when, why) in SkippedWork: the failed generation keeps its
+status, leaves the dead-letter queue and no longer holds its identity. Both run under the
+PackInstall row lock, like replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors import retention
+from nexuscrm_connectors.claim_pauses import OPERATOR_MAX_LENGTH, REASON_MAX_LENGTH
+from nexuscrm_connectors.errors import ConnectorsError, ProtocolMissing, UnknownPack
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import order_policy as order_policy_sql
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_runtime.clock import DatabaseClock
+from nexuscrm_runtime.database import run_transaction
+from workqueue import WorkStatus
+from workqueue.errors import ErrorKind, InvalidArgument
+from workqueue.identity import validate_text
+
+
+class Policy(enum.StrEnum):
+    """What a generation that failed for good means for its identity's successors."""
+
+    BLOCK = order_policy_sql.BLOCK
+    CONTINUE = order_policy_sql.CONTINUE
+
+
+class SkipRefused(ConnectorsError):
+    """A skip of work that is not a dead letter: not failed, replayed, or skipped already."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OrderPolicy:
+    """A pack's policy; ``set_at`` None: never set, the default applies."""
+
+    pack_install_id: str
+    policy: Policy
+    set_by: str
+    reason: str
+    set_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Skip:
+    """An operator's skip of a dead letter, as recorded."""
+
+    work_id: str
+    pack_install_id: str
+    skipped_by: str
+    reason: str
+    skipped_at: dt.datetime
+
+
+def _recorded(operator_field: str, operator: str, reason: str) -> None:
+    validate_text(operator_field, operator, OPERATOR_MAX_LENGTH)
+    validate_text("reason", reason, REASON_MAX_LENGTH)
+
+
+def set_policy(
+    engine: Engine, clock: DatabaseClock, pack_install_id: str, policy: Policy | None, *, set_by: str, reason: str
+) -> OrderPolicy:
+    """Set the pack's order policy; refuses an unset policy or operator or reason, and an unknown pack."""
+    if not pack_install_id:
+        raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    if policy is None:
+        raise InvalidArgument("policy is required: block or continue", field="policy")
+    _recorded("set_by", set_by, reason)
+
+    def run(connection: Connection) -> OrderPolicy:
+        pack = packs_sql.pack_lock(connection, pack_install_id, clock)
+        found = order_policy_sql.order_policy_get(connection, pack_install_id)
+        row = {"PackInstallId": pack_install_id, "Policy": policy.value, "SetBy": set_by, "Reason": reason}
+        order_policy_sql.order_policy_set(connection, {**row, "SetAt": pack.now}, exists=found is not None)
+        return OrderPolicy(
+            pack_install_id=pack_install_id, policy=policy, set_by=set_by, reason=reason, set_at=pack.now
+        )
+
+    return run_transaction(engine, run, name="set order policy")
+
+
+def get_policy(engine: Engine, pack_install_id: str) -> OrderPolicy:
+    """The pack's order policy (the default when never set); raises ``UnknownPack``."""
+    if not pack_install_id:
+        raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    with engine.connect() as connection:
+        if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
+            raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+        row = order_policy_sql.order_policy_get(connection, pack_install_id)
+    if row is None:
+        return OrderPolicy(
+            pack_install_id=pack_install_id,
+            policy=Policy(order_policy_sql.DEFAULT_POLICY),
+            set_by="",
+            reason="",
+            set_at=None,
+        )
+    return OrderPolicy(
+        pack_install_id=pack_install_id,
+        policy=Policy(row.Policy),
+        set_by=row.SetBy,
+        reason=row.Reason,
+        set_at=row.SetAt,
+    )
+
+
+def skip(engine: Engine, clock: DatabaseClock, work_id: str, *, skipped_by: str, reason: str) -> Skip:
+    """Skip dead letter ``work_id``: recorded, it leaves the queue and no longer holds its identity.
+
+    Refuses unknown (``WorkNotFound``) or pruned work, old-protocol work (``ProtocolMissing``),
+    and work that is not failed, has a replay or was skipped already (``SkipRefused``).
+    """
+    if not work_id:
+        raise InvalidArgument("work_id is required", field="work_id")
+    _recorded("skipped_by", skipped_by, reason)
+
+    def run(connection: Connection) -> Skip:
+        found = work_items_sql.work_item_get(connection, work_id)
+        if found is None:
+            retention.refuse_if_pruned(connection, work_id)
+        pack = packs_sql.pack_lock(connection, found.PackInstallId, clock)
+        if found.InputStartOrdinal is None:
+            raise ProtocolMissing(f"work {work_id} is old-protocol work; only native generations are skipped")
+        if found.Status != WorkStatus.FAILED:
+            raise SkipRefused(f"work {work_id} is {found.Status}; only work that failed for good can be skipped")
+        replayed = order_policy_sql.work_item_replay_any(connection, work_id)
+        if replayed is not None:
+            raise SkipRefused(f"work {work_id} was replayed as {replayed.WorkId} ({replayed.Status}); nothing to skip")
+        skipped = order_policy_sql.skipped_work_get(connection, work_id)
+        if skipped is not None:
+            raise SkipRefused(f"work {work_id} was skipped at {skipped.SkippedAt.isoformat()}Z by {skipped.SkippedBy}")
+        order_policy_sql.skipped_work_insert(connection, work_id, found.PackInstallId, skipped_by, reason, pack.now)
+        return Skip(
+            work_id=work_id,
+            pack_install_id=found.PackInstallId,
+            skipped_by=skipped_by,
+            reason=reason,
+            skipped_at=pack.now,
+        )
+
+    return run_transaction(engine, run, name="skip dead letter")

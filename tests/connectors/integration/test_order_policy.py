@@ -1,0 +1,157 @@
+"""The order policy per pack, enforced by Claim, and the operator's recorded skip, on every backend (decision 160)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors.dead_letters import filter_of
+from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
+from nexuscrm_connectors.order_policy import Policy, SkipRefused
+from nexuscrm_connectors.queries import claims as claims_sql
+from nexuscrm_connectors.service import Connectors
+from nexuscrm_schema.tables import SkippedWork, WorkItem
+from tests.connectors.integration.test_index_plans import capture
+from tests.support.checksums import database_checksums
+from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.invariants import assert_invariants
+from tests.support.plans import explain_problems
+from workqueue import WorkStatus
+from workqueue.errors import InvalidArgument
+from workqueue.values import Claim
+
+pytestmark = pytest.mark.database
+
+
+def _lane(claim: Claim) -> str:
+    return claim.work.projection_key.rsplit(":", 1)[1]
+
+
+def _failed_with_successor(connectors: Connectors, pack: str) -> tuple[str, str]:
+    """Lane a's first generation failed for good, its successor admitted behind it; lane b pending. Their WorkIds."""
+    connectors.ingest(pack, items=[delivery(lane="a")])
+    (first,) = connectors.claim("w", pack_install_ids=[pack])
+    (successor,) = [r.work_id for r in connectors.ingest(pack, items=[delivery(lane="a")])]
+    connectors.ingest(pack, items=[delivery(lane="b")])
+    connectors.fail(first.work.work_id, lease_token=first.lease_token, error="boom", retryable=False)
+    assert successor is not None
+    return first.work.work_id, successor
+
+
+def _held(engine: sa.Engine, connectors: Connectors) -> tuple[str, str, str]:
+    """A pack under "block" whose lane a is held behind its dead letter (lane b claimed and left running)."""
+    pack = install_pack(engine)
+    connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="order")
+    failed, successor = _failed_with_successor(connectors, pack)
+    assert [_lane(c) for c in connectors.claim("w", pack_install_ids=[pack], max_items=10)] == ["b"]
+    return pack, failed, successor
+
+
+def test_continue_is_the_default_and_lets_successors_run(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    policy = connectors.get_order_policy(pack)
+    assert (policy.policy, policy.set_at) == (Policy.CONTINUE, None)
+    _, successor = _failed_with_successor(connectors, pack)
+    claims = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert sorted(_lane(c) for c in claims) == ["a", "b"] and successor in {c.work.work_id for c in claims}
+    for claim in claims:
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    assert_invariants(engine)
+
+
+def test_block_holds_the_identity_until_its_dead_letter_is_replayed(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    set_ = connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops@acme", reason="ledger order matters")
+    assert connectors.get_order_policy(pack) == set_ and set_.set_at is not None
+    failed, successor = _failed_with_successor(connectors, pack)
+    assert connectors.get_work(successor).work.status is WorkStatus.PENDING  # unblocked, but held by the claim
+    claims = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert [_lane(c) for c in claims] == ["b"]
+    connectors.complete(claims[0].work.work_id, lease_token=claims[0].lease_token)
+    connectors.ingest(pack, items=[delivery(lane="a")])  # admission goes on: it extends the held generation
+    assert connectors.claim("w", pack_install_ids=[pack], max_items=10) == []
+
+    replay = connectors.replay(failed)
+    assert replay.work.status is WorkStatus.BLOCKED  # behind the held successor, the identity's newest
+    (released,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert released.work.work_id == successor
+    connectors.complete(released.work.work_id, lease_token=released.lease_token)
+    (replayed,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert replayed.work.work_id == replay.work.work_id
+    connectors.complete(replayed.work.work_id, lease_token=replayed.lease_token)
+    assert_invariants(engine)
+
+
+def test_a_skip_is_recorded_releases_the_identity_and_leaves_the_dead_letters(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack, failed, successor = _held(engine, connectors)
+    skipped = connectors.skip_dead_letter(failed, skipped_by="ops@acme", reason="bad input, fixed upstream")
+    assert (skipped.work_id, skipped.pack_install_id, skipped.skipped_by) == (failed, pack, "ops@acme")
+    assert connectors.get_work(failed).work.status is WorkStatus.FAILED  # no status rewritten
+    assert connectors.list_dead_letters(pack, filter_of(pack)).dead_letters == ()
+    (released,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert released.work.work_id == successor
+    connectors.complete(released.work.work_id, lease_token=released.lease_token)
+    with engine.connect() as connection:
+        before = database_checksums(connection, [SkippedWork.name, WorkItem.name])
+    refusals: list[tuple[type[Exception], str, Callable[[], object]]] = [
+        (SkipRefused, "was skipped at", lambda: connectors.skip_dead_letter(failed, skipped_by="o", reason="r")),
+        (
+            SkipRefused,
+            "only work that failed for good",
+            lambda: connectors.skip_dead_letter(successor, skipped_by="o", reason="r"),
+        ),
+        (WorkNotFound, "does not exist", lambda: connectors.skip_dead_letter("w-nosuch", skipped_by="o", reason="r")),
+        (InvalidArgument, "reason is required", lambda: connectors.skip_dead_letter(failed, skipped_by="o", reason="")),
+        (
+            InvalidArgument,
+            "policy is required",
+            lambda: connectors.set_order_policy(pack, None, set_by="o", reason="r"),
+        ),
+        (
+            UnknownPack,
+            "not installed",
+            lambda: connectors.set_order_policy("pk-none", Policy.BLOCK, set_by="o", reason="r"),
+        ),
+        (UnknownPack, "not installed", lambda: connectors.get_order_policy("pk-none")),
+    ]
+    for error, message, call in refusals:
+        with pytest.raises(error, match=message):
+            call()
+    with engine.connect() as connection:
+        assert database_checksums(connection, [SkippedWork.name, WorkItem.name]) == before
+    assert_invariants(engine)
+
+
+def test_a_replayed_dead_letter_cannot_be_skipped_and_continue_releases_a_held_identity(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack, failed, successor = _held(engine, connectors)
+    connectors.set_order_policy(pack, Policy.CONTINUE, set_by="ops", reason="progress first")
+    (released,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert released.work.work_id == successor
+    connectors.complete(released.work.work_id, lease_token=released.lease_token)
+    connectors.replay(failed)
+    with pytest.raises(SkipRefused, match="was replayed as"):
+        connectors.skip_dead_letter(failed, skipped_by="o", reason="r")
+    (replayed,) = connectors.claim("w", pack_install_ids=[pack])
+    connectors.complete(replayed.work.work_id, lease_token=replayed.lease_token)
+    assert_invariants(engine)
+
+
+def test_the_held_probe_is_index_seeks(engine: sa.Engine, connectors: Connectors, clock: FakeClock) -> None:
+    pack = install_pack(engine)
+    connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="order")
+    connectors.ingest(pack, items=[delivery(lane=f"l{n}") for n in range(30)])
+    for claim in connectors.claim("w", pack_install_ids=[pack], max_items=30):
+        connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="boom", retryable=False)
+    connectors.ingest(pack, items=[delivery(lane=f"l{n}") for n in range(30)])  # 30 held successors
+    with engine.begin() as connection, capture(engine) as captured:
+        assert claims_sql.work_items_claimable(connection, [pack], [], clock, 10) == []
+    (read,) = captured
+    with engine.connect() as connection:
+        assert explain_problems(connection, read.statement, read.parameters) == []
+    assert_invariants(engine)
