@@ -50,7 +50,7 @@ from workqueue.values import IngestItem, IngestResult
 log = logging.getLogger(__name__)
 
 # Batches in flight per pack unless told otherwise: chosen by measurement (decision 163).
-DEFAULT_MAX_IN_FLIGHT = 4
+DEFAULT_MAX_IN_FLIGHT = 8
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED})
 RETRYABLE_KINDS = frozenset({ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE_EXCEEDED, ErrorKind.ABORTED})
 

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from nexuscrm_connectors import metrics
 from workqueue.errors import DomainError
 from workqueue.values import IngestResult, Outcome
 
@@ -127,6 +128,8 @@ def _run_group(group: list[_Call], run: Admit) -> None:
         for call in group:  # whose delivery failed it is unknown: each call alone
             _run_group([call], run)
         return
+    metrics.ADMISSION_TRANSACTIONS.observe(len(first))
+    metrics.ADMISSION_CALLS.inc(len(group))
     for call in group:
         call.results = {
             d.item.receipt_key: admitted[d.item.receipt_key]
