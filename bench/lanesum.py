@@ -91,15 +91,22 @@ def deliver(clients: Sequence[Ingest], inputs: int, rate: float) -> Sent:
     counting = threading.Lock()
 
     def send(client: int) -> None:
-        answers, deliveries = [], 0
-        for batch in client_batches(inputs, client, len(clients)):
+        answers = []
+        # Clients start a batch period apart, so that paced clients do not send in step.
+        deliveries = client * WorkloadConfig(rate=0).batch_size / len(clients)
+
+        def when_due() -> float:
+            """The workload's clock: waits for the next batch's due time (paced runs), then reads the time."""
+            if rate:
+                # Due times from the start: a late batch is followed at once, so the mean rate holds.
+                time.sleep(max(0.0, sent.started + deliveries * len(clients) / rate - time.time()))
+            return time.time()
+
+        for batch in client_batches(inputs, client, len(clients), clock=when_due):
             with counting:
                 sent.add(batch)
             answers.append(clients[client]([d.item for d in batch]))
             deliveries += len(batch)
-            if rate:
-                # Due times from the start: a late batch is followed at once, so the mean rate holds.
-                time.sleep(max(0.0, sent.started + deliveries * len(clients) / rate - time.time()))
         admitted = sum(answer() for answer in answers)
         with counting:
             sent.admitted += admitted
@@ -111,16 +118,19 @@ def deliver(clients: Sequence[Ingest], inputs: int, rate: float) -> Sent:
     return sent
 
 
-def client_batches(inputs: int, client: int, clients: int) -> Iterator[list[Delivery]]:
+def client_batches(
+    inputs: int, client: int, clients: int, *, clock: Callable[[], float] = time.time
+) -> Iterator[list[Delivery]]:
     """Client ``client``'s batches of the walking workload shared by ``clients`` concurrent clients.
 
     One client sends the simulator's workload unchanged. Of several, client c gets a workload
     of its own seed over LANES / clients lanes and its share of the inputs, moved to lanes c,
-    c + clients, c + 2 x clients ... and to receipt numbers from c x ``CLIENT_KEYS``.
+    c + clients, c + 2 x clients ... and to receipt numbers from c x ``CLIENT_KEYS``. ``clock``
+    is read as each batch is made (its deliveries' ``sent_at``).
     """
     share = inputs // clients + (client < inputs % clients)
     config = WorkloadConfig(lanes=LANES // clients, inputs=share, rate=0, seed=WorkloadConfig().seed + client)
-    for batch in workload(config):
+    for batch in workload(config, clock):
         yield batch if clients == 1 else [_moved(delivery, client, clients) for delivery in batch]
 
 
