@@ -5,8 +5,11 @@ Connectors as processes, installs and activates a pack through Controlplane, the
 Integration host with 4 workers (claiming up to 4 generations each) running
 ``bench.laneflow:lane_sum_flow`` (a ``module:function`` Flow reference, resolved by the host
 like any other). The bench process is only a gRPC client:
-it ingests the walking workload with ``ConnectorsClient`` and reads the database afterwards to
-check the result (the per-lane sums, every delivery admitted once, the invariant checker).
+it ingests the walking workload with ``ConnectorsClient`` through the SDK's ``PipelinedIngest``
+(each concurrent client on a channel of its own, with the SDK's default batches in flight
+unless told otherwise) and reads the database afterwards to check the result (the per-lane
+sums, every delivery admitted once, the invariant checker). The Connectors the clients call
+publishes its Prometheus metrics, from which the run reads its admission transactions.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.environment import Backend, scratch_database
 from bench.laneflow import FLOW_REFERENCE, BenchLaneApplied, BenchLaneSum
@@ -26,6 +32,7 @@ from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.invariants import check_invariants
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_sdk.pipeline import DEFAULT_MAX_IN_FLIGHT, PipelinedIngest
 from nexuscrm_tools import run as system
 from nexuscrm_tools.launcher import CONNECTORS, INTEGRATION, ServiceProcess, stop_services
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
@@ -41,6 +48,9 @@ CLAIM_BATCH = 4
 # deployment runs Connectors past one Python process. Not on SQLite, where one process holds
 # the one writer and hands it between its threads (decision 134).
 WORKER_CONNECTORS = {"mysql": True, "sqlite": False}
+# The Connectors processes publish their metrics on a free port (``ServiceProcess.side_port``).
+METRICS_ENV = {"NEXUSCRM_CONNECTORS_METRICS_ADDRESS": "127.0.0.1:0"}
+ADMISSION_TRANSACTIONS = "nexuscrm_admission_transaction_deliveries_count"
 
 
 @contextlib.contextmanager
@@ -56,7 +66,7 @@ def running_system(dsn: str, workdir: Path, *, worker_connectors: bool) -> Itera
         workers=WORKERS,
         flow=FLOW_REFERENCE,
         batch_size=CLAIM_BATCH,
-        extra_env={"PYTHONPATH": path},
+        extra_env={"PYTHONPATH": path, **METRICS_ENV},
         worker_connectors=worker_connectors,
     )
     try:
@@ -78,26 +88,47 @@ def _settled(engine: sa.Engine, pack: str, admitted: int) -> bool:
     return int(applied) >= admitted and int(open_work) == 0
 
 
-def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
-    """One run of ours on a scratch database of ``backend``: deliver over gRPC, wait until projected, check."""
+def admission_transactions(connectors: ServiceProcess) -> int:
+    """Admission transactions the Connectors process committed so far (its metrics endpoint)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{connectors.side_port('metrics')}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    return next(
+        int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == ADMISSION_TRANSACTIONS
+    )
+
+
+def run(
+    backend: Backend, *, inputs: int, rate: float = 0.0, clients: int = 1, in_flight: int = DEFAULT_MAX_IN_FLIGHT
+) -> Outcome:
+    """One run of ours on a scratch database of ``backend``: deliver over gRPC, wait until projected, check.
+
+    ``clients`` concurrent ingest clients, each with ``in_flight`` batches in flight at most.
+    """
     with (
         scratch_database(backend) as dsn,
         tempfile.TemporaryDirectory(prefix="nxbench-peer-") as workdir,
         running_system(dsn, Path(workdir), worker_connectors=WORKER_CONNECTORS[backend.name]) as (services, pack),
     ):
         integration = next(service for service in services if service.spec is INTEGRATION)
+        # The first Connectors: the one the ingest clients call (the host may call a replica).
+        connectors = next(service for service in services if service.spec is CONNECTORS)
         outcomes: dict[IngestOutcome, int] = {}
-        # The first Connectors: the one the ingest client calls (the host may call a replica).
-        with next(service for service in services if service.spec is CONNECTORS).channel() as channel:
-            client = ConnectorsClient(channel)
-
-            def ingest(items: Sequence[IngestItem]) -> int:
-                results = client.ingest(pack, items=items)
-                for result in results:
-                    outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
-                return sum(result.outcome is IngestOutcome.ADMITTED for result in results)
-
-            sent = deliver(ingest, inputs, rate)
+        with contextlib.ExitStack() as stack:
+            pipelines = [
+                stack.enter_context(
+                    PipelinedIngest(
+                        ConnectorsClient(stack.enter_context(connectors.channel())), pack, max_in_flight=in_flight
+                    )
+                )
+                for _ in range(clients)
+            ]
+            transactions_before = admission_transactions(connectors)
+            counting = threading.Lock()
+            sent = deliver([_client(pipeline, outcomes, counting) for pipeline in pipelines], inputs, rate)
+        transactions = admission_transactions(connectors) - transactions_before
         engine = create_engine(dsn)
         try:
             complete = wait_until(lambda: _settled(engine, pack, sent.admitted))
@@ -134,9 +165,30 @@ def run(backend: Backend, *, inputs: int, rate: float = 0.0) -> Outcome:
         ingest_seconds=sent.ingested - sent.started,
         executions=executions,
         cpu_seconds=cpu_seconds,
+        transactions=transactions,
         problems=tuple(problems),
         lags=tuple(float(row.AppliedAt) - float(row.SentAt) for row in applied),
     )
+
+
+def _client(
+    pipeline: PipelinedIngest, outcomes: dict[IngestOutcome, int], counting: threading.Lock
+) -> Callable[[Sequence[IngestItem]], Callable[[], int]]:
+    """One client of ``deliver``: submits a batch; its answer counts the batch's outcomes."""
+
+    def ingest(items: Sequence[IngestItem]) -> Callable[[], int]:
+        future = pipeline.submit(items)
+
+        def answer() -> int:
+            results = future.result()
+            with counting:
+                for result in results:
+                    outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
+            return sum(result.outcome is IngestOutcome.ADMITTED for result in results)
+
+        return answer
+
+    return ingest
 
 
 def _admission_problems(

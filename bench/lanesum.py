@@ -2,7 +2,10 @@
 
 Deliveries are the Integration simulator's walking workload (``simulator.workload``: 400 lanes,
 bursts on single lanes, about 5 % duplicate deliveries), sent in its batches of 200 as fast as
-they are admitted, or the same batches paced to a rate (the lag runs). Both sides fold, per lane,
+they are admitted, or the same batches paced to a rate (the lag runs). With several concurrent
+clients each runs a walking workload of its own over its share of the 400 lanes and of the
+inputs (its own seed, receipt numbers and lanes), so each client re-sends only its own
+deliveries. Both sides fold, per lane,
 the sum of the inputs' values (``laneflow.input_value``: the receipt number) and their count.
 The expected sums come from the distinct deliveries actually sent, so a lost, doubled or
 misrouted input shows up as a wrong lane.
@@ -13,12 +16,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from bench.laneflow import input_value
+from nexuscrm_tools import demo
 from nexuscrm_tools.run import percentile
-from nexuscrm_tools.simulator import Delivery, WorkloadConfig, workload
+from nexuscrm_tools.simulator import Delivery, WorkloadConfig, lane_name, workload
 from workqueue.values import IngestItem
 
 LANES = 400  # source lanes of the simulator's walking workload
@@ -26,8 +32,16 @@ WORKERS = 4  # Flow workers (ours) and concurrent jobs (the peer)
 SETTLE_TIMEOUT = 300.0  # seconds to wait for the last input to be projected
 POLL_SECONDS = 0.05  # seconds between checks for the end of a run (the clock comes from the projection's times)
 
-# One batch to the side under test; returns the number of deliveries it admitted as new inputs.
-Ingest = Callable[[Sequence[IngestItem]], int]
+CLIENT_KEYS = 10**8  # receipt numbers per concurrent client: client c numbers from c x CLIENT_KEYS
+
+# One batch to the side under test; returns a function that waits for the batch's answer and
+# gives the number of its deliveries admitted as new inputs (a pipelined client answers later).
+Ingest = Callable[[Sequence[IngestItem]], Callable[[], int]]
+
+
+def answered(admitted: int) -> Callable[[], int]:
+    """The answer of a batch already answered (a client that waits for each answer)."""
+    return lambda: admitted
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -38,6 +52,7 @@ class Sent:
     keys: set[str] = dataclasses.field(default_factory=set)
     deliveries: int = 0
     duplicates: int = 0
+    batches: int = 0
     admitted: int = 0  # as the side under test answered
     started: float = 0.0  # epoch seconds: the first batch was made
     ingested: float = 0.0  # epoch seconds: the last batch was answered
@@ -45,6 +60,7 @@ class Sent:
 
     def add(self, batch: Iterable[Delivery]) -> None:
         """Count a batch; a receipt key seen before is a duplicate delivery."""
+        self.batches += 1
         for delivery in batch:
             self.deliveries += 1
             key = delivery.item.receipt_key
@@ -62,24 +78,70 @@ class Sent:
         return len(self.keys)
 
 
-def deliver(ingest: Ingest, inputs: int, rate: float) -> Sent:
-    """Send the walking workload of ``inputs`` fresh deliveries; return what was sent, and when.
+def deliver(clients: Sequence[Ingest], inputs: int, rate: float) -> Sent:
+    """Send the walking workload of ``inputs`` fresh deliveries through ``clients`` at once; return what was sent.
 
-    ``rate`` 0 sends each batch as soon as the previous one is answered; otherwise the same
-    batches go out paced to ``rate`` deliveries per second (only the gaps between batches
-    change, so the lag runs do the same work per batch as the maximum-rate runs). Times are
-    epoch seconds, the clock the projection's times are compared with.
+    Each client sends its own share (``client_batches``). ``rate`` 0 sends each batch as soon
+    as the client's ingest returns; otherwise the same batches go out paced to ``rate``
+    deliveries per second in all (only the gaps between batches change, so the lag runs do the
+    same work per batch as the maximum-rate runs). Times are epoch seconds, the clock the
+    projection's times are compared with; ``ingested`` is when the last batch was answered.
     """
-    config = WorkloadConfig(lanes=LANES, inputs=inputs, rate=0)
     sent = Sent(started=time.time(), busy_at_start=machine_busy_seconds())
-    for batch in workload(config):
-        sent.add(batch)
-        sent.admitted += ingest([d.item for d in batch])
-        if rate:
-            # Due times from the start: a late batch is followed at once, so the mean rate holds.
-            time.sleep(max(0.0, sent.started + sent.deliveries / rate - time.time()))
+    counting = threading.Lock()
+
+    def send(client: int) -> None:
+        answers = []
+        # Clients start a batch period apart, so that paced clients do not send in step.
+        deliveries = client * WorkloadConfig(rate=0).batch_size / len(clients)
+
+        def when_due() -> float:
+            """The workload's clock: waits for the next batch's due time (paced runs), then reads the time."""
+            if rate:
+                # Due times from the start: a late batch is followed at once, so the mean rate holds.
+                time.sleep(max(0.0, sent.started + deliveries * len(clients) / rate - time.time()))
+            return time.time()
+
+        for batch in client_batches(inputs, client, len(clients), clock=when_due):
+            with counting:
+                sent.add(batch)
+            answers.append(clients[client]([d.item for d in batch]))
+            deliveries += len(batch)
+        admitted = sum(answer() for answer in answers)
+        with counting:
+            sent.admitted += admitted
+
+    with ThreadPoolExecutor(max_workers=len(clients), thread_name_prefix="bench-client") as pool:
+        for done in [pool.submit(send, client) for client in range(len(clients))]:
+            done.result()
     sent.ingested = time.time()
     return sent
+
+
+def client_batches(
+    inputs: int, client: int, clients: int, *, clock: Callable[[], float] = time.time
+) -> Iterator[list[Delivery]]:
+    """Client ``client``'s batches of the walking workload shared by ``clients`` concurrent clients.
+
+    One client sends the simulator's workload unchanged. Of several, client c gets a workload
+    of its own seed over LANES / clients lanes and its share of the inputs, moved to lanes c,
+    c + clients, c + 2 x clients ... and to receipt numbers from c x ``CLIENT_KEYS``. ``clock``
+    is read as each batch is made (its deliveries' ``sent_at``).
+    """
+    share = inputs // clients + (client < inputs % clients)
+    config = WorkloadConfig(lanes=LANES // clients, inputs=share, rate=0, seed=WorkloadConfig().seed + client)
+    for batch in workload(config, clock):
+        yield batch if clients == 1 else [_moved(delivery, client, clients) for delivery in batch]
+
+
+def _moved(delivery: Delivery, client: int, clients: int) -> Delivery:
+    lane = int(delivery.item.route.source_lane.removeprefix("lane-")) * clients + client
+    item = dataclasses.replace(
+        delivery.item,
+        receipt_key=f"r-{client * CLIENT_KEYS + input_value(delivery.item.receipt_key):08d}",
+        route=demo.route(lane_name(lane)),
+    )
+    return dataclasses.replace(delivery, item=item)
 
 
 def machine_busy_seconds() -> float | None:
@@ -148,6 +210,7 @@ class Outcome:
     cpu_seconds: float | None
     problems: tuple[str, ...]
     lags: tuple[float, ...]
+    transactions: int  # ingest transactions: ours, admission transactions (groups); the peer's, its batches
 
     @property
     def rate(self) -> float:
@@ -158,6 +221,16 @@ class Outcome:
     def cpu_ms_per_input(self) -> float | None:
         """The machine's busy CPU-milliseconds per input projected (None where unmeasured)."""
         return 1000 * self.cpu_seconds / self.inputs if self.cpu_seconds is not None and self.inputs else None
+
+    @property
+    def transactions_per_second(self) -> float:
+        """Ingest transactions per second of the ingest window."""
+        return self.transactions / self.ingest_seconds if self.ingest_seconds > 0 else 0.0
+
+    @property
+    def deliveries_per_transaction(self) -> float:
+        """Mean deliveries per ingest transaction."""
+        return self.deliveries / self.transactions if self.transactions else 0.0
 
     @property
     def executions_per_input(self) -> float:

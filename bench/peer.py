@@ -18,6 +18,10 @@ Built the way a procrastinate user would build it, with nothing of this project:
   processes with concurrency 1, ``PROCESSES = 4``, reached about 1 050 inputs/s where one
   process reached 1 500 to 2 560 in the same minutes).
 
+- Several concurrent clients are as many concurrent requests of one async ingest service: one
+  event loop, a connection of its own per client for the batch's INSERT, one procrastinate pool
+  of at least as many connections for the defers.
+
 The clock, the workload and the checks are the section's (``bench.lanesum``).
 """
 
@@ -30,8 +34,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 
 import procrastinate
@@ -40,7 +45,7 @@ from procrastinate.exceptions import AlreadyEnqueued
 from procrastinate.job_context import JobContext
 from psycopg import sql
 
-from bench.lanesum import WORKERS, Outcome, busy_since, deliver, lanes_of, sum_problems, wait_until
+from bench.lanesum import WORKERS, Ingest, Outcome, answered, busy_since, deliver, lanes_of, sum_problems, wait_until
 from workqueue.values import IngestItem
 
 DEFAULT_PG_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"  # NEXUSCRM_BENCH_PG_DSN overrides
@@ -49,7 +54,7 @@ QUEUE = "lanes"
 POLL_SECONDS = 0.2  # seconds between job polls without a notification: our Worker's default poll interval
 PROCESSES = 1  # worker processes sharing the 4 concurrent jobs (see the module docstring)
 POOL_SIZE = 8  # connections of the worker: LISTEN, fetch and finish, heartbeat, 4 jobs
-INGEST_POOL = 8  # connections deferring a batch's jobs concurrently
+INGEST_POOL = 8  # connections deferring a batch's jobs concurrently (at least one per client)
 WORKER_START_TIMEOUT = 30.0  # seconds
 STOP_TIMEOUT = 20.0  # seconds between SIGTERM and SIGKILL of the worker process
 SETTINGS = ("fsync", "synchronous_commit", "shared_buffers", "wal_level")
@@ -200,14 +205,34 @@ async def _defer(lane: str) -> None:
         await fold_lane.configure(queueing_lock=lane, lock=lane).defer_async(lane=lane)
 
 
-async def _open(bound: procrastinate.App, dsn: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
+async def _open(bound: procrastinate.App) -> None:
     await bound.open_async()
-    return await psycopg.AsyncConnection.connect(dsn)
 
 
-async def _close(bound: procrastinate.App, connection: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
-    await connection.close()
-    await bound.close_async()
+@contextlib.contextmanager
+def event_loop() -> Iterator[Callable[[Coroutine[object, object, object]], object]]:
+    """An event loop on a thread of its own, and a function that runs a coroutine on it and waits for it."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="peer-ingest-loop", daemon=True)
+    thread.start()
+    try:
+        yield lambda coroutine: asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def _client(
+    on_loop: Callable[[Coroutine[object, object, object]], object],
+    connection: psycopg.AsyncConnection[tuple[object, ...]],
+) -> Ingest:
+    def send(items: Sequence[IngestItem]) -> Callable[[], int]:
+        admitted = on_loop(ingest(connection, items))
+        assert isinstance(admitted, int)
+        return answered(admitted)
+
+    return send
 
 
 def _settled(connection: psycopg.Connection[tuple[object, ...]]) -> bool:
@@ -218,20 +243,28 @@ def _settled(connection: psycopg.Connection[tuple[object, ...]]) -> bool:
     return row == (0, 0)
 
 
-def run(server_dsn: str, *, inputs: int, rate: float = 0.0) -> Outcome:
-    """One run of the peer in a scratch database: deliver, wait until folded, check."""
+def run(server_dsn: str, *, inputs: int, rate: float = 0.0, clients: int = 1) -> Outcome:
+    """One run of the peer in a scratch database: deliver through ``clients`` concurrent clients, wait, check."""
     with (
         scratch_database(server_dsn) as dsn,
         tempfile.TemporaryDirectory(prefix="nxbench-peer-") as workdir,
         worker_processes(dsn, Path(workdir)) as workers,
     ):
-        connector = procrastinate.PsycopgConnector(conninfo=dsn, min_size=INGEST_POOL, max_size=INGEST_POOL)
-        with asyncio.Runner() as runner, app.replace_connector(connector) as bound:
-            ingesting = runner.run(_open(bound, dsn))
+        pool = max(INGEST_POOL, clients)
+        connector = procrastinate.PsycopgConnector(conninfo=dsn, min_size=pool, max_size=pool)
+        with event_loop() as on_loop, app.replace_connector(connector) as bound:
+            on_loop(_open(bound))
+            connections: list[psycopg.AsyncConnection[tuple[object, ...]]] = []
             try:
-                sent = deliver(lambda items: runner.run(ingest(ingesting, items)), inputs, rate)
+                for _ in range(clients):
+                    connection = on_loop(psycopg.AsyncConnection.connect(dsn))
+                    assert isinstance(connection, psycopg.AsyncConnection)
+                    connections.append(connection)
+                sent = deliver([_client(on_loop, connection) for connection in connections], inputs, rate)
             finally:
-                runner.run(_close(bound, ingesting))
+                for connection in connections:
+                    on_loop(connection.close())
+                on_loop(bound.close_async())
         with psycopg.connect(dsn, autocommit=True) as connection:
             wait_until(lambda: _settled(connection) or any(w.poll() is not None for w in workers))
             cpu_seconds = busy_since(sent)
@@ -260,6 +293,7 @@ def run(server_dsn: str, *, inputs: int, rate: float = 0.0) -> Outcome:
         cpu_seconds=cpu_seconds,
         problems=tuple(problems),
         lags=tuple(lags),
+        transactions=sent.batches,  # one INSERT transaction per batch
     )
 
 

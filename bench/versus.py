@@ -3,11 +3,15 @@
 Both sides get the same walking workload (``bench.lanesum``; 20 000 inputs, quick 3 000) as fast
 as they admit it while 4 workers fold per-lane sums: ours through the real services over gRPC
 on the run's backend (``bench.endtoend``), the peer on this machine's PostgreSQL
-(``bench.peer``). Alternations run the two sides one after the other, the order swapped each
-time (3 alternations, quick 1), and each alternation gives its own ratio ours / peer; the
-section reports every ratio and their median. Then goal 5: each side once more with the ingest
-paced to half of its median maximum rate, reporting end-to-end lag p50 / p99 (delivery sent
-to its input folded).
+(``bench.peer``), sent by 1, 8 and 32 concurrent clients (quick: 1 and 8), each client of ours
+with the SDK's pipelined ingest and its default batches in flight, each of the peer's sending
+its batches one after the other. For each client count: alternations run the two sides one
+after the other, the order swapped each time (3 alternations, quick 1), and each alternation
+gives its own ratio ours / peer; the section reports every ratio and their median, and the
+ingest transactions per second and their mean size (ours: admission transactions, read from
+Connectors' metrics; the peer: its batches). Then goal 5: each side once more with the ingest
+paced to half of its median maximum rate, reporting end-to-end lag p50 / p99 (delivery sent to
+its input folded).
 
 PostgreSQL is ``NEXUSCRM_BENCH_PG_DSN`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``);
 each peer run creates and drops its own database there.
@@ -24,13 +28,18 @@ import psycopg
 from bench import endtoend, peer
 from bench.environment import Backend, Report, verdict
 from bench.lanesum import Outcome, median
+from nexuscrm_sdk.pipeline import DEFAULT_MAX_IN_FLIGHT
 
 INPUTS = 20_000  # fresh deliveries per run (duplicates come on top)
 QUICK_INPUTS = 3_000
 ALTERNATIONS = 3
 QUICK_ALTERNATIONS = 1
+CLIENTS = (1, 8, 32)  # concurrent ingest clients (issue 38: one, 8 and 32)
+QUICK_CLIENTS = (1, 8)
 LAG_SHARE = 0.5  # of the median maximum rate, for the lag runs
-RATE_TARGET = 2.0  # x the peer's inputs/s (issue 12, goal 1)
+# x the peer's inputs/s: one client (issue 38 goal 1) per backend, several clients (goal 2).
+RATE_TARGETS = {("mysql", 1): 1.2, ("sqlite", 1): 2.0}
+RATE_TARGET = 2.0
 SECTION = "peer"
 
 
@@ -39,16 +48,15 @@ def _describe(outcome: Outcome) -> str:
     return (
         f"{outcome.rate:,.0f} inputs/s ({outcome.inputs} inputs in {outcome.seconds:.1f} s, "
         f"ingest done at {outcome.ingest_seconds:.1f} s), "
-        f"{outcome.executions_per_input:.3f} executions/input, "
+        f"{outcome.transactions_per_second:,.0f} ingest transactions/s of {outcome.deliveries_per_transaction:,.0f} "
+        f"deliveries, {outcome.executions_per_input:.3f} executions/input, "
         f"{'n/a' if cpu is None else f'{cpu:.2f}'} machine CPU-ms/input; {outcome.correctness()}"
     )
 
 
 def run(backend: Backend, report: Report, *, quick: bool) -> None:
-    """Alternate peer and ours on ``backend``, report inputs/s, ratios, executions, correctness and lag."""
-    inputs = QUICK_INPUTS if quick else INPUTS
+    """For each client count, alternate peer and ours on ``backend``; report rates, ratios, transactions, lag."""
     server = os.environ.get("NEXUSCRM_BENCH_PG_DSN", peer.DEFAULT_PG_DSN)
-    peer_name = f"peer (procrastinate {importlib.metadata.version('procrastinate')}, PostgreSQL)"
     try:
         settings = peer.server_settings(server)
     except psycopg.OperationalError as error:  # no PostgreSQL here: the other sections still run
@@ -57,12 +65,24 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
     note = f"peer database: {settings}"
     if note not in report.notes:
         report.notes.append(note)
+    for clients in QUICK_CLIENTS if quick else CLIENTS:
+        _compare(backend, report, server, clients=clients, quick=quick)
+
+
+def _compare(backend: Backend, report: Report, server: str, *, clients: int, quick: bool) -> None:
+    inputs = QUICK_INPUTS if quick else INPUTS
+    target = RATE_TARGETS.get((backend.name, clients), RATE_TARGET)
+    peer_name = f"peer (procrastinate {importlib.metadata.version('procrastinate')}, PostgreSQL)"
     sides: dict[str, Callable[[float], Outcome]] = {
-        "peer": lambda rate: peer.run(server, inputs=inputs, rate=rate),
-        "ours": lambda rate: endtoend.run(backend, inputs=inputs, rate=rate),
+        "peer": lambda rate: peer.run(server, inputs=inputs, rate=rate, clients=clients),
+        "ours": lambda rate: endtoend.run(backend, inputs=inputs, rate=rate, clients=clients),
     }
     host = "Integration host, own Connectors" if endtoend.WORKER_CONNECTORS[backend.name] else "Integration host"
-    names = {"peer": peer_name, "ours": f"ours (gRPC, {host}, {backend.name})"}
+    names = {
+        "peer": peer_name,
+        "ours": f"ours (gRPC, {DEFAULT_MAX_IN_FLIGHT} batches in flight per client, {host}, {backend.name})",
+    }
+    label = f"{clients} client{'s' if clients > 1 else ''}"
     runs: dict[str, list[Outcome]] = {"peer": [], "ours": []}
     ratios = []
     for alternation in range(1, (QUICK_ALTERNATIONS if quick else ALTERNATIONS) + 1):
@@ -70,30 +90,40 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         for side in order:
             outcome = sides[side](0.0)
             runs[side].append(outcome)
-            report.add(SECTION, backend.name, f"alternation {alternation}: {names[side]}", _describe(outcome))
+            report.add(SECTION, backend.name, f"{label}, alternation {alternation}: {names[side]}", _describe(outcome))
         ratio = runs["ours"][-1].rate / runs["peer"][-1].rate if runs["peer"][-1].rate else 0.0
         ratios.append(ratio)
         report.add(
             SECTION,
             backend.name,
-            f"alternation {alternation} ({' then '.join(order)}): inputs/s ours / peer",
+            f"{label}, alternation {alternation} ({' then '.join(order)}): inputs/s ours / peer",
             f"{ratio:.2f}",
-            f">= {RATE_TARGET} {verdict(ratio >= RATE_TARGET)}",
+            f">= {target} {verdict(ratio >= target)}",
         )
     report.add(
         SECTION,
         backend.name,
-        f"median inputs/s ours / peer ({len(ratios)} alternations)",
+        f"{label}: median inputs/s ours / peer ({len(ratios)} alternations)",
         f"**{median(ratios):.2f}** (ours {median(o.rate for o in runs['ours']):,.0f}, "
         f"peer {median(o.rate for o in runs['peer']):,.0f} inputs/s)",
-        f">= {RATE_TARGET} {verdict(median(ratios) >= RATE_TARGET)}",
+        f">= {target} {verdict(median(ratios) >= target)}",
+    )
+    report.add(
+        SECTION,
+        backend.name,
+        f"{label}: ingest transactions/s and mean deliveries each, median: ours (admission groups) / peer (batches)",
+        " / ".join(
+            f"{median(o.transactions_per_second for o in runs[side]):,.0f} of "
+            f"{median(o.deliveries_per_transaction for o in runs[side]):,.0f}"
+            for side in ("ours", "peer")
+        ),
     )
     ours_executions = median(o.executions_per_input for o in runs["ours"])
     peer_executions = median(o.executions_per_input for o in runs["peer"])
     report.add(
         SECTION,
         backend.name,
-        "executions per input, median: ours Flow executions / peer jobs",
+        f"{label}: executions per input, median: ours Flow executions / peer jobs",
         f"{ours_executions:.3f} / {peer_executions:.3f} (ours {peer_executions / ours_executions:.1f}x fewer)"
         if ours_executions
         else f"{ours_executions:.3f} / {peer_executions:.3f}",
@@ -105,7 +135,7 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         report.add(
             SECTION,
             backend.name,
-            "machine CPU-ms per input, median: ours / peer (every process: database, services, client)",
+            f"{label}: machine CPU-ms per input, median: ours / peer (every process: database, services, client)",
             f"{ours_cpu:.2f} / {peer_cpu:.2f} (ours / peer {ours_cpu / peer_cpu:.2f})",
         )
     every = runs["ours"] + runs["peer"]
@@ -113,7 +143,7 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
     report.add(
         SECTION,
         backend.name,
-        f"correctness, every run ({len(every)})",
+        f"{label}: correctness, every run ({len(every)})",
         "; ".join(f"{o.side}: {o.correctness()}" for o in failed)
         or "exact projection, every delivery admitted once (both sides), invariant checker clean (ours)",
         f"exact {verdict(not failed)}",
@@ -125,7 +155,8 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         report.add(
             SECTION,
             backend.name,
-            f"lag at {LAG_SHARE:.0%} of max: {names[side]}, paced at {LAG_SHARE * delivery_rate:,.0f} deliveries/s",
+            f"{label}: lag at {LAG_SHARE:.0%} of max: {names[side]}, paced at {LAG_SHARE * delivery_rate:,.0f} "
+            "deliveries/s",
             f"{paced.lag()}; reached {paced.rate:,.0f} inputs/s, {paced.executions_per_input:.3f} executions/input; "
             + ("exact" if not paced.problems else paced.correctness()),
         )

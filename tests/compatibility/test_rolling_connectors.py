@@ -39,7 +39,7 @@ RETIRE_AFTER = 5  # batches admitted through both replicas before the previous o
 
 
 class RollingIngestor:
-    """Ingests each batch through the replicas in turn, then again through the next one.
+    """Ingests each batch through the replicas in turn, then again through the next one (one call at a time).
 
     Before batch ``retire_after + 1`` it calls ``retire`` (which stops the first replica) and
     from then on uses the others only. ``echoes`` counts the outcomes of the repeated sends.
@@ -101,7 +101,8 @@ def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
         with previous.channel() as to_previous, current.channel() as to_current:
             replicas = [ConnectorsClient(to_previous), ConnectorsClient(to_current)]
             ingestor = RollingIngestor(replicas, retire_after=RETIRE_AFTER, retire=retire)
-            stats = Simulator(ingestor, pack, WORKLOAD, threading.Event()).run()
+            # One batch at a time: the ingestor sends each through the replicas in turn.
+            stats = Simulator(ingestor, pack, WORKLOAD, threading.Event(), in_flight=1).run()
         wait_until(lambda: settled(engine, pack, stats), "every admitted input projected")
         claims["current"] = counter(current, "nexuscrm_claims_total")
     assert running.exit_codes == dict.fromkeys(running.exit_codes, 0) and len(running.exit_codes) == 6

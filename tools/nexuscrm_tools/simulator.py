@@ -4,7 +4,8 @@ The workload *walks*: a window of active lanes moves one lane per tick around al
 every lane goes quiet and busy again; now and then a *burst* sends many updates to one lane
 (which admission coalesces into few generations); and about ``duplicate_ratio`` of deliveries
 re-send an earlier delivery unchanged (same receipt key and payload), as at-least-once
-sources do. Batches are paced to ``rate`` deliveries per second.
+sources do. Batches are paced to ``rate`` deliveries per second and sent through the SDK's
+``PipelinedIngest`` (several in flight, answered in order, retried as it documents).
 """
 
 from __future__ import annotations
@@ -12,22 +13,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
-import logging
+import functools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
-import grpc
-
+from nexuscrm_sdk.pipeline import DEFAULT_MAX_IN_FLIGHT, Ingestor, PipelinedIngest
 from nexuscrm_tools import demo
 from workqueue.values import IngestItem, IngestResult, Outcome
 
-log = logging.getLogger(__name__)
-
 HISTORY = 2000  # recent deliveries a duplicate may repeat
-INGEST_ATTEMPTS = 5  # per batch, on UNAVAILABLE / DEADLINE_EXCEEDED; receipts make retries idempotent
 NAMES = ("Ada", "Grace", "Linus", "Barbara", "Ken", "Margaret", "Dennis", "Frances", "Edsger", "Radia")
 COMPANIES = ("Initech", "Globex", "Umbrella", "Hooli", "Stark", "Wayne", "Acme", "Tyrell")
 STAGES = ("lead", "qualified", "customer", "churned")
@@ -133,12 +130,6 @@ def _fields(rng: random.Random) -> dict[str, str]:
     return {name: values[name] for name in chosen}
 
 
-class Ingestor(Protocol):
-    """What the simulator needs of Connectors (``ConnectorsClient`` provides it)."""
-
-    def ingest(self, pack_install_id: str, *, items: Sequence[IngestItem]) -> list[IngestResult]: ...
-
-
 @dataclasses.dataclass(kw_only=True)
 class SimulatorStats:
     """What the simulator sent and what Connectors answered, per outcome."""
@@ -163,40 +154,57 @@ class SimulatorStats:
 
 
 class Simulator:
-    """Sends ``workload(config)`` to one pack through an ``Ingestor`` until done or ``stop`` is set."""
+    """Sends ``workload(config)`` to one pack through an ``Ingestor`` until done or ``stop`` is set.
 
-    def __init__(self, ingestor: Ingestor, pack_install_id: str, config: WorkloadConfig, stop: threading.Event) -> None:
+    Up to ``in_flight`` batches are unanswered at once (``PipelinedIngest``; 1: one after the
+    other). A batch that still fails after the pipeline's retries ends the run with its error.
+    """
+
+    def __init__(
+        self,
+        ingestor: Ingestor,
+        pack_install_id: str,
+        config: WorkloadConfig,
+        stop: threading.Event,
+        *,
+        in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
         self._ingestor = ingestor
         self._pack = pack_install_id
         self._config = config
         self._stop = stop
+        self._in_flight = in_flight
+        self._failed = threading.Event()  # a batch failed for good: send no more
         self.stats = SimulatorStats()
 
     def run(self) -> SimulatorStats:
-        """Send every batch on schedule; ``stats`` is updated after each batch."""
+        """Send every batch on schedule; ``stats`` is updated as each batch is answered, in order."""
         start = time.monotonic()
+        futures: list[Future[list[IngestResult]]] = []
         try:
-            for index, batch in enumerate(workload(self._config)):
-                if self._stop.is_set():
-                    break
-                for result in self._send([d.item for d in batch]):
-                    self.stats.outcomes[result.outcome] += 1
-                self.stats.fresh_sent += sum(not d.duplicate for d in batch)
-                self.stats.duplicates_sent += sum(d.duplicate for d in batch)
-                if self._config.rate:
-                    due = start + (index + 1) * self._config.tick_seconds
-                    self._stop.wait(max(0.0, due - time.monotonic()))
+            with PipelinedIngest(
+                self._ingestor, self._pack, max_in_flight=self._in_flight, wait=self._stop.wait
+            ) as pipeline:
+                for index, batch in enumerate(workload(self._config)):
+                    if self._stop.is_set() or self._failed.is_set():
+                        break
+                    future = pipeline.submit([d.item for d in batch])
+                    future.add_done_callback(functools.partial(self._count, batch))
+                    futures.append(future)
+                    if self._config.rate:
+                        due = start + (index + 1) * self._config.tick_seconds
+                        self._stop.wait(max(0.0, due - time.monotonic()))
+            for future in futures:
+                future.result()  # the first failed batch's error
         finally:
             self.stats.done = True
         return self.stats
 
-    def _send(self, items: list[IngestItem]) -> list[IngestResult]:
-        for attempt in range(1, INGEST_ATTEMPTS + 1):
-            try:
-                return self._ingestor.ingest(self._pack, items=items)
-            except grpc.RpcError as error:
-                transient = error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-                if not transient or attempt == INGEST_ATTEMPTS or self._stop.wait(0.2 * attempt):
-                    raise
-                log.warning("ingest failed (%s); sending the batch again", error.code())
-        raise AssertionError("unreachable")
+    def _count(self, batch: list[Delivery], answered: Future[list[IngestResult]]) -> None:
+        if answered.exception() is not None:
+            self._failed.set()
+            return
+        for result in answered.result():
+            self.stats.outcomes[result.outcome] += 1
+        self.stats.fresh_sent += sum(not d.duplicate for d in batch)
+        self.stats.duplicates_sent += sum(d.duplicate for d in batch)

@@ -13,6 +13,8 @@ A Flow author imports from here (``__all__``, decision 154); the modules say mor
   often a generation runs (the ``sql`` extra).
 - ``nexuscrm_sdk.testing``: ``InMemoryWorkSource`` and ``FakeClock``, to test a Flow in process.
 - ``nexuscrm_sdk.client``: ``ConnectorsClient``, the gRPC client of every ConnectorsService RPC.
+- ``nexuscrm_sdk.pipeline``: ``PipelinedIngest``, which keeps several Ingest batches of a pack in
+  flight and answers them in order, retrying as ``IngestRetry`` says (decision 163).
 - Internal, for the modules above and this repository's services, not for Flow authors:
   ``nexuscrm_sdk.convert`` (protobuf conversions), ``nexuscrm_sdk.timestamps`` (UTC
   datetimes), ``nexuscrm_sdk.draining`` (waiting for a drained queue).
@@ -49,6 +51,7 @@ is a complete Flow with a read model of its own, tested in ``tests/connectors/un
 from nexuscrm_sdk.applied import AppliedInputs
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.flows import Flow, FlowContext, FlowFactory, Generation
+from nexuscrm_sdk.pipeline import IngestRetry, PipelinedIngest
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from nexuscrm_sdk.worker import Worker, WorkSource
 
@@ -60,6 +63,8 @@ __all__ = [
     "FlowFactory",
     "Generation",
     "InMemoryWorkSource",
+    "IngestRetry",
+    "PipelinedIngest",
     "WorkSource",
     "Worker",
 ]

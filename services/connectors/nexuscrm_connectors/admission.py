@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from nexuscrm_connectors import metrics
 from nexuscrm_connectors.deliveries import (
     Delivery,
     RefusedItem,
@@ -172,7 +173,7 @@ class Admission:
         self.clock = clock
         self.newest = NewestGenerations()
         self.groups: GroupCommit[Delivery, IngestResult] = GroupCommit(
-            self._admit_group, lambda delivery: len(delivery.item.payload)
+            self._admit_group, lambda delivery: len(delivery.item.payload), committed=metrics.ADMISSION_CALLS.inc
         )
 
     def ingest(self, pack_install_id: str, items: Sequence[IngestItem | RefusedItem]) -> list[IngestResult]:
@@ -223,6 +224,7 @@ class Admission:
         """One group's deliveries admitted in one ``admit_batch``: a result per delivery, in order."""
         first = first_of_each_key(deliveries)
         admitted = self.admit_batch(pack_install_id, list(first.values()))
+        metrics.ADMISSION_TRANSACTIONS.observe(len(first))
         return [result_of(first, delivery, admitted) for delivery in deliveries]
 
     def admit_batch(self, pack_install_id: str, deliveries: Sequence[Delivery]) -> dict[str, IngestResult]:

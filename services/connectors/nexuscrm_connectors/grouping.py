@@ -45,12 +45,20 @@ class GroupCommit(Generic[Item, Result]):
     """Merges concurrent calls of one key into one run; thread-safe.
 
     ``run(items)`` runs one group's items (in arrival order) in one transaction and returns one
-    result per item, in order; ``weigh(item)`` is what ``max_weight`` bounds (payload bytes).
+    result per item, in order; ``weigh(item)`` is what ``max_weight`` bounds (payload bytes);
+    ``committed(calls)`` hears how many calls each run that succeeded served (metrics).
     """
 
-    def __init__(self, run: Callable[[str, Sequence[Item]], list[Result]], weigh: Callable[[Item], int]) -> None:
+    def __init__(
+        self,
+        run: Callable[[str, Sequence[Item]], list[Result]],
+        weigh: Callable[[Item], int],
+        *,
+        committed: Callable[[int], object] = lambda calls: None,
+    ) -> None:
         self._run = run
         self._weigh = weigh
+        self._committed = committed
         self._condition = threading.Condition()
         self._waiting: dict[str, list[_Call[Item, Result]]] = {}  # key -> calls not yet taken by a leader
         self._leading: set[str] = set()  # keys whose group is running
@@ -100,6 +108,7 @@ class GroupCommit(Generic[Item, Result]):
             for call in group:  # whose item failed it is unknown: each call alone
                 self._run_group(key, [call])
             return
+        self._committed(len(group))
         start = 0
         for call in group:
             call.results = results[start : start + len(call.items)]

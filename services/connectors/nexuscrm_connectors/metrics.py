@@ -1,5 +1,7 @@
 """Connectors' Prometheus counters, counted by the facade (``service.Connectors``) from results.
 
+Group admission (``admission.Admission``) counts its transactions and their calls after each one commits.
+
 Nothing here runs inside the admission transaction: every count comes from what an
 operation returned. Labels are bounded (outcome kinds, attempt numbers up to
 ``Settings.max_attempts``); WorkIds and receipt keys never become labels. The per-pack gauges
@@ -63,6 +65,14 @@ PRUNE_PASS_SECONDS = Histogram(
     "nexuscrm_retention_pass_seconds",
     "Duration of one background retention pass over every pack with a policy.",
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60),
+)
+ADMISSION_TRANSACTIONS = Histogram(
+    "nexuscrm_admission_transaction_deliveries",
+    "Deliveries per committed admission transaction (concurrent Ingest calls of a pack share one).",
+    buckets=(1, 10, 50, 100, 200, 500, 1000, 2000),
+)
+ADMISSION_CALLS = Counter(
+    "nexuscrm_admission_calls_total", "Ingest calls whose deliveries a committed admission transaction admitted."
 )
 CLAIMS = Counter("nexuscrm_claims_total", "Generations leased to a worker.")
 LEASES_RECLAIMED = Counter(

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+from prometheus_client import REGISTRY
 
 from nexuscrm_connectors.admission import Admission
 from nexuscrm_connectors.deliveries import Delivery
@@ -173,3 +174,23 @@ def test_a_group_never_exceeds_its_payload_bytes_but_always_takes_its_leader() -
     assert sorted(key for batch in run.batches for key in batch) == sorted(size)
     assert all(len(batch) == 1 or sum(size[key] for key in batch) <= 7 for batch in run.batches)
     assert len(run.batches) <= 5  # waiting calls were grouped: at most one group of one 3 KiB call
+
+
+def test_each_committed_group_is_counted_with_its_deliveries_and_calls() -> None:
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    names = (
+        "nexuscrm_admission_transaction_deliveries_count",
+        "nexuscrm_admission_transaction_deliveries_sum",
+        "nexuscrm_admission_calls_total",
+    )
+    before = [sample(name) for name in names]
+    run = Recorder()
+    groups = _groups(run)
+    calls = [[_delivery("a")], [_delivery("b"), _delivery("c")], [_delivery("poison")], [_delivery("b")]]
+    _concurrently(groups, run, calls)
+    # "a" alone; then the three waiting calls fail together and each runs alone: [b, c] and [b]
+    # commit, [poison] does not and is not counted.
+    counted = [sample(name) - value for name, value in zip(names, before, strict=True)]
+    assert counted == [3.0, 4.0, 3.0]

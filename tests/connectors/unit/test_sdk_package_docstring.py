@@ -13,12 +13,13 @@ import sqlalchemy as sa
 import nexuscrm_sdk
 from nexuscrm_sdk.flows import FlowContext
 
-# What a Flow author uses (examples/, the README's "Writing a Flow", the SDK's README), by the
-# module that defines it.
+# What a Flow author or a source uses (examples/, the README's "Writing a Flow", the SDK's README),
+# by the module that defines it.
 PUBLIC = {
     "AppliedInputs": "applied",
     "ConnectorsClient": "client",
     "InMemoryWorkSource": "testing",
+    **dict.fromkeys(("IngestRetry", "PipelinedIngest"), "pipeline"),
     **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation"), "flows"),
     **dict.fromkeys(("WorkSource", "Worker"), "worker"),
 }
