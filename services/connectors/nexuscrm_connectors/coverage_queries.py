@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.pause_queries import DbRow
-from nexuscrm_schema.hints import probe_exists
+from nexuscrm_schema.hints import NO_DECORRELATE, probe_exists
 from nexuscrm_schema.tables import Event, PrunedWork, SkippedWork, WorkItem
 
 _REPLAYS = WorkItem.alias("Replays")  # the replay of a failed generation (ix_workitem_replay_of)
@@ -45,6 +45,7 @@ def identity_generations(connection: Connection, pack_install_id: str, projectio
         sa.select(sa.func.min(_REPLAYS.c.WorkId))
         .where(_REPLAYS.c.ReplayOfWorkId == WorkItem.c.WorkId)
         .correlate(WorkItem)
+        .prefix_with(NO_DECORRELATE, dialect="mysql")
         .scalar_subquery()
     )
     skipped = probe_exists(sa.select(SkippedWork.c.WorkId).where(SkippedWork.c.WorkId == WorkItem.c.WorkId))
