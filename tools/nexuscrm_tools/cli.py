@@ -5,7 +5,7 @@ Subcommands: ``packs list|install|activate|protocol|show|find``,
 ``cutover audit|run``, ``work show|list|members``, ``receipts list|missing``,
 ``retention set|show|prune``, ``schema contract-payloads``, ``why``, ``activation``,
 ``workers``, ``version``, ``claims pause|resume|list``, ``dead-letters list|count|replay|skip``
-and ``order-policy set|show``.
+``order-policy set|show`` and ``coverage``.
 Tables by default, ``--json`` for scripts (docs/output-conventions.md).
 Services are found through the variables NEXUSCRM_SCHEMA_CATALOG_TARGET,
 NEXUSCRM_CONTROLPLANE_TARGET, NEXUSCRM_CONNECTORS_TARGET and NEXUSCRM_INTEGRATION_TARGET
@@ -763,9 +763,8 @@ def claims_list(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=_dict(response), view=listing(f"claim pauses of {args.pack}", PAUSE_COLUMNS, rows))
 
 
-def _dead_letter_filter(args: argparse.Namespace) -> cn_pb.DeadLetterFilter:
-    """The filter the flags name: an identity (all five identity flags) or a work type alone, times, error text."""
-    wanted = cn_pb.DeadLetterFilter(pack_install_id=args.pack, error_contains=args.error or "")
+def _identities(args: argparse.Namespace, wanted: cn_pb.DeadLetterFilter | cn_pb.GetCoverageRequest) -> None:
+    """Narrow ``wanted`` to the identity the flags name (all five) or to a work type (``--work-type`` alone)."""
     only_work_type = args.work_type is not None and all(
         getattr(args, flag.removeprefix("--").replace("-", "_")) is None
         for flag in IDENTITY_FLAGS
@@ -775,6 +774,12 @@ def _dead_letter_filter(args: argparse.Namespace) -> cn_pb.DeadLetterFilter:
         wanted.work_type = args.work_type
     elif (route := _identity(args)) is not None:
         wanted.route.CopyFrom(convert.route_to_proto(route))
+
+
+def _dead_letter_filter(args: argparse.Namespace) -> cn_pb.DeadLetterFilter:
+    """The filter the flags name: an identity (all five identity flags) or a work type alone, times, error text."""
+    wanted = cn_pb.DeadLetterFilter(pack_install_id=args.pack, error_contains=args.error or "")
+    _identities(args, wanted)
     if args.after is not None:
         wanted.finished_after.FromDatetime(args.after)
     if args.before is not None:
@@ -910,6 +915,57 @@ def dead_letters_skip(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=_dict(response), view=view)
 
 
+def _runs(identity: cn_pb.IdentityCoverage) -> str:
+    """An identity's ranges as runs of one state: ``completed 1 to 40; failed 41 to 41``."""
+    runs: list[tuple[str, int, int]] = []
+    for r in identity.ranges:
+        state = enum_word(cn_pb.CoverageRangeState.DESCRIPTOR, r.state)
+        if runs and runs[-1][0] == state:
+            runs[-1] = (state, runs[-1][1], r.end_ordinal)
+        else:
+            runs.append((state, r.start_ordinal, r.end_ordinal))
+    return "; ".join(f"{state} {start} to {end}" for state, start, end in runs) or "-"
+
+
+def _exceptions(identity: cn_pb.IdentityCoverage) -> str:
+    listed = [
+        f"{enum_word(cn_pb.CoverageExceptionKind.DESCRIPTOR, e.kind)} {e.start_ordinal} to {e.end_ordinal}"
+        + (f" ({', '.join(e.work_ids)})" if e.work_ids else "")
+        for e in identity.exceptions
+    ]
+    more = identity.exception_count - len(listed)
+    return "; ".join(listed + ([f"{more} more"] if more > 0 else [])) or "-"
+
+
+def coverage(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Prove, per identity of a pack, that its generations tile every input it was admitted.
+
+    Each identity's high-water ordinal, whether it is tiled (no gap, no overlap), its ranges
+    by state (completed, in flight, queued, failed, replayed, skipped, pruned) and its first
+    exceptions; paged by identity. Exit 9 when an identity on the page is not tiled.
+    """
+    request = cn_pb.GetCoverageRequest(pack_install_id=args.pack, page_size=args.page_size, page_token=args.page_token)
+    _identities(args, request)
+    response = clients.connectors.GetCoverage(request, timeout=RPC_TIMEOUT)
+    rows = [
+        (
+            i.route.source_lane,
+            i.route.work_type,
+            i.high_water_ordinal,
+            "yes" if i.tiled else "NO",
+            _runs(i),
+            _exceptions(i),
+        )
+        for i in response.identities
+    ]
+    broken = sum(not i.tiled for i in response.identities)
+    untiled = f" ({broken} not tiled)" if broken else ""
+    title = f"coverage of {args.pack}{untiled}{_count(rows, response.next_page_token)}"
+    columns = ("lane", "work type", "high water", "tiled", "ranges", "exceptions")
+    code = ExitCode.CHECK_FAILED if broken else ExitCode.OK
+    return Outcome(data=_dict(response), view=listing(title, columns, rows), code=code)
+
+
 def _instant(text: str) -> dt.datetime:
     """An ISO 8601 instant (``2026-12-03T05:00:00Z``); one without a zone is UTC."""
     value = dt.datetime.fromisoformat(text)
@@ -969,6 +1025,12 @@ def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentPars
     sub.add_argument("--by", required=True, help="who, as recorded")
     sub.add_argument("--reason", required=True, help="why, as recorded")
     leaf(order, "show", order_policy_show, "a pack's order policy").add_argument("pack")
+
+    sub = leaf(commands, "coverage", coverage, "prove each identity's generations tile its inputs")
+    sub.add_argument("pack")
+    for flag in IDENTITY_FLAGS:
+        sub.add_argument(flag, help="all five: one identity; --work-type alone: one work type")
+    _paged(sub)
 
 
 def _paged(parser: argparse.ArgumentParser, *, dest: str = "page_size") -> None:

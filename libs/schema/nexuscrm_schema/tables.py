@@ -308,6 +308,8 @@ PrunedWork = sa.Table(
     # one has none); the record expires with the duplicate window once that is old enough.
     sa.Column("SourceTime", Timestamp(), nullable=True),
     sa.Index("ix_prunedwork_source_time", "PackInstallId", "SourceTime"),
+    # Added by schema v12: one identity's pruned ranges, for its coverage proof (decision 161).
+    sa.Index("ix_prunedwork_identity", "PackInstallId", "ProjectionKey", "LaneOrdinal"),
     **MYSQL_TABLE_OPTIONS,
 )
 

@@ -21,6 +21,7 @@ the SQL it runs (``queries.<module>``):
 - PauseClaims, ResumeClaims, ListClaimPauses: ``claim_pauses`` -> ``queries.pauses``
 - ListDeadLetters, CountDeadLetters, ReplayDeadLetters: ``dead_letters`` (each replay:
   ``replay.replay``) -> ``queries.dead_letters``
+- GetCoverage: ``coverage.get_coverage`` -> ``queries.coverage``
 - SetOrderPolicy, GetOrderPolicy, SkipDeadLetter: ``order_policy`` -> ``queries.order_policy``;
   Claim's candidate read carries pauses and holds (``queries.order_policy.candidate_operable``)
 - every RPC's authorization: ``authorization`` -> ``queries.operator_reads``

@@ -106,5 +106,6 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "SetOrderPolicy": by_pack,
         "GetOrderPolicy": by_pack,
         "SkipDeadLetter": by_work,
+        "GetCoverage": by_pack,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

@@ -104,6 +104,11 @@ DEAD_LETTERS_REPLAYED = Counter(
     "Dead letters a bulk replay handled, by verdict (replayed, refused); dry runs are not counted.",
     ["verdict"],
 )
+COVERAGE_EXCEPTIONS = Counter(
+    "nexuscrm_coverage_identities_with_exceptions_total",
+    "Identities a coverage proof found not tiled, by exception kind (gap, overlap): one per identity and kind.",
+    ["kind"],
+)
 
 _DUPLICATE_KINDS = {
     Outcome.DUPLICATE_LEGACY: "legacy",

@@ -1,4 +1,4 @@
-"""Proto conversions of the operating RPCs (claim pauses, dead letters): requests in, answers out.
+"""Proto conversions of the operating RPCs (claim pauses, dead letters, coverage): requests in, answers out.
 
 The servicer stays thin: it calls these and the facade. Timestamps come in as the naive UTC
 the services store.
@@ -11,7 +11,7 @@ import datetime as dt
 from google.protobuf.message import Message
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
-from nexuscrm_connectors import claim_pauses, dead_letters, order_policy
+from nexuscrm_connectors import claim_pauses, coverage, dead_letters, order_policy
 from nexuscrm_connectors.claim_pauses import ClaimPause, PauseScope
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_runtime.status import STATUS_CODES
@@ -155,4 +155,65 @@ def skip_to_proto(skip: order_policy.Skip) -> pb.SkipDeadLetterResponse:
         skipped_by=skip.skipped_by,
         reason=skip.reason,
         skipped_at=to_timestamp(skip.skipped_at),
+    )
+
+
+_RANGE_STATES = {
+    coverage.RangeState.COMPLETED: pb.COVERAGE_RANGE_STATE_COMPLETED,
+    coverage.RangeState.IN_FLIGHT: pb.COVERAGE_RANGE_STATE_IN_FLIGHT,
+    coverage.RangeState.QUEUED: pb.COVERAGE_RANGE_STATE_QUEUED,
+    coverage.RangeState.FAILED: pb.COVERAGE_RANGE_STATE_FAILED,
+    coverage.RangeState.REPLAYED: pb.COVERAGE_RANGE_STATE_REPLAYED,
+    coverage.RangeState.SKIPPED: pb.COVERAGE_RANGE_STATE_SKIPPED,
+    coverage.RangeState.PRUNED: pb.COVERAGE_RANGE_STATE_PRUNED,
+}
+_EXCEPTION_KINDS = {
+    coverage.ExceptionKind.GAP: pb.COVERAGE_EXCEPTION_KIND_GAP,
+    coverage.ExceptionKind.OVERLAP: pb.COVERAGE_EXCEPTION_KIND_OVERLAP,
+}
+
+
+def coverage_filter_from_proto(request: pb.GetCoverageRequest) -> tuple[str, Filter]:
+    """GetCoverageRequest -> (its pack, a validated identity filter)."""
+    return request.pack_install_id, dead_letters.filter_of(
+        request.pack_install_id,
+        route=convert.route_from_proto(request.route) if request.HasField("route") else None,
+        work_type=request.work_type,
+    )
+
+
+def coverage_page_to_proto(page: coverage.CoveragePage) -> pb.GetCoverageResponse:
+    """CoveragePage -> GetCoverageResponse."""
+    return pb.GetCoverageResponse(
+        identities=[
+            pb.IdentityCoverage(
+                route=convert.route_to_proto(identity.route),
+                high_water_ordinal=identity.high_water_ordinal,
+                tiled=identity.tiled,
+                ranges=[
+                    pb.CoverageRange(
+                        start_ordinal=r.start_ordinal,
+                        end_ordinal=r.end_ordinal,
+                        state=_RANGE_STATES[r.state],
+                        work_id=r.work_id,
+                        replayed_by=r.replayed_by,
+                    )
+                    for r in identity.ranges
+                ],
+                exceptions=[
+                    pb.CoverageException(
+                        kind=_EXCEPTION_KINDS[e.kind],
+                        start_ordinal=e.start_ordinal,
+                        end_ordinal=e.end_ordinal,
+                        work_ids=list(e.work_ids),
+                    )
+                    for e in identity.exceptions
+                ],
+                exception_count=identity.exception_count,
+                inputs=identity.inputs,
+            )
+            for identity in page.identities
+        ],
+        next_page_token=page.next_page_token,
+        examined=page.examined,
     )

@@ -20,6 +20,7 @@ from nexuscrm_connectors import (
     admission,
     claim_pauses,
     claims,
+    coverage,
     dead_letters,
     generations,
     inspection,
@@ -334,6 +335,12 @@ class Connectors:
         return dead_letters.list_dead_letters(
             self.engine, self.settings, pack_install_id, wanted, page_size, page_token
         )
+
+    def get_coverage(
+        self, pack_install_id: str, wanted: Filter, *, page_size: int = 0, page_token: str = ""
+    ) -> coverage.CoveragePage:
+        """See ``coverage.get_coverage``."""
+        return coverage.get_coverage(self.engine, self.settings, pack_install_id, wanted, page_size, page_token)
 
     def count_dead_letters(self, pack_install_id: str, wanted: Filter) -> dead_letters.DeadLetterCount:
         """See ``dead_letters.count_dead_letters``."""

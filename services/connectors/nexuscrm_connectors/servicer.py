@@ -256,6 +256,13 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         )
         return operating.skip_to_proto(skipped)
 
+    def GetCoverage(self, request: pb.GetCoverageRequest, context: grpc.ServicerContext) -> pb.GetCoverageResponse:
+        pack_install_id, wanted = operating.coverage_filter_from_proto(request)
+        page = self._connectors.get_coverage(
+            pack_install_id, wanted, page_size=request.page_size, page_token=request.page_token
+        )
+        return operating.coverage_page_to_proto(page)
+
 
 def _lease(seconds: int) -> dt.timedelta | None:
     """The lease a request asks for: 0 means the server's default; a negative one is refused downstream."""

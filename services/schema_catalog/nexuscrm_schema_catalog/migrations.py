@@ -12,7 +12,8 @@ the duplicate window: three RetentionPolicy columns, a SourceTime column and ind
 of PrunedWork and PrunedReceipt (decision 127), version 10 the payload contract's one-way flag
 (decision 130: set at once on a database this apply creates, by the operator otherwise),
 version 11 WorkItem.AdmittedMemberCount and WorkItem.AdmittedThroughOrdinal (decision 149),
-version 12 the ClaimPause, OrderPolicy and SkippedWork tables (decisions 158, 160).
+version 12 the ClaimPause, OrderPolicy and SkippedWork tables (decisions 158, 160) and the
+PrunedWork index ix_prunedwork_identity (decision 161).
 Steps only create tables, indexes and nullable columns, each guarded so a repeated or
 concurrent run is a no-op, so the previous release keeps running while the schema moves. No
 step writes an existing row (decision 150): every Event and WorkItem stays byte for byte as it
@@ -55,6 +56,7 @@ V8_COLUMN = tables.Event.c.PayloadBytes.name
 V10_TABLES = (tables.PayloadContract,)
 V11_COLUMNS = ("AdmittedMemberCount", "AdmittedThroughOrdinal")
 V12_TABLES = (tables.ClaimPause, tables.OrderPolicy, tables.SkippedWork)
+V12_INDEX = next(index for index in tables.PrunedWork.indexes if index.name == "ix_prunedwork_identity")
 # Who set the payload contract on a database that ApplySchema created from nothing.
 SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
 V9_COLUMNS = {
@@ -171,7 +173,7 @@ def _apply_v9(connection: Connection) -> None:
                 operations.add_column(table.name, table.c[name]._copy())
         indexes = {i["name"] for i in inspector.get_indexes(table.name)}
         for index in table.indexes:
-            if index.name not in indexes:
+            if index.name not in indexes and index is not V12_INDEX:
                 index.create(connection)
 
 
@@ -189,6 +191,8 @@ def _apply_v11(connection: Connection) -> None:
 
 def _apply_v12(connection: Connection) -> None:
     tables.metadata.create_all(connection, tables=list(V12_TABLES), checkfirst=True)
+    if V12_INDEX.name not in {i["name"] for i in sa.inspect(connection).get_indexes(tables.PrunedWork.name)}:
+        V12_INDEX.create(connection)
 
 
 def _contract_empty_database(connection: Connection) -> None:

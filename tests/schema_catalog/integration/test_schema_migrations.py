@@ -118,7 +118,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         ],
         10: ["_System_PayloadContract"],
         11: ["WorkItem.AdmittedMemberCount", "WorkItem.AdmittedThroughOrdinal"],
-        12: ["ClaimPause", "OrderPolicy", "SkippedWork"],
+        12: ["ClaimPause", "OrderPolicy", "SkippedWork", "PrunedWork(ix_prunedwork_identity)"],
     }
     order = [
         "ClaimPause",
@@ -132,6 +132,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "PrunedReceipt(ix_prunedreceipt_source_time)",
         "PrunedWork",
         "PrunedWork.SourceTime",
+        "PrunedWork(ix_prunedwork_identity)",
         "PrunedWork(ix_prunedwork_source_time)",
         "RetentionPolicy",
         "RetentionPolicy.DuplicateWindowSeconds",

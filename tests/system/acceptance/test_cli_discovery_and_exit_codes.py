@@ -67,6 +67,7 @@ UNKNOWN: list[tuple[str, list[str]]] = [
     ("pack", ["dead-letters", "replay", PACK, "--dry-run"]),
     ("pack", ["order-policy", "set", PACK, "block", "--by", "ops", "--reason", "r"]),
     ("pack", ["order-policy", "show", PACK]),
+    ("pack", ["coverage", PACK]),
     ("WorkId", ["dead-letters", "skip", WORK, "--by", "ops", "--reason", "r"]),
     ("fence", ["fences", "disarm", FENCE]),
     ("fence", ["fences", "override", "add", FENCE, "{pack}"]),

@@ -1,9 +1,10 @@
-"""``nexuscrm claims`` and ``nexuscrm dead-letters`` against the running services, on every backend.
+"""``nexuscrm claims``, ``dead-letters`` and ``coverage`` against the running services, on every backend.
 
 A Flow that fails for good (here a worker that fails what it claims) leaves dead letters; the
-operator lists them, counts them per identity, replays them with a dry run first, and pauses
-and resumes claims while admission goes on. Bad input exits 2 (or 8 for a refusal of a valid
-request) with the service's message, nothing changed; the final database keeps every invariant.
+operator lists them, counts them per identity, replays them with a dry run first, pauses and
+resumes claims while admission goes on, and proves each identity's coverage. Bad input exits 2
+(or 8 for a refusal of a valid request) with the service's message, nothing changed; the final
+database keeps every invariant.
 """
 
 from __future__ import annotations
@@ -130,6 +131,21 @@ def test_dead_letters_and_claim_pauses_from_the_command_line(
         capsys, "dead-letters", "skip", left["work_id"], "--by", "o", "--reason", "r", code=8
     )
     assert run(capsys, "dead-letters", "list", pack)["dead_letters"] == []
+
+    proven = run(capsys, "coverage", pack)
+    by_lane = {i["route"]["source_lane"]: i for i in proven["identities"]}
+    assert sorted(by_lane) == ["lane-0", "lane-1", "lane-2"] and all(i["tiled"] for i in by_lane.values())
+    assert [r["state"] for r in by_lane["lane-0"]["ranges"]] == ["replayed", "completed"]
+    assert [r["state"] for r in by_lane["lane-1"]["ranges"]] == ["skipped"]
+    assert [r["state"] for r in by_lane["lane-2"]["ranges"]] == ["completed", "completed"]
+    one = run(capsys, "coverage", pack, *_identity("lane-1"), "--page-size", "1")
+    assert [i["route"]["source_lane"] for i in one["identities"]] == ["lane-1"]
+    assert "page_token is not a token from a previous GetCoverage page" in refused(
+        capsys, "coverage", pack, "--page-token", "garbage", code=2
+    )
+    capsys.readouterr()
+    assert cli.main(["coverage", pack]) == 0
+    assert "replayed" in capsys.readouterr().out
 
     engine = create_engine(empty_dsn)
     try:

@@ -132,6 +132,7 @@ NAMESPACED: dict[str, Build] = {
     f"{CONNECTORS}/SkipDeadLetter": lambda w: cn.SkipDeadLetterRequest(
         work_id=w.dead_work_id, skipped_by="ops", reason="test"
     ),
+    f"{CONNECTORS}/GetCoverage": lambda w: cn.GetCoverageRequest(pack_install_id=w.pack),
     f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
     f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
     f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),
