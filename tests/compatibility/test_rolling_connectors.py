@@ -101,8 +101,9 @@ def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
         with previous.channel() as to_previous, current.channel() as to_current:
             replicas = [ConnectorsClient(to_previous), ConnectorsClient(to_current)]
             ingestor = RollingIngestor(replicas, retire_after=RETIRE_AFTER, retire=retire)
-            # One batch at a time: the ingestor sends each through the replicas in turn.
-            stats = Simulator(ingestor, pack, WORKLOAD, threading.Event(), in_flight=1).run()
+            # One batch at a time (the simulator's default): the ingestor sends each through the
+            # replicas in turn.
+            stats = Simulator(ingestor, pack, WORKLOAD, threading.Event()).run()
         wait_until(lambda: settled(engine, pack, stats), "every admitted input projected")
         claims["current"] = counter(current, "nexuscrm_claims_total")
     assert running.exit_codes == dict.fromkeys(running.exit_codes, 0) and len(running.exit_codes) == 6

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
-from nexuscrm_sdk.pipeline import DEFAULT_MAX_IN_FLIGHT, Ingestor, PipelinedIngest
+from nexuscrm_sdk.pipeline import Ingestor, PipelinedIngest
 from nexuscrm_tools import demo
 from workqueue.values import IngestItem, IngestResult, Outcome
 
@@ -156,8 +156,10 @@ class SimulatorStats:
 class Simulator:
     """Sends ``workload(config)`` to one pack through an ``Ingestor`` until done or ``stop`` is set.
 
-    Up to ``in_flight`` batches are unanswered at once (``PipelinedIngest``; 1: one after the
-    other). A batch that still fails after the pipeline's retries ends the run with its error.
+    Up to ``in_flight`` batches are unanswered at once (``PipelinedIngest``). The default is 1,
+    one after the other: the demo's projection folds each lane in the order it was sent, and
+    batches in flight together may be admitted in either order (decision 163). A batch that
+    still fails after the pipeline's retries ends the run with its error.
     """
 
     def __init__(
@@ -167,7 +169,7 @@ class Simulator:
         config: WorkloadConfig,
         stop: threading.Event,
         *,
-        in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        in_flight: int = 1,
     ) -> None:
         self._ingestor = ingestor
         self._pack = pack_install_id

@@ -384,7 +384,7 @@ def test_an_incomplete_schema_refuses_the_cutover(empty_engine: sa.Engine, clock
     missing = verification.verify_schema(empty_engine, verification.NATIVE_PROJECTION)
     assert "_System_ConnectorProjectionProtocol" in missing and finding.count == len(missing)
     assert finding.sample_ids == tuple(missing[: len(finding.sample_ids)])  # a sample, in the checker's order
-    assert "WorkItem.InputStartOrdinal" in finding.sample_ids
+    assert "WorkItem.InputStartOrdinal" in missing
 
 
 # --- idempotency: one checkpoint, never advanced ----------------------------------------------
