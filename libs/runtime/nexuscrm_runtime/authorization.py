@@ -29,6 +29,7 @@ without a rule is refused: a new RPC cannot ship unguarded.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import json
@@ -203,6 +204,24 @@ def peer_certificate(context: grpc.ServicerContext) -> bytes | None:
     return certificates[0] if certificates else None
 
 
+# The principal of the call this thread serves, set by the interceptor around the handler.
+_CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("nexuscrm_caller", default=None)
+
+
+def recorded_operator(declared: str) -> str:
+    """Who an operator's act records: the caller's principal, then the name the request declares.
+
+    Over mutual TLS the principal is what the certificate proves, so it leads the record
+    ("ops-cli (alice@acme)", or "ops-cli" when nothing is declared); a declared name alone is
+    a label anyone could send. Without an authorization policy there is no principal and the
+    declared name is recorded as sent.
+    """
+    principal = _CALLER.get()
+    if principal is None or declared == principal.name:
+        return declared
+    return f"{principal.name} ({declared})" if declared else principal.name
+
+
 # What a rule gets: the caller and the deserialized request; it returns normally or raises.
 Rule = Callable[[Principal, Any], None]
 
@@ -267,7 +286,11 @@ class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg
             if rule is None:
                 raise PermissionDenied(f"{method} has no authorization rule")
             rule(principal, request)
-            yield
+            caller = _CALLER.set(principal)
+            try:
+                yield
+            finally:
+                _CALLER.reset(caller)
 
         return wrap_rpc_handler(handler, authorized)
 

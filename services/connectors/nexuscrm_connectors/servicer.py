@@ -18,6 +18,7 @@ from nexuscrm_connectors.deliveries import RefusedItem
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.release import RELEASE
 from nexuscrm_connectors.service import Connectors
+from nexuscrm_runtime.authorization import recorded_operator
 from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.requests import item_refusals
 from nexuscrm_runtime.server import Registration
@@ -186,14 +187,16 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     def PauseClaims(self, request: pb.PauseClaimsRequest, context: grpc.ServicerContext) -> pb.PauseClaimsResponse:
         pause = self._connectors.pause_claims(
             operating.scope_from_proto(request.scope),
-            paused_by=request.paused_by,
+            paused_by=recorded_operator(request.paused_by),
             reason=request.reason,
             expires_at=operating.expiry_from_proto(request),
         )
         return pb.PauseClaimsResponse(pause=operating.pause_to_proto(pause))
 
     def ResumeClaims(self, request: pb.ResumeClaimsRequest, context: grpc.ServicerContext) -> pb.ResumeClaimsResponse:
-        pause = self._connectors.resume_claims(operating.scope_from_proto(request.scope), resumed_by=request.resumed_by)
+        pause = self._connectors.resume_claims(
+            operating.scope_from_proto(request.scope), resumed_by=recorded_operator(request.resumed_by)
+        )
         return pb.ResumeClaimsResponse(pause=operating.pause_to_proto(pause))
 
     def ListClaimPauses(
@@ -236,7 +239,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         policy = self._connectors.set_order_policy(
             request.pack_install_id,
             operating.policy_from_proto(request.policy),
-            set_by=request.set_by,
+            set_by=recorded_operator(request.set_by),
             reason=request.reason,
         )
         return pb.SetOrderPolicyResponse(policy=operating.policy_to_proto(policy))
@@ -252,7 +255,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         self, request: pb.SkipDeadLetterRequest, context: grpc.ServicerContext
     ) -> pb.SkipDeadLetterResponse:
         skipped = self._connectors.skip_dead_letter(
-            request.work_id, skipped_by=request.skipped_by, reason=request.reason
+            request.work_id, skipped_by=recorded_operator(request.skipped_by), reason=request.reason
         )
         return operating.skip_to_proto(skipped)
 

@@ -303,3 +303,24 @@ def test_a_client_without_a_valid_certificate_is_refused(
             ingest(NAMESPACED[f"{CONNECTORS}/Ingest"](world), timeout=5)
     assert refused.value.code() is grpc.StatusCode.UNAVAILABLE  # the handshake fails: no RPC ran
     assert _checksums(engine) == before
+
+
+def test_an_operator_act_records_the_certificate_s_principal_before_the_declared_name(
+    secure_server: tuple[RunningServer, World], engine: sa.Engine, pki: Pki
+) -> None:
+    running, world = secure_server
+    pause = cn.PauseClaimsRequest(
+        scope=cn.ClaimScope(pack_install_id=world.pack, scope=cn.PAUSE_SCOPE_PACK), paused_by="alice", reason="r"
+    )
+    _call(running, pki, "acme", f"{CONNECTORS}/PauseClaims", pause)
+    skip = cn.SkipDeadLetterRequest(work_id=world.dead_work_id, skipped_by="", reason="r")
+    _call(running, pki, "acme", f"{CONNECTORS}/SkipDeadLetter", skip)
+    policy = cn.SetOrderPolicyRequest(
+        pack_install_id=world.pack, policy=cn.ORDER_POLICY_KIND_BLOCK, set_by="acme", reason="r"
+    )
+    _call(running, pki, "acme", f"{CONNECTORS}/SetOrderPolicy", policy)
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(tables.ClaimPause.c.PausedBy)).scalars().all() == ["acme (alice)"]
+        assert connection.execute(sa.select(tables.SkippedWork.c.SkippedBy)).scalars().all() == ["acme"]
+        assert connection.execute(sa.select(tables.OrderPolicy.c.SetBy)).scalars().all() == ["acme"]
+    assert_invariants(engine)
