@@ -377,13 +377,15 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
         ),
         "the receipt lists to say Connectors is unavailable",
     )
-    wait_until(
-        lambda: all(
+
+    def operating_panels_say_unavailable() -> bool:
+        browser.find_element(By.ID, "coverage-again").click()  # the proof is read again every 30 s, or now
+        return all(
             "Connectors unavailable" in " ".join(present(browser, f"#{panel} [data-error]"))
             for panel in ("pauses", "dead-letters", "coverage")
-        ),
-        "the pauses, dead letters and coverage panels to say Connectors is unavailable",
-    )
+        )
+
+    wait_until(operating_panels_say_unavailable, "the pauses, dead letters and coverage panels to say so too")
     assert "Connectors unavailable" in explain(browser, work["failed"], "Connectors unavailable")
     wait_until(
         lambda: int(browser.find_element(By.ID, "refreshed").get_attribute("data-count") or 0) > refreshes + 1,

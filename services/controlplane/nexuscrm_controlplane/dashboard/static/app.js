@@ -4,8 +4,11 @@
 const REFRESH_MS = Number(new URLSearchParams(location.search).get("refresh")) || 2000;
 const RECEIPTS_SHOWN = 8; // rows per receipt table
 const RECEIPTS_LISTED = 50; // what /api/receipts returns at most (overview.RECEIPT_PAGE)
+// A coverage page reads every retained range of its identities: proven again every 15th refresh
+// (30 s by default), at once when the pack or page changes, or when the operator asks.
+const COVERAGE_EVERY = 15;
 const STATES = ["pending", "blocked", "processing", "retry", "completed", "failed"];
-const view = { pack: null, after: "", refreshes: 0, deadLettersPack: "", coveragePack: null, coverageToken: "" };
+const view = { pack: null, after: "", refreshes: 0, deadLettersPack: "", coveragePack: null, coverageToken: "", coverageRead: null, coverageBusy: false };
 const $ = (id) => document.getElementById(id);
 
 function esc(value) {
@@ -291,12 +294,17 @@ function coverageRow(i) {
     <td>${identityCell(i.identity)}</td><td>${esc(i.high_water_ordinal)}</td><td>${tiled}</td><td>${esc(i.inputs)}</td><td>${esc(ranges)}</td><td data-exceptions>${esc(exceptions)}</td></tr>`;
 }
 
-async function renderCoverage() {
-  if (!view.pack) return;
+async function renderCoverage(now = false) {
+  if (!view.pack || view.coverageBusy) return;
   if (view.coveragePack !== view.pack) {
     view.coveragePack = view.pack;
     view.coverageToken = "";
+    now = true;
   }
+  const due = view.coverageRead === null || view.refreshes - view.coverageRead >= COVERAGE_EVERY;
+  if (!now && !due) return;
+  view.coverageBusy = true;
+  view.coverageRead = view.refreshes;
   $("coverage-pack").textContent = view.pack;
   let next = "";
   try {
@@ -313,6 +321,8 @@ async function renderCoverage() {
     }
   } catch (error) {
     update($("coverage"), `<p class="muted" data-error>${esc(error.message)}</p>`);
+  } finally {
+    view.coverageBusy = false;
   }
   $("coverage-next").hidden = !next;
   $("coverage-next").dataset.token = next;
@@ -355,7 +365,8 @@ async function refresh() {
     const overview = await getJSON("/api/overview");
     renderPacks(overview);
     deadLettersFilter(overview.packs);
-    await Promise.all([renderTimeline(), renderReceipts(), renderWorkers(), renderPauses(), renderDeadLetters(), renderCoverage()]);
+    renderCoverage(); // not awaited: a proof that takes seconds must not hold back the rest of the page
+    await Promise.all([renderTimeline(), renderReceipts(), renderWorkers(), renderPauses(), renderDeadLetters()]);
     view.refreshes += 1;
     $("refreshed").textContent = `refreshed ${when(overview.now)}`;
     $("refreshed").dataset.count = String(view.refreshes);
@@ -395,12 +406,13 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("coverage-next").addEventListener("click", () => {
     view.coverageToken = $("coverage-next").dataset.token;
-    renderCoverage();
+    renderCoverage(true);
   });
   $("coverage-first").addEventListener("click", () => {
     view.coverageToken = "";
-    renderCoverage();
+    renderCoverage(true);
   });
+  $("coverage-again").addEventListener("click", () => renderCoverage(true));
   $("timeline-next").addEventListener("click", () => {
     view.after = $("timeline-next").dataset.after;
     renderTimeline();
