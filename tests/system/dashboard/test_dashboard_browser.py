@@ -5,7 +5,7 @@ runs through the Connectors service; the page must show exactly what the databas
 explain a WorkId and a ReceiptKey, and show a fence armed through the CLI after its own
 refresh, without a reload and without console errors. Its operating panels show the claim
 pause and order policy set through the CLI, the dead letter, and the identity the gap left
-not tiled, first. The metrics endpoints agree. The page
+not tiled, first; the coverage of a pack of 11 identities takes two pages. The metrics endpoints agree. The page
 asks Connectors (its own process) over gRPC for the explanations and receipt lists; once
 Connectors stops, those parts and the operating panels say "Connectors unavailable" and the
 pack cards keep refreshing.
@@ -253,6 +253,26 @@ def operating_panels(browser: webdriver.Chrome, system: list[ServiceProcess], pa
     assert "gap" in rows[0] and "not tiled" in rows[0]
 
 
+def coverage_pages(browser: webdriver.Chrome, engine: sa.Engine) -> None:
+    """A pack of 11 identities, selected on its card: the coverage panel's first page lists 10, "next page" the 11th."""
+    paged = install_pack(engine, namespace=NAMESPACE)
+    Connectors(engine).ingest(paged, items=[delivery(lane=f"lane-{n:02}") for n in range(11)])
+    select = (
+        "const head = document.querySelector(`[data-pack='${arguments[0]}'] .pack-head`); head?.click(); return !!head"
+    )
+    wait_until(lambda: browser.execute_script(select, paged), "the new pack's card, selected")
+
+    def rows(count: int, *, following: bool) -> bool:
+        shown = browser.find_element(By.ID, "coverage-pack").text == paged
+        listed = len(present(browser, "#coverage tr[data-tiled='true']")) == count
+        return shown and listed and browser.find_element(By.ID, "coverage-next").is_displayed() is following
+
+    wait_until(lambda: rows(10, following=True), "the first coverage page of 10 identities, with a next page")
+    browser.find_element(By.ID, "coverage-next").click()
+    wait_until(lambda: rows(1, following=False), "the second coverage page: the 11th identity")
+    assert browser.find_element(By.ID, "coverage-first").is_displayed()
+
+
 def scrape(port: int | None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     assert port is not None
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -346,6 +366,7 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
         (("code", "OK"), ("method", "/nexuscrm.connectors.v1.ConnectorsService/Ingest")),
     )
     assert counters[ingest] >= 1
+    coverage_pages(browser, engine)  # its generations are admitted in this process, past Connectors' counters
 
     # Issue 17 item 3: the skewed host's worker runs a generation of another pack (the numbers
     # above stay the database's) and the page flags its measured skew; the silent host is marked.
