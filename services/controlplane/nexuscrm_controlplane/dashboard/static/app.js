@@ -315,7 +315,7 @@ async function renderCoverage(now = false) {
     } else if (!data.identities.length) {
       update($("coverage"), `<p class="muted">No projection identity on this page.</p>`);
     } else {
-      const head = `<p data-not-tiled="${esc(data.not_tiled)}">${esc(data.identities.length)} identities on this page; ${data.not_tiled
+      const head = `<p data-not-tiled="${esc(data.not_tiled)}">${esc(data.identities.length)} identit${data.identities.length === 1 ? "y" : "ies"} on this page; ${data.not_tiled
         ? `<span class="badge bad">${esc(data.not_tiled)} not tiled</span>` : `<span class="badge ok">every one tiled</span>`}</p>`;
       update($("coverage"), `${head}<table><tr><th>identity</th><th>high-water ordinal</th><th>tiled</th><th>inputs</th><th>ranges by state</th><th>first exceptions</th></tr>${data.identities.map(coverageRow).join("")}</table>`);
     }
