@@ -3,9 +3,12 @@
 A scripted workload (deliveries, claims, a completion, a retry, a failure, a coverage gap)
 runs through the Connectors service; the page must show exactly what the database holds,
 explain a WorkId and a ReceiptKey, and show a fence armed through the CLI after its own
-refresh, without a reload and without console errors. The metrics endpoints agree. The page
+refresh, without a reload and without console errors. Its operating panels show the claim
+pause and order policy set through the CLI, the dead letter, and the identity the gap left
+not tiled, first; the coverage of a pack of 11 identities takes two pages. The metrics endpoints agree. The page
 asks Connectors (its own process) over gRPC for the explanations and receipt lists; once
-Connectors stops, those parts say "Connectors unavailable" and the pack cards keep refreshing.
+Connectors stops, those parts and the operating panels say "Connectors unavailable" and the
+pack cards keep refreshing.
 It lists the workers of the Integration hosts it is given: a real host whose clock is 90 s
 ahead of the database's shows its worker's skew flagged, and a host that does not answer is
 shown unreachable while the rest of the page refreshes.
@@ -218,6 +221,58 @@ def explain(driver: webdriver.Chrome, text: str, answer: str = "") -> str:
     return str(found[0])
 
 
+def nexuscrm(system: list[ServiceProcess], *args: str) -> dict[str, object]:
+    """Run the operator CLI with ``--json`` against ``system``; its JSON answer."""
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("nexuscrm")), "--json", *args],
+        env={**os.environ, **target_env(system)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    answer: dict[str, object] = json.loads(done.stdout)
+    return answer
+
+
+def operating_panels(browser: webdriver.Chrome, system: list[ServiceProcess], pack: str, work: dict[str, str]) -> None:
+    """Issue 37 on the page: a pause and the order policy set through the CLI, the dead letter, the gap."""
+    nexuscrm(system, "claims", "pause", pack, "--by", "ops", "--reason", "CRM <maintenance>", "--for", "1h")
+    nexuscrm(system, "order-policy", "set", pack, "block", "--by", "ops", "--reason", "keep order")
+    shown = f'[data-pauses-pack="{pack}"][data-paused="true"]'
+    [paused] = wait_until(lambda: present(browser, f'{shown}:has([data-order-policy="block"])'), "the paused pack")
+    assert "the whole pack" in paused and "CRM <maintenance>" in paused and "until resumed" not in paused
+    assert "block set by ops" in paused and "keep order" in paused
+    [letter] = wait_until(lambda: present(browser, f'[data-dead-letter="{work["failed"]}"]'), "the dead letter")
+    assert "contact schema rejected" in letter and "failed for good after" in letter
+    assert "dead-letters replay" in browser.find_element(By.ID, "replay-command").text
+    rows = wait_until(lambda: present(browser, "#coverage tr[data-tiled]"), "the coverage proof")
+    tiled: list[str] = browser.execute_script(
+        "return [...document.querySelectorAll('#coverage tr[data-tiled]')].map((r) => r.dataset.tiled)"
+    )
+    assert tiled[0] == "false" and tiled.count("false") == 1 and len(tiled) == len(rows)
+    assert "gap" in rows[0] and "not tiled" in rows[0]
+
+
+def coverage_pages(browser: webdriver.Chrome, engine: sa.Engine) -> None:
+    """A pack of 11 identities, selected on its card: the coverage panel's first page lists 10, "next page" the 11th."""
+    paged = install_pack(engine, namespace=NAMESPACE)
+    Connectors(engine).ingest(paged, items=[delivery(lane=f"lane-{n:02}") for n in range(11)])
+    select = (
+        "const head = document.querySelector(`[data-pack='${arguments[0]}'] .pack-head`); head?.click(); return !!head"
+    )
+    wait_until(lambda: browser.execute_script(select, paged), "the new pack's card, selected")
+
+    def rows(count: int, *, following: bool) -> bool:
+        shown = browser.find_element(By.ID, "coverage-pack").text == paged
+        listed = len(present(browser, "#coverage tr[data-tiled='true']")) == count
+        return shown and listed and browser.find_element(By.ID, "coverage-next").is_displayed() is following
+
+    wait_until(lambda: rows(10, following=True), "the first coverage page of 10 identities, with a next page")
+    browser.find_element(By.ID, "coverage-next").click()
+    wait_until(lambda: rows(1, following=False), "the second coverage page: the 11th identity")
+    assert browser.find_element(By.ID, "coverage-first").is_displayed()
+
+
 def scrape(port: int | None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     assert port is not None
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -280,28 +335,12 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
     assert "coverage" in explain(browser, missing_key)
 
     browser.execute_script("window.sameDocument = true")
-    armed = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("nexuscrm")),
-            "--json",
-            "fences",
-            "arm",
-            "--namespace",
-            NAMESPACE,
-            "--scope",
-            pack,
-            "--reason",
-            "dashboard test",
-        ],
-        env={**os.environ, **target_env(system)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    fence_id = json.loads(armed.stdout)["fence_id"]
+    armed = nexuscrm(system, "fences", "arm", "--namespace", NAMESPACE, "--scope", pack, "--reason", "dashboard test")
+    fence_id = armed["fence_id"]
     [fence_row] = wait_until(lambda: present(browser, f'[data-fence="{fence_id}"]'), "the armed fence")
     assert browser.execute_script("return window.sameDocument") is True  # refreshed in place, not reloaded
     assert "holds admission" in fence_row
+    operating_panels(browser, system, pack, work)
     assert console_errors(browser) == []
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -327,6 +366,7 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
         (("code", "OK"), ("method", "/nexuscrm.connectors.v1.ConnectorsService/Ingest")),
     )
     assert counters[ingest] >= 1
+    coverage_pages(browser, engine)  # its generations are admitted in this process, past Connectors' counters
 
     # Issue 17 item 3: the skewed host's worker runs a generation of another pack (the numbers
     # above stay the database's) and the page flags its measured skew; the silent host is marked.
@@ -346,6 +386,8 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
     assert console_errors(browser) == []
     browser.execute_script("document.getElementById('workers-panel').scrollIntoView()")
     browser.save_screenshot(str(ARTIFACTS / f"dashboard-workers-{backend}.png"))
+    browser.execute_script("document.getElementById('pauses-panel').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / f"dashboard-operations-{backend}.png"))
 
     stop_services([connectors_process])
     refreshes = int(browser.find_element(By.ID, "refreshed").get_attribute("data-count") or 0)
@@ -356,6 +398,15 @@ def test_dashboard_shows_the_database_explains_and_follows_a_fence(
         ),
         "the receipt lists to say Connectors is unavailable",
     )
+
+    def operating_panels_say_unavailable() -> bool:
+        browser.find_element(By.ID, "coverage-again").click()  # the proof is read again every 30 s, or now
+        return all(
+            "Connectors unavailable" in " ".join(present(browser, f"#{panel} [data-error]"))
+            for panel in ("pauses", "dead-letters", "coverage")
+        )
+
+    wait_until(operating_panels_say_unavailable, "the pauses, dead letters and coverage panels to say so too")
     assert "Connectors unavailable" in explain(browser, work["failed"], "Connectors unavailable")
     wait_until(
         lambda: int(browser.find_element(By.ID, "refreshed").get_attribute("data-count") or 0) > refreshes + 1,

@@ -5,6 +5,8 @@ extended; a claim that retries, one that completes, a duplicate, a fenced delive
 come out of ``packs_overview``, ``pack_timeline``, ``search`` and ``QueueCollector`` exactly
 as the database holds it. ``search`` and ``receipts`` ask a real ConnectorsService over gRPC
 (``conftest``); with Connectors unreachable they answer 503 and the rest of the page 200.
+The operating panels (``operations``: claim pauses and order policy, dead letters, coverage)
+show a paused pack, a dead letter and an identity that is not tiled, as Connectors answers.
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
+from nexuscrm_connectors.claim_pauses import PauseScope, scope_of
+from nexuscrm_connectors.order_policy import Policy
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane import fences
-from nexuscrm_controlplane.dashboard import overview
+from nexuscrm_controlplane.dashboard import operations, overview
 from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_controlplane.dashboard.workers import integration_hosts
 from nexuscrm_schema.tables import Event, WorkItem
-from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.factories import FakeClock, delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from workqueue import decode_projection_key
 from workqueue.errors import InvalidArgument
@@ -241,7 +245,10 @@ def test_without_connectors_or_integration_search_and_receipts_answer_503_and_th
     engine: sa.Engine, dashboard_without_connectors: int
 ) -> None:
     pack = install_pack(engine)
-    [admitted] = Connectors(engine).ingest(pack, items=[delivery(lane="a")])
+    facade = Connectors(engine)
+    admitted, _ = facade.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
+    [claim] = facade.claim("w", pack_install_ids=[pack])
+    facade.fail(claim.work.work_id, lease_token=claim.lease_token, error="boom", retryable=False)  # a dead letter
     port = dashboard_without_connectors
 
     status, body = _get(port, "/api/overview")
@@ -253,6 +260,10 @@ def test_without_connectors_or_integration_search_and_receipts_answer_503_and_th
         f"/api/search?q={admitted.work_id}",
         "/api/receipts?state=stored",
         f"/api/receipts?state=stored&pack={pack}",
+        "/api/claim-pauses",
+        "/api/dead-letters",
+        f"/api/dead-letters?pack={pack}",
+        f"/api/packs/{pack}/coverage",
     ):
         status, body = _get(port, path)
         assert status == 503, (path, body)
@@ -284,3 +295,103 @@ def test_search_explains_a_pruned_generation_and_a_pruned_receipt(
     assert receipt["receipt_state"] == "pruned" and receipt["enqueue_ordinal"] == 1
     assert receipt["explanation"].startswith("pruned at ") and receipt["covered_by"] is None
     assert_invariants(engine)
+
+
+def _pack_entry(answer: dict[str, Any], pack: str) -> dict[str, Any]:
+    entries: list[dict[str, Any]] = [p for p in answer["packs"] if p["pack_install_id"] == pack]
+    [entry] = entries
+    return entry
+
+
+def test_operating_panels_show_pauses_dead_letters_and_coverage(
+    engine: sa.Engine, connectors: ConnectorsReads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37's dashboard part: a paused pack and identity, a dead letter, an identity with a gap."""
+    facade = Connectors(engine)
+    pack, quiet, old_protocol = (
+        install_pack(engine),
+        install_pack(engine),
+        install_pack(engine, legacy_max_ordinal=None),
+    )
+    facade.ingest(pack, items=[delivery(lane=lane) for lane in "abcd"])
+    claims = {lane_of(c.work.projection_key): c for c in facade.claim("w", pack_install_ids=[pack], max_items=4)}
+    for lane, claim in claims.items():
+        if lane == "a":
+            facade.fail(
+                claim.work.work_id, lease_token=claim.lease_token, error="contact <b>rejected</b>", retryable=False
+            )
+        else:
+            facade.complete(claim.work.work_id, lease_token=claim.lease_token)
+    dead, lost = claims["a"].work, claims["b"].work
+    facade.ingest(pack, items=[delivery(lane="c")])  # queued behind nothing
+    with engine.begin() as connection:  # b's generation is lost: its input is in no range
+        connection.execute(sa.delete(WorkItem).where(WorkItem.c.WorkId == lost.work_id))
+    expires = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(hours=1)
+    facade.pause_claims(scope_of(pack, PauseScope.PACK, None, ""), paused_by="ops", reason="CRM maintenance")
+    facade.pause_claims(
+        scope_of(pack, PauseScope.IDENTITY, route("c"), ""), paused_by="ana", reason="bad data", expires_at=expires
+    )
+    facade.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="keep per-contact order")
+
+    pauses = operations.claim_pauses(engine, connectors)
+    paused = _pack_entry(pauses, pack)
+    by_scope = {p["scope"]: p for p in paused["pauses"]}
+    assert sorted(by_scope) == ["identity", "pack"]
+    assert [(p["paused_by"], p["reason"]) for p in (by_scope["pack"], by_scope["identity"])] == [
+        ("ops", "CRM maintenance"),
+        ("ana", "bad data"),
+    ]
+    assert by_scope["identity"]["identity"]["label"] == "c · project · contact.upsert"
+    assert by_scope["identity"]["expires_at"] is not None and by_scope["pack"]["expires_at"] is None
+    assert by_scope["pack"]["paused_at"].endswith("Z") and by_scope["pack"]["identity"] is None
+    policy = paused["order_policy"]
+    assert (policy["policy"], policy["default"], policy["set_by"], policy["reason"]) == (
+        "block",
+        False,
+        "ops",
+        "keep per-contact order",
+    )
+    unpaused = _pack_entry(pauses, quiet)
+    assert unpaused["pauses"] == [] and unpaused["order_policy"]["policy"] == "continue"
+    assert unpaused["order_policy"]["default"] and unpaused["order_policy"]["set_at"] is None
+
+    letters = operations.dead_letters(engine, connectors)
+    assert [p["pack_install_id"] for p in letters["packs"]] == [pack]  # the others have no failed work
+    assert letters["replay_command"].startswith("nexuscrm dead-letters replay")
+    [entry] = letters["packs"]
+    assert (entry["total"], entry["complete"], entry["more"]) == (1, True, False)
+    assert [(i["identity"]["label"], i["dead_letters"]) for i in entry["identities"]] == [
+        ("a · project · contact.upsert", 1)
+    ]
+    [letter] = entry["dead_letters"]
+    assert letter["work_id"] == dead.work_id and letter["range"] == [dead.input_start_ordinal, dead.lane_ordinal]
+    assert letter["last_error"] == "contact <b>rejected</b>" and letter["finished_at"].endswith("Z")
+    assert letter["identity"]["projection_key"] == dead.projection_key
+    assert operations.dead_letters(engine, connectors, pack) == letters
+    assert operations.dead_letters(engine, connectors, quiet)["packs"] == []
+    with pytest.raises(InvalidArgument, match="not one of the listed packs"):
+        operations.dead_letters(engine, connectors, "pk-000000000000")
+
+    proof = operations.coverage(connectors, pack)
+    assert proof["provable"] and proof["next"] == "" and proof["not_tiled"] == 1
+    labels = [i["identity"]["label"].split(" · ")[0] for i in proof["identities"]]
+    assert labels == ["b", "a", "c", "d"]  # not tiled first, then by projection key
+    b, a, c, d = proof["identities"]
+    assert not b["tiled"] and b["exception_count"] == 1
+    assert b["exceptions"] == [{"kind": "gap", "start": lost.lane_ordinal, "end": lost.lane_ordinal, "work_ids": []}]
+    assert a["tiled"] and a["ranges"]["failed"] == 1 and a["high_water_ordinal"] == dead.lane_ordinal
+    assert c["ranges"] == {**dict.fromkeys(operations.RANGE_STATES, 0), "completed": 1, "queued": 1}
+    assert d["tiled"] and d["ranges"]["completed"] == 1 and d["exceptions"] == []
+
+    monkeypatch.setattr(operations, "COVERAGE_PAGE", 3)
+    first = operations.coverage(connectors, pack)
+    assert len(first["identities"]) == 3 and first["next"]
+    second = operations.coverage(connectors, pack, first["next"])
+    assert [i["identity"]["label"][0] for i in second["identities"]] == ["d"] and second["next"] == ""
+    with pytest.raises(InvalidArgument, match="page_token"):
+        operations.coverage(connectors, pack, "not-a-token")
+    with pytest.raises(InvalidArgument, match="not installed"):
+        operations.coverage(connectors, "pk-000000000000")
+    unprovable = operations.coverage(connectors, old_protocol)
+    assert not unprovable["provable"] and "protocol" in unprovable["explanation"]
+    assert_invariants(engine, damaged=[(pack, lost.lane_ordinal)])

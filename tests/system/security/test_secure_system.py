@@ -138,6 +138,13 @@ def test_a_secured_system_projects_and_never_logs_secrets(
         status, body = _dashboard(port, pki, f"Bearer {TOKENS['operator']}", "/api/receipts?state=confirmed")
         assert status == 200 and {r["pack_install_id"] for r in json.loads(body)} == {pack}, body
         assert _dashboard(port, pki, f"Bearer {TOKENS['acme']}", "/api/search?q=poison")[0] == 403
+        # So do the operating panels, over issue 37's RPCs (decision 164): the poison generation is a dead letter.
+        status, body = _dashboard(port, pki, f"Bearer {TOKENS['operator']}", "/api/dead-letters")
+        assert status == 200 and [(p["pack_install_id"], p["total"]) for p in json.loads(body)["packs"]] == [(pack, 1)]
+        status, body = _dashboard(port, pki, f"Bearer {TOKENS['operator']}", f"/api/packs/{pack}/coverage")
+        assert status == 200 and json.loads(body)["provable"], body
+        status, body = _dashboard(port, pki, f"Bearer {TOKENS['operator']}", "/api/claim-pauses")
+        assert status == 200 and pack in body, body
         seen_errors += [body]
         # Every service's metrics endpoint: mutual TLS, and only for principals of every namespace.
         for service in services:

@@ -118,11 +118,13 @@ def claim_pause_resume(connection: Connection, pause_id: str, resumed_by: str, n
 
 
 def claim_pauses_of_pack(connection: Connection, pack_install_id: str, now: dt.datetime) -> list[DbRow]:
-    """The pack's active pauses, by scope then scope value (ix_claimpause_scope's pack range)."""
-    return list(
-        connection.execute(
-            sa.select(ClaimPause)
-            .where(ClaimPause.c.PackInstallId == pack_install_id, _active(now))
-            .order_by(ClaimPause.c.Scope, ClaimPause.c.ScopeValue)
-        )
-    )
+    """The pack's active pauses, by scope then scope value (ix_claimpause_active's or ix_claimpause_scope's pack range).
+
+    Sorted here, not by the statement: MariaDB reads the active pauses through
+    ix_claimpause_active and would sort them in a filesort; they are the few scopes an operator
+    paused, and the dashboard asks for them on every refresh.
+    """
+    rows = connection.execute(
+        sa.select(ClaimPause).where(ClaimPause.c.PackInstallId == pack_install_id, _active(now))
+    ).all()
+    return sorted(rows, key=lambda row: (row.Scope, row.ScopeValue))

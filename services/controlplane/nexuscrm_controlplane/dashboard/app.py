@@ -18,6 +18,12 @@ host (``dashboard.workers``) and always answers 200, a host that does not answer
 | ``/api/receipts?state=&pack=`` | ``overview.receipts`` |
 | ``/api/search?q=`` | ``overview.search`` |
 | ``/api/workers`` | ``workers.IntegrationHosts.workers`` |
+| ``/api/claim-pauses`` | ``operations.claim_pauses`` |
+| ``/api/dead-letters?pack=`` | ``operations.dead_letters`` |
+| ``/api/packs/{pack}/coverage?page_token=`` | ``operations.coverage`` |
+
+The three operating panels (``operations``) ask Connectors too, so they answer 503 while it is
+down; none of them changes anything: the page names the CLI commands that act.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from nexuscrm_controlplane.dashboard import overview
+from nexuscrm_controlplane.dashboard import operations, overview
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, ConnectorsRefused, ConnectorsUnavailable
 from nexuscrm_controlplane.dashboard.headers import security_headers_middleware
 from nexuscrm_controlplane.dashboard.workers import IntegrationHosts
@@ -92,6 +98,14 @@ def create_app(
     def search(request: Request) -> Any:
         return overview.search(engine, connectors, request.query_params.get("q", ""))
 
+    def dead_letters(request: Request) -> Any:
+        pack = request.query_params.get("pack", "")
+        return operations.dead_letters(engine, connectors, validate_pack_id(pack) if pack else "")
+
+    def coverage(request: Request) -> Any:
+        pack = validate_pack_id(request.path_params["pack"])
+        return operations.coverage(connectors, pack, request.query_params.get("page_token", ""))
+
     return Starlette(
         routes=[
             Route("/", page),
@@ -100,6 +114,9 @@ def create_app(
             Route("/api/receipts", _json(receipts)),
             Route("/api/search", _json(search)),
             Route("/api/workers", _json(lambda request: workers.workers())),
+            Route("/api/claim-pauses", _json(lambda request: operations.claim_pauses(engine, connectors))),
+            Route("/api/dead-letters", _json(dead_letters)),
+            Route("/api/packs/{pack}/coverage", _json(coverage)),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[security_headers_middleware(https=https), *middleware],

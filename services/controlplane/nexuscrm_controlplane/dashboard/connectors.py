@@ -1,13 +1,17 @@
 """The dashboard's reads of Connectors' data that Connectors explains: over its RPCs, never its code.
 
 GetWork, ExplainReceipt and ListReceipts answer through the Connectors SDK client
-(``nexuscrm_sdk.client.ConnectorsClient``); this module is the ONE place where their status
-codes become what the dashboard answers:
+(``nexuscrm_sdk.client.ConnectorsClient``); the operating reads of issue 37 (ListClaimPauses,
+GetOrderPolicy, CountDeadLetters, ListDeadLetters, GetCoverage) through the generated stub, as
+the CLI calls them, because their answers have no shared value type the client could return
+with the facade's signature (docs/decisions/164-dashboard-operating-panels.md). This module is
+the ONE place where their status codes become what the dashboard answers:
 
 | status | dashboard |
 |---|---|
-| NOT_FOUND | nothing found (``None``, an empty listing): an unknown WorkId or ReceiptKey, as before |
+| NOT_FOUND | nothing found (``None``, an empty listing): an unknown WorkId, ReceiptKey or pack |
 | FAILED_PRECONDITION from GetWork | retention pruned the WorkId (decision 124): ``PrunedWork``, "pruned at ..." |
+| FAILED_PRECONDITION from GetCoverage | the pack has no protocol row: ``Unprovable``, with Connectors' words |
 | INVALID_ARGUMENT | ``InvalidArgument`` with Connectors' message (HTTP 400) |
 | UNAVAILABLE, DEADLINE_EXCEEDED | ``ConnectorsUnavailable`` (HTTP 503, "Connectors unavailable: ...") |
 | anything else | ``ConnectorsRefused`` naming the code (HTTP 502) |
@@ -27,6 +31,8 @@ from typing import TypeVar
 
 import grpc
 
+from nexuscrm.connectors.v1 import connectors_pb2 as pb
+from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_controlplane.errors import ControlplaneError
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import TlsFiles, open_channel
@@ -79,11 +85,21 @@ class PrunedWork:
     explanation: str
 
 
-class ConnectorsReads:
-    """The three Connectors reads the dashboard shows, over ``client``."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Unprovable:
+    """A pack GetCoverage cannot prove (no protocol row yet), and Connectors' words on why."""
 
-    def __init__(self, client: ConnectorsClient) -> None:
+    pack_install_id: str
+    explanation: str
+
+
+class ConnectorsReads:
+    """The Connectors reads the dashboard shows: ``client``'s, and the operating reads over ``stub``."""
+
+    def __init__(self, client: ConnectorsClient, stub: pb_grpc.ConnectorsServiceStub) -> None:
         self._client = client
+        self._stub = stub
+        self._timeout = TIMEOUT.total_seconds()
 
     def get_work(self, work_id: str) -> WorkDescription | PrunedWork | None:
         """The generation ``work_id`` and its member count; ``PrunedWork`` when retention pruned it; None when none."""
@@ -105,6 +121,45 @@ class ConnectorsReads:
         )
         return [] if page is None else page[0]
 
+    def list_claim_pauses(self, pack_install_id: str) -> list[pb.ClaimPause] | None:
+        """The pack's active claim pauses (ListClaimPauses); None for a pack Connectors does not know."""
+        request = pb.ListClaimPausesRequest(pack_install_id=pack_install_id)
+        answer = _call(lambda: self._stub.ListClaimPauses(request, timeout=self._timeout), "pack")
+        return None if answer is None else list(answer.pauses)
+
+    def get_order_policy(self, pack_install_id: str) -> pb.OrderPolicy | None:
+        """The pack's order policy (GetOrderPolicy); None for a pack Connectors does not know."""
+        request = pb.GetOrderPolicyRequest(pack_install_id=pack_install_id)
+        answer = _call(lambda: self._stub.GetOrderPolicy(request, timeout=self._timeout), "pack")
+        return None if answer is None else answer.policy
+
+    def count_dead_letters(self, pack_install_id: str) -> pb.CountDeadLettersResponse | None:
+        """The pack's dead letters per identity (CountDeadLetters, unfiltered); None for an unknown pack."""
+        request = pb.CountDeadLettersRequest(filter=pb.DeadLetterFilter(pack_install_id=pack_install_id))
+        return _call(lambda: self._stub.CountDeadLetters(request, timeout=self._timeout), "pack")
+
+    def list_dead_letters(self, pack_install_id: str, limit: int) -> pb.ListDeadLettersResponse | None:
+        """The first page of the pack's dead letters, oldest finished first (ListDeadLetters); None: unknown pack."""
+        request = pb.ListDeadLettersRequest(
+            filter=pb.DeadLetterFilter(pack_install_id=pack_install_id), page_size=limit
+        )
+        return _call(lambda: self._stub.ListDeadLetters(request, timeout=self._timeout), "pack")
+
+    def get_coverage(
+        self, pack_install_id: str, page_token: str, limit: int
+    ) -> pb.GetCoverageResponse | Unprovable | None:
+        """One page of the pack's coverage proof by identity (GetCoverage); ``Unprovable``; None for an unknown pack.
+
+        An invalid ``page_token`` is Connectors' INVALID_ARGUMENT, answered as a 400 naming ``page_token``.
+        """
+        request = pb.GetCoverageRequest(pack_install_id=pack_install_id, page_size=limit, page_token=page_token)
+        try:
+            return _call(lambda: self._stub.GetCoverage(request, timeout=self._timeout), "page_token")
+        except ConnectorsRefused as refused:
+            if refused.code is not grpc.StatusCode.FAILED_PRECONDITION:  # GetCoverage's only one: no protocol row
+                raise
+            return Unprovable(pack_install_id=pack_install_id, explanation=refused.details)
+
 
 @contextlib.contextmanager
 def connectors_reads(targets: Targets, tls: TlsFiles | None) -> Iterator[ConnectorsReads]:
@@ -113,4 +168,4 @@ def connectors_reads(targets: Targets, tls: TlsFiles | None) -> Iterator[Connect
     The channel connects on the first read, so Connectors may start after the Controlplane.
     """
     with open_channel(targets.connectors, tls) as channel:
-        yield ConnectorsReads(ConnectorsClient(channel, timeout=TIMEOUT))
+        yield ConnectorsReads(ConnectorsClient(channel, timeout=TIMEOUT), pb_grpc.ConnectorsServiceStub(channel))

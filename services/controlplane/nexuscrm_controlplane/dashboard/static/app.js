@@ -4,8 +4,11 @@
 const REFRESH_MS = Number(new URLSearchParams(location.search).get("refresh")) || 2000;
 const RECEIPTS_SHOWN = 8; // rows per receipt table
 const RECEIPTS_LISTED = 50; // what /api/receipts returns at most (overview.RECEIPT_PAGE)
+// A coverage page reads every retained range of its identities: proven again every 15th refresh
+// (30 s by default), at once when the pack or page changes, or when the operator asks.
+const COVERAGE_EVERY = 15;
 const STATES = ["pending", "blocked", "processing", "retry", "completed", "failed"];
-const view = { pack: null, after: "", refreshes: 0 };
+const view = { pack: null, after: "", refreshes: 0, deadLettersPack: "", coveragePack: null, coverageToken: "", coverageRead: null, coverageBusy: false };
 const $ = (id) => document.getElementById(id);
 
 function esc(value) {
@@ -211,6 +214,121 @@ async function renderWorkers() {
   }
 }
 
+// The operating panels (issue 37): each asks Connectors; while it is down each says so on its own.
+function identityCell(identity) {
+  return `<span class="mono" title="${esc(identity.projection_key)}">${esc(identity.label)}</span>`;
+}
+
+function pauseScope(p) {
+  if (p.scope === "identity") return `identity ${identityCell(p.identity)}`;
+  if (p.scope === "work_type") return `work type <code>${esc(p.work_type)}</code>`;
+  return "the whole pack";
+}
+
+function orderPolicy(policy) {
+  if (!policy) return `<p class="muted">Connectors does not know this pack.</p>`;
+  const badge = `<span class="badge ${policy.policy === "block" ? "warn" : ""}">${esc(policy.policy)}</span>`;
+  const set = policy.default ? `<span class="muted">the default: never set</span>`
+    : `<span class="muted">set by ${esc(policy.set_by)} at ${esc(when(policy.set_at))}: ${esc(policy.reason)}</span>`;
+  return `<p data-order-policy="${esc(policy.policy)}">order policy ${badge} ${set}</p>`;
+}
+
+function pausesBlock(pack) {
+  const rows = pack.pauses.map((p) => `<tr data-pause="${esc(p.pause_id)}" data-scope="${esc(p.scope)}"><td>${pauseScope(p)}</td>
+    <td>${esc(p.paused_by)}</td><td>${esc(p.reason)}</td><td>${esc(when(p.paused_at))}</td><td>${esc(p.expires_at ? when(p.expires_at) : "until resumed")}</td></tr>`);
+  const table = rows.length ? `<table><tr><th>paused</th><th>by</th><th>why</th><th>since</th><th>expires</th></tr>${rows.join("")}</table>`
+    : `<p class="muted">Claims are not paused.</p>`;
+  const badge = rows.length ? ` <span class="badge bad">paused</span>` : "";
+  return `<div data-pauses-pack="${esc(pack.pack_install_id)}" data-paused="${rows.length > 0}"><h3>${esc(pack.pack)} <code>${esc(pack.pack_install_id)}</code>${badge}</h3>
+    ${orderPolicy(pack.order_policy)}${table}</div>`;
+}
+
+async function renderPauses() {
+  try {
+    const data = await getJSON("/api/claim-pauses");
+    update($("pauses"), data.packs.length ? data.packs.map(pausesBlock).join("") : `<p class="muted">No pack is installed yet.</p>`);
+  } catch (error) {
+    update($("pauses"), `<p class="muted" data-error>${esc(error.message)}</p>`);
+  }
+}
+
+function deadLettersBlock(pack, pageSize) {
+  const counted = pack.complete ? "" : ` <span class="muted">(counted among the ${esc(pack.examined)} oldest failed generations)</span>`;
+  const identities = pack.identities.map((i) => `<tr><td>${identityCell(i.identity)}</td><td>${esc(i.dead_letters)}</td></tr>`).join("");
+  const rows = pack.dead_letters.map((d) => `<tr data-dead-letter="${esc(d.work_id)}"><td class="mono"><a href="#" data-explain="${esc(d.work_id)}">${esc(d.work_id)}</a></td>
+    <td>${identityCell(d.identity)}</td><td>${esc(range(d.range[0], d.range[1]))}</td><td>${esc(attempts({ ...d, status: "failed" }))}</td>
+    <td>${esc(d.last_error)}</td><td>${esc(when(d.finished_at))}</td></tr>`).join("");
+  const more = pack.more ? `<p class="muted">The oldest ${esc(pageSize)} of ${esc(pack.total)}; <code>nexuscrm dead-letters list ${esc(pack.pack_install_id)}</code> pages through them all.</p>` : "";
+  return `<div data-dead-letters-pack="${esc(pack.pack_install_id)}"><h3>${esc(pack.pack)} <code>${esc(pack.pack_install_id)}</code></h3>
+    <p data-total="${esc(pack.total)}"><span class="badge bad">${esc(pack.total)} dead letter${pack.total === 1 ? "" : "s"}</span>${counted}</p>
+    <div class="columns"><div><table><tr><th>identity</th><th>dead letters</th></tr>${identities}</table></div><div></div></div>
+    <table><tr><th>work</th><th>identity</th><th>range</th><th>attempts</th><th>last error</th><th>finished at</th></tr>${rows}</table>${more}</div>`;
+}
+
+async function renderDeadLetters() {
+  try {
+    const data = await getJSON(`/api/dead-letters?pack=${encodeURIComponent(view.deadLettersPack)}`);
+    $("replay-command").textContent = data.replay_command;
+    update($("dead-letters"), data.packs.length ? data.packs.map((p) => deadLettersBlock(p, data.page_size)).join("")
+      : `<p class="muted" data-dead-letters="none">No dead letters.</p>`);
+  } catch (error) {
+    update($("dead-letters"), `<p class="muted" data-error>${esc(error.message)}</p>`);
+  }
+}
+
+function deadLettersFilter(packs) {
+  const options = [`<option value="">every pack</option>`, ...packs.map((p) =>
+    `<option value="${esc(p.pack_install_id)}">${esc(p.pack_name)} ${esc(p.pack_version)} (${esc(p.pack_install_id.slice(0, 11))}…)</option>`)];
+  if (!packs.some((p) => p.pack_install_id === view.deadLettersPack)) view.deadLettersPack = "";
+  update($("dead-letters-pack"), options.join(""));
+  $("dead-letters-pack").value = view.deadLettersPack;
+}
+
+function coverageRow(i) {
+  const ranges = Object.entries(i.ranges).filter(([, n]) => n).map(([state, n]) => `${state} ${n}`).join(", ") || "–";
+  const listed = i.exceptions.map((e) => `${e.kind} ${e.start} to ${e.end}${e.work_ids.length ? ` (${e.work_ids.join(", ")})` : ""}`);
+  const more = i.exception_count - i.exceptions.length;
+  const exceptions = [...listed, ...(more > 0 ? [`${more} more`] : [])].join("; ") || "–";
+  const tiled = i.tiled ? `<span class="badge ok">tiled</span>` : `<span class="badge bad">not tiled</span>`;
+  return `<tr class="${i.tiled ? "" : "not-tiled"}" data-identity="${esc(i.identity.projection_key)}" data-tiled="${i.tiled}">
+    <td>${identityCell(i.identity)}</td><td>${esc(i.high_water_ordinal)}</td><td>${tiled}</td><td>${esc(i.inputs)}</td><td>${esc(ranges)}</td><td data-exceptions>${esc(exceptions)}</td></tr>`;
+}
+
+async function renderCoverage(now = false) {
+  if (!view.pack || view.coverageBusy) return;
+  if (view.coveragePack !== view.pack) {
+    view.coveragePack = view.pack;
+    view.coverageToken = "";
+    now = true;
+  }
+  const due = view.coverageRead === null || view.refreshes - view.coverageRead >= COVERAGE_EVERY;
+  if (!now && !due) return;
+  view.coverageBusy = true;
+  view.coverageRead = view.refreshes;
+  $("coverage-pack").textContent = view.pack;
+  let next = "";
+  try {
+    const data = await getJSON(`/api/packs/${encodeURIComponent(view.pack)}/coverage?page_token=${encodeURIComponent(view.coverageToken)}`);
+    next = data.next;
+    if (!data.provable) {
+      update($("coverage"), `<p class="muted" data-provable="false">${esc(data.explanation)}</p>`);
+    } else if (!data.identities.length) {
+      update($("coverage"), `<p class="muted">No projection identity on this page.</p>`);
+    } else {
+      const head = `<p data-not-tiled="${esc(data.not_tiled)}">${esc(data.identities.length)} identit${data.identities.length === 1 ? "y" : "ies"} on this page; ${data.not_tiled
+        ? `<span class="badge bad">${esc(data.not_tiled)} not tiled</span>` : `<span class="badge ok">every one tiled</span>`}</p>`;
+      update($("coverage"), `${head}<table><tr><th>identity</th><th>high-water ordinal</th><th>tiled</th><th>inputs</th><th>ranges by state</th><th>first exceptions</th></tr>${data.identities.map(coverageRow).join("")}</table>`);
+    }
+  } catch (error) {
+    update($("coverage"), `<p class="muted" data-error>${esc(error.message)}</p>`);
+  } finally {
+    view.coverageBusy = false;
+  }
+  $("coverage-next").hidden = !next;
+  $("coverage-next").dataset.token = next;
+  $("coverage-first").hidden = !view.coverageToken;
+}
+
 function workDetails(w) {
   return `<dt>work</dt><dd class="mono">${esc(w.work_id)}</dd><dt>pack</dt><dd class="mono">${esc(w.pack_install_id)}</dd>
     <dt>source lane</dt><dd>${esc(w.identity)}</dd><dt>range</dt><dd data-range>${esc(range(w.range[0], w.range[1]))}${w.members !== null ? ` · ${w.members} members` : ""}</dd>
@@ -246,7 +364,9 @@ async function refresh() {
   try {
     const overview = await getJSON("/api/overview");
     renderPacks(overview);
-    await Promise.all([renderTimeline(), renderReceipts(), renderWorkers()]);
+    deadLettersFilter(overview.packs);
+    renderCoverage(); // not awaited: a proof that takes seconds must not hold back the rest of the page
+    await Promise.all([renderTimeline(), renderReceipts(), renderWorkers(), renderPauses(), renderDeadLetters()]);
     view.refreshes += 1;
     $("refreshed").textContent = `refreshed ${when(overview.now)}`;
     $("refreshed").dataset.count = String(view.refreshes);
@@ -277,8 +397,22 @@ document.addEventListener("DOMContentLoaded", () => {
       view.after = "";
       document.querySelectorAll(".pack").forEach((p) => p.classList.toggle("selected", p.dataset.pack === view.pack));
       renderTimeline();
+      renderCoverage();
     }
   });
+  $("dead-letters-pack").addEventListener("change", () => {
+    view.deadLettersPack = $("dead-letters-pack").value;
+    renderDeadLetters();
+  });
+  $("coverage-next").addEventListener("click", () => {
+    view.coverageToken = $("coverage-next").dataset.token;
+    renderCoverage(true);
+  });
+  $("coverage-first").addEventListener("click", () => {
+    view.coverageToken = "";
+    renderCoverage(true);
+  });
+  $("coverage-again").addEventListener("click", () => renderCoverage(true));
   $("timeline-next").addEventListener("click", () => {
     view.after = $("timeline-next").dataset.after;
     renderTimeline();
