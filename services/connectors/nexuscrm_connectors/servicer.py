@@ -119,7 +119,12 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         self, request: pb.ExplainReceiptRequest, context: grpc.ServicerContext
     ) -> pb.ExplainReceiptResponse:
         explained = self._connectors.explain_receipt(request.pack_install_id, receipt_key=request.receipt_key)
-        return convert.explanation_to_proto(explained)
+        response = convert.explanation_to_proto(explained)
+        if response.HasField("covered_by"):
+            self._mark_held([response.covered_by])
+            if response.covered_by.blocked_behind_work_id:
+                response.explanation += f" Its generation is {response.covered_by.blocked_reason}."
+        return response
 
     def ListReceipts(self, request: pb.ListReceiptsRequest, context: grpc.ServicerContext) -> pb.ListReceiptsResponse:
         receipts, token = self._connectors.list_receipts(

@@ -164,7 +164,8 @@ def test_a_work_types_order_policy_and_held_work_from_the_command_line(
     client = ConnectorsClient(grpc.insecure_channel(next(s.address for s in system if s.spec is CONNECTORS)))
     client.ingest(pack, items=[delivery(lane="x")])
     (first,) = client.claim("flow", pack_install_ids=[pack])
-    (successor,) = [r.work_id for r in client.ingest(pack, items=[delivery(lane="x")])]
+    second = delivery(lane="x")
+    (successor,) = [r.work_id for r in client.ingest(pack, items=[second])]
     assert successor is not None
     blocking = run(
         capsys, "order-policy", "set", pack, "block", "--work-type", "project", "--by", "ops", "--reason", "ledger"
@@ -187,6 +188,11 @@ def test_a_work_types_order_policy_and_held_work_from_the_command_line(
     assert cli.main(["work", "list", pack]) == 0
     assert f"blocked behind {first.work.work_id}" in capsys.readouterr().out
     assert run(capsys, "queue", "state", pack, code=9)["held"] == 1
+    why = run(capsys, "why", pack, second.receipt_key)
+    assert why["covered_by"]["blocked_behind_work_id"] == first.work.work_id
+    assert why["explanation"].endswith(
+        f"held by order policy block: predecessor {first.work.work_id} failed for good; replay or skip it."
+    )
 
     unknown = refused(
         capsys, "order-policy", "set", pack, "block", "--work-type", "refund", "--by", "o", "--reason", "r", code=2
