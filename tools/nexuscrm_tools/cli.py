@@ -927,7 +927,15 @@ def order_policy_show(clients: Clients, args: argparse.Namespace) -> Outcome:
     response = clients.connectors.GetOrderPolicy(
         cn_pb.GetOrderPolicyRequest(pack_install_id=args.pack, work_type=args.work_type or ""), timeout=RPC_TIMEOUT
     )
-    return _policy_view(response.policy, f"order policy of {_policy_scope(args)}")
+    outcome = _policy_view(response.policy, f"order policy of {_policy_scope(args)}")
+    if not args.work_type:
+        outcome.data["work_type_policies"] = [_dict(policy) for policy in response.work_type_policies]
+        if isinstance(outcome.view, Table):
+            for own in response.work_type_policies:
+                word = enum_word(cn_pb.OrderPolicyKind.DESCRIPTOR, own.policy)
+                set_ = f"{own.set_at.ToJsonString()} by {own.set_by}: {own.reason}"
+                outcome.view.add_row(f"work type {own.work_type}", f"{word}, set {set_}")
+    return outcome
 
 
 def dead_letters_skip(clients: Clients, args: argparse.Namespace) -> Outcome:

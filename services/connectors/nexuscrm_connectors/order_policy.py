@@ -192,6 +192,24 @@ def get_policy(engine: Engine, pack_install_id: str, work_type: str = "") -> Ord
     )
 
 
+def work_type_policies(engine: Engine, pack_install_id: str) -> list[OrderPolicy]:
+    """Every work type of the pack with a policy of its own, by work type (the pack is checked by the caller)."""
+    with engine.connect() as connection:
+        rows = order_policy_sql.work_type_policies_of_pack(connection, pack_install_id)
+    return [
+        OrderPolicy(
+            pack_install_id=pack_install_id,
+            policy=Policy(row.Policy),
+            set_by=row.SetBy,
+            reason=row.Reason,
+            set_at=row.SetAt,
+            work_type=row.WorkType,
+            source=Source.WORK_TYPE,
+        )
+        for row in rows
+    ]
+
+
 HELD_COUNT_CAP = 10_000  # GetQueueState's held count stops here, as receipts_waiting does
 
 

@@ -389,6 +389,10 @@ class Connectors:
         """See ``order_policy.get_policy``."""
         return order_policy.get_policy(self.engine, pack_install_id, work_type)
 
+    def work_type_order_policies(self, pack_install_id: str) -> list[order_policy.OrderPolicy]:
+        """See ``order_policy.work_type_policies``."""
+        return order_policy.work_type_policies(self.engine, pack_install_id)
+
     def order_holds(self, work_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """See ``order_policy.holds``: each held generation's dead letter, with the reason an operator reads."""
         return {

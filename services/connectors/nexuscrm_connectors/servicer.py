@@ -268,11 +268,15 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     def GetOrderPolicy(
         self, request: pb.GetOrderPolicyRequest, context: grpc.ServicerContext
     ) -> pb.GetOrderPolicyResponse:
-        return pb.GetOrderPolicyResponse(
+        response = pb.GetOrderPolicyResponse(
             policy=operating.policy_to_proto(
                 self._connectors.get_order_policy(request.pack_install_id, request.work_type)
             )
         )
+        if not request.work_type:  # the pack's, with each work type that has a policy of its own
+            own = self._connectors.work_type_order_policies(request.pack_install_id)
+            response.work_type_policies.extend(operating.policy_to_proto(policy) for policy in own)
+        return response
 
     def SkipDeadLetter(
         self, request: pb.SkipDeadLetterRequest, context: grpc.ServicerContext

@@ -186,6 +186,7 @@ def test_a_work_types_policy_holds_only_that_types_successors_and_overrides_the_
     assert (set_.work_type, set_.source, set_.policy) == ("invoice", Source.WORK_TYPE, Policy.BLOCK)
     assert connectors.get_order_policy(pack, "invoice") == set_
     assert connectors.get_order_policy(pack).policy is Policy.CONTINUE  # the pack's own is unchanged
+    assert connectors.work_type_order_policies(pack) == [set_]
     project = connectors.get_order_policy(pack, "project")
     assert (project.policy, project.source, project.work_type) == (Policy.CONTINUE, Source.DEFAULT, "project")
 

@@ -172,7 +172,9 @@ def test_a_work_types_order_policy_and_held_work_from_the_command_line(
     )
     assert (blocking["policy"], blocking["work_type"], blocking["source"]) == ("block", "project", "work_type")
     client.fail(first.work.work_id, lease_token=first.lease_token, error="Flow refused x", retryable=False)
-    assert run(capsys, "order-policy", "show", pack)["policy"] == "continue"  # the pack's own
+    packs_own = run(capsys, "order-policy", "show", pack)
+    assert packs_own["policy"] == "continue"  # the pack's own
+    assert [(p["work_type"], p["policy"]) for p in packs_own["work_type_policies"]] == [("project", "block")]
     shown = run(capsys, "order-policy", "show", pack, "--work-type", "project")
     assert (shown["policy"], shown["source"]) == ("block", "work_type")
 

@@ -129,6 +129,17 @@ def work_type_policy_get(connection: Connection, pack_install_id: str, work_type
     ).first()
 
 
+def work_type_policies_of_pack(connection: Connection, pack_install_id: str) -> list[DbRow]:
+    """The pack's WorkTypeOrderPolicy rows by work type (a primary-key prefix range)."""
+    return list(
+        connection.execute(
+            sa.select(WorkTypeOrderPolicy)
+            .where(WorkTypeOrderPolicy.c.PackInstallId == pack_install_id)
+            .order_by(WorkTypeOrderPolicy.c.WorkType)
+        )
+    )
+
+
 def work_type_policy_set(connection: Connection, row: dict[str, Any], *, exists: bool) -> None:
     """Write the work type's policy row: an UPDATE of the row read under the pack lock, else an INSERT."""
     if exists:
