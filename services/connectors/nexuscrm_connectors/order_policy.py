@@ -17,6 +17,7 @@ import dataclasses
 import datetime as dt
 import enum
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -181,6 +182,11 @@ def get_policy(engine: Engine, pack_install_id: str, work_type: str = "") -> Ord
             work_type=work_type,
             source=Source.DEFAULT,
         )
+    return _from_row(pack_install_id, row, work_type, Source.WORK_TYPE if own is not None else Source.PACK)
+
+
+def _from_row(pack_install_id: str, row: Any, work_type: str, source: Source) -> OrderPolicy:
+    """The policy an OrderPolicy or WorkTypeOrderPolicy row records, as ``work_type``'s from ``source``."""
     return OrderPolicy(
         pack_install_id=pack_install_id,
         policy=Policy(row.Policy),
@@ -188,7 +194,7 @@ def get_policy(engine: Engine, pack_install_id: str, work_type: str = "") -> Ord
         reason=row.Reason,
         set_at=row.SetAt,
         work_type=work_type,
-        source=Source.WORK_TYPE if own is not None else Source.PACK,
+        source=source,
     )
 
 
@@ -196,18 +202,7 @@ def work_type_policies(engine: Engine, pack_install_id: str) -> list[OrderPolicy
     """Every work type of the pack with a policy of its own, by work type (the pack is checked by the caller)."""
     with engine.connect() as connection:
         rows = order_policy_sql.work_type_policies_of_pack(connection, pack_install_id)
-    return [
-        OrderPolicy(
-            pack_install_id=pack_install_id,
-            policy=Policy(row.Policy),
-            set_by=row.SetBy,
-            reason=row.Reason,
-            set_at=row.SetAt,
-            work_type=row.WorkType,
-            source=Source.WORK_TYPE,
-        )
-        for row in rows
-    ]
+    return [_from_row(pack_install_id, row, row.WorkType, Source.WORK_TYPE) for row in rows]
 
 
 HELD_COUNT_CAP = 10_000  # GetQueueState's held count stops here, as receipts_waiting does
