@@ -316,13 +316,17 @@ def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
 
     Exit 9 (check failed) unless drained.
     """
-    outcome = _queue_outcome(clients.connectors_client.queue_state(args.pack), ExitCode.CHECK_FAILED)
+    state = clients.connectors_client.queue_state(args.pack)
+    outcome = _queue_outcome(state, ExitCode.CHECK_FAILED)
     pauses = clients.connectors.ListClaimPauses(
         cn_pb.ListClaimPausesRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
     ).pauses
     outcome.data["paused"] = [_dict(pause) for pause in pauses]
     if isinstance(outcome.view, Table):
         outcome.view.add_row("claims paused", "; ".join(" ".join(map(str, _pause_row(p)[1:4])) for p in pauses) or "no")
+        if state.held:
+            held = f"{state.held} pending, blocked behind dead letters by the order policy block: replay or skip them"
+            outcome.view.add_row("held", held)
     return outcome
 
 
@@ -388,6 +392,8 @@ def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
         "replay of": work.replay_of_work_id or "-",
         "last error": work.last_error or "-",
     }
+    if work.blocked_behind_work_id:
+        view["blocked behind"] = f"{work.blocked_behind_work_id}: {work.blocked_reason}"
     return Outcome(data=_dict(response), view=_fields(f"work {work.work_id}", view))
 
 
@@ -400,6 +406,13 @@ def _range(work: cn_pb.WorkItem) -> str:
 
 def _status(work: cn_pb.WorkItem) -> str:
     return enum_word(cn_pb.WorkStatus.DESCRIPTOR, work.status)
+
+
+def _listed_status(work: cn_pb.WorkItem) -> str:
+    """The status a listing shows: a generation the order policy holds is "blocked behind" its dead letter."""
+    if work.blocked_behind_work_id:
+        return f"{_status(work)}, blocked behind {work.blocked_behind_work_id} (order policy block)"
+    return _status(work)
 
 
 def _attempts(work: cn_pb.WorkItem) -> str:
@@ -461,7 +474,7 @@ def work_list(clients: Clients, args: argparse.Namespace) -> Outcome:
         request.route.CopyFrom(convert.route_to_proto(route))
     response = clients.connectors.ListGenerations(request, timeout=RPC_TIMEOUT)
     rows = [
-        (w.work_id, w.route.source_lane, _range(w), _status(w), _attempts(w), w.replay_of_work_id or "-")
+        (w.work_id, w.route.source_lane, _range(w), _listed_status(w), _attempts(w), w.replay_of_work_id or "-")
         for w in response.generations
     ]
     whose = f"lane {args.lane} of {args.pack}" if route is not None else args.pack
@@ -869,6 +882,9 @@ def dead_letters_replay(clients: Clients, args: argparse.Namespace) -> Outcome:
 ORDER_POLICIES = {"block": cn_pb.ORDER_POLICY_KIND_BLOCK, "continue": cn_pb.ORDER_POLICY_KIND_CONTINUE}
 
 
+POLICY_SOURCES = {"work_type": "its work type's own", "pack": "the pack's", "default": "the default"}
+
+
 def _policy_view(policy: cn_pb.OrderPolicy, title: str) -> Outcome:
     word = enum_word(cn_pb.OrderPolicyKind.DESCRIPTOR, policy.policy)
     view = {
@@ -877,30 +893,49 @@ def _policy_view(policy: cn_pb.OrderPolicy, title: str) -> Outcome:
         if policy.HasField("set_at")
         else "never: the default",
     }
+    if policy.work_type:
+        view["from"] = POLICY_SOURCES.get(policy.source, policy.source)
     return Outcome(data=_dict(policy), view=_fields(title, view))
 
 
+def _policy_scope(args: argparse.Namespace) -> str:
+    return f"work type {args.work_type} of {args.pack}" if args.work_type else args.pack
+
+
 def order_policy_set(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Set what a generation that failed for good means for its identity's successors in a pack.
+    """Set what a generation that failed for good means for its identity's successors in a pack or one work type.
 
     block: Claim holds them back until it is replayed or skipped; continue (the default): they
-    run, and the failed range stays listed by ``dead-letters list`` for replay.
+    run, and the failed range stays listed by ``dead-letters list`` for replay. A work type's
+    policy overrides its pack's for that type's generations; an unknown work type is refused (exit 3).
     """
     response = clients.connectors.SetOrderPolicy(
         cn_pb.SetOrderPolicyRequest(
-            pack_install_id=args.pack, policy=ORDER_POLICIES[args.policy], set_by=args.by, reason=args.reason
+            pack_install_id=args.pack,
+            policy=ORDER_POLICIES[args.policy],
+            set_by=args.by,
+            reason=args.reason,
+            work_type=args.work_type or "",
         ),
         timeout=RPC_TIMEOUT,
     )
-    return _policy_view(response.policy, f"order policy of {args.pack} set")
+    return _policy_view(response.policy, f"order policy of {_policy_scope(args)} set")
 
 
 def order_policy_show(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """A pack's order policy, who set it, when and why."""
+    """A pack's order policy, or one work type's effective one, who set it, when and why."""
     response = clients.connectors.GetOrderPolicy(
-        cn_pb.GetOrderPolicyRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
+        cn_pb.GetOrderPolicyRequest(pack_install_id=args.pack, work_type=args.work_type or ""), timeout=RPC_TIMEOUT
     )
-    return _policy_view(response.policy, f"order policy of {args.pack}")
+    outcome = _policy_view(response.policy, f"order policy of {_policy_scope(args)}")
+    if not args.work_type:
+        outcome.data["work_type_policies"] = [_dict(policy) for policy in response.work_type_policies]
+        if isinstance(outcome.view, Table):
+            for own in response.work_type_policies:
+                word = enum_word(cn_pb.OrderPolicyKind.DESCRIPTOR, own.policy)
+                set_ = f"{own.set_at.ToJsonString()} by {own.set_by}: {own.reason}"
+                outcome.view.add_row(f"work type {own.work_type}", f"{word}, set {set_}")
+    return outcome
 
 
 def dead_letters_skip(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -1024,7 +1059,10 @@ def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentPars
     sub.add_argument("policy", choices=tuple(ORDER_POLICIES))
     sub.add_argument("--by", required=True, help="who, as recorded")
     sub.add_argument("--reason", required=True, help="why, as recorded")
-    leaf(order, "show", order_policy_show, "a pack's order policy").add_argument("pack")
+    sub.add_argument("--work-type", help="set the policy of this work type of the pack, not the pack's")
+    sub = leaf(order, "show", order_policy_show, "a pack's order policy")
+    sub.add_argument("pack")
+    sub.add_argument("--work-type", help="this work type's effective policy: its own, else the pack's")
 
     sub = leaf(commands, "coverage", coverage, "prove each identity's generations tile its inputs")
     sub.add_argument("pack")

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
+from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD, effective_block, held_behind
 from nexuscrm_schema.tables import Event, PrunedReceipt, RetentionPolicy, WorkItem
 from nexuscrm_tools.demo_tables import DemoContactProjection
 
@@ -124,3 +124,28 @@ def work_item_failures(connection: Connection, pack_install_id: str) -> list[tup
         .order_by(WorkItem.c.CreatedAt, WorkItem.c.WorkId)
     )
     return [(str(row.WorkId), str(row.LastError or "")) for row in rows]
+
+
+def work_items_held(connection: Connection, pack_install_id: str) -> list[tuple[str, str]]:
+    """(WorkId, the dead letter's WorkId) of each pending generation of the pack that the "block" order policy holds.
+
+    What Connectors' claim refuses (decision 165): only a replay or skip of the dead letter, or
+    a policy change, releases it, so a runner waiting for it waits for nothing. Oldest first.
+    """
+    behind = held_behind().label("Behind")
+    held = (
+        sa.select(WorkItem.c.WorkId, behind, WorkItem.c.CreatedAt)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status == "pending",
+            WorkItem.c.InputStartOrdinal.is_not(None),
+            effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
+        )
+        .subquery()
+    )
+    rows = connection.execute(
+        sa.select(held.c.WorkId, held.c.Behind)
+        .where(held.c.Behind.is_not(None))
+        .order_by(held.c.CreatedAt, held.c.WorkId)
+    )
+    return [(str(row.WorkId), str(row.Behind)) for row in rows]

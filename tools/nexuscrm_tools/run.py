@@ -7,10 +7,12 @@ source simulator (400 lanes, a walking workload with bursts and about 5% duplica
 by default), waits until every admitted input is in a finished generation, and prints a
 summary with the invariant check over the database (and, for the demo Flow, that its
 projection equals the inputs). The wait ends at once when no generation can run any more
-(the Flow failed them for good) or the Integration host exited: the summary then names each
-failure with its WorkIds and the Flow's message. ``--serve`` then keeps the services up for
-real clients (``--inputs 0`` skips the simulator); each service is given the targets of the
-others (Controlplane's dashboard reaches the Integration host).
+(the Flow failed them for good, or the "block" order policy holds them behind a dead letter)
+or the Integration host exited: the summary then names each failure with its WorkIds and the
+Flow's message, and each held generation with the dead letter it is blocked behind.
+``--serve`` then keeps the services up for real clients (``--inputs 0`` skips the
+simulator); each service is given the targets of the others (Controlplane's dashboard
+reaches the Integration host).
 
 Every run starts from a fresh run state: the logs and port files in ``--workdir`` and, unless
 NEXUSCRM_DSN names a database, the embedded SQLite file ``WORKDIR/nexuscrm.db`` are removed
@@ -85,7 +87,7 @@ from nexuscrm_tools.launcher import (
     stop_services,
     target_env,
 )
-from nexuscrm_tools.run_outcome import Ending, ending, failure_problems, states_text
+from nexuscrm_tools.run_outcome import Ending, ending, failure_problems, held_problems, states_text
 from nexuscrm_tools.simulator import Simulator, SimulatorStats, WorkloadConfig
 from nexuscrm_tools.tables import plural
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
@@ -301,6 +303,7 @@ def run_demo(
                 with engine.connect() as connection:
                     applied = queries.work_item_inputs_finished(connection, pack_install_id)
                     counts = queries.work_item_status_counts(connection, pack_install_id)
+                    held = len(queries.work_items_held(connection, pack_install_id)) if stats.done else 0
                 progress.update(sent, completed=stats.fresh_sent)
                 progress.update(
                     shown,
@@ -313,6 +316,7 @@ def run_demo(
                     projected=projected(applied, counts, stats),
                     counts=counts,
                     host_running=host.poll() is None,
+                    held=held,
                 )
 
             polled = poll_until(observe, bool, timeout=timeout, interval=POLL_INTERVAL, stop=stop)
@@ -326,12 +330,13 @@ def run_demo(
         lags = demo_tables.applied.lags(connection, pack_install_id) if is_demo else []
         counts = queries.work_item_status_counts(connection, pack_install_id)
         failures = queries.work_item_failures(connection, pack_install_id)
+        held = queries.work_items_held(connection, pack_install_id)
     generations = sum(counts.values())
     if is_demo and ended is not Ending.INTERRUPTED:
         problems = demo.verify_projection(engine, pack_install_id)
     else:
         problems = check_invariants(engine)
-    problems += failure_problems(failures)
+    problems += failure_problems(failures) + held_problems(held)
     if ended is Ending.HOST_EXITED:
         problems.insert(0, f"the Integration host exited with {host.poll()}: see {by_name[INTEGRATION.name].log_path}")
     elif ended not in (Ending.PROJECTED, Ending.INTERRUPTED):  # an interruption is said, not a problem

@@ -349,6 +349,7 @@ def queue_state_to_proto(state: QueueState) -> pb.QueueState:
         oldest_waiting_work_id=state.oldest_waiting_work_id or "",
         oldest_waiting_since=to_timestamp(state.oldest_waiting_since),
         read_at=to_timestamp(state.read_at),
+        held=state.held,
     )
     if state.oldest_waiting_age is not None:
         message.oldest_waiting_age.FromTimedelta(state.oldest_waiting_age)
@@ -368,6 +369,7 @@ def queue_state_from_proto(message: pb.QueueState) -> QueueState:
         oldest_waiting_since=from_timestamp(message, "oldest_waiting_since"),
         oldest_waiting_age=message.oldest_waiting_age.ToTimedelta() if message.HasField("oldest_waiting_age") else None,
         read_at=from_timestamp(message, "read_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
+        held=message.held,
     )
 
 

@@ -5,6 +5,10 @@ identity's WorkItem with the highest LaneOrdinal below the generation's InputSta
 (one seek of ``ix_workitem_projection_order``). Connectors' liveness sweep and the
 Controlplane dashboard's stranded gauge both judge a blocked generation by it.
 
+Under the "block" order policy (decisions 160 and 165), a pending generation whose
+predecessor is a dead letter (failed, neither replayed nor skipped) is held: Connectors' claim
+refuses it and the runner reports it (``dead_letter``, ``effective_block``, ``held_behind``).
+
 An Event's payload is its EventPayload row's, or for an Event admitted before schema v8
 copied it, its own Event.Payload (decision 126): ``EVENT_WITH_PAYLOAD`` and ``EVENT_PAYLOAD``
 read it for whole-table readers (demo checks, test histories).
@@ -16,7 +20,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from nexuscrm_schema.tables import Event, EventPayload, WorkItem
+from nexuscrm_schema.hints import NO_DECORRELATE, probe_exists
+from nexuscrm_schema.tables import Event, EventPayload, OrderPolicy, SkippedWork, WorkItem, WorkTypeOrderPolicy
+from workqueue.statuses import WorkStatus
 
 PREDECESSOR = WorkItem.alias("Predecessor")
 """The outer WorkItem row's predecessor in ``predecessor_select``."""
@@ -54,3 +60,51 @@ EVENT_WITH_PAYLOAD = Event.outerjoin(
 
 EVENT_PAYLOAD: sa.ColumnElement[bytes] = sa.func.coalesce(EventPayload.c.Payload, Event.c.Payload).label("Payload")
 """The payload of the Event row of ``EVENT_WITH_PAYLOAD``, wherever it is stored."""
+
+BLOCK = "block"
+CONTINUE = "continue"
+DEFAULT_ORDER_POLICY = CONTINUE  # decision 160
+
+_REPLAYS = WorkItem.alias("Replays")  # a replay of a failed generation (ix_workitem_replay_of)
+
+
+def unresolved(table: Any) -> sa.ColumnElement[bool]:
+    """``table``'s row (a failed generation) was neither replayed nor skipped: it is still a dead letter.
+
+    One seek of ix_workitem_replay_of and one primary-key probe of SkippedWork.
+    """
+    return sa.and_(
+        ~probe_exists(sa.select(_REPLAYS.c.WorkId).where(_REPLAYS.c.ReplayOfWorkId == table.c.WorkId)),
+        ~probe_exists(sa.select(SkippedWork.c.WorkId).where(SkippedWork.c.WorkId == table.c.WorkId)),
+    )
+
+
+def dead_letter(table: Any) -> sa.ColumnElement[bool]:
+    """``table``'s row is a dead letter: failed for good, neither replayed nor skipped."""
+    return sa.and_(table.c.Status == WorkStatus.FAILED, unresolved(table))
+
+
+def effective_block(pack: sa.ColumnElement[str], work_type: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """Whether a generation of ``work_type`` in ``pack`` is under "block" (decision 165).
+
+    Its work type's policy if set, else its pack's, else the default: one primary-key probe
+    of WorkTypeOrderPolicy (per row when ``work_type`` is the row's column) and one of
+    OrderPolicy (once per read when ``pack`` is a bound parameter).
+    """
+    of_type = (
+        sa.select(WorkTypeOrderPolicy.c.Policy)
+        .prefix_with(NO_DECORRELATE, dialect="mysql")
+        .where(WorkTypeOrderPolicy.c.PackInstallId == pack, WorkTypeOrderPolicy.c.WorkType == work_type)
+        .scalar_subquery()
+    )
+    of_pack = sa.select(OrderPolicy.c.Policy).where(OrderPolicy.c.PackInstallId == pack).scalar_subquery()
+    return sa.func.coalesce(of_type, of_pack, DEFAULT_ORDER_POLICY) == BLOCK
+
+
+def held_behind() -> sa.ScalarSelect[Any]:
+    """The WorkId of the outer WorkItem row's predecessor when it is a dead letter; NULL otherwise.
+
+    Whether the row is held also takes its status (pending) and ``effective_block``.
+    """
+    behind = predecessor_select(sa.case((dead_letter(PREDECESSOR), PREDECESSOR.c.WorkId), else_=None))
+    return behind.prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery()

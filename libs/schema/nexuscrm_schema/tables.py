@@ -388,6 +388,22 @@ OrderPolicy = sa.Table(
     **MYSQL_TABLE_OPTIONS,
 )
 
+# Added by schema v13 (decision 165): the order policy of one work type of a pack, which
+# overrides the pack's (OrderPolicy) for that type's generations. A generation's effective
+# policy is its work type's row, else its pack's, else "continue". Keyed (clustered) by the
+# pair the claim probes per candidate row. Rows are rewritten in place, never deleted.
+WorkTypeOrderPolicy = sa.Table(
+    "WorkTypeOrderPolicy",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("WorkType", sa.String(FIELD_MAX_LENGTHS["work_type"]), primary_key=True),
+    sa.Column("Policy", sa.String(16), nullable=False),
+    sa.Column("SetBy", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("SetAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
 # Added by schema v12 (decision 160): an operator's explicit skip of a generation that failed
 # for good: it stays failed (no status is rewritten), leaves the dead-letter queue and no
 # longer holds its identity's successors under the "block" policy. Never deleted.

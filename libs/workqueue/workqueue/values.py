@@ -234,6 +234,9 @@ class QueueState:
     oldest_waiting_since: dt.datetime | None
     oldest_waiting_age: dt.timedelta | None
     read_at: dt.datetime
+    # Pending generations the "block" order policy holds behind a dead letter (counted in
+    # pending too), up to 10 000; GetQueueState only (decision 165).
+    held: int = 0
 
     @property
     def depth(self) -> int:

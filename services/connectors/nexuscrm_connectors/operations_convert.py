@@ -17,7 +17,7 @@ from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_runtime.status import STATUS_CODES
 from nexuscrm_sdk import convert
 from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
-from workqueue.errors import ErrorKind
+from workqueue.errors import ErrorKind, InvalidArgument
 
 _SCOPES = {
     pb.PAUSE_SCOPE_PACK: PauseScope.PACK,
@@ -132,7 +132,9 @@ def bulk_replay_to_proto(replay: dead_letters.BulkReplay) -> pb.ReplayDeadLetter
 
 
 def policy_from_proto(kind: pb.OrderPolicyKind) -> order_policy.Policy | None:
-    """OrderPolicyKind -> Policy; None for unspecified (refused downstream)."""
+    """OrderPolicyKind -> Policy; None for unspecified (refused downstream); a value the contract lacks is refused."""
+    if kind and kind not in _POLICIES:
+        raise InvalidArgument(f"policy {kind} is not an OrderPolicyKind: block or continue", field="policy")
     return _POLICIES.get(kind)
 
 
@@ -144,6 +146,8 @@ def policy_to_proto(policy: order_policy.OrderPolicy) -> pb.OrderPolicy:
         set_by=policy.set_by,
         reason=policy.reason,
         set_at=to_timestamp(policy.set_at),
+        work_type=policy.work_type,
+        source=policy.source.value,
     )
 
 

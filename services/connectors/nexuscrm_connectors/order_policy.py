@@ -1,9 +1,11 @@
-"""A pack's order policy, and the operator's explicit skip of a generation that failed for good.
+"""A pack's (or one work type's) order policy, and the operator's explicit skip of a generation that failed for good.
 
 "block": a dead letter (failed, never replayed nor skipped) holds back the next generation of
 its identity, and with it every later one, until it is replayed or skipped; the claim enforces
 it (``order_policy_sql.candidate_not_held`` in the candidate read). "continue" (the default,
 decision 160): successors run, the failed range stays listed as a dead letter for replay.
+A work type's policy overrides its pack's for that type's generations (decision 165): the
+effective policy is the work type's if set, else the pack's, else "continue".
 A skip is a recorded act (who, when, why) in SkippedWork: the failed generation keeps its
 status, leaves the dead-letter queue and no longer holds its identity. Both run under the
 PackInstall row lock, like replay.
@@ -14,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -23,12 +27,14 @@ from nexuscrm_connectors.errors import ConnectorsError, ProtocolMissing, Unknown
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import pauses as pauses_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
+from nexuscrm_schema.tables import WorkItem
 from workqueue import WorkStatus
 from workqueue.errors import ErrorKind, InvalidArgument
-from workqueue.identity import validate_text
+from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
 
 
 class Policy(enum.StrEnum):
@@ -36,6 +42,20 @@ class Policy(enum.StrEnum):
 
     BLOCK = order_policy_sql.BLOCK
     CONTINUE = order_policy_sql.CONTINUE
+
+
+class Source(enum.StrEnum):
+    """Where an effective policy comes from."""
+
+    WORK_TYPE = "work_type"
+    PACK = "pack"
+    DEFAULT = "default"
+
+
+class UnknownWorkType(ConnectorsError):
+    """A policy of a work type of which the pack has no generation."""
+
+    kind = ErrorKind.NOT_FOUND
 
 
 class SkipRefused(ConnectorsError):
@@ -46,13 +66,19 @@ class SkipRefused(ConnectorsError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OrderPolicy:
-    """A pack's policy; ``set_at`` None: never set, the default applies."""
+    """A pack's or one work type's effective policy; ``set_at`` None: never set, the default applies.
+
+    ``work_type`` empty: the pack's. ``source``: where the policy comes from; a work type
+    without a policy of its own has its pack's (who, why and when included).
+    """
 
     pack_install_id: str
     policy: Policy
     set_by: str
     reason: str
     set_at: dt.datetime | None
+    work_type: str = ""
+    source: Source = Source.DEFAULT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,36 +97,81 @@ def _recorded(operator_field: str, operator: str, reason: str) -> None:
     validate_text("reason", reason, REASON_MAX_LENGTH)
 
 
+def _work_type(work_type: str) -> None:
+    if work_type:
+        validate_text("work_type", work_type, FIELD_MAX_LENGTHS["work_type"])
+
+
+def _known_work_type(connection: Connection, pack_install_id: str, work_type: str) -> None:
+    """Refuse (NOT_FOUND) a work type of which the pack has no generation, as a pause of it is refused."""
+    if work_type and not pauses_sql.work_item_exists(connection, pack_install_id, WorkItem.c.WorkType, work_type):
+        raise UnknownWorkType(
+            f"work type {work_type!r} of pack {pack_install_id}: the pack has no generation of it", field="work_type"
+        )
+
+
 def set_policy(
-    engine: Engine, clock: DatabaseClock, pack_install_id: str, policy: Policy | None, *, set_by: str, reason: str
+    engine: Engine,
+    clock: DatabaseClock,
+    pack_install_id: str,
+    policy: Policy | None,
+    *,
+    set_by: str,
+    reason: str,
+    work_type: str = "",
 ) -> OrderPolicy:
-    """Set the pack's order policy; refuses an unset policy or operator or reason, and an unknown pack."""
+    """Set the pack's order policy, or one work type's (``work_type``), which overrides the pack's for it.
+
+    Refuses an unset policy or operator or reason (``InvalidArgument``), an unknown pack
+    (``UnknownPack``) and a work type the pack has no generation of (``UnknownWorkType``);
+    nothing is written then.
+    """
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
     if policy is None:
         raise InvalidArgument("policy is required: block or continue", field="policy")
     _recorded("set_by", set_by, reason)
+    _work_type(work_type)
 
     def run(connection: Connection) -> OrderPolicy:
         pack = packs_sql.pack_lock(connection, pack_install_id, clock)
-        found = order_policy_sql.order_policy_get(connection, pack_install_id)
         row = {"PackInstallId": pack_install_id, "Policy": policy.value, "SetBy": set_by, "Reason": reason}
-        order_policy_sql.order_policy_set(connection, {**row, "SetAt": pack.now}, exists=found is not None)
+        if work_type:
+            _known_work_type(connection, pack_install_id, work_type)
+            found = order_policy_sql.work_type_policy_get(connection, pack_install_id, work_type)
+            order_policy_sql.work_type_policy_set(
+                connection, {**row, "WorkType": work_type, "SetAt": pack.now}, exists=found is not None
+            )
+        else:
+            found = order_policy_sql.order_policy_get(connection, pack_install_id)
+            order_policy_sql.order_policy_set(connection, {**row, "SetAt": pack.now}, exists=found is not None)
         return OrderPolicy(
-            pack_install_id=pack_install_id, policy=policy, set_by=set_by, reason=reason, set_at=pack.now
+            pack_install_id=pack_install_id,
+            policy=policy,
+            set_by=set_by,
+            reason=reason,
+            set_at=pack.now,
+            work_type=work_type,
+            source=Source.WORK_TYPE if work_type else Source.PACK,
         )
 
     return run_transaction(engine, run, name="set order policy")
 
 
-def get_policy(engine: Engine, pack_install_id: str) -> OrderPolicy:
-    """The pack's order policy (the default when never set); raises ``UnknownPack``."""
+def get_policy(engine: Engine, pack_install_id: str, work_type: str = "") -> OrderPolicy:
+    """The pack's order policy, or ``work_type``'s effective one (its own, else the pack's, else the default).
+
+    Raises ``UnknownPack``, and ``UnknownWorkType`` for a work type the pack has no generation of.
+    """
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    _work_type(work_type)
     with engine.connect() as connection:
         if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        row = order_policy_sql.order_policy_get(connection, pack_install_id)
+        _known_work_type(connection, pack_install_id, work_type)
+        own = order_policy_sql.work_type_policy_get(connection, pack_install_id, work_type) if work_type else None
+        row = own if own is not None else order_policy_sql.order_policy_get(connection, pack_install_id)
     if row is None:
         return OrderPolicy(
             pack_install_id=pack_install_id,
@@ -108,14 +179,52 @@ def get_policy(engine: Engine, pack_install_id: str) -> OrderPolicy:
             set_by="",
             reason="",
             set_at=None,
+            work_type=work_type,
+            source=Source.DEFAULT,
         )
+    return _from_row(pack_install_id, row, work_type, Source.WORK_TYPE if own is not None else Source.PACK)
+
+
+def _from_row(pack_install_id: str, row: Any, work_type: str, source: Source) -> OrderPolicy:
+    """The policy an OrderPolicy or WorkTypeOrderPolicy row records, as ``work_type``'s from ``source``."""
     return OrderPolicy(
         pack_install_id=pack_install_id,
         policy=Policy(row.Policy),
         set_by=row.SetBy,
         reason=row.Reason,
         set_at=row.SetAt,
+        work_type=work_type,
+        source=source,
     )
+
+
+def work_type_policies(engine: Engine, pack_install_id: str) -> list[OrderPolicy]:
+    """Every work type of the pack with a policy of its own, by work type (the pack is checked by the caller)."""
+    with engine.connect() as connection:
+        rows = order_policy_sql.work_type_policies_of_pack(connection, pack_install_id)
+    return [_from_row(pack_install_id, row, row.WorkType, Source.WORK_TYPE) for row in rows]
+
+
+HELD_COUNT_CAP = 10_000  # GetQueueState's held count stops here, as receipts_waiting does
+
+
+def hold_reason(behind: str) -> str:
+    """Why a generation the "block" policy holds waits, as an operator reads it."""
+    return f"held by order policy block: predecessor {behind} failed for good; replay or skip it"
+
+
+def holds(engine: Engine, work_ids: Sequence[str]) -> dict[str, str]:
+    """Of ``work_ids``, the generations the "block" policy holds now, each with its dead letter's WorkId."""
+    if not work_ids:
+        return {}
+    with engine.connect() as connection:
+        return order_policy_sql.work_items_held(connection, work_ids)
+
+
+def held_count(engine: Engine, pack_install_id: str) -> int:
+    """How many of the pack's pending generations the "block" policy holds, up to ``HELD_COUNT_CAP``."""
+    with engine.connect() as connection:
+        return order_policy_sql.work_items_held_count(connection, pack_install_id, HELD_COUNT_CAP)
 
 
 def skip(engine: Engine, clock: DatabaseClock, work_id: str, *, skipped_by: str, reason: str) -> Skip:

@@ -1,6 +1,7 @@
 """What this Connectors release is and which canonical schema versions it serves (decision 144).
 
-Minimum 12: claims read the operator's pauses (ClaimPause, v12; decision 158); before that
+Minimum 13: claims read the order policy of each candidate's work type (WorkTypeOrderPolicy,
+v13; decision 165); before that they read the operator's pauses (ClaimPause, v12; decision 158) and
 admission and replay write each generation's admitted member count
 (WorkItem.AdmittedMemberCount and AdmittedThroughOrdinal, v11; decision 149), and
 admission and retention read RetentionPolicy's duplicate-window columns (v9) and every
@@ -15,5 +16,5 @@ from nexuscrm_runtime.release import Release, SchemaSupport
 RELEASE = Release(
     owner="connectors",
     distribution="nexuscrm-connectors",
-    schema=SchemaSupport(minimum=12, newest=12, forward_window=1),
+    schema=SchemaSupport(minimum=13, newest=13, forward_window=1),
 )

@@ -127,11 +127,13 @@ def prune(
 
     Never pruned: a generation that is not terminal (so never a member of one), the newest
     ``KeepGenerations`` of each identity, one finished less than ``KeepSeconds`` ago, one whose
-    successor is still blocked, old-protocol work, and anything of a pack without a protocol
-    row. What goes leaves a ``PrunedWork`` record and a ``PrunedReceipt`` tombstone per
-    receipt; the ordinal counter is never touched, HorizonOrdinal never moves back. One
-    transaction deletes at most ``prune_batch_events`` members (a larger generation in
-    several, its WorkItem with the last), so each retained Event stays in its generation.
+    successor is still blocked, a dead letter (failed, never replayed nor skipped) whose work
+    type or pack is under the "block" order policy (decision 165: pruning it would release the
+    successor it holds), old-protocol work, and anything of a pack without a protocol row.
+    What goes leaves a ``PrunedWork`` record and a ``PrunedReceipt`` tombstone per receipt;
+    the ordinal counter is never touched, HorizonOrdinal never moves back. One transaction
+    deletes at most ``prune_batch_events`` members (a larger generation in several, its
+    WorkItem with the last), so each retained Event stays in its generation.
 
     Multi-primary (decision 107): each transaction re-reads the policy and the generation and
     decides only from facts no concurrent writer undoes (terminal is final, a generation never
@@ -287,6 +289,8 @@ def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.da
     keep = policy.keep_generations or 1  # the newest generation of an identity always stays
     if retention_sql.work_items_newer(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal, keep) < keep:
         return True
+    if row.Status == WorkStatus.FAILED and retention_sql.work_item_holds_order(connection, row.WorkId):
+        return True  # a dead letter under "block": pruning it would release the successor it holds
     return (
         row.SuccessorWorkId is not None
         and retention_sql.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED

@@ -370,18 +370,39 @@ class Connectors:
         return handled
 
     def set_order_policy(
-        self, pack_install_id: str, policy: order_policy.Policy | None, *, set_by: str, reason: str
+        self,
+        pack_install_id: str,
+        policy: order_policy.Policy | None,
+        *,
+        set_by: str,
+        reason: str,
+        work_type: str = "",
     ) -> order_policy.OrderPolicy:
         """See ``order_policy.set_policy``; waiting claims are woken: held work may be claimable now."""
         changed = order_policy.set_policy(
-            self.engine, self.clock, pack_install_id, policy, set_by=set_by, reason=reason
+            self.engine, self.clock, pack_install_id, policy, set_by=set_by, reason=reason, work_type=work_type
         )
         follow_up("set order policy", self.reservations.notify)
         return changed
 
-    def get_order_policy(self, pack_install_id: str) -> order_policy.OrderPolicy:
+    def get_order_policy(self, pack_install_id: str, work_type: str = "") -> order_policy.OrderPolicy:
         """See ``order_policy.get_policy``."""
-        return order_policy.get_policy(self.engine, pack_install_id)
+        return order_policy.get_policy(self.engine, pack_install_id, work_type)
+
+    def work_type_order_policies(self, pack_install_id: str) -> list[order_policy.OrderPolicy]:
+        """See ``order_policy.work_type_policies``."""
+        return order_policy.work_type_policies(self.engine, pack_install_id)
+
+    def order_holds(self, work_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """See ``order_policy.holds``: each held generation's dead letter, with the reason an operator reads."""
+        return {
+            work_id: (behind, order_policy.hold_reason(behind))
+            for work_id, behind in order_policy.holds(self.engine, work_ids).items()
+        }
+
+    def order_held_count(self, pack_install_id: str) -> int:
+        """See ``order_policy.held_count``."""
+        return order_policy.held_count(self.engine, pack_install_id)
 
     def skip_dead_letter(self, work_id: str, *, skipped_by: str, reason: str) -> order_policy.Skip:
         """See ``order_policy.skip``; waiting claims are woken: the successor it held may be claimable."""

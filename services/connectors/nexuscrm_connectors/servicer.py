@@ -5,8 +5,9 @@ Errors are mapped to status codes by the shared interceptor; nothing here aborts
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 
@@ -102,13 +103,28 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
 
     def GetWork(self, request: pb.GetWorkRequest, context: grpc.ServicerContext) -> pb.GetWorkResponse:
         described = self._connectors.get_work(request.work_id)
-        return pb.GetWorkResponse(work=convert.work_to_proto(described.work), member_count=described.member_count)
+        work = convert.work_to_proto(described.work)
+        self._mark_held([work])
+        return pb.GetWorkResponse(work=work, member_count=described.member_count)
+
+    def _mark_held(self, works: Sequence[pb.WorkItem]) -> None:
+        """Mark the pending generations the "block" order policy holds: behind which dead letter, and why."""
+        pending = [work.work_id for work in works if work.status == pb.WORK_STATUS_PENDING]
+        held = self._connectors.order_holds(pending) if pending else {}
+        for work in works:
+            if work.work_id in held:
+                work.blocked_behind_work_id, work.blocked_reason = held[work.work_id]
 
     def ExplainReceipt(
         self, request: pb.ExplainReceiptRequest, context: grpc.ServicerContext
     ) -> pb.ExplainReceiptResponse:
         explained = self._connectors.explain_receipt(request.pack_install_id, receipt_key=request.receipt_key)
-        return convert.explanation_to_proto(explained)
+        response = convert.explanation_to_proto(explained)
+        if response.HasField("covered_by"):
+            self._mark_held([response.covered_by])
+            if response.covered_by.blocked_behind_work_id:
+                response.explanation += f" Its generation is {response.covered_by.blocked_reason}."
+        return response
 
     def ListReceipts(self, request: pb.ListReceiptsRequest, context: grpc.ServicerContext) -> pb.ListReceiptsResponse:
         receipts, token = self._connectors.list_receipts(
@@ -122,7 +138,9 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     def GetQueueState(
         self, request: pb.GetQueueStateRequest, context: grpc.ServicerContext
     ) -> pb.GetQueueStateResponse:
-        state = convert.queue_state_to_proto(self._connectors.queue_state(request.pack_install_id))
+        read = self._connectors.queue_state(request.pack_install_id)
+        held = self._connectors.order_held_count(read.pack_install_id)
+        state = convert.queue_state_to_proto(dataclasses.replace(read, held=held))
         pauses = self._connectors.list_claim_pauses(state.pack_install_id)
         state.paused.extend(operating.pause_to_proto(pause) for pause in pauses)
         return pb.GetQueueStateResponse(state=state)
@@ -145,7 +163,9 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             page_token=request.page_token,
             status=convert.STATUSES_BACK.get(request.status),
         )
-        return convert.generations_to_proto(page)
+        listed = convert.generations_to_proto(page)
+        self._mark_held(listed.generations)
+        return listed
 
     def ListMembers(self, request: pb.ListMembersRequest, context: grpc.ServicerContext) -> pb.ListMembersResponse:
         page = self._connectors.list_members(
@@ -241,15 +261,22 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             operating.policy_from_proto(request.policy),
             set_by=recorded_operator(request.set_by),
             reason=request.reason,
+            work_type=request.work_type,
         )
         return pb.SetOrderPolicyResponse(policy=operating.policy_to_proto(policy))
 
     def GetOrderPolicy(
         self, request: pb.GetOrderPolicyRequest, context: grpc.ServicerContext
     ) -> pb.GetOrderPolicyResponse:
-        return pb.GetOrderPolicyResponse(
-            policy=operating.policy_to_proto(self._connectors.get_order_policy(request.pack_install_id))
+        response = pb.GetOrderPolicyResponse(
+            policy=operating.policy_to_proto(
+                self._connectors.get_order_policy(request.pack_install_id, request.work_type)
+            )
         )
+        if not request.work_type:  # the pack's, with each work type that has a policy of its own
+            own = self._connectors.work_type_order_policies(request.pack_install_id)
+            response.work_type_policies.extend(operating.policy_to_proto(policy) for policy in own)
+        return response
 
     def SkipDeadLetter(
         self, request: pb.SkipDeadLetterRequest, context: grpc.ServicerContext

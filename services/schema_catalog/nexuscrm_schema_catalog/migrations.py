@@ -56,6 +56,7 @@ V8_COLUMN = tables.Event.c.PayloadBytes.name
 V10_TABLES = (tables.PayloadContract,)
 V11_COLUMNS = ("AdmittedMemberCount", "AdmittedThroughOrdinal")
 V12_TABLES = (tables.ClaimPause, tables.OrderPolicy, tables.SkippedWork)
+V13_TABLES = (tables.WorkTypeOrderPolicy,)
 V12_INDEX = next(index for index in tables.PrunedWork.indexes if index.name == "ix_prunedwork_identity")
 # Who set the payload contract on a database that ApplySchema created from nothing.
 SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
@@ -70,7 +71,7 @@ def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + V12_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + V12_TABLES + V13_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
@@ -195,6 +196,10 @@ def _apply_v12(connection: Connection) -> None:
         V12_INDEX.create(connection)
 
 
+def _apply_v13(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V13_TABLES), checkfirst=True)
+
+
 def _contract_empty_database(connection: Connection) -> None:
     set_contract(connection, SET_BY_EMPTY_DATABASE)
 
@@ -223,6 +228,7 @@ STEPS = (
     Step(10, "v10_payload_contract", _apply_v10, on_empty=_contract_empty_database),
     Step(11, "v11_admitted_member_count", _apply_v11),
     Step(12, "v12_operating_projections", _apply_v12),
+    Step(13, "v13_work_type_order_policy", _apply_v13),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.dead_letters import filter_of
-from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
-from nexuscrm_connectors.order_policy import Policy, SkipRefused
+from nexuscrm_connectors.errors import UnknownPack, WorkNotFound, WorkPruned
+from nexuscrm_connectors.operations_convert import policy_from_proto
+from nexuscrm_connectors.order_policy import Policy, SkipRefused, Source, UnknownWorkType, hold_reason
 from nexuscrm_connectors.queries import claims as claims_sql
+from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_schema.tables import SkippedWork, WorkItem
+from nexuscrm_schema.tables import OrderPolicy, SkippedWork, WorkItem, WorkTypeOrderPolicy
 from tests.connectors.integration.test_index_plans import capture
 from tests.support.checksums import database_checksums
-from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.factories import FakeClock, delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from tests.support.plans import explain_problems
 from workqueue import WorkStatus
-from workqueue.errors import InvalidArgument
-from workqueue.values import Claim
+from workqueue.errors import ErrorKind, InvalidArgument
+from workqueue.values import Claim, IngestItem
 
 pytestmark = pytest.mark.database
 
@@ -154,4 +158,147 @@ def test_the_held_probe_is_index_seeks(engine: sa.Engine, connectors: Connectors
     (read,) = captured
     with engine.connect() as connection:
         assert explain_problems(connection, read.statement, read.parameters) == []
+    assert_invariants(engine)
+
+
+def _invoice(lane: str) -> IngestItem:
+    return IngestItem(receipt_key=f"inv-{uuid.uuid4().hex[:8]}", route=route(lane, work_type="invoice"), payload=b"i")
+
+
+def _failed_invoice_with_successor(connectors: Connectors, pack: str) -> tuple[str, str]:
+    """Invoice lane x's first generation failed for good, its successor admitted behind it. Their WorkIds."""
+    connectors.ingest(pack, items=[_invoice("x")])
+    (first,) = connectors.claim("w", pack_install_ids=[pack])
+    (successor,) = [r.work_id for r in connectors.ingest(pack, items=[_invoice("x")])]
+    connectors.fail(first.work.work_id, lease_token=first.lease_token, error="boom", retryable=False)
+    assert successor is not None
+    return first.work.work_id, successor
+
+
+def test_a_work_types_policy_holds_only_that_types_successors_and_overrides_the_packs(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    invoice_failed, invoice_next = _failed_invoice_with_successor(connectors, pack)
+    assert connectors.get_order_policy(pack, "invoice").source is Source.DEFAULT
+    set_ = connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops@acme", reason="ledger", work_type="invoice")
+    project_failed, project_next = _failed_with_successor(connectors, pack)  # lane a (project) and lane b
+    assert (set_.work_type, set_.source, set_.policy) == ("invoice", Source.WORK_TYPE, Policy.BLOCK)
+    assert connectors.get_order_policy(pack, "invoice") == set_
+    assert connectors.get_order_policy(pack).policy is Policy.CONTINUE  # the pack's own is unchanged
+    assert connectors.work_type_order_policies(pack) == [set_]
+    project = connectors.get_order_policy(pack, "project")
+    assert (project.policy, project.source, project.work_type) == (Policy.CONTINUE, Source.DEFAULT, "project")
+
+    # Only the invoice successor is held; the project lane a successor runs under the pack's continue.
+    assert connectors.order_holds([invoice_next, project_next]) == {
+        invoice_next: (invoice_failed, hold_reason(invoice_failed))
+    }
+    assert connectors.order_held_count(pack) == 1
+    claims = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert sorted(c.work.work_id for c in claims if _lane(c) == "a") == [project_next]
+    assert invoice_next not in {c.work.work_id for c in claims}
+    for claim in claims:
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+
+    # The pack under block, its invoice type overriding with continue: invoice runs, project holds.
+    connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="order", work_type="")
+    connectors.set_order_policy(pack, Policy.CONTINUE, set_by="ops", reason="progress", work_type="invoice")
+    assert connectors.get_order_policy(pack, "project").source is Source.PACK
+    (released,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert released.work.work_id == invoice_next
+    connectors.complete(released.work.work_id, lease_token=released.lease_token)
+    (held_project,) = [r.work_id for r in connectors.ingest(pack, items=[delivery(lane="a")])]
+    assert held_project is not None
+    # lane a's newest completed, its predecessor is no dead letter: nothing of project is held
+    assert connectors.order_holds([held_project]) == {}
+    assert project_failed in {d.work_id for d in connectors.list_dead_letters(pack, filter_of(pack)).dead_letters}
+    for claim in connectors.claim("w", pack_install_ids=[pack], max_items=10):
+        connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    assert_invariants(engine)
+
+
+def test_a_policy_of_an_unknown_work_type_or_a_bad_value_is_refused_and_changes_nothing(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    _failed_invoice_with_successor(connectors, pack)
+    connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="ledger", work_type="invoice")
+    tables = [OrderPolicy.name, WorkTypeOrderPolicy.name, WorkItem.name]
+    with engine.connect() as connection:
+        before = database_checksums(connection, tables)
+    refusals: list[tuple[type[Exception], str, Callable[[], object]]] = [
+        (
+            UnknownWorkType,
+            "work type 'refund' of pack .* has no generation of it",
+            lambda: connectors.set_order_policy(pack, Policy.BLOCK, set_by="o", reason="r", work_type="refund"),
+        ),
+        (UnknownWorkType, "has no generation of it", lambda: connectors.get_order_policy(pack, "refund")),
+        (
+            UnknownPack,
+            "not installed",
+            lambda: connectors.set_order_policy("pk-none", Policy.BLOCK, set_by="o", reason="r", work_type="invoice"),
+        ),
+        (UnknownPack, "not installed", lambda: connectors.get_order_policy("pk-none", "invoice")),
+        (
+            InvalidArgument,
+            "policy is required",
+            lambda: connectors.set_order_policy(pack, None, set_by="o", reason="r", work_type="invoice"),
+        ),
+        (
+            InvalidArgument,
+            "work_type",
+            lambda: connectors.set_order_policy(pack, Policy.BLOCK, set_by="o", reason="r", work_type="x" * 1000),
+        ),
+        (InvalidArgument, "not an OrderPolicyKind", lambda: policy_from_proto(cast(Any, 7))),
+    ]
+    for error, message, call in refusals:
+        with pytest.raises(error, match=message):
+            call()
+    assert UnknownWorkType.kind is ErrorKind.NOT_FOUND
+    with engine.connect() as connection:
+        assert database_checksums(connection, tables) == before
+    assert_invariants(engine)
+
+
+def test_retention_keeps_a_dead_letter_that_holds_its_identity_under_block(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    failed, successor = _failed_invoice_with_successor(connectors, pack)
+    connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="ledger", work_type="invoice")
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    clock.advance(5)
+    report = connectors.prune(pack)
+    assert (report.generations, report.kept) == (0, 1)  # the dead letter would go without the hold
+    assert connectors.get_work(failed).work.status is WorkStatus.FAILED
+    assert connectors.order_holds([successor]) == {successor: (failed, hold_reason(failed))}
+    assert connectors.prune(pack, dry_run=True).kept == 1
+    # Under continue the failed range is listed for replay and retention lets it go as before.
+    connectors.set_order_policy(pack, Policy.CONTINUE, set_by="ops", reason="progress", work_type="invoice")
+    assert connectors.prune(pack).generations == 1
+    with pytest.raises(WorkPruned):
+        connectors.get_work(failed)
+    (released,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert released.work.work_id == successor
+    connectors.complete(released.work.work_id, lease_token=released.lease_token)
+    assert_invariants(engine)
+
+
+def test_the_held_probe_of_a_work_type_policy_is_index_seeks(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=[delivery(lane=f"l{n}") for n in range(30)])
+    connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="order", work_type="project")
+    for claim in connectors.claim("w", pack_install_ids=[pack], max_items=30):
+        connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="boom", retryable=False)
+    held = [r.work_id for r in connectors.ingest(pack, items=[delivery(lane=f"l{n}") for n in range(30)])]
+    with engine.begin() as connection, capture(engine) as captured:
+        assert claims_sql.work_items_claimable(connection, [pack], [], clock, 10) == []
+        assert len(order_policy_sql.work_items_held(connection, [w for w in held if w])) == 30
+        assert order_policy_sql.work_items_held_count(connection, pack, 10_000) == 30
+    with engine.connect() as connection:
+        for read in captured:
+            assert explain_problems(connection, read.statement, read.parameters) == [], read.statement
     assert_invariants(engine)

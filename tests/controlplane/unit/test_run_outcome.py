@@ -8,7 +8,7 @@ import pytest
 
 from nexuscrm_runtime.database_check import DatabaseUnusable
 from nexuscrm_tools.run import check_sqlite_folder, run_dsn
-from nexuscrm_tools.run_outcome import WORK_IDS_SHOWN, Ending, ending, failure_problems, states_text
+from nexuscrm_tools.run_outcome import WORK_IDS_SHOWN, Ending, ending, failure_problems, held_problems, states_text
 
 
 def test_the_wait_ends_as_soon_as_its_outcome_is_known() -> None:
@@ -22,6 +22,11 @@ def test_the_wait_ends_as_soon_as_its_outcome_is_known() -> None:
     assert end(delivered=False, failed=4) is None  # more inputs may still come
     assert end(delivered=False, host=False) is Ending.HOST_EXITED
     assert end(host=False, pending=1) is Ending.HOST_EXITED
+    # Pending generations the "block" order policy holds behind a dead letter cannot run (decision 165).
+    stuck = {"failed": 1, "pending": 2}
+    assert ending(delivered=True, projected=False, counts=stuck, host_running=True, held=2) is Ending.STUCK
+    assert ending(delivered=True, projected=False, counts=stuck, host_running=True, held=1) is None
+    assert ending(delivered=True, projected=False, counts={**stuck, "retry": 1}, host_running=True, held=2) is None
 
 
 def test_the_progress_line_counts_what_needs_attention() -> None:
@@ -35,6 +40,16 @@ def test_failures_are_grouped_by_message_with_their_work_ids() -> None:
     assert problems[0] == "1 generation failed for good: KeyError: 'email' at line 3 (WorkIds w-x)"
     shown = ", ".join(work_id for work_id, _ in many[:WORK_IDS_SHOWN])
     assert problems[1] == f"12 generations failed for good: ValueError: no stage (WorkIds {shown} and 2 more)"
+
+
+def test_held_generations_are_grouped_by_the_dead_letter_they_are_blocked_behind() -> None:
+    problems = held_problems([("w-2", "w-1"), ("w-3", "w-1"), ("w-9", "w-8")])
+    assert problems == [
+        "2 generations blocked behind w-1: held by order policy block: predecessor w-1 failed for good; "
+        "replay or skip it (WorkIds w-2, w-3)",
+        "1 generation blocked behind w-8: held by order policy block: predecessor w-8 failed for good; "
+        "replay or skip it (WorkIds w-9)",
+    ]
 
 
 def test_the_runs_own_database_is_named_by_its_absolute_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -119,6 +119,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         10: ["_System_PayloadContract"],
         11: ["WorkItem.AdmittedMemberCount", "WorkItem.AdmittedThroughOrdinal"],
         12: ["ClaimPause", "OrderPolicy", "SkippedWork", "PrunedWork(ix_prunedwork_identity)"],
+        13: ["WorkTypeOrderPolicy"],
     }
     order = [
         "ClaimPause",
@@ -145,6 +146,7 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "WorkItem.AdmittedMemberCount",
         "WorkItem.AdmittedThroughOrdinal",
         "WorkItem(ix_workitem_retention)",
+        "WorkTypeOrderPolicy",
         "_System_ConnectorProjectionProtocol",
         "_System_PayloadContract",
     ]

@@ -152,3 +152,67 @@ def test_dead_letters_and_claim_pauses_from_the_command_line(
         assert_invariants(engine)
     finally:
         engine.dispose()
+
+
+def test_a_work_types_order_policy_and_held_work_from_the_command_line(
+    system: list[ServiceProcess], empty_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pack = run(capsys, "packs", "install", "--namespace", "acme", "--name", "ledger", "--version", "1.0")[
+        "pack_install_id"
+    ]
+    run(capsys, "packs", "activate", pack)
+    client = ConnectorsClient(grpc.insecure_channel(next(s.address for s in system if s.spec is CONNECTORS)))
+    client.ingest(pack, items=[delivery(lane="x")])
+    (first,) = client.claim("flow", pack_install_ids=[pack])
+    second = delivery(lane="x")
+    (successor,) = [r.work_id for r in client.ingest(pack, items=[second])]
+    assert successor is not None
+    blocking = run(
+        capsys, "order-policy", "set", pack, "block", "--work-type", "project", "--by", "ops", "--reason", "ledger"
+    )
+    assert (blocking["policy"], blocking["work_type"], blocking["source"]) == ("block", "project", "work_type")
+    client.fail(first.work.work_id, lease_token=first.lease_token, error="Flow refused x", retryable=False)
+    packs_own = run(capsys, "order-policy", "show", pack)
+    assert packs_own["policy"] == "continue"  # the pack's own
+    assert [(p["work_type"], p["policy"]) for p in packs_own["work_type_policies"]] == [("project", "block")]
+    shown = run(capsys, "order-policy", "show", pack, "--work-type", "project")
+    assert (shown["policy"], shown["source"]) == ("block", "work_type")
+
+    work = run(capsys, "work", "show", successor)["work"]
+    assert work["blocked_behind_work_id"] == first.work.work_id
+    assert work["blocked_reason"].startswith("held by order policy block: predecessor")
+    listed = run(capsys, "work", "list", pack)["generations"]
+    assert {w["work_id"]: w["blocked_behind_work_id"] for w in listed} == {
+        first.work.work_id: "",
+        successor: first.work.work_id,
+    }
+    capsys.readouterr()
+    assert cli.main(["work", "list", pack]) == 0
+    assert f"blocked behind {first.work.work_id}" in capsys.readouterr().out
+    assert run(capsys, "queue", "state", pack, code=9)["held"] == 1
+    why = run(capsys, "why", pack, second.receipt_key)
+    assert why["covered_by"]["blocked_behind_work_id"] == first.work.work_id
+    assert why["explanation"].endswith(
+        f"held by order policy block: predecessor {first.work.work_id} failed for good; replay or skip it."
+    )
+
+    unknown = refused(
+        capsys, "order-policy", "set", pack, "block", "--work-type", "refund", "--by", "o", "--reason", "r", code=2
+    )
+    assert "work type 'refund'" in unknown and "has no generation of it" in unknown
+    assert "has no generation of it" in refused(capsys, "order-policy", "show", pack, "--work-type", "refund", code=2)
+    with pytest.raises(SystemExit) as usage:  # argparse refuses a policy outside block|continue
+        cli.main(["order-policy", "set", pack, "sometimes", "--by", "o", "--reason", "r"])
+    assert usage.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err
+    assert run(capsys, "order-policy", "show", pack, "--work-type", "project")["policy"] == "block"  # unchanged
+
+    run(capsys, "dead-letters", "skip", first.work.work_id, "--by", "ops", "--reason", "fixed upstream")
+    assert run(capsys, "work", "show", successor)["work"]["blocked_behind_work_id"] == ""
+    (released,) = client.claim("flow", pack_install_ids=[pack])
+    assert released.work.work_id == successor
+    client.complete(released.work.work_id, lease_token=released.lease_token)
+    engine = create_engine(empty_dsn)
+    try:
+        assert_invariants(engine)
+    finally:
+        engine.dispose()

@@ -20,6 +20,7 @@ from nexuscrm_connectors.claims import lease_grant
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.queries import retention as retention_sql
@@ -29,6 +30,7 @@ from nexuscrm_runtime.budgets import MIB
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.hints import NO_DECORRELATE
+from nexuscrm_schema.tables import WorkTypeOrderPolicy
 from tests.connectors.integration.test_index_plans import LEGACY_HISTORY, Seeded, capture, ranges, seed
 from tests.support.factories import START
 from tests.support.plans import explain_problems
@@ -127,6 +129,11 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "events_members_page": lambda c: retention_sql.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
         "events_member_counts": lambda c: retention_sql.events_member_counts(c, pack, key, seeded.start, seeded.end),
         "pruned_work_get": lambda c: retention_sql.pruned_work_get(c, seeded.claimed_work_id),
+        # Connectors: the order policy's holds (decision 165): retention's check of a dead letter,
+        # GetWork's and ListGenerations' marks, GetQueueState's count.
+        "work_item_holds_order": lambda c: retention_sql.work_item_holds_order(c, seeded.claimed_work_id),
+        "work_items_held": lambda c: order_policy_sql.work_items_held(c, [seeded.claimed_work_id, "no-such-work"]),
+        "work_items_held_count": lambda c: order_policy_sql.work_items_held_count(c, pack, 10_000),
         # Connectors: the duplicate window's expiry (decision 127), oldest SourceTime first.
         "tombstones_expiring": lambda c: retention_sql.tombstones_expiring(c, pack, now, 500),
         "pruned_work_expiring": lambda c: retention_sql.pruned_work_expiring(c, pack, now, 500),
@@ -154,6 +161,17 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
 
 def test_hot_queries_use_index_ranges(engine: sa.Engine) -> None:
     seeded = seed(engine)
+    with engine.begin() as connection:  # a work type under "block", so the held count reads its pending generations
+        connection.execute(
+            sa.insert(WorkTypeOrderPolicy).values(
+                PackInstallId=seeded.native_pack,
+                WorkType="project",
+                Policy="block",
+                SetBy="plan",
+                Reason="r",
+                SetAt=START,
+            )
+        )
     failures: dict[str, list[str]] = {}
     hinted = set()
     for name, call in hot_queries(seeded).items():
@@ -171,4 +189,5 @@ def test_hot_queries_use_index_ranges(engine: sa.Engine) -> None:
     # Every correlated [NOT] EXISTS over a growing table stays correlated on TiDB (a comment elsewhere).
     probes = {"receipts_insert_admitted", "legacy_dependency_waits", "legacy_work_orphaned", "identity_events_page"}
     probes.add("work_items_claimable")  # its ClaimPause probes (decision 158)
+    probes |= {"work_item_holds_order", "work_items_held", "work_items_held_count"}  # the holds' probes (decision 165)
     assert hinted == (set() if is_sqlite(engine) else probes)

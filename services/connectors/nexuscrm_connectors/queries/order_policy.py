@@ -1,4 +1,4 @@
-"""Every statement of the order policy: a pack's policy, the operator's skips, and the claim's hold.
+"""Every statement of the order policy: a pack's and a work type's policy, the operator's skips, the claim's hold.
 
 Builders are named noun + verb, as in the package's other modules; each takes the caller's
 connection. ``claims`` builds the claim's candidate read with ``candidate_not_held``.
@@ -7,6 +7,7 @@ connection. ``claims`` builds the claim's candidate read with ``candidate_not_he
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,41 +16,38 @@ from sqlalchemy.engine import Connection
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import pauses as pauses_sql
 from nexuscrm_connectors.queries.work_items import Instant
-from nexuscrm_schema.hints import NO_DECORRELATE, probe_exists
+from nexuscrm_schema import relations
+from nexuscrm_schema.hints import NO_DECORRELATE
 from nexuscrm_schema.relations import PREDECESSOR, predecessor_select
-from nexuscrm_schema.tables import OrderPolicy, SkippedWork, WorkItem
+from nexuscrm_schema.tables import OrderPolicy, SkippedWork, WorkItem, WorkTypeOrderPolicy
 from workqueue import WorkStatus
 
-BLOCK = "block"
-CONTINUE = "continue"
-DEFAULT_POLICY = CONTINUE  # decision 160
-
-_REPLAYS = WorkItem.alias("Replays")  # a replay of a failed generation (ix_workitem_replay_of)
-
-
-def unresolved(table: Any) -> sa.ColumnElement[bool]:
-    """``table``'s row (a failed generation) was neither replayed nor skipped: it is still a dead letter.
-
-    One seek of ix_workitem_replay_of and one primary-key probe of SkippedWork.
-    """
-    return sa.and_(
-        ~probe_exists(sa.select(_REPLAYS.c.WorkId).where(_REPLAYS.c.ReplayOfWorkId == table.c.WorkId)),
-        ~probe_exists(sa.select(SkippedWork.c.WorkId).where(SkippedWork.c.WorkId == table.c.WorkId)),
-    )
+BLOCK = relations.BLOCK
+CONTINUE = relations.CONTINUE
+DEFAULT_POLICY = relations.DEFAULT_ORDER_POLICY  # decision 160
+unresolved = relations.unresolved
+effective_block = relations.effective_block
+_dead = relations.dead_letter
 
 
 def candidate_not_held(pack: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
     """The claim's candidate condition: not held back by a dead letter before it under the "block" policy.
 
-    ``pack`` is the candidate read's bound pack parameter: the policy's probe is one
-    primary-key read per read, not per row. Under "block" each candidate row costs one seek of
+    ``pack`` is the candidate read's bound pack parameter. The effective policy
+    (``effective_block``) is a primary-key probe of the work type's row per candidate and one
+    of the pack's per read. Under "block" each candidate row costs one seek of
     ix_workitem_projection_order (its identity's generation just below it) and that
-    generation's two probes (``unresolved``).
+    generation's two probes (``unresolved``). An identity has one work type, so a policy of
+    one work type holds only that type's successors.
     """
-    blocking = sa.exists().where(OrderPolicy.c.PackInstallId == pack, OrderPolicy.c.Policy == BLOCK)
-    dead = sa.case((sa.and_(PREDECESSOR.c.Status == WorkStatus.FAILED, unresolved(PREDECESSOR)), 1), else_=0)
+    return sa.not_(sa.and_(effective_block(pack, WorkItem.c.WorkType), _behind_dead_letter()))
+
+
+def _behind_dead_letter() -> sa.ColumnElement[bool]:
+    """The outer WorkItem row's predecessor is a dead letter: one seek of ix_workitem_projection_order, two probes."""
+    dead = sa.case((_dead(PREDECESSOR), 1), else_=0)
     held_behind = predecessor_select(dead).prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery()
-    return sa.not_(sa.and_(blocking, sa.func.coalesce(held_behind, 0) == 1))
+    return sa.func.coalesce(held_behind, 0) == 1
 
 
 def candidate_operable(pack: sa.ColumnElement[str], now: Instant) -> sa.ColumnElement[bool]:
@@ -57,21 +55,104 @@ def candidate_operable(pack: sa.ColumnElement[str], now: Instant) -> sa.ColumnEl
     return sa.and_(pauses_sql.candidate_not_paused(pack, now), candidate_not_held(pack))
 
 
+def pack_blocks_any(pack: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """Whether "block" is the policy of ``pack`` or of one of its work types (primary-key reads)."""
+    return sa.or_(
+        sa.exists().where(OrderPolicy.c.PackInstallId == pack, OrderPolicy.c.Policy == BLOCK),
+        sa.exists().where(WorkTypeOrderPolicy.c.PackInstallId == pack, WorkTypeOrderPolicy.c.Policy == BLOCK),
+    )
+
+
 def pack_operated(pack: sa.ColumnElement[str], now: Instant) -> sa.ColumnElement[bool]:
-    """Whether an operator's decision may hold claims of ``pack``: an active pause, or the "block" policy.
+    """Whether an operator's decision may hold claims of ``pack``: an active pause, or "block" for it or a work type.
 
     Read with the claim's served packs, so a pack without either is read without the conditions
     of ``candidate_operable`` (the claim's fast path).
     """
-    return sa.or_(
-        pauses_sql.pack_paused_any(pack, now),
-        sa.exists().where(OrderPolicy.c.PackInstallId == pack, OrderPolicy.c.Policy == BLOCK),
+    return sa.or_(pauses_sql.pack_paused_any(pack, now), pack_blocks_any(pack))
+
+
+def work_items_held(connection: Connection, work_ids: Sequence[str]) -> dict[str, str]:
+    """Of ``work_ids``, the pending generations the "block" policy holds, each with its dead letter's WorkId.
+
+    What the claim's ``candidate_not_held`` refuses, read for an operator: per row one primary
+    key probe of each policy table and one seek of ix_workitem_projection_order.
+    """
+    if not work_ids:
+        return {}
+    statement = sa.select(WorkItem.c.WorkId, relations.held_behind()).where(
+        WorkItem.c.WorkId.in_(list(work_ids)),
+        WorkItem.c.Status == WorkStatus.PENDING,
+        WorkItem.c.InputStartOrdinal.is_not(None),
+        effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
     )
+    # A page's WorkIds may be much of a small table, where MariaDB would rather scan it.
+    statement = statement.with_hint(WorkItem, "FORCE INDEX (PRIMARY)", dialect_name="mysql")
+    return {row[0]: row[1] for row in connection.execute(statement) if row[1] is not None}
+
+
+def work_items_held_count(connection: Connection, pack_install_id: str, cap: int) -> int:
+    """The pack's pending generations the "block" policy holds, counted up to ``cap`` (0 without "block").
+
+    Reads the pack's pending generations on ix_workitem_claim until ``cap`` held ones are found,
+    each with the probes of ``work_items_held``; nothing when no policy of the pack is "block".
+    """
+    if not connection.execute(sa.select(pack_blocks_any(sa.literal(pack_install_id)))).scalar():
+        return 0
+    rows = (
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status == WorkStatus.PENDING,
+            WorkItem.c.InputStartOrdinal.is_not(None),
+            effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
+            _behind_dead_letter(),
+        )
+        .with_hint(WorkItem, "FORCE INDEX (ix_workitem_claim)", dialect_name="mysql")
+        .limit(cap)
+        .subquery()
+    )
+    return int(connection.execute(sa.select(sa.func.count()).select_from(rows)).scalar_one())
 
 
 def order_policy_get(connection: Connection, pack_install_id: str) -> DbRow | None:
     """The pack's OrderPolicy row (primary key); None: the default."""
     return connection.execute(sa.select(OrderPolicy).where(OrderPolicy.c.PackInstallId == pack_install_id)).first()
+
+
+def work_type_policy_get(connection: Connection, pack_install_id: str, work_type: str) -> DbRow | None:
+    """The work type's WorkTypeOrderPolicy row (primary key); None: the pack's policy applies."""
+    return connection.execute(
+        sa.select(WorkTypeOrderPolicy).where(
+            WorkTypeOrderPolicy.c.PackInstallId == pack_install_id, WorkTypeOrderPolicy.c.WorkType == work_type
+        )
+    ).first()
+
+
+def work_type_policies_of_pack(connection: Connection, pack_install_id: str) -> list[DbRow]:
+    """The pack's WorkTypeOrderPolicy rows by work type (a primary-key prefix range)."""
+    return list(
+        connection.execute(
+            sa.select(WorkTypeOrderPolicy)
+            .where(WorkTypeOrderPolicy.c.PackInstallId == pack_install_id)
+            .order_by(WorkTypeOrderPolicy.c.WorkType)
+        )
+    )
+
+
+def work_type_policy_set(connection: Connection, row: dict[str, Any], *, exists: bool) -> None:
+    """Write the work type's policy row: an UPDATE of the row read under the pack lock, else an INSERT."""
+    if exists:
+        connection.execute(
+            sa.update(WorkTypeOrderPolicy)
+            .where(
+                WorkTypeOrderPolicy.c.PackInstallId == row["PackInstallId"],
+                WorkTypeOrderPolicy.c.WorkType == row["WorkType"],
+            )
+            .values(**row)
+        )
+    else:
+        connection.execute(sa.insert(WorkTypeOrderPolicy).values(**row))
 
 
 def order_policy_set(connection: Connection, row: dict[str, Any], *, exists: bool) -> None:

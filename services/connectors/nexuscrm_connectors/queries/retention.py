@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries.operator_reads import after_keyset
 from nexuscrm_schema.tables import (
     Event,
@@ -26,6 +27,7 @@ from nexuscrm_schema.tables import (
     RetentionPolicy,
     WorkItem,
 )
+from workqueue import WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 
@@ -143,6 +145,21 @@ def work_items_newer(
         .subquery()
     )
     return int(connection.execute(sa.select(sa.func.count()).select_from(newer)).scalar_one())
+
+
+def work_item_holds_order(connection: Connection, work_id: str) -> bool:
+    """Whether ``work_id`` is a dead letter whose work type (or pack) is under "block" (decision 165).
+
+    Pruning it would release the successor it holds: one primary-key read of WorkItem, the
+    replay and skip probes, and the two policy probes.
+    """
+    statement = sa.select(WorkItem.c.WorkId).where(
+        WorkItem.c.WorkId == work_id,
+        WorkItem.c.Status == WorkStatus.FAILED,
+        order_policy_sql.unresolved(WorkItem),
+        order_policy_sql.effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
+    )
+    return connection.execute(statement).first() is not None
 
 
 def work_item_status(connection: Connection, work_id: str) -> str | None:
