@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,15 +25,28 @@ GROWING_TABLES = frozenset(
     {"Event", "EventPayload", "WorkItem", "IngressReceipt", "PrunedReceipt", "PrunedWork", "ClaimPause"}
 )
 
+# A table under an alias (`"WorkItem" AS predecessor`, or backquoted on MySQL): plans name the
+# alias, so each reader maps it back to its table before judging the row.
+_TABLE_ALIAS = re.compile(r'[`"](?P<table>\w+)[`"]\s+AS\s+[`"]?(?P<alias>\w+)[`"]?', re.IGNORECASE)
+
+NO_ALIASES: Mapping[str, str] = types.MappingProxyType({})
+
 _TIDB_SCANS = frozenset({"TableFullScan", "IndexFullScan", "TableRangeScan", "IndexRangeScan"})
 _TIDB_ID = re.compile(r"^(?P<name>[A-Za-z_]+?)_\d+(?:\((?:Build|Probe)\))?$")
 
 
-def problems_mysql(rows: Iterable[Mapping[Any, Any]]) -> list[str]:
+def table_aliases(statement: str) -> dict[str, str]:
+    """The growing tables ``statement`` names under an alias: alias -> table."""
+    return {
+        match["alias"]: match["table"] for match in _TABLE_ALIAS.finditer(statement) if match["table"] in GROWING_TABLES
+    }
+
+
+def problems_mysql(rows: Iterable[Mapping[Any, Any]], aliases: Mapping[str, str] = NO_ALIASES) -> list[str]:
     """Full scans (type ALL or index) and filesorts of growing tables in a MySQL/MariaDB EXPLAIN."""
     found = []
     for row in rows:
-        table, access, extra = row["table"], row["type"], row["Extra"] or ""
+        table, access, extra = aliases.get(row["table"], row["table"]), row["type"], row["Extra"] or ""
         if table not in GROWING_TABLES:
             continue  # derived tables, unions and small control tables
         if access in ("ALL", "index"):
@@ -42,8 +56,11 @@ def problems_mysql(rows: Iterable[Mapping[Any, Any]]) -> list[str]:
     return found
 
 
-def problems_sqlite(rows: Iterable[Sequence[Any]]) -> list[str]:
-    """Full scans and ORDER BY sorts of growing tables in a SQLite EXPLAIN QUERY PLAN.
+def problems_sqlite(rows: Iterable[Sequence[Any]], aliases: Mapping[str, str] = NO_ALIASES) -> list[str]:
+    """Full scans, unconstrained index walks and ORDER BY sorts of growing tables in a SQLite plan.
+
+    ``SEARCH T USING INDEX i`` with no constraint is a MIN/MAX read walking index ``i`` in
+    order until a row matches the rest of the WHERE: the whole index when none does.
 
     A tie sort (``USE TEMP B-TREE FOR RIGHT PART OF ORDER BY``) passes: SQLite's index entries
     end with the rowid, not the primary key, so a primary-key tie-breaker sorts the rows that
@@ -65,8 +82,11 @@ def problems_sqlite(rows: Iterable[Sequence[Any]]) -> list[str]:
     for row in rows:
         detail: str = row[3]
         words = detail.split()
-        if words[:1] == ["SCAN"] and words[1] in GROWING_TABLES:
+        growing = len(words) > 1 and aliases.get(words[1], words[1]) in GROWING_TABLES
+        if words[:1] == ["SCAN"] and growing:
             found.append(detail)
+        if words[:1] == ["SEARCH"] and growing and "(" not in detail:
+            found.append(f"{detail} (no index constraint: a MIN/MAX walk of the whole index)")
         if "TEMP B-TREE FOR ORDER BY" in detail and row[1] in reads_a_table:
             found.append(detail)
     return found
@@ -92,7 +112,7 @@ class TidbOperator:
         return sorted({op.table for op in self.walk() if op.name in _TIDB_SCANS and op.table in GROWING_TABLES})
 
 
-def parse_tidb(rows: Iterable[Sequence[Any]]) -> list[TidbOperator]:
+def parse_tidb(rows: Iterable[Sequence[Any]], aliases: Mapping[str, str] = NO_ALIASES) -> list[TidbOperator]:
     """The operator trees of TiDB EXPLAIN rows (id, estRows, task, access object, operator info)."""
     roots: list[TidbOperator] = []
     stack: list[TidbOperator] = []
@@ -104,7 +124,10 @@ def parse_tidb(rows: Iterable[Sequence[Any]]) -> list[TidbOperator]:
             raise ValueError(f"not a TiDB plan row: {drawn!r}")
         table = re.search(r"table:(\w+)", str(row[3] or ""))
         op = TidbOperator(
-            name=match["name"], depth=len(drawn) - len(label), table=table[1] if table else None, info=str(row[4] or "")
+            name=match["name"],
+            depth=len(drawn) - len(label),
+            table=aliases.get(table[1], table[1]) if table else None,
+            info=str(row[4] or ""),
         )
         while stack and stack[-1].depth >= op.depth:
             stack.pop()
@@ -113,7 +136,7 @@ def parse_tidb(rows: Iterable[Sequence[Any]]) -> list[TidbOperator]:
     return roots
 
 
-def problems_tidb(rows: Iterable[Sequence[Any]]) -> list[str]:
+def problems_tidb(rows: Iterable[Sequence[Any]], aliases: Mapping[str, str] = NO_ALIASES) -> list[str]:
     """What reads a growing range in a TiDB plan.
 
     - ``TableFullScan`` / ``IndexFullScan`` of a growing table;
@@ -139,17 +162,18 @@ def problems_tidb(rows: Iterable[Sequence[Any]]) -> list[str]:
         for child in op.children:
             visit(child, limited or op.name in ("Limit", "TopN"))
 
-    for root in parse_tidb(rows):
+    for root in parse_tidb(rows, aliases):
         visit(root, False)
     return found
 
 
 def explain_problems(connection: sa.Connection, statement: str, parameters: Any) -> list[str]:
     """EXPLAIN ``statement`` on the connection's engine and list what in its plan reads a growing range."""
+    aliases = table_aliases(statement)
     if is_sqlite(connection.engine):
-        return problems_sqlite(connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all())
+        return problems_sqlite(connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all(), aliases)
     version = str(connection.execute(sa.select(sa.func.version())).scalar_one())
     result = connection.exec_driver_sql("EXPLAIN " + statement, parameters)
     if is_tidb(version):
-        return problems_tidb(result.all())
-    return problems_mysql(result.mappings().all())
+        return problems_tidb(result.all(), aliases)
+    return problems_mysql(result.mappings().all(), aliases)

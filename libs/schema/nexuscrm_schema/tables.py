@@ -236,8 +236,10 @@ WorkItem = sa.Table(
     sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),
     # Claim candidates and drain counts: claimable rows of a pack by status, oldest first.
     sa.Index("ix_workitem_claim", "PackInstallId", "Status", "ClaimableAt"),
-    # Replay conflict fence: the replays of one WorkId.
-    sa.Index("ix_workitem_replay_of", "ReplayOfWorkId"),
+    # Replay conflict fence: the replays of one WorkId. On SQLite partial since schema v13: with
+    # the NULLs of every generation that is not a replay in it, SQLite's ANALYZE rates a seek as
+    # reading the whole table and walks the primary key instead (decision 167).
+    sa.Index("ix_workitem_replay_of", "ReplayOfWorkId", sqlite_where=sa.text('"ReplayOfWorkId" IS NOT NULL')),
     # Added by schema v7. Retention candidates: a pack's terminal generations of one status,
     # oldest finished first (decision 123).
     sa.Index("ix_workitem_retention", "PackInstallId", "Status", "FinishedAt"),

@@ -13,12 +13,15 @@ of PrunedWork and PrunedReceipt (decision 127), version 10 the payload contract'
 (decision 130: set at once on a database this apply creates, by the operator otherwise),
 version 11 WorkItem.AdmittedMemberCount and WorkItem.AdmittedThroughOrdinal (decision 149),
 version 12 the ClaimPause, OrderPolicy and SkippedWork tables (decisions 158, 160) and the
-PrunedWork index ix_prunedwork_identity (decision 161).
-Steps only create tables, indexes and nullable columns, each guarded so a repeated or
-concurrent run is a no-op, so the previous release keeps running while the schema moves. No
-step writes an existing row (decision 150): every Event and WorkItem stays byte for byte as it
-was, its new columns NULL or defaulted. After v8 the payload of an Event admitted before it
-stays in Event.Payload (PayloadBytes NULL), where every reader finds it; moving it into
+PrunedWork index ix_prunedwork_identity (decision 161), version 13 the WorkTypeOrderPolicy
+table (decision 165) and, on SQLite only, WorkItem(ix_workitem_replay_of) rebuilt as a partial
+index of the replays (decision 167).
+Steps only create tables, indexes and nullable columns (v13's rebuild of one SQLite index
+aside: it writes no row), each guarded so a repeated or concurrent run is a no-op, so the
+previous release keeps running while the schema moves. No step writes an existing row (decision
+150): every Event and WorkItem stays byte for byte as it was, its new columns NULL or
+defaulted. After v8 the payload of an Event admitted before it stays in Event.Payload
+(PayloadBytes NULL), where every reader finds it; moving it into
 EventPayload is the operator's own command (``payload_move``), never a step.
 
 ``apply_schema`` is the one migration: the service runs it at start
@@ -57,6 +60,7 @@ V10_TABLES = (tables.PayloadContract,)
 V11_COLUMNS = ("AdmittedMemberCount", "AdmittedThroughOrdinal")
 V12_TABLES = (tables.ClaimPause, tables.OrderPolicy, tables.SkippedWork)
 V13_TABLES = (tables.WorkTypeOrderPolicy,)
+V13_INDEX = next(index for index in tables.WorkItem.indexes if index.name == "ix_workitem_replay_of")  # SQLite: partial
 V12_INDEX = next(index for index in tables.PrunedWork.indexes if index.name == "ix_prunedwork_identity")
 # Who set the payload contract on a database that ApplySchema created from nothing.
 SET_BY_EMPTY_DATABASE = "ApplySchema on an empty database"
@@ -198,6 +202,13 @@ def _apply_v12(connection: Connection) -> None:
 
 def _apply_v13(connection: Connection) -> None:
     tables.metadata.create_all(connection, tables=list(V13_TABLES), checkfirst=True)
+    if connection.dialect.name == "sqlite":  # only SQLite has partial indexes; the others keep theirs
+        found = connection.execute(
+            sa.text("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = :name"), {"name": V13_INDEX.name}
+        ).scalar_one()
+        if " WHERE " not in found:
+            connection.exec_driver_sql(f'DROP INDEX "{V13_INDEX.name}"')
+            V13_INDEX.create(connection)
 
 
 def _contract_empty_database(connection: Connection) -> None:

@@ -191,3 +191,29 @@ def test_applying_again_is_a_no_op(empty_engine: sa.Engine) -> None:
     assert migrations.apply_schema(empty_engine) == (newest, newest, [])
     assert verification.describe_schema(empty_engine) == described
     assert described.version == described.newest_version == newest == migrations.STEPS[-1].version
+
+
+def test_v13_makes_the_replay_index_partial_on_sqlite_only(empty_engine: sa.Engine) -> None:
+    migrations.apply_schema(empty_engine, target_version=12)
+    with empty_engine.connect() as connection:
+        before = _replay_index(connection)
+    assert " WHERE " not in before
+    migrations.apply_schema(empty_engine)
+    with empty_engine.connect() as connection:
+        after = _replay_index(connection)
+    if empty_engine.dialect.name == "sqlite":
+        assert after.endswith('WHERE "ReplayOfWorkId" IS NOT NULL')
+    else:
+        assert after == before  # MySQL-protocol engines have no partial index: v13 leaves theirs
+
+
+def _replay_index(connection: sa.Connection) -> str:
+    """How ix_workitem_replay_of is defined: SQLite's CREATE INDEX text, else its reflected columns."""
+    if connection.dialect.name == "sqlite":
+        return str(
+            connection.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE name = 'ix_workitem_replay_of'"
+            ).scalar_one()
+        )
+    (index,) = (i for i in sa.inspect(connection).get_indexes("WorkItem") if i["name"] == "ix_workitem_replay_of")
+    return repr(index)

@@ -37,3 +37,11 @@ def test_a_sort_of_a_subquery_s_rows_passes() -> None:
 
 def test_a_full_scan_of_a_growing_table_fails() -> None:
     assert problems_sqlite([(2, 0, 0, "SCAN EventPayload")]) == ["SCAN EventPayload"]
+
+
+def test_an_unconstrained_index_walk_of_a_growing_table_fails() -> None:
+    # MIN(WorkId) of the replays of one WorkId, walking the primary key until one matches.
+    walk = (27, 21, 0, "SEARCH WorkItem USING INDEX sqlite_autoindex_WorkItem_1")
+    (problem,) = problems_sqlite([walk])
+    assert problem.startswith(walk[3]) and "no index constraint" in problem
+    assert problems_sqlite([(3, 0, 0, "SEARCH WorkItem USING INDEX ix_workitem_replay_of (ReplayOfWorkId=?)")]) == []
