@@ -332,6 +332,7 @@ def test_operating_panels_show_pauses_dead_letters_and_coverage(
         scope_of(pack, PauseScope.IDENTITY, route("c"), ""), paused_by="ana", reason="bad data", expires_at=expires
     )
     facade.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="keep per-contact order")
+    facade.set_order_policy(pack, Policy.CONTINUE, set_by="ana", reason="projects may run on", work_type="project")
 
     pauses = operations.claim_pauses(engine, connectors)
     paused = _pack_entry(pauses, pack)
@@ -351,7 +352,10 @@ def test_operating_panels_show_pauses_dead_letters_and_coverage(
         "ops",
         "keep per-contact order",
     )
+    (own,) = policy["work_types"].items()  # the work type's own policy overrides the pack's (decision 165)
+    assert (own[0], own[1]["policy"], own[1]["set_by"], own[1]["default"]) == ("project", "continue", "ana", False)
     unpaused = _pack_entry(pauses, quiet)
+    assert unpaused["order_policy"]["work_types"] == {}
     assert unpaused["pauses"] == [] and unpaused["order_policy"]["policy"] == "continue"
     assert unpaused["order_policy"]["default"] and unpaused["order_policy"]["set_at"] is None
 

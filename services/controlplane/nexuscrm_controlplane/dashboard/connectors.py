@@ -127,11 +127,10 @@ class ConnectorsReads:
         answer = _call(lambda: self._stub.ListClaimPauses(request, timeout=self._timeout), "pack")
         return None if answer is None else list(answer.pauses)
 
-    def get_order_policy(self, pack_install_id: str) -> pb.OrderPolicy | None:
-        """The pack's order policy (GetOrderPolicy); None for a pack Connectors does not know."""
+    def get_order_policy(self, pack_install_id: str) -> pb.GetOrderPolicyResponse | None:
+        """The pack's order policy and its work types' own (GetOrderPolicy); None for an unknown pack."""
         request = pb.GetOrderPolicyRequest(pack_install_id=pack_install_id)
-        answer = _call(lambda: self._stub.GetOrderPolicy(request, timeout=self._timeout), "pack")
-        return None if answer is None else answer.policy
+        return _call(lambda: self._stub.GetOrderPolicy(request, timeout=self._timeout), "pack")
 
     def count_dead_letters(self, pack_install_id: str) -> pb.CountDeadLettersResponse | None:
         """The pack's dead letters per identity (CountDeadLetters, unfiltered); None for an unknown pack."""

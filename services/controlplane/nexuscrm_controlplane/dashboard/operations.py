@@ -85,9 +85,7 @@ def _pause(pause: pb.ClaimPause, pack_install_id: str) -> dict[str, Any]:
     }
 
 
-def _policy(policy: pb.OrderPolicy | None) -> dict[str, Any] | None:
-    if policy is None:
-        return None
+def _policy(policy: pb.OrderPolicy) -> dict[str, Any]:
     return {
         "policy": _word(pb.OrderPolicyKind, policy.policy, "ORDER_POLICY_KIND_"),
         "default": not policy.HasField("set_at"),
@@ -95,6 +93,14 @@ def _policy(policy: pb.OrderPolicy | None) -> dict[str, Any] | None:
         "reason": policy.reason,
         "set_at": _when(policy, "set_at"),
     }
+
+
+def _policies(answer: pb.GetOrderPolicyResponse | None) -> dict[str, Any] | None:
+    """The pack's policy, with its work types' own policies (decision 165) under ``work_types``."""
+    if answer is None:
+        return None
+    types = {policy.work_type: _policy(policy) for policy in answer.work_type_policies}
+    return {**_policy(answer.policy), "work_types": types}
 
 
 def claim_pauses(engine: Engine, connectors: ConnectorsReads) -> dict[str, Any]:
@@ -107,7 +113,7 @@ def claim_pauses(engine: Engine, connectors: ConnectorsReads) -> dict[str, Any]:
                 "pack_install_id": pack_install_id,
                 "pack": label,
                 "pauses": [_pause(p, pack_install_id) for p in pauses or ()],
-                "order_policy": _policy(connectors.get_order_policy(pack_install_id)),
+                "order_policy": _policies(connectors.get_order_policy(pack_install_id)),
             }
         )
     return {"packs": packs}

@@ -230,7 +230,10 @@ function orderPolicy(policy) {
   const badge = `<span class="badge ${policy.policy === "block" ? "warn" : ""}">${esc(policy.policy)}</span>`;
   const set = policy.default ? `<span class="muted">the default: never set</span>`
     : `<span class="muted">set by ${esc(policy.set_by)} at ${esc(when(policy.set_at))}: ${esc(policy.reason)}</span>`;
-  return `<p data-order-policy="${esc(policy.policy)}">order policy ${badge} ${set}</p>`;
+  const types = Object.entries(policy.work_types || {}).map(([type, own]) =>
+    `<li data-work-type-policy="${esc(type)}">work type ${esc(type)}: <span class="badge ${own.policy === "block" ? "warn" : ""}">${esc(own.policy)}</span>
+     <span class="muted">set by ${esc(own.set_by)} at ${esc(when(own.set_at))}: ${esc(own.reason)}</span></li>`).join("");
+  return `<p data-order-policy="${esc(policy.policy)}">order policy ${badge} ${set}</p>${types ? `<ul>${types}</ul>` : ""}`;
 }
 
 function pausesBlock(pack) {
