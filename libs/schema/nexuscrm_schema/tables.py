@@ -239,7 +239,7 @@ WorkItem = sa.Table(
     # Replay conflict fence: the replays of one WorkId. On SQLite partial since schema v13: with
     # the NULLs of every generation that is not a replay in it, SQLite's ANALYZE rates a seek as
     # reading the whole table and walks the primary key instead (decision 167).
-    sa.Index("ix_workitem_replay_of", "ReplayOfWorkId", sqlite_where=sa.text('"ReplayOfWorkId" IS NOT NULL')),
+    sa.Index("ix_workitem_replay_of", "ReplayOfWorkId", sqlite_where=sa.column("ReplayOfWorkId").is_not(None)),
     # Added by schema v7. Retention candidates: a pack's terminal generations of one status,
     # oldest finished first (decision 123).
     sa.Index("ix_workitem_retention", "PackInstallId", "Status", "FinishedAt"),

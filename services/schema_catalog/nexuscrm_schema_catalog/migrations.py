@@ -203,11 +203,9 @@ def _apply_v12(connection: Connection) -> None:
 def _apply_v13(connection: Connection) -> None:
     tables.metadata.create_all(connection, tables=list(V13_TABLES), checkfirst=True)
     if connection.dialect.name == "sqlite":  # only SQLite has partial indexes; the others keep theirs
-        found = connection.execute(
-            sa.text("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = :name"), {"name": V13_INDEX.name}
-        ).scalar_one()
-        if " WHERE " not in found:
-            connection.exec_driver_sql(f'DROP INDEX "{V13_INDEX.name}"')
+        (found,) = (i for i in sa.inspect(connection).get_indexes(tables.WorkItem.name) if i["name"] == V13_INDEX.name)
+        if "sqlite_where" not in found.get("dialect_options", {}):
+            V13_INDEX.drop(connection)
             V13_INDEX.create(connection)
 
 
