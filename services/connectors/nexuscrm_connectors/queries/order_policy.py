@@ -72,6 +72,19 @@ def pack_operated(pack: sa.ColumnElement[str], now: Instant) -> sa.ColumnElement
     return sa.or_(pauses_sql.pack_paused_any(pack, now), pack_blocks_any(pack))
 
 
+_HELD = (
+    sa.select(WorkItem.c.WorkId, relations.held_behind())
+    .where(
+        WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
+        WorkItem.c.Status == WorkStatus.PENDING,
+        WorkItem.c.InputStartOrdinal.is_not(None),
+        effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
+    )
+    # A page's WorkIds may be much of a small table, where MariaDB would rather scan it.
+    .with_hint(WorkItem, "FORCE INDEX (PRIMARY)", dialect_name="mysql")
+)
+
+
 def work_items_held(connection: Connection, work_ids: Sequence[str]) -> dict[str, str]:
     """Of ``work_ids``, the pending generations the "block" policy holds, each with its dead letter's WorkId.
 
@@ -80,15 +93,8 @@ def work_items_held(connection: Connection, work_ids: Sequence[str]) -> dict[str
     """
     if not work_ids:
         return {}
-    statement = sa.select(WorkItem.c.WorkId, relations.held_behind()).where(
-        WorkItem.c.WorkId.in_(list(work_ids)),
-        WorkItem.c.Status == WorkStatus.PENDING,
-        WorkItem.c.InputStartOrdinal.is_not(None),
-        effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
-    )
-    # A page's WorkIds may be much of a small table, where MariaDB would rather scan it.
-    statement = statement.with_hint(WorkItem, "FORCE INDEX (PRIMARY)", dialect_name="mysql")
-    return {row[0]: row[1] for row in connection.execute(statement) if row[1] is not None}
+    rows = connection.execute(_HELD, {"work_ids": list(work_ids)})
+    return {row[0]: row[1] for row in rows if row[1] is not None}
 
 
 def work_items_held_count(connection: Connection, pack_install_id: str, cap: int) -> int:

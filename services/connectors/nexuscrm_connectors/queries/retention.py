@@ -147,19 +147,21 @@ def work_items_newer(
     return int(connection.execute(sa.select(sa.func.count()).select_from(newer)).scalar_one())
 
 
+_HOLDS_ORDER = sa.select(WorkItem.c.WorkId).where(
+    WorkItem.c.WorkId == sa.bindparam("work_id"),
+    WorkItem.c.Status == WorkStatus.FAILED,
+    order_policy_sql.unresolved(WorkItem),
+    order_policy_sql.effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
+)
+
+
 def work_item_holds_order(connection: Connection, work_id: str) -> bool:
     """Whether ``work_id`` is a dead letter whose work type (or pack) is under "block" (decision 165).
 
     Pruning it would release the successor it holds: one primary-key read of WorkItem, the
     replay and skip probes, and the two policy probes.
     """
-    statement = sa.select(WorkItem.c.WorkId).where(
-        WorkItem.c.WorkId == work_id,
-        WorkItem.c.Status == WorkStatus.FAILED,
-        order_policy_sql.unresolved(WorkItem),
-        order_policy_sql.effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
-    )
-    return connection.execute(statement).first() is not None
+    return connection.execute(_HOLDS_ORDER, {"work_id": work_id}).first() is not None
 
 
 def work_item_status(connection: Connection, work_id: str) -> str | None:
