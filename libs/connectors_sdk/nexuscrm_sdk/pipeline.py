@@ -10,9 +10,12 @@ acknowledges upstream as its futures resolve acknowledges in the order it sent.
 Twin deliveries: a receipt key in a batch while an earlier batch holding the same key is
 unanswered (an at-least-once source re-sending). Two such calls in flight could be admitted in
 either order, and the twin would take the first one's outcome (``admitted``, or ``rejected``
-for a different payload). So the twin's deliveries are held back and sent in a call of their
-own once every earlier batch holding the key has its answer: each delivery gets the outcome a
-sequential client would have got. The rest of its batch goes at once.
+for a different payload). So the twin's deliveries are held back until every earlier batch
+holding the key has its answer: each delivery gets the outcome a sequential client would have
+got. The rest of its batch goes at once. Released twins ride with the next batch submitted
+within ``twin_linger`` (one admission transaction instead of a small one of their own, decision
+168), as long as that call stays within ``max_call_items`` and ``max_call_bytes``; otherwise
+they go in a call of their own when the linger ends.
 
 What pipelining does not keep: deliveries of one identity sent in two batches in flight are
 admitted in the order the service runs the calls, which may differ from submission order, so
@@ -51,6 +54,12 @@ log = logging.getLogger(__name__)
 
 # Batches in flight per pack unless told otherwise: chosen by measurement (decision 163).
 DEFAULT_MAX_IN_FLIGHT = 8
+# How long released twins wait for a batch to ride with: chosen by measurement (decision 168).
+DEFAULT_TWIN_LINGER = dt.timedelta(milliseconds=20)
+# A call that carries twins beside a batch stays within Connectors' default limits per Ingest
+# call (NEXUSCRM_MAX_BATCH_ITEMS, NEXUSCRM_MAX_TRANSACTION_BYTES): twins never make a call refused.
+DEFAULT_MAX_CALL_ITEMS = 1000
+DEFAULT_MAX_CALL_BYTES = 16 * 1024 * 1024
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED})
 RETRYABLE_KINDS = frozenset({ErrorKind.UNAVAILABLE, ErrorKind.DEADLINE_EXCEEDED, ErrorKind.ABORTED})
 
@@ -131,12 +140,17 @@ class _Batch:
         self.held: dict[str, list[int]] = {}  # receipt key -> indexes waiting for an earlier batch's answer
 
 
+_Part = tuple[_Batch, list[int]]  # deliveries of one batch in a call, by their indexes in the batch
+
+
 class PipelinedIngest:
     """Up to ``max_in_flight`` Ingest batches of one pack in flight; results in submission order.
 
     Use it as a context manager (leaving it waits for every submitted batch) or call
     ``close``. ``retry`` says how retryable failures are sent again (``IngestRetry``); ``wait``
-    sleeps between the attempts (as in ``ingest_with_retries``). Future callbacks run on the
+    sleeps between the attempts (as in ``ingest_with_retries``). ``twin_linger`` is how long
+    released twins wait for a batch to ride with (0: each batch's twins go alone at once);
+    lower ``max_call_items`` and ``max_call_bytes`` with the service's limits. Future callbacks run on the
     pipeline's threads, one at a time in submission order: keep them short.
     Thread-safe: several threads may submit, each batch taking its place when ``submit`` returns.
     """
@@ -149,18 +163,27 @@ class PipelinedIngest:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         retry: IngestRetry = IngestRetry(),
         wait: Callable[[float], object] = time.sleep,
+        twin_linger: dt.timedelta = DEFAULT_TWIN_LINGER,
+        max_call_items: int = DEFAULT_MAX_CALL_ITEMS,
+        max_call_bytes: int = DEFAULT_MAX_CALL_BYTES,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        if twin_linger < dt.timedelta(0) or max_call_items < 1 or max_call_bytes < 1:
+            raise ValueError("twin_linger must not be negative, max_call_items and max_call_bytes must be positive")
         self._ingestor = ingestor
         self._pack = pack_install_id
         self._retry = retry
         self._wait = wait
+        self._linger = twin_linger.total_seconds()
+        self._max_items = max_call_items
+        self._max_bytes = max_call_bytes
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._lock = threading.Lock()  # the batches and holders below
         self._answering = threading.RLock()  # futures resolve one at a time, in submission order
         self._batches: collections.deque[_Batch] = collections.deque()  # unresolved, in submission order
         self._holders: dict[str, collections.deque[_Batch]] = {}  # receipt key -> unanswered batches holding it
+        self._released: list[_Part] = []  # twins whose earlier holders are answered, not yet sent
         self._calls = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="nexuscrm-ingest")
         self._closed = False
 
@@ -192,14 +215,19 @@ class PipelinedIngest:
                     ready.append(index)
                 else:
                     batch.held.setdefault(item.receipt_key, []).append(index)
-        if ready:
-            self._calls.submit(self._call, batch, ready)
+            parts = [*self._take_released(_size(batch, ready)), (batch, ready)] if ready else []
+        if parts:
+            self._calls.submit(self._call, parts)
         elif not batch.items:
             self._resolve_answered()
         return batch.future
 
     def flush(self) -> None:
-        """Wait until every batch submitted so far is answered (its future resolved)."""
+        """Wait until every batch submitted so far is answered (its future resolved).
+
+        Twins released so far go at once: no batch is coming for them to ride with.
+        """
+        self._send_released()
         with self._lock:
             pending = [batch.future for batch in self._batches]
         for future in pending:
@@ -211,16 +239,42 @@ class PipelinedIngest:
         self.flush()
         self._calls.shutdown(wait=True)
 
-    def _call(self, batch: _Batch, indexes: list[int]) -> None:
-        items = [batch.items[index] for index in indexes]
+    def _take_released(self, size: tuple[int, int]) -> list[_Part]:
+        """The released twins that fit in one call beside deliveries of ``size``; under ``_lock``."""
+        items, payload_bytes = size
+        taken: list[_Part] = []
+        while self._released:
+            more_items, more_bytes = _size(*self._released[0])
+            if items + more_items > self._max_items or payload_bytes + more_bytes > self._max_bytes:
+                break
+            items, payload_bytes = items + more_items, payload_bytes + more_bytes
+            taken.append(self._released.pop(0))
+        return taken
+
+    def _send_released(self) -> None:
+        """Send the twins no batch took within the linger, in calls of their own."""
+        while True:
+            with self._lock:
+                if not self._released:
+                    return
+                parts = [self._released.pop(0)]
+                parts += self._take_released(_size(*parts[0]))
+            self._calls.submit(self._call, parts)
+
+    def _call(self, parts: list[_Part]) -> None:
+        items = [batch.items[index] for batch, indexes in parts for index in indexes]
         try:
             results = ingest_with_retries(self._ingestor, self._pack, items, self._retry, wait=self._wait)
             if len(results) != len(items):
                 raise RuntimeError(f"Ingest answered {len(results)} results for {len(items)} deliveries")
         except Exception as error:
-            self._answer(batch, indexes, error)
+            for batch, indexes in parts:
+                self._answer(batch, indexes, error)
         else:
-            self._answer(batch, indexes, results)
+            offset = 0
+            for batch, indexes in parts:
+                self._answer(batch, indexes, results[offset : offset + len(indexes)])
+                offset += len(indexes)
 
     def _answer(self, batch: _Batch, indexes: list[int], answer: list[IngestResult] | Exception) -> None:
         released: dict[_Batch, list[int]] = {}
@@ -242,8 +296,16 @@ class PipelinedIngest:
                     released.setdefault(holders[0], []).extend(holders[0].held.pop(key))
                 else:
                     del self._holders[key]
-        for waiting, held in released.items():
-            self._calls.submit(self._call, waiting, sorted(held))
+            lingering = bool(self._released)
+            self._released += [(waiting, sorted(held)) for waiting, held in released.items()]
+        if released and not lingering:
+            # Before the answered futures free their slots: a submit they unblock takes the twins.
+            if self._linger:
+                timer = threading.Timer(self._linger, self._send_released)
+                timer.daemon = True
+                timer.start()
+            else:
+                self._send_released()
         self._resolve_answered()
 
     def _resolve_answered(self) -> None:
@@ -259,3 +321,8 @@ class PipelinedIngest:
                     batch.future.set_exception(batch.error)
                 else:
                     batch.future.set_result([result for result in batch.results if result is not None])
+
+
+def _size(batch: _Batch, indexes: list[int]) -> tuple[int, int]:
+    """Deliveries and payload bytes of ``indexes`` of ``batch``."""
+    return len(indexes), sum(len(batch.items[index].payload) for index in indexes)

@@ -234,8 +234,67 @@ def test_a_stop_during_the_back_off_raises_the_last_error() -> None:
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="max_in_flight"):
         PipelinedIngest(FakeConnectors(), "pk", max_in_flight=0)
+    with pytest.raises(ValueError, match="twin_linger"):
+        PipelinedIngest(FakeConnectors(), "pk", twin_linger=dt.timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="max_call_items"):
+        PipelinedIngest(FakeConnectors(), "pk", max_call_items=0)
     with pytest.raises(ValueError, match="attempts"):
         IngestRetry(attempts=0)
     with pytest.raises(ValueError, match="backoff"):
         IngestRetry(backoff=dt.timedelta(seconds=-1))
     assert IngestRetry(backoff=dt.timedelta(seconds=2), max_backoff=dt.timedelta(seconds=3)).delay(4) == 3.0
+
+
+def test_released_twins_ride_with_the_next_batch_within_the_linger() -> None:
+    fake = FakeConnectors(hold={"k"})
+    with PipelinedIngest(fake, "pk", twin_linger=dt.timedelta(seconds=30)) as pipeline:
+        first = pipeline.submit([delivery("k", payload=b"p")])
+        twin = pipeline.submit([delivery("k", payload=b"p"), delivery("a")])
+        fake.wait_running(1)
+        fake.release.set()
+        first.result()
+        assert not twin.done()  # its twin waits for a batch to ride with, not alone
+        third = pipeline.submit([delivery("b"), delivery("c")])
+        assert outcomes(third.result()) == [("b", Outcome.ADMITTED), ("c", Outcome.ADMITTED)]
+    assert fake.calls == [["k"], ["a"], ["k", "b", "c"]]  # one call: the twin first, then the new batch
+    assert outcomes(twin.result()) == [("k", Outcome.DUPLICATE_COVERED), ("a", Outcome.ADMITTED)]
+
+
+def test_twins_that_would_make_a_call_too_large_go_alone_when_the_linger_ends() -> None:
+    fake = FakeConnectors(hold={"k"})
+    with PipelinedIngest(fake, "pk", twin_linger=dt.timedelta(milliseconds=50), max_call_items=2) as pipeline:
+        first = pipeline.submit([delivery("k", payload=b"p")])
+        twin = pipeline.submit([delivery("k", payload=b"p")])
+        fake.wait_running(1)
+        fake.release.set()
+        first.result()
+        full = pipeline.submit([delivery("b"), delivery("c")])  # two deliveries: no room for the twin
+        assert outcomes(twin.result()) == [("k", Outcome.DUPLICATE_COVERED)]
+        full.result()
+    assert ["k"] in fake.calls and ["b", "c"] in fake.calls and len(fake.calls) == 3
+
+
+def test_flush_sends_released_twins_without_waiting_for_the_linger() -> None:
+    fake = FakeConnectors(hold={"k"})
+    pipeline = PipelinedIngest(fake, "pk", twin_linger=dt.timedelta(hours=1))
+    first = pipeline.submit([delivery("k", payload=b"p")])
+    twin = pipeline.submit([delivery("k", payload=b"p")])
+    fake.wait_running(1)
+    fake.release.set()
+    first.result()
+    pipeline.close()  # would wait an hour if the twin waited for its linger
+    assert outcomes(twin.result()) == [("k", Outcome.DUPLICATE_COVERED)]
+    assert fake.calls == [["k"], ["k"]]
+
+
+def test_a_failed_call_fails_every_batch_whose_deliveries_it_carried() -> None:
+    fake = FakeConnectors(hold={"k"}, fail={"b": [(grpc.StatusCode.INVALID_ARGUMENT, False)]})
+    with PipelinedIngest(fake, "pk", retry=NO_BACKOFF, twin_linger=dt.timedelta(seconds=30)) as pipeline:
+        first = pipeline.submit([delivery("k", payload=b"p")])
+        twin = pipeline.submit([delivery("k", payload=b"p")])
+        fake.wait_running(1)
+        fake.release.set()
+        first.result()
+        failed = pipeline.submit([delivery("b")])
+    assert fake.calls == [["k"], ["k", "b"]] and fake.stored.keys() == {"k"}
+    assert failed.exception() is not None and twin.exception() is failed.exception()
