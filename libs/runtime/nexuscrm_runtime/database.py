@@ -21,8 +21,10 @@ from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from prometheus_client import Counter
+from pymysql.constants.SERVER_STATUS import SERVER_STATUS_IN_TRANS
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import PoolResetState
 
 from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
@@ -133,8 +135,10 @@ def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | N
         pool_recycle=3600,
         pool_size=pool_size,
         max_overflow=pool_size,
+        pool_reset_on_return=None,  # _reset_open_transaction instead
         connect_args={"conv": CONVERSIONS},
     )
+    event.listen(engine, "reset", _reset_open_transaction)
     event.listen(engine, "handle_error", _unavailable_on_connection_loss)
 
     @event.listens_for(engine, "first_connect")
@@ -149,6 +153,20 @@ def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | N
     if tidb_profile is not None:
         tidb_profile.install(engine)
     return engine
+
+
+def _reset_open_transaction(dbapi_connection: Any, _record: Any, reset_state: PoolResetState) -> None:
+    """Roll back a connection returned to the pool only when the server says its transaction is open.
+
+    The pool's default reset rolls back every returned connection, which after a committed
+    ``run_transaction`` is one more round trip per transaction for nothing (docs/performance.md,
+    "Twenty-third pass"). Every OK packet carries the server's in-transaction flag, which PyMySQL
+    keeps: after SQLAlchemy's own COMMIT or ROLLBACK it is clear. A connection given back with
+    work still open (a raw DBAPI use, a failure SQLAlchemy did not roll back) is rolled back as
+    before.
+    """
+    if not reset_state.transaction_was_reset and dbapi_connection.server_status & SERVER_STATUS_IN_TRANS:
+        dbapi_connection.rollback()
 
 
 def _unavailable_on_connection_loss(context: sa.engine.ExceptionContext) -> None:
