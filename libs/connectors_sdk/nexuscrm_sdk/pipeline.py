@@ -149,7 +149,7 @@ class PipelinedIngest:
     Use it as a context manager (leaving it waits for every submitted batch) or call
     ``close``. ``retry`` says how retryable failures are sent again (``IngestRetry``); ``wait``
     sleeps between the attempts (as in ``ingest_with_retries``). ``twin_linger`` is how long
-    released twins wait for a batch to ride with (0: each batch's twins go alone at once);
+    released twins wait for a batch to ride with (0: they go at once, in one call of their own);
     lower ``max_call_items`` and ``max_call_bytes`` with the service's limits. Future callbacks run on the
     pipeline's threads, one at a time in submission order: keep them short.
     Thread-safe: several threads may submit, each batch taking its place when ``submit`` returns.
@@ -252,7 +252,7 @@ class PipelinedIngest:
         return taken
 
     def _send_released(self) -> None:
-        """Send the twins no batch took within the linger, in calls of their own."""
+        """Send the released twins no batch took (the linger ended, or a flush), in calls of their own."""
         while True:
             with self._lock:
                 if not self._released:

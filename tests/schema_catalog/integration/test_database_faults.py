@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections.abc import Iterator
@@ -60,6 +61,10 @@ def test_a_real_deadlock_is_retried_and_both_transactions_apply(mysql_engine: sa
         assert connection.exec_driver_sql("SELECT v FROM t ORDER BY id").scalars().all() == [2, 2]
 
 
+def _set_all(connection: sa.Connection, *, value: int) -> None:
+    connection.exec_driver_sql(f"UPDATE t SET v = {value}")
+
+
 def _rollbacks(engine: sa.Engine) -> tuple[int, int]:
     """The pooled session's id and the ROLLBACKs it received, read in a committed transaction of its own."""
 
@@ -74,9 +79,7 @@ def _rollbacks(engine: sa.Engine) -> tuple[int, int]:
 def test_a_committed_transaction_gives_its_connection_back_without_a_rollback(mysql_engine: sa.Engine) -> None:
     session, before = _rollbacks(mysql_engine)
     for value in (1, 2, 3):
-        run_transaction(
-            mysql_engine, lambda connection, v=value: connection.exec_driver_sql(f"UPDATE t SET v = {v}"), name="set"
-        )
+        run_transaction(mysql_engine, functools.partial(_set_all, value=value), name="set")
     assert _rollbacks(mysql_engine) == (session, before)  # one session, and the pool's reset sent no ROLLBACK
     with mysql_engine.connect() as connection:
         assert connection.exec_driver_sql("SELECT v FROM t WHERE id = 1").scalar_one() == 3
