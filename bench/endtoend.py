@@ -2,9 +2,9 @@
 
 ``nexuscrm_tools.run.start_system`` starts the schema catalog, Controlplane and
 Connectors as processes, installs and activates a pack through Controlplane, then starts the
-Integration host with 4 workers (claiming up to 4 generations each) running
-``bench.laneflow:lane_sum_flow`` (a ``module:function`` Flow reference, resolved by the host
-like any other). The bench process is only a gRPC client:
+Integration host with 4 workers (claiming up to 4 generations each, completing them in the
+next claim) running ``bench.laneflow:lane_sum_flow`` (a ``module:function`` Flow reference,
+resolved by the host like any other). The bench process is only a gRPC client:
 it ingests the walking workload with ``ConnectorsClient`` through the SDK's ``PipelinedIngest``
 (each concurrent client on a channel of its own, with the SDK's default batches in flight
 unless told otherwise) and reads the database afterwards to check the result (the per-lane
@@ -44,6 +44,10 @@ NAMESPACE = "bench-peer"
 # many small generations, as the peer runs one worker process with concurrency 4; chosen by
 # measurement (docs/performance.md).
 CLAIM_BATCH = 4
+# Each worker completes its finished generations in its next claim (decision 170): on this
+# workload's cheap Flow, one Claim per batch instead of a Complete per generation was faster
+# end to end in every measured pair, with more Flow executions (docs/performance.md).
+COMPLETE_IN_CLAIM = True
 # The host's workers call a Connectors replica of their own on MariaDB (decision 135): how a
 # deployment runs Connectors past one Python process. Not on SQLite, where one process holds
 # the one writer and hands it between its threads (decision 134).
@@ -66,6 +70,7 @@ def running_system(dsn: str, workdir: Path, *, worker_connectors: bool) -> Itera
         workers=WORKERS,
         flow=FLOW_REFERENCE,
         batch_size=CLAIM_BATCH,
+        complete_in_claim=COMPLETE_IN_CLAIM,
         extra_env={"PYTHONPATH": path, **METRICS_ENV},
         worker_connectors=worker_connectors,
     )

@@ -16,14 +16,12 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from prometheus_client.parser import text_string_to_metric_families
 
 from nexuscrm_schema.tables import Event, IngressReceipt
 from nexuscrm_tools import demo
@@ -92,20 +90,6 @@ def scenario(dsn: str, workdir: Path) -> Iterator[Scenario]:
         yield running
     finally:
         running.stop_all()
-
-
-def counter(service: ServiceProcess, name: str) -> float:
-    """The value of the Prometheus counter ``name`` (``..._total``) a service's metrics endpoint reports now."""
-    port = service.side_port("metrics")
-    assert port is not None, f"{service.spec.name} published no metrics port"
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
 
 
 def nexuscrm_version(targets: dict[str, str]) -> dict[str, dict[str, Any]]:

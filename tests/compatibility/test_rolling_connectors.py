@@ -23,7 +23,8 @@ from nexuscrm_tools.launcher import CONNECTORS, CONTROLPLANE, INTEGRATION, SCHEM
 from nexuscrm_tools.run import demo_pools, install_demo_pack, settled
 from nexuscrm_tools.simulator import Simulator, WorkloadConfig
 from tests.compatibility.previous import PreviousReleases
-from tests.compatibility.scenario import assert_end_state, counter, nexuscrm_version, scenario
+from tests.compatibility.scenario import assert_end_state, nexuscrm_version, scenario
+from tests.support.metrics import counter
 from tests.support.waiting import wait_until
 from workqueue.values import IngestItem, IngestResult, Outcome
 

@@ -143,6 +143,7 @@ def demo_pools(
     flow: str = demo.FLOW_NAME,
     batch_size: int = 1,
     settings: Mapping[str, str] | None = None,
+    complete_in_claim: bool = False,
 ) -> str:
     """NEXUSCRM_INTEGRATION_POOLS for ``flow`` (default: the demo Flow) on ``pack_install_id``."""
     pool = {
@@ -151,6 +152,7 @@ def demo_pools(
         "flow": flow,
         "size": workers,
         "batch_size": batch_size,
+        "complete_in_claim": complete_in_claim,
         "settings": dict(settings or {}),
     }
     return json.dumps([pool])
@@ -166,13 +168,15 @@ def start_host(
     flow: str = demo.FLOW_NAME,
     batch_size: int = 1,
     settings: Mapping[str, str] | None = None,
+    complete_in_claim: bool = False,
     ports: Mapping[ServiceSpec, int] | None = None,
 ) -> ServiceProcess:
     """Start the Integration host serving ``flow`` (with its pool ``settings``) on the pack, wired to ``core``.
 
+    ``complete_in_claim``: the pool field of that name (decision 131).
     ``ports``: the host's port when ``reserved_ports`` holds one for it (the others were told it).
     """
-    pools = demo_pools(pack_install_id, workers, flow, batch_size, settings)
+    pools = demo_pools(pack_install_id, workers, flow, batch_size, settings, complete_in_claim)
     host_env = {**env, **target_env(core), "NEXUSCRM_INTEGRATION_POOLS": pools}
     return start_services((INTEGRATION,), env=host_env, workdir=workdir, ports=ports)[0]
 
@@ -188,6 +192,7 @@ def start_system(
     settings: Mapping[str, str] | None = None,
     extra_env: dict[str, str] | None = None,
     worker_connectors: bool = False,
+    complete_in_claim: bool = False,
 ) -> tuple[list[ServiceProcess], str]:
     """Start the services, install and activate a demo pack, then start the host serving it.
 
@@ -198,8 +203,9 @@ def start_system(
     ``worker_connectors``: the host's workers call a Connectors replica of their own (a second
     process on the same database, started before the host), so their Claims and Completes do
     not share one interpreter with admission (decision 135). The first Connectors in the list
-    is the one clients ingest through. Returns the running services (stop them with
-    ``stop_services``) and the pack id.
+    is the one clients ingest through. ``complete_in_claim``: the host's pool field of that
+    name (decision 131). Returns the running services (stop them with ``stop_services``) and
+    the pack id.
     """
     with reserved_ports((INTEGRATION,)) as host_port:
         env = {"NEXUSCRM_DSN": dsn, **reserved_target_env(host_port), **(extra_env or {})}
@@ -222,6 +228,7 @@ def start_system(
                 flow=flow,
                 batch_size=batch_size,
                 settings=settings,
+                complete_in_claim=complete_in_claim,
                 ports=host_port,
             )
             services.append(host)

@@ -46,12 +46,15 @@ from nexuscrm_tools.launcher import (
 from nexuscrm_tools.run import demo_pools, run_demo, settled, start_host, start_system
 from nexuscrm_tools.simulator import Simulator, WorkloadConfig, workload
 from tests.support.invariants import assert_invariants
+from tests.support.metrics import counter
 from tests.support.waiting import DEADLINE, wait_until
 from workqueue import WorkStatus
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+RPC_CALLS = "nexuscrm_rpc_server_duration_seconds_count"
+CONNECTORS_RPC = "/nexuscrm.connectors.v1.ConnectorsService"
 
 
 @pytest.fixture
@@ -311,9 +314,19 @@ def test_workers_on_their_own_connectors_replica_need_only_that_replica(empty_ds
     """``start_system(worker_connectors=True)``: the host's workers call a second Connectors (decision 135).
 
     The first Connectors is stopped before anything is ingested, then the workload goes in
-    through the replica: only a host wired to the replica can project it.
+    through the replica: only a host wired to the replica can project it. The host's pool is
+    started with ``complete_in_claim`` (decision 170): its workers complete every generation in
+    a later Claim, so the replica answers no Complete.
     """
-    services, pack = start_system(empty_dsn, tmp_path, namespace="acme", workers=2, worker_connectors=True)
+    services, pack = start_system(
+        empty_dsn,
+        tmp_path,
+        namespace="acme",
+        workers=2,
+        worker_connectors=True,
+        complete_in_claim=True,
+        extra_env={"NEXUSCRM_CONNECTORS_METRICS_ADDRESS": "127.0.0.1:0"},
+    )
     first, replica = (service for service in services if service.spec is CONNECTORS)
     engine = create_engine(empty_dsn)
     try:
@@ -324,6 +337,8 @@ def test_workers_on_their_own_connectors_replica_need_only_that_replica(empty_ds
             stats = Simulator(ConnectorsClient(channel), pack, config, threading.Event()).run()
         assert stats.admitted == 200
         wait_until(lambda: settled(engine, pack, stats), "the host on the replica to project every input")
+        assert counter(replica, RPC_CALLS, method=f"{CONNECTORS_RPC}/Claim", code="OK") > 0
+        assert counter(replica, RPC_CALLS, method=f"{CONNECTORS_RPC}/Complete") == 0
     finally:
         assert set(stop_services([service for service in services if service is not first]).values()) == {0}
     assert demo.verify_projection(engine, pack) == []
