@@ -19,7 +19,7 @@ import pytest
 
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_tools.launcher import CONNECTORS, CONTROLPLANE, INTEGRATION, SCHEMA_CATALOG, target_env
+from nexuscrm_tools.launcher import CONNECTORS, CONTROLPLANE, INTEGRATION, SCHEMA_CATALOG, ServiceProcess, target_env
 from nexuscrm_tools.run import demo_pools, install_demo_pack, settled
 from nexuscrm_tools.simulator import Simulator, WorkloadConfig
 from tests.compatibility.previous import PreviousReleases
@@ -66,6 +66,11 @@ class RollingIngestor:
         return results
 
 
+def claims_answered(connectors: ServiceProcess) -> float:
+    """The claims a Connectors process has answered so far (its metrics endpoint)."""
+    return counter(connectors.side_port("metrics"), "nexuscrm_claims_total")
+
+
 def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
     dsn: str, tmp_path: Path, previous_releases: PreviousReleases
 ) -> None:
@@ -94,9 +99,9 @@ def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
         reported = nexuscrm_version(target_env([catalog, previous, controlplane, host]))
 
         def retire() -> None:
-            wait_until(lambda: counter(previous, "nexuscrm_claims_total") > 0, "a claim answered by the previous one")
-            claims["previous"] = counter(previous, "nexuscrm_claims_total")
-            claims["current at retirement"] = counter(current, "nexuscrm_claims_total")
+            wait_until(lambda: claims_answered(previous) > 0, "a claim answered by the previous one")
+            claims["previous"] = claims_answered(previous)
+            claims["current at retirement"] = claims_answered(current)
             assert running.stop(previous, "connectors-previous") == 0
 
         with previous.channel() as to_previous, current.channel() as to_current:
@@ -106,7 +111,7 @@ def test_admission_and_claims_across_a_rolling_upgrade_of_connectors(
             # replicas in turn.
             stats = Simulator(ingestor, pack, WORKLOAD, threading.Event()).run()
         wait_until(lambda: settled(engine, pack, stats), "every admitted input projected")
-        claims["current"] = counter(current, "nexuscrm_claims_total")
+        claims["current"] = claims_answered(current)
     assert running.exit_codes == dict.fromkeys(running.exit_codes, 0) and len(running.exit_codes) == 6
 
     # The previous Connectors predates GetBuildInfo; the current others say what they are.

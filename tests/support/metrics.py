@@ -6,17 +6,15 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from nexuscrm_tools.launcher import ServiceProcess
 
+def counter(metrics_port: int | None, name: str, **labels: str) -> float:
+    """The sum of the samples ``name`` (``..._total``, ``..._count``) the endpoint on ``metrics_port`` reports now.
 
-def counter(service: ServiceProcess, name: str, **labels: str) -> float:
-    """The sum of the samples ``name`` (``..._total``, ``..._count``) a service reports now.
-
-    Only samples whose labels include ``labels`` count (none given: every sample of ``name``).
+    ``metrics_port``: a launched service's ``side_port("metrics")``. Only samples whose labels
+    include ``labels`` count (none given: every sample of ``name``).
     """
-    port = service.side_port("metrics")
-    assert port is not None, f"{service.spec.name} published no metrics port"
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+    assert metrics_port is not None, "the service published no metrics port"
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
         text = response.read().decode()
     return sum(
         sample.value
