@@ -18,12 +18,10 @@ import contextlib
 import os
 import tempfile
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.environment import Backend, scratch_database
 from bench.laneflow import FLOW_REFERENCE, BenchLaneApplied, BenchLaneSum
@@ -35,6 +33,7 @@ from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.pipeline import DEFAULT_MAX_IN_FLIGHT, PipelinedIngest
 from nexuscrm_tools import run as system
 from nexuscrm_tools.launcher import CONNECTORS, INTEGRATION, ServiceProcess, stop_services
+from tests.support.metrics import counter
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
 from workqueue.values import IngestItem
 from workqueue.values import Outcome as IngestOutcome
@@ -95,14 +94,7 @@ def _settled(engine: sa.Engine, pack: str, admitted: int) -> bool:
 
 def admission_transactions(connectors: ServiceProcess) -> int:
     """Admission transactions the Connectors process committed so far (its metrics endpoint)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{connectors.side_port('metrics')}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    return next(
-        int(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == ADMISSION_TRANSACTIONS
-    )
+    return int(counter(connectors.side_port("metrics"), ADMISSION_TRANSACTIONS))
 
 
 def run(
