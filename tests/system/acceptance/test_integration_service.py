@@ -337,8 +337,9 @@ def test_workers_on_their_own_connectors_replica_need_only_that_replica(empty_ds
             stats = Simulator(ConnectorsClient(channel), pack, config, threading.Event()).run()
         assert stats.admitted == 200
         wait_until(lambda: settled(engine, pack, stats), "the host on the replica to project every input")
-        assert counter(replica.side_port("metrics"), RPC_CALLS, method=f"{CONNECTORS_RPC}/Claim", code="OK") > 0
-        assert counter(replica.side_port("metrics"), RPC_CALLS, method=f"{CONNECTORS_RPC}/Complete") == 0
+        metrics_port = replica.side_port("metrics")
+        assert counter(metrics_port, RPC_CALLS, method=f"{CONNECTORS_RPC}/Claim", code="OK") > 0
+        assert counter(metrics_port, RPC_CALLS, method=f"{CONNECTORS_RPC}/Complete") == 0
     finally:
         assert set(stop_services([service for service in services if service is not first]).values()) == {0}
     assert demo.verify_projection(engine, pack) == []
