@@ -97,7 +97,7 @@ RPC_TIMEOUT = 30.0  # seconds per set-up RPC
 INVARIANT_PREFIXES = ("M:", "O:", "B:", "D:", "X:", "P:", "R:")  # how check_invariants names violations
 DATABASE_FILE = "nexuscrm.db"  # the run's embedded SQLite database, in the workdir
 # What a run leaves in its workdir: service logs, (side) port files, the SQLite file with its
-# WAL and shared-memory files. Only these are removed: the workdir may hold anything else.
+# WAL, shared-memory and writer-lock files. Only these are removed: the workdir may hold anything else.
 RUN_STATE = ("*.log", "*.port", DATABASE_FILE, f"{DATABASE_FILE}-*")
 PROBLEMS_SHOWN = 20  # problem lines after the summary table; the rest are counted
 NOT_DEMO_LAG = "not measured: the Flow is not the demo's"

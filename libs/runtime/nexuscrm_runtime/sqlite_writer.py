@@ -1,4 +1,4 @@
-"""SQLite's one writer, handed from thread to thread of a process without sleeping (decision 134).
+"""SQLite's one writer, handed from thread to thread of a process without sleeping (decisions 134, 171).
 
 Every SQLite transaction starts with ``BEGIN IMMEDIATE`` (one writer at a time). A connection
 that finds the file locked sleeps and polls in SQLite's busy handler, backing off in steps up
@@ -8,8 +8,9 @@ there (measured in docs/performance.md, "Thirteenth pass").
 
 ``SerializedWriterDialect`` makes the threads of one engine queue on a lock of their own, taken
 before ``BEGIN IMMEDIATE`` and released once ``COMMIT`` or ``ROLLBACK`` returned: the next
-waiter starts at once. Other engines and processes on the same file still meet SQLite's busy
-handler, which stays the arbiter of the file.
+waiter starts at once. Between engines and processes on the same file, the holder of an
+engine's lock takes the file's writer lock next (``sqlite_file_lock``, decision 171): woken
+when it is free, in turn with the other engines, within the same bound.
 
 Transactions begun inside ``urgent()`` (Ingest's: a client waits on each, while the workers'
 Claims and Completes are background) go before the ordinary ones waiting, but not twice in a
@@ -23,15 +24,22 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+from sqlalchemy.engine import URL
+
+from nexuscrm_runtime.sqlite_file_lock import SUPPORTED, FileWriterLock
 
 DRIVER = "serialized_writer"  # the URL's driver: sqlite+serialized_writer://
+
+log = logging.getLogger(__name__)
 
 
 _URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("nexuscrm_sqlite_writer_urgent", default=False)
@@ -117,6 +125,16 @@ class SerializedWriterDialect(SQLiteDialect_pysqlite):
         self.writer = WriterLock()
         self.writer_timeout = writer_timeout
         self._holder: Any = None  # the DBAPI connection whose transaction holds ``writer``
+        self.file_writer: FileWriterLock | None = None  # the writer among processes (a file's only)
+
+    def create_connect_args(self, url: URL) -> Any:
+        database = url.database or ""
+        if SUPPORTED and database not in ("", ":memory:"):
+            try:
+                self.file_writer = FileWriterLock(database)
+            except OSError as error:  # e.g. a read-only folder: SQLite's busy handler still arbitrates
+                log.warning("SQLite writer lock file unavailable, processes wait in SQLite's busy handler: %s", error)
+        return super().create_connect_args(url)
 
     @property
     def waiting(self) -> int:
@@ -126,12 +144,17 @@ class SerializedWriterDialect(SQLiteDialect_pysqlite):
     def do_begin(self, dbapi_connection: Any) -> None:
         connection = _dbapi(dbapi_connection)
         if self._holder is not connection:  # never wait for a lock this connection holds
+            deadline = time.monotonic() + self.writer_timeout
             if not self.writer.acquire(urgent=_URGENT.get(), timeout=self.writer_timeout):
-                # What SQLite itself says after its busy timeout: a conflict, retried as a whole.
-                raise sqlite3.OperationalError(
-                    f"database is locked: another transaction of this process held the writer for "
-                    f"{self.writer_timeout:g} s"
-                )
+                raise _locked("another transaction of this process", self.writer_timeout)
+            try:
+                taken = self.file_writer is None or self.file_writer.acquire(deadline)
+            except BaseException:
+                self.writer.release()
+                raise
+            if not taken:
+                self.writer.release()
+                raise _locked("another process", self.writer_timeout)
             self._holder = connection
         try:
             connection.execute("BEGIN IMMEDIATE")
@@ -155,7 +178,14 @@ class SerializedWriterDialect(SQLiteDialect_pysqlite):
         """Let the next transaction start, if ``dbapi_connection``'s holds the writer (else nothing)."""
         if self._holder is not None and self._holder is _dbapi(dbapi_connection):
             self._holder = None
+            if self.file_writer is not None:
+                self.file_writer.release()
             self.writer.release()
+
+
+def _locked(holder: str, seconds: float) -> sqlite3.OperationalError:
+    """What SQLite itself says after its busy timeout: a conflict, retried as a whole."""
+    return sqlite3.OperationalError(f"database is locked: {holder} held the writer for {seconds:g} s")
 
 
 registry.register(f"sqlite.{DRIVER}", __name__, SerializedWriterDialect.__name__)
