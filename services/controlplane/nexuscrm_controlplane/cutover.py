@@ -45,6 +45,7 @@ from nexuscrm_controlplane.lifecycle import (
 )
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock, iso_utc
 from nexuscrm_runtime.database import is_sqlite, run_transaction
+from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
 from nexuscrm_schema.verification import NATIVE_PROJECTION, verify_schema
 
 DEFAULT_TIMEOUT = 300.0  # seconds, when an RPC names none
@@ -288,9 +289,10 @@ def bound_lock_waits(engine: Engine, deadline: float) -> None:
     """Make every lock wait of ``engine``'s new connections end by ``deadline`` (``time.monotonic``).
 
     For a one-shot command: MySQL/TiDB sessions get ``innodb_lock_wait_timeout`` and SQLite
-    connections ``busy_timeout`` set to the time left, and a transaction that would begin
-    after the deadline raises ``CutoverTimeout`` instead of being retried. Call it before
-    the engine's first connection.
+    connections ``busy_timeout`` set to the time left, as does a SQLite engine's wait for the
+    writer before ``BEGIN IMMEDIATE`` (decision 171); a transaction that would begin after the
+    deadline raises ``CutoverTimeout`` instead of being retried. Call it before the engine's
+    first connection.
     """
 
     def remaining() -> float:
@@ -309,3 +311,5 @@ def bound_lock_waits(engine: Engine, deadline: float) -> None:
     @event.listens_for(engine, "begin", insert=True)
     def _on_begin(_connection: Connection) -> None:
         check_deadline(deadline)
+        if isinstance(engine.dialect, SerializedWriterDialect):
+            engine.dialect.writer_timeout = remaining()
