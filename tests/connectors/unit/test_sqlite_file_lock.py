@@ -23,9 +23,6 @@ from tests.support.waiting import wait_until
 
 HANG_GUARD = 30.0  # seconds: a join that outlives this means a lock was never released
 
-# Linux has open-file-description locks (3.15 and later): there every test here runs.
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="no open-file-description locks here")
-
 # A child process that holds the writer inside an open transaction until it is killed (or its
 # standard input closes, should the test itself die first).
 HOLDER = """
