@@ -5,7 +5,9 @@ one transaction per batch, rows built before the clock starts) into the same sch
 Design floor: the writes admission cannot drop (decision 085), the same way: the batch's
 confirmed receipts (digest, no payload) and its Events, in one transaction.
 In-process: ``Connectors.ingest`` (receipts, pack lock, fences, protocol row, ordinals,
-Events, generations). gRPC: the same through a Connectors service process and
+Events, generations); its statement ceiling counts only the time its statements and COMMITs
+take, the driver's work included (``StatementClock``): the in-process rate admission would
+reach if its own Python cost nothing. gRPC: the same through a Connectors service process and
 ``ConnectorsClient.ingest``. Half duplicates: in-process batches whose first half re-sends
 the previous batch's new deliveries, in deliveries per second. Concurrent clients: 1, 4 and
 16 threads sending batches of 50 to one pack through one Connectors process, with group
@@ -19,7 +21,7 @@ import contextlib
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -129,6 +131,60 @@ def _concurrent(ingest: Ingest, pack: str, clients: int, inputs: int, prefix: st
     return clients * calls * CONCURRENT_BATCH / (time.perf_counter() - started)
 
 
+class StatementClock:
+    """Seconds an engine spends in statements and COMMITs while counting (between ``start`` and ``stop``).
+
+    A statement from ``before_cursor_execute`` to ``after_cursor_execute``; a COMMIT from the
+    ``commit`` event (SQLAlchemy's, just before the driver's) to the connection's return to the
+    pool, which follows it directly (``run_transaction``).
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.seconds = 0.0
+        self._began: dict[int, float] = {}  # id of the DBAPI connection -> its statement or COMMIT's start
+        self._hooks: list[tuple[sa.Engine, str, Callable[..., None]]] = [
+            (engine, "before_cursor_execute", lambda conn, *_: self._begin(conn.connection.dbapi_connection)),
+            (engine, "after_cursor_execute", lambda conn, *_: self._end(conn.connection.dbapi_connection)),
+            (engine, "commit", lambda conn: self._begin(conn.connection.dbapi_connection)),
+            (engine, "checkin", lambda dbapi_connection, _record: self._end(dbapi_connection)),
+        ]
+
+    def start(self) -> None:
+        self.seconds = 0.0
+        for target, name, hook in self._hooks:
+            sa.event.listen(target, name, hook)
+
+    def stop(self) -> float:
+        for target, name, hook in self._hooks:
+            sa.event.remove(target, name, hook)
+        return self.seconds
+
+    def _begin(self, dbapi_connection: object) -> None:
+        self._began[id(dbapi_connection)] = time.perf_counter()
+
+    def _end(self, dbapi_connection: object) -> None:
+        began = self._began.pop(id(dbapi_connection), None)
+        if began is not None:
+            self.seconds += time.perf_counter() - began
+
+
+def _statement_ceiling(engine: sa.Engine, pack: str, batches: int) -> float:
+    """Inputs per second of in-process Ingest if only its statements and COMMITs (with the driver) took time."""
+    connectors = Connectors(engine)
+    items = [seed.batch(f"ceiling-{n}", BATCH, IDENTITIES) for n in range(WARMUP + batches)]
+    for warm in items[:WARMUP]:
+        connectors.ingest(pack, items=warm)
+    clock = StatementClock(engine)
+    clock.start()
+    try:
+        for timed_batch in items[WARMUP:]:
+            connectors.ingest(pack, items=timed_batch)
+    finally:
+        seconds = clock.stop()
+    return batches * BATCH / seconds
+
+
 def _floor(engine: sa.Engine, pack: str, batches: int) -> float:
     """Inputs per second of plain batched Event INSERTs."""
     rows = [seed.event_rows(pack, 1 + n * BATCH, seed.batch(f"floor-{n}", BATCH, IDENTITIES)) for n in range(batches)]
@@ -170,6 +226,7 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
             floor = _floor(engine, install_pack(engine), batches)
             design = _design_floor(engine, install_pack(engine), batches)
             in_process = _throughput(Connectors(engine).ingest, install_pack(engine), batches, "inproc")
+            ceiling = _statement_ceiling(engine, install_pack(engine), batches)
             duplicates = _half_duplicates(Connectors(engine).ingest, install_pack(engine), batches, "half")
             with connectors_process(dsn) as client:
                 remote = _throughput(client.ingest, install_pack(engine), batches, "grpc")
@@ -209,6 +266,12 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
         f">= {GRPC_TARGET} {verdict(remote / floor >= GRPC_TARGET)}",
     )
     report.add(section, backend.name, "in-process Ingest / design floor", f"{in_process / design:.2f}")
+    report.add(
+        section,
+        backend.name,
+        "in-process Ingest's statements and COMMITs alone / design floor (its ceiling if its own Python cost nothing)",
+        f"{ceiling / design:.2f}",
+    )
     report.add(
         section,
         backend.name,
