@@ -72,17 +72,60 @@ def connectors_process(dsn: str, env: Mapping[str, str] | None = None) -> Iterat
             stop_services(services)
 
 
-def _throughput(ingest: Ingest, pack: str, batches: int, prefix: str) -> float:
-    """Inputs per second admitted by ``ingest`` over ``batches`` timed batches."""
+class StatementClock:
+    """Seconds an engine spends in statements and COMMITs while counting (between ``start`` and ``stop``).
+
+    A statement from ``before_cursor_execute`` to ``after_cursor_execute``; a COMMIT from the
+    ``commit`` event (SQLAlchemy's, just before the driver's) to the connection's return to the
+    pool, which follows it directly (``run_transaction``).
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.seconds = 0.0
+        self._began: dict[int, float] = {}  # id of the DBAPI connection -> its statement or COMMIT's start
+        self._hooks: list[tuple[sa.Engine, str, Callable[..., None]]] = [
+            (engine, "before_cursor_execute", lambda conn, *_: self._begin(conn.connection.dbapi_connection)),
+            (engine, "after_cursor_execute", lambda conn, *_: self._end(conn.connection.dbapi_connection)),
+            (engine, "commit", lambda conn: self._begin(conn.connection.dbapi_connection)),
+            (engine, "checkin", lambda dbapi_connection, _record: self._end(dbapi_connection)),
+        ]
+
+    def start(self) -> None:
+        self.seconds = 0.0
+        for target, name, hook in self._hooks:
+            sa.event.listen(target, name, hook)
+
+    def stop(self) -> None:
+        for target, name, hook in self._hooks:
+            sa.event.remove(target, name, hook)
+
+    def _begin(self, dbapi_connection: object) -> None:
+        self._began[id(dbapi_connection)] = time.perf_counter()
+
+    def _end(self, dbapi_connection: object) -> None:
+        began = self._began.pop(id(dbapi_connection), None)
+        if began is not None:
+            self.seconds += time.perf_counter() - began
+
+
+def _throughput(ingest: Ingest, pack: str, batches: int, prefix: str, *, clock: StatementClock | None = None) -> float:
+    """Inputs per second admitted by ``ingest`` over ``batches`` timed batches: of wall time, or of ``clock``'s."""
     items = [seed.batch(f"{prefix}-{n}", BATCH, IDENTITIES) for n in range(WARMUP + batches)]
     for warm in items[:WARMUP]:
         ingest(pack, items=warm)
+    if clock is not None:
+        clock.start()
     started = time.perf_counter()
-    for timed_batch in items[WARMUP:]:
-        results = ingest(pack, items=timed_batch)
-        if any(r.outcome is not Outcome.ADMITTED for r in results):
-            raise RuntimeError(f"{prefix}: not every delivery was admitted")
-    return batches * BATCH / (time.perf_counter() - started)
+    try:
+        for timed_batch in items[WARMUP:]:
+            results = ingest(pack, items=timed_batch)
+            if any(r.outcome is not Outcome.ADMITTED for r in results):
+                raise RuntimeError(f"{prefix}: not every delivery was admitted")
+        elapsed = time.perf_counter() - started
+    finally:
+        if clock is not None:
+            clock.stop()
+    return batches * BATCH / (elapsed if clock is None else clock.seconds)
 
 
 def _half_duplicates(ingest: Ingest, pack: str, batches: int, prefix: str) -> float:
@@ -131,60 +174,6 @@ def _concurrent(ingest: Ingest, pack: str, clients: int, inputs: int, prefix: st
     return clients * calls * CONCURRENT_BATCH / (time.perf_counter() - started)
 
 
-class StatementClock:
-    """Seconds an engine spends in statements and COMMITs while counting (between ``start`` and ``stop``).
-
-    A statement from ``before_cursor_execute`` to ``after_cursor_execute``; a COMMIT from the
-    ``commit`` event (SQLAlchemy's, just before the driver's) to the connection's return to the
-    pool, which follows it directly (``run_transaction``).
-    """
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self.engine = engine
-        self.seconds = 0.0
-        self._began: dict[int, float] = {}  # id of the DBAPI connection -> its statement or COMMIT's start
-        self._hooks: list[tuple[sa.Engine, str, Callable[..., None]]] = [
-            (engine, "before_cursor_execute", lambda conn, *_: self._begin(conn.connection.dbapi_connection)),
-            (engine, "after_cursor_execute", lambda conn, *_: self._end(conn.connection.dbapi_connection)),
-            (engine, "commit", lambda conn: self._begin(conn.connection.dbapi_connection)),
-            (engine, "checkin", lambda dbapi_connection, _record: self._end(dbapi_connection)),
-        ]
-
-    def start(self) -> None:
-        self.seconds = 0.0
-        for target, name, hook in self._hooks:
-            sa.event.listen(target, name, hook)
-
-    def stop(self) -> float:
-        for target, name, hook in self._hooks:
-            sa.event.remove(target, name, hook)
-        return self.seconds
-
-    def _begin(self, dbapi_connection: object) -> None:
-        self._began[id(dbapi_connection)] = time.perf_counter()
-
-    def _end(self, dbapi_connection: object) -> None:
-        began = self._began.pop(id(dbapi_connection), None)
-        if began is not None:
-            self.seconds += time.perf_counter() - began
-
-
-def _statement_ceiling(engine: sa.Engine, pack: str, batches: int) -> float:
-    """Inputs per second of in-process Ingest if only its statements and COMMITs (with the driver) took time."""
-    connectors = Connectors(engine)
-    items = [seed.batch(f"ceiling-{n}", BATCH, IDENTITIES) for n in range(WARMUP + batches)]
-    for warm in items[:WARMUP]:
-        connectors.ingest(pack, items=warm)
-    clock = StatementClock(engine)
-    clock.start()
-    try:
-        for timed_batch in items[WARMUP:]:
-            connectors.ingest(pack, items=timed_batch)
-    finally:
-        seconds = clock.stop()
-    return batches * BATCH / seconds
-
-
 def _floor(engine: sa.Engine, pack: str, batches: int) -> float:
     """Inputs per second of plain batched Event INSERTs."""
     rows = [seed.event_rows(pack, 1 + n * BATCH, seed.batch(f"floor-{n}", BATCH, IDENTITIES)) for n in range(batches)]
@@ -226,7 +215,9 @@ def run(backend: Backend, report: Report, *, quick: bool) -> None:
             floor = _floor(engine, install_pack(engine), batches)
             design = _design_floor(engine, install_pack(engine), batches)
             in_process = _throughput(Connectors(engine).ingest, install_pack(engine), batches, "inproc")
-            ceiling = _statement_ceiling(engine, install_pack(engine), batches)
+            ceiling = _throughput(
+                Connectors(engine).ingest, install_pack(engine), batches, "ceiling", clock=StatementClock(engine)
+            )
             duplicates = _half_duplicates(Connectors(engine).ingest, install_pack(engine), batches, "half")
             with connectors_process(dsn) as client:
                 remote = _throughput(client.ingest, install_pack(engine), batches, "grpc")
