@@ -47,6 +47,9 @@ from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
 
+# The protocol row's Origin that greenfield activation writes (the other is "cutover").
+GREENFIELD = "greenfield"
+
 # (pack, projection key) -> [(InputStartOrdinal, LaneOrdinal, WorkId, Status)] by LaneOrdinal
 Generations = dict[tuple[str, str], list[tuple[int, int, str, str]]]
 
@@ -140,9 +143,7 @@ def check_invariants(engine: sa.Engine) -> list[str]:
     with snapshot(engine) as connection:
         counters = sa.select(PackInstall.c.PackInstallId, PackInstall.c.LastOrdinal)
         packs = {r.PackInstallId: r.LastOrdinal for r in connection.execute(counters)}
-        cutoffs = {
-            r.PackInstallId: r.LegacyMaxOrdinal for r in connection.execute(sa.select(ConnectorProjectionProtocol))
-        }
+        protocols = connection.execute(sa.select(ConnectorProjectionProtocol)).all()
         events = connection.execute(
             sa.select(
                 Event.c.PackInstallId,
@@ -167,8 +168,10 @@ def check_invariants(engine: sa.Engine) -> list[str]:
         policies = {r.PackInstallId: r for r in connection.execute(sa.select(RetentionPolicy))}
         pruned_work = connection.execute(sa.select(PrunedWork)).all()
         tombstones = connection.execute(sa.select(PrunedReceipt)).all()
+    cutoffs = {r.PackInstallId: r.LegacyMaxOrdinal for r in protocols}
+    greenfield = {r.PackInstallId for r in protocols if r.Origin == GREENFIELD}
     problems: list[str] = []
-    problems += _ordinals(packs, events)
+    problems += _ordinals(packs, greenfield, events)
     generations: Generations = defaultdict(list)
     for w in work:
         if w.InputStartOrdinal is not None:
@@ -178,11 +181,12 @@ def check_invariants(engine: sa.Engine) -> list[str]:
     for ranges in generations.values():
         ranges.sort(key=lambda g: g[1])
     problems += _membership(cutoffs, events, generations)
+    problems += _old_protocol_work(cutoffs, work)
     problems += _bounds_and_payload(events, generations)
     problems += _admitted_counts(events, work)
     problems += _payload_rows(events, payloads)
     problems += _execution(generations)
-    problems += _duplicates(events, receipts)
+    problems += _duplicates(cutoffs, events, receipts)
     problems += _retention(packs, policies, events, receipts, generations, pruned_work, tombstones)
     return problems
 
@@ -236,7 +240,8 @@ def _retention(
     no retained generation of its identity overlaps it and no Event of its identity is left in
     its range (a reused ordinal would be); each tombstone names a pruned generation containing
     its ordinal (or, once its pack's duplicate window expired tombstones, a record that expired
-    before it), and neither an Event nor a receipt holds its key or ordinal any more.
+    before it, at or below the horizon), and neither an Event nor a receipt holds its key or
+    ordinal any more.
     """
     problems = []
     pruned = {w.WorkId: w for w in pruned_work}
@@ -265,20 +270,31 @@ def _retention(
         key = (t.PackInstallId, t.ReceiptKey)
         owner = pruned.get(t.WorkId)
         policy = policies.get(t.PackInstallId)
-        expired_first = owner is None and policy is not None and policy.HorizonSourceTime is not None
-        if not expired_first and (
-            owner is None or not owner.InputStartOrdinal <= t.EnqueueOrdinal <= owner.LaneOrdinal
-        ):
+        if owner is None and policy is not None and policy.HorizonSourceTime is not None:
+            # Its record expired first (decision 127): the horizon still bounds what was pruned.
+            if t.EnqueueOrdinal > policy.HorizonOrdinal:
+                problems.append(
+                    f"R: tombstone {key} (input {t.EnqueueOrdinal}) outlived its record {t.WorkId} "
+                    f"but lies above the horizon {policy.HorizonOrdinal}"
+                )
+        elif owner is None or not owner.InputStartOrdinal <= t.EnqueueOrdinal <= owner.LaneOrdinal:
             problems.append(f"R: tombstone {key} (input {t.EnqueueOrdinal}) is not in its pruned generation {t.WorkId}")
         if key in receipt_keys or key in event_keys or (t.PackInstallId, t.EnqueueOrdinal) in retained:
             problems.append(f"R: tombstone {key} (input {t.EnqueueOrdinal}) is still (or again) a receipt or Event")
     return problems
 
 
-def _ordinals(packs: dict[str, int], events: Iterable[DbRow]) -> list[str]:
+def _ordinals(packs: dict[str, int], greenfield: set[str], events: Iterable[DbRow]) -> list[str]:
+    """O: every ordinal is at most its pack's counter and positive, but for old-protocol history's 0.
+
+    Ordinal 0 is legacy only: in a pack without a protocol row, or in one cut over (where 0 is
+    always at or below LegacyMaxOrdinal). A greenfield pack has no legacy history (activation
+    refuses a pack with history), and admission allocates from 1 in every pack.
+    """
     problems = []
     for e in events:
-        if e.EnqueueOrdinal < 0 or e.EnqueueOrdinal > packs[e.PackInstallId]:
+        lowest = 1 if e.PackInstallId in greenfield else 0
+        if e.EnqueueOrdinal < lowest or e.EnqueueOrdinal > packs[e.PackInstallId]:
             problems.append(
                 f"O: Event {e.PackInstallId}/{e.EnqueueOrdinal} outside (0, LastOrdinal {packs[e.PackInstallId]}]"
             )
@@ -302,6 +318,20 @@ def _membership(cutoffs: dict[str, int], events: Iterable[DbRow], generations: G
             if s2 <= l1:
                 problems.append(f"M: generations {w1} [{s1},{l1}] and {w2} [{s2},{l2}] of pack {pack} overlap")
     return problems
+
+
+def _old_protocol_work(cutoffs: dict[str, int], work: Iterable[DbRow]) -> list[str]:
+    """M: old-protocol work (no InputStartOrdinal) ends at or below its pack's LegacyMaxOrdinal.
+
+    Such a row is no generation, so no other check sees it; above the cutoff (where the legacy
+    runtime refuses to write) it would cover native inputs by inference.
+    """
+    return [
+        f"M: WorkItem {w.WorkId} of pack {w.PackInstallId} has no InputStartOrdinal but its LaneOrdinal "
+        f"{w.LaneOrdinal} is above LegacyMaxOrdinal {cutoffs[w.PackInstallId]}"
+        for w in work
+        if w.InputStartOrdinal is None and w.PackInstallId in cutoffs and w.LaneOrdinal > cutoffs[w.PackInstallId]
+    ]
 
 
 def _bounds_and_payload(events: Iterable[DbRow], generations: Generations) -> list[str]:
@@ -377,7 +407,13 @@ def _execution(generations: Generations) -> list[str]:
     return problems
 
 
-def _duplicates(events: Iterable[DbRow], receipts: Iterable[DbRow]) -> list[str]:
+def _duplicates(cutoffs: dict[str, int], events: Iterable[DbRow], receipts: Iterable[DbRow]) -> list[str]:
+    """D: each Event carries its receipt's payload hash, and an input whose Event existed keeps it.
+
+    A native input above LegacyMaxOrdinal has its receipt for as long as its Event is retained
+    (admission writes both in one transaction; retention deletes both in one); only old-protocol
+    history may predate receipts.
+    """
     by_key = {(r.PackInstallId, r.ReceiptKey): r for r in receipts}
     problems = []
     admitted = set()
@@ -388,11 +424,21 @@ def _duplicates(events: Iterable[DbRow], receipts: Iterable[DbRow]) -> list[str]
             continue
         receipt = by_key.get((e.PackInstallId, e.ReceiptKey))
         if receipt is None:
-            continue  # old-protocol history may predate receipts
+            cutoff = cutoffs.get(e.PackInstallId)
+            if cutoff is not None and e.EnqueueOrdinal > cutoff:
+                problems.append(
+                    f"D: Event {e.PackInstallId}/{e.EnqueueOrdinal} (receipt key {e.ReceiptKey}) has no receipt "
+                    f"though admitted above LegacyMaxOrdinal {cutoff}"
+                )
+            continue
         admitted.add((e.PackInstallId, e.ReceiptKey))
         if receipt.PayloadHash != e.PayloadHash:
             problems.append(f"D: Event {e.PackInstallId}/{e.EnqueueOrdinal} differs from its receipt's payload")
     for key, receipt in by_key.items():
-        if receipt.State == ReceiptState.CONFIRMED and key not in admitted:
+        if key in admitted:
+            continue
+        if receipt.State == ReceiptState.CONFIRMED:
             problems.append(f"D: receipt {key} is confirmed but has no Event (an acknowledged input was lost)")
+        elif receipt.State == ReceiptState.COVERAGE_MISSING:  # a verdict given only about an existing Event
+            problems.append(f"D: receipt {key} is coverage_missing but has no Event (its input was lost)")
     return problems
