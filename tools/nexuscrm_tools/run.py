@@ -9,10 +9,12 @@ summary with the invariant check over the database (and, for the demo Flow, that
 projection equals the inputs). The wait ends at once when no generation can run any more
 (the Flow failed them for good, or the "block" order policy holds them behind a dead letter)
 or the Integration host exited: the summary then names each failure with its WorkIds and the
-Flow's message, and each held generation with the dead letter it is blocked behind.
-``--serve`` then keeps the services up for real clients (``--inputs 0`` skips the
-simulator); each service is given the targets of the others (Controlplane's dashboard
-reaches the Integration host).
+Flow's message, and each held generation with the dead letter it is blocked behind, and a
+line of its own says why the wait stopped (for the host, its exit code and log): the
+summary's problems are failed checks only. Each decision to stop reads one snapshot of the
+database (decision 172). ``--serve`` then keeps the services up for real clients
+(``--inputs 0`` skips the simulator); each service is given the targets of the others
+(Controlplane's dashboard reaches the Integration host).
 
 Every run starts from a fresh run state: the logs and port files in ``--workdir`` and, unless
 NEXUSCRM_DSN names a database, the embedded SQLite file ``WORKDIR/nexuscrm.db`` are removed
@@ -27,7 +29,8 @@ dashboard; default 127.0.0.1:0, a free port, printed at start).
 Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
 list below ``--help``): 0 every check passed; 1 a service did not stop cleanly; 2 usage error;
 3 a service or the database did not start; 9 a check failed (a generation failed for good,
-the projection or the invariants; also a run that stopped because nothing could progress);
+the projection or the invariants; also a run that stopped before every input was projected:
+nothing could progress, the Integration host exited, or the timeout);
 130 interrupted (SIGINT, SIGTERM or SIGHUP) before every admitted input was projected: the
 summary printed so far says what was done and marks the projection "not checked". An
 unknown ``--flow`` is a usage error (2); a database that cannot serve is 3. Every service
@@ -66,7 +69,7 @@ from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.database_check import DatabaseUnusable, check_database
 from nexuscrm_runtime.durations import parse_duration
 from nexuscrm_runtime.polling import poll_until
-from nexuscrm_schema.invariants import check_invariants
+from nexuscrm_schema.invariants import check_invariants, snapshot
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.flows import FlowNotFound, resolve_flow
 from nexuscrm_tools import demo, demo_tables, tables
@@ -102,22 +105,25 @@ RUN_STATE = ("*.log", "*.port", DATABASE_FILE, f"{DATABASE_FILE}-*")
 PROBLEMS_SHOWN = 20  # problem lines after the summary table; the rest are counted
 NOT_DEMO_LAG = "not measured: the Flow is not the demo's"
 NOT_CHECKED = "[yellow]not checked: interrupted[/yellow]"
+NOT_REACHED = "[red]not reached: the run stopped first[/red]"  # a Flow not the demo's: nothing else judges it
+NOT_KNOWN = "not known: the host exited"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Summary:
-    """The outcome of one demo run, as the summary table shows it."""
+    """The outcome of one demo run, as the summary table shows it; ``problems`` are failed checks only."""
 
     pack_install_id: str
     flow: str
     stats: SimulatorStats
     generations: int
-    executions: int
+    executions: int | None  # None when the host exited: no one is left to ask
     lag_p50: float
     lag_p99: float
     seconds: float
     problems: tuple[str, ...]
     ending: Ending
+    stopped: str  # why the wait ended before every input was projected ("" when it did not)
 
     @property
     def complete(self) -> bool:
@@ -253,17 +259,69 @@ def executions(integration: ServiceProcess) -> int:
     return sum(worker.executions for worker in listed.workers)
 
 
+def executions_if_running(integration: ServiceProcess) -> int | None:
+    """``executions``, or None once the host has exited: no one is left to ask."""
+    if integration.process.poll() is not None:
+        return None
+    try:
+        return executions(integration)
+    except grpc.RpcError:
+        if integration.process.poll() is None:  # a running host that fails the call is a fault to show
+            raise
+        return None  # it exited between the check and the call
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WaitState:
+    """What the wait decides from, all of it read in one snapshot (``read_wait_state``)."""
+
+    finished: int  # inputs in completed generations, those retention pruned or expired included
+    counts: Mapping[str, int]  # the pack's generations per status
+    held: int  # pending generations the "block" order policy holds behind a dead letter
+
+
+def read_wait_state(engine: Engine, pack_install_id: str, *, held: bool) -> WaitState:
+    """The pack's ``WaitState``, every read in one snapshot; ``held`` False leaves that read out (0).
+
+    Read statement by statement at READ COMMITTED, a generation that completes (or completes
+    and is pruned into tombstones) between the reads counts neither as finished nor as open,
+    and the wait ended "stuck" on a database where every input was applied (decision 172).
+    """
+    with snapshot(engine) as connection:
+        return WaitState(
+            finished=queries.work_item_inputs_finished(connection, pack_install_id),
+            counts=queries.work_item_status_counts(connection, pack_install_id),
+            held=len(queries.work_items_held(connection, pack_install_id)) if held else 0,
+        )
+
+
 def settled(engine: Engine, pack_install_id: str, stats: SimulatorStats) -> bool:
     """True once the simulator is done, every admitted input is in a finished generation and none is open."""
-    with engine.connect() as connection:
-        finished = queries.work_item_inputs_finished(connection, pack_install_id)
-        counts = queries.work_item_status_counts(connection, pack_install_id)
-    return projected(finished, counts, stats)
+    return projected(read_wait_state(engine, pack_install_id, held=False), stats)
 
 
-def projected(finished: int, counts: Mapping[str, int], stats: SimulatorStats) -> bool:
-    """``settled`` from its reads: ``finished`` inputs in completed generations, ``counts`` generations per status."""
-    return stats.done and finished >= stats.admitted and not any(counts.get(s, 0) for s in NONTERMINAL_WORK_STATUSES)
+def projected(state: WaitState, stats: SimulatorStats) -> bool:
+    """``settled`` from one ``WaitState``: the simulator done, every admitted input finished, no generation open."""
+    open_ = any(state.counts.get(status, 0) for status in NONTERMINAL_WORK_STATUSES)
+    return stats.done and state.finished >= stats.admitted and not open_
+
+
+def decide(
+    engine: Engine, pack_install_id: str, stats: SimulatorStats, *, host_running: bool
+) -> tuple[Ending | None, WaitState]:
+    """The ending the wait has reached (``run_outcome.ending``, None: wait on), and the ``WaitState`` it read.
+
+    ``stats`` is taken before the read, so once it says done its admitted count is final.
+    """
+    state = read_wait_state(engine, pack_install_id, held=stats.done)
+    reached = ending(
+        delivered=stats.done,
+        projected=projected(state, stats),
+        counts=state.counts,
+        host_running=host_running,
+        held=state.held,
+    )
+    return reached, state
 
 
 def run_demo(
@@ -307,24 +365,15 @@ def run_demo(
 
             def observe() -> Ending | None:
                 stats = simulator.stats
-                with engine.connect() as connection:
-                    applied = queries.work_item_inputs_finished(connection, pack_install_id)
-                    counts = queries.work_item_status_counts(connection, pack_install_id)
-                    held = len(queries.work_items_held(connection, pack_install_id)) if stats.done else 0
+                reached, read = decide(engine, pack_install_id, stats, host_running=host.poll() is None)
                 progress.update(sent, completed=stats.fresh_sent)
                 progress.update(
                     shown,
-                    completed=applied,
-                    total=max(stats.admitted, applied) if stats.done else None,
-                    states=states_text(counts),
+                    completed=read.finished,
+                    total=max(stats.admitted, read.finished) if stats.done else None,
+                    states=states_text(read.counts),
                 )
-                return ending(
-                    delivered=stats.done,
-                    projected=projected(applied, counts, stats),
-                    counts=counts,
-                    host_running=host.poll() is None,
-                    held=held,
-                )
+                return reached
 
             polled = poll_until(observe, bool, timeout=timeout, interval=POLL_INTERVAL, stop=stop)
         ended = polled.status or (Ending.INTERRUPTED if stop.is_set() else Ending.TIMEOUT)
@@ -333,7 +382,7 @@ def run_demo(
     stats = simulator.stats
     seconds = time.monotonic() - started
     is_demo = flow == demo.FLOW_NAME
-    with engine.connect() as connection:
+    with snapshot(engine) as connection:  # the summary's counts agree with each other
         lags = demo_tables.applied.lags(connection, pack_install_id) if is_demo else []
         counts = queries.work_item_status_counts(connection, pack_install_id)
         failures = queries.work_item_failures(connection, pack_install_id)
@@ -344,21 +393,22 @@ def run_demo(
     else:
         problems = check_invariants(engine)
     problems += failure_problems(failures) + held_problems(held)
+    # Why the wait ended is said on a line of its own: the problems are failed checks only.
+    stopped = "" if ended is Ending.PROJECTED else ended.reason
     if ended is Ending.HOST_EXITED:
-        problems.insert(0, f"the Integration host exited with {host.poll()}: see {by_name[INTEGRATION.name].log_path}")
-    elif ended not in (Ending.PROJECTED, Ending.INTERRUPTED):  # an interruption is said, not a problem
-        problems.insert(0, ended.reason)
+        stopped += f" with {host.poll()}: see {by_name[INTEGRATION.name].log_path}"
     return Summary(
         pack_install_id=pack_install_id,
         flow=flow,
         stats=stats,
         generations=generations,
-        executions=executions(by_name[INTEGRATION.name]),
+        executions=executions_if_running(by_name[INTEGRATION.name]),
         lag_p50=percentile(lags, 0.50),
         lag_p99=percentile(lags, 0.99),
         seconds=seconds,
         problems=tuple(problems),
         ending=ended,
+        stopped=stopped,
     )
 
 
@@ -373,13 +423,19 @@ def summary_table(summary: Summary, lanes: int) -> Table:
     ok = "[green]OK[/green]"
     invariants = [p for p in summary.problems if p[:2] in INVARIANT_PREFIXES]
     projection = [p for p in summary.problems if p[:2] not in INVARIANT_PREFIXES]
+    if interrupted:
+        verdict = NOT_CHECKED
+    elif projection:
+        verdict = f"[red]{plural(len(projection), 'problem')}[/]"
+    else:  # the demo's projection is checked against every input; another Flow's only by how its run ended
+        verdict = NOT_REACHED if summary.stopped and not is_demo else ok
     rows = [
         ("source lanes", f"{lanes}"),
         ("deliveries sent (fresh + duplicate)", f"{stats.fresh_sent} + {stats.duplicates_sent}"),
         ("inputs admitted", f"{stats.admitted}"),
         ("duplicates acknowledged", f"{stats.duplicates_acknowledged}"),
         ("generations", f"{summary.generations}"),
-        ("executions", f"{summary.executions}"),
+        ("executions", NOT_KNOWN if summary.executions is None else f"{summary.executions}"),
         ("inputs per execution", f"{stats.admitted / summary.executions:.2f}" if summary.executions else "-"),
         (
             "end-to-end lag p50 / p99",
@@ -390,10 +446,7 @@ def summary_table(summary: Summary, lanes: int) -> Table:
             "invariants M O B D X P (every input in one generation)",
             ok if not invariants else f"[red]{plural(len(invariants), 'violation')}[/]",
         ),
-        (
-            "projection equals the inputs" if is_demo else "every generation completed",
-            NOT_CHECKED if interrupted else ok if not projection else f"[red]{plural(len(projection), 'problem')}[/]",
-        ),
+        ("projection equals the inputs" if is_demo else "every generation completed", verdict),
     ]
     others = {o.value: n for o, n in stats.outcomes.items() if o.value not in ("admitted", "duplicate_covered")}
     if others:
@@ -639,10 +692,13 @@ def main(argv: list[str] | None = None) -> ExitCode:
                 engine.dispose()
             tables.print_whole(console, summary_table(summary, workload.lanes))
             print_problems(console, summary.problems)
-            if summary.ending is Ending.INTERRUPTED:
-                console.print(f"[yellow]{Ending.INTERRUPTED.reason}[/yellow]")
+            interrupted = summary.ending is Ending.INTERRUPTED
+            if summary.stopped:  # a log path is text, never markup
+                style = "yellow" if interrupted else "red"
+                console.print(Text(summary.stopped, style=style), highlight=False, soft_wrap=True)
+            if interrupted:
                 code = ExitCode.INTERRUPTED
-            elif summary.problems:
+            elif summary.problems or summary.stopped:
                 code = ExitCode.CHECK_FAILED
         if args.serve and not stop.is_set():
             console.print(f"serving; for the operator CLI ({operator_cli()} --help), in another shell:")

@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from nexuscrm_runtime.database_check import DatabaseUnusable
-from nexuscrm_tools.run import check_sqlite_folder, run_dsn
+from nexuscrm_tools import demo
+from nexuscrm_tools.run import Summary, check_sqlite_folder, run_dsn, summary_table
 from nexuscrm_tools.run_outcome import WORK_IDS_SHOWN, Ending, ending, failure_problems, held_problems, states_text
+from nexuscrm_tools.simulator import SimulatorStats
 
 
 def test_the_wait_ends_as_soon_as_its_outcome_is_known() -> None:
@@ -50,6 +53,42 @@ def test_held_generations_are_grouped_by_the_dead_letter_they_are_blocked_behind
         "1 generation blocked behind w-8: held by order policy block: predecessor w-8 failed for good; "
         "replay or skip it (WorkIds w-9)",
     ]
+
+
+def _rows(flow: str, problems: tuple[str, ...], ended: Ending) -> dict[str, str]:
+    """The summary table's rows, measure to value, as a terminal shows them."""
+    summary = Summary(
+        pack_install_id="pk-1",
+        flow=flow,
+        stats=SimulatorStats(done=True),
+        generations=3,
+        executions=None if ended is Ending.HOST_EXITED else 3,
+        lag_p50=0.0,
+        lag_p99=0.0,
+        seconds=1.0,
+        problems=problems,
+        ending=ended,
+        stopped="" if ended is Ending.PROJECTED else ended.reason,
+    )
+    console = Console(width=200, record=True)
+    console.print(summary_table(summary, lanes=3))
+    cells = (line.strip("│ ").split(" │ ") for line in console.export_text().splitlines() if line.startswith("│"))
+    return {measure.strip(): value.strip() for measure, value in cells}
+
+
+def test_the_summary_counts_failed_checks_only_and_says_a_stop_unjudged() -> None:
+    failed = "1 generation failed for good: ValueError: no (WorkIds w-1)"
+    rows = _rows("mine:flow", ("M: Event pk-1/4 is a member of 0 generations []", failed), Ending.STUCK)
+    assert rows["invariants M O B D X P (every input in one generation)"] == "1 violation"
+    assert rows["every generation completed"] == "1 problem"  # the stop is said apart, not counted
+    # Another Flow's generations are judged only by how the run ended: a stopped run never says OK.
+    assert _rows("mine:flow", (), Ending.STUCK)["every generation completed"] == "not reached: the run stopped first"
+    assert _rows("mine:flow", (), Ending.PROJECTED)["every generation completed"] == "OK"
+    assert _rows("mine:flow", (), Ending.INTERRUPTED)["every generation completed"] == "not checked: interrupted"
+    # The demo's projection is checked against every input, however the run ended.
+    assert _rows(demo.FLOW_NAME, (), Ending.STUCK)["projection equals the inputs"] == "OK"
+    exited = _rows("mine:flow", (), Ending.HOST_EXITED)
+    assert (exited["executions"], exited["inputs per execution"]) == ("not known: the host exited", "-")
 
 
 def test_the_runs_own_database_is_named_by_its_absolute_path(monkeypatch: pytest.MonkeyPatch) -> None:

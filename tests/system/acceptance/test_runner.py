@@ -17,16 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from nexuscrm_runtime.database import create_engine
 from nexuscrm_tools.exits import ExitCode
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, REQUIRED
+from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
-from tests.system.acceptance import failing_flow
+from tests.system.acceptance import exiting_flow, failing_flow
 
 pytestmark = pytest.mark.acceptance
 
 DEADLINE = 300.0  # seconds for one small run on a loaded machine
 EXAMPLE_FLOW = "examples.contact_stages:contact_stages"
 FAILING_FLOW = f"{failing_flow.__name__}:boom"
+EXITING_FLOW = f"{exiting_flow.__name__}:{exiting_flow.exit_at_once.__name__}"
 SMALL = ["--lanes", "3", "--inputs", "30", "--rate", "0"]
 
 
@@ -152,6 +155,31 @@ def test_a_flow_that_fails_ends_the_run_at_once_naming_each_failure(tmp_path: Pa
     assert f"failed with ValueError: {failing_flow.MESSAGE} (the whole message: GetWork)" in host_log
 
 
+@pytest.mark.database
+def test_a_host_that_exits_ends_the_run_with_its_summary_and_exit_9(empty_dsn: str, tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    done = nexuscrm_run(
+        *["--lanes", "5", "--inputs", "50", "--rate", "0", "--flow", EXITING_FLOW, "--workdir", str(workdir)],
+        dsn=empty_dsn,
+        extra_env={"COLUMNS": "200"},  # each summary row on one line
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == ExitCode.CHECK_FAILED, said
+    assert "Traceback" not in said
+    code = exiting_flow.EXIT_CODE
+    assert f"stopped at once: the Integration host exited with {code}: see {workdir / 'integration.log'}\n" in said
+    assert f"flow {EXITING_FLOW}\n" in done.stdout  # the summary's title
+    assert re.search(r"│ invariants M O B D X P \(every input in one generation\) +│ +OK │", done.stdout), said
+    assert re.search(r"│ every generation completed +│ +not reached: the run stopped first │", done.stdout), said
+    assert re.search(r"│ executions +│ +not known: the host exited │", done.stdout), said
+    assert f"stopped: integration exit {code}, " in said
+    engine = create_engine(empty_dsn)
+    try:
+        assert_invariants(engine)
+    finally:
+        engine.dispose()
+
+
 def test_a_dsn_in_a_folder_that_does_not_exist_is_refused_naming_it(tmp_path: Path) -> None:
     database = tmp_path / "no" / "such" / "x.db"
     done = nexuscrm_run("--workdir", str(tmp_path / "run"), dsn=f"sqlite:///{database}")
@@ -204,7 +232,10 @@ def _dsn_cases(server: str) -> list[tuple[str, str]]:
 @pytest.mark.database
 def test_a_wrong_dsn_is_said_in_one_line_and_nothing_starts(mysql_server_dsn: str, tmp_path: Path) -> None:
     if "@" not in mysql_server_dsn or ":" in mysql_server_dsn.split("@", 1)[0].removeprefix("mysql://"):
-        pytest.skip("needs a server whose root has no password (as the test machines' have)")
+        message = "needs a server whose root has no password (as the test machines' have)"
+        if REQUIRED:
+            pytest.fail(f"NEXUSCRM_TIDB_REQUIRED=1: {message}")
+        pytest.skip(message)
     for dsn, cause in _dsn_cases(mysql_server_dsn):
         done = nexuscrm_run("--workdir", str(tmp_path / "run"), dsn=dsn)
         said = done.stdout + done.stderr
