@@ -36,6 +36,7 @@ from nexuscrm_sdk.worker import Worker
 from nexuscrm_tools.simulator import WorkloadConfig, workload
 from tests.support.factories import install_pack
 from tests.support.invariants import check_invariants
+from tests.support.statements import capture
 from workqueue import WorkStatus
 from workqueue.values import IngestItem
 
@@ -195,23 +196,17 @@ def _claims_run(backend: Backend, claimers: int, max_items: int, generations: in
                 threading.Thread(target=_claim_all, args=(connectors, pack, f"w{n}", max_items, tallies[n]))
                 for n in range(claimers)
             ]
-            statements = itertools.count()
-
-            def count(*_statement: object) -> None:
-                next(statements)
-
-            sa.event.listen(engine, "before_cursor_execute", count)
-            started = time.perf_counter()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            elapsed = time.perf_counter() - started
-            sa.event.remove(engine, "before_cursor_execute", count)
+            with capture(engine) as captured:
+                started = time.perf_counter()
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                elapsed = time.perf_counter() - started
         finally:
             engine.dispose()
     every = list(itertools.chain.from_iterable(t.claimed for t in tallies))
-    executed = next(statements)
+    executed = len(captured.round_trips())
     return {
         "claims/s": len(set(every)) / elapsed,
         "claimed": len(set(every)),

@@ -2,25 +2,21 @@
 
 The count is independent of the batch's size, of its number of identities and of its number
 of duplicates: every per-delivery and per-identity step is one statement for the whole batch.
-Counted on the engine (``before_cursor_execute`` and ``commit``), never timed.
+Counted in round trips on the engine (``tests/support/statements.py``, which sees executemany), never timed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime as dt
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import RetentionPolicy
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
+from tests.support.statements import Capture, capture
 from workqueue.values import IngestItem, Outcome
 
 pytestmark = pytest.mark.database
@@ -34,43 +30,11 @@ ADMISSION_STATEMENT_BOUND = 16
 SIZES = (4, 400)  # deliveries per batch: two per identity
 
 
-@dataclasses.dataclass
-class Counted:
-    sequence: list[str] = dataclasses.field(default_factory=list)  # statements' first words and "COMMIT", in order
-
-    @property
-    def statements(self) -> list[str]:
-        return [word for word in self.sequence if word != "COMMIT"]
-
-    @property
-    def commits(self) -> int:
-        return self.sequence.count("COMMIT")
-
-
-@contextlib.contextmanager
-def counting(engine: sa.Engine) -> Iterator[Counted]:
-    counted = Counted()
-
-    def on_statement(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        counted.sequence.append(statement.split()[0].upper())
-
-    def on_commit(_conn: Any) -> None:
-        counted.sequence.append("COMMIT")
-
-    event.listen(engine, "before_cursor_execute", on_statement)
-    event.listen(engine, "commit", on_commit)
-    try:
-        yield counted
-    finally:
-        event.remove(engine, "before_cursor_execute", on_statement)
-        event.remove(engine, "commit", on_commit)
-
-
 def _batch(prefix: str, size: int, lanes: str) -> list[IngestItem]:
     return [delivery(f"{prefix}-{n}", lane=f"{lanes}-{n // 2}") for n in range(size)]
 
 
-def _shapes(connectors: Connectors, pack: str, size: int) -> dict[str, tuple[Counted, list[Outcome]]]:
+def _shapes(connectors: Connectors, pack: str, size: int) -> dict[str, tuple[Capture, list[Outcome]]]:
     """Ingest one batch of each shape on lanes of its own; what each call ran and answered."""
     lanes = f"lane-{size}"
     first = _batch(f"first-{size}", size, lanes)
@@ -83,9 +47,9 @@ def _shapes(connectors: Connectors, pack: str, size: int) -> dict[str, tuple[Cou
     }
     seen = {}
     for shape, items in shapes.items():
-        with counting(connectors.engine) as counted:
+        with capture(connectors.engine) as captured:
             results = connectors.ingest(pack, items=items)
-        seen[shape] = (counted, [r.outcome for r in results])
+        seen[shape] = (captured, [r.outcome for r in results])
     return seen
 
 
@@ -93,11 +57,11 @@ def test_ingest_statements_do_not_grow_with_batch_size_or_duplicates(engine: sa.
     connectors = Connectors(engine)
     pack = install_pack(engine)
     small, large = (_shapes(connectors, pack, size) for size in SIZES)
-    for shape, (counted, _) in large.items():
-        few = small[shape][0]
-        assert counted.statements == few.statements, f"{shape}: {len(few.statements)} -> {len(counted.statements)}"
-        assert len(counted.statements) <= ADMISSION_STATEMENT_BOUND, (shape, counted.statements)
-        assert counted.commits == 1, f"{shape}: one transaction per Ingest call"
+    for shape, (captured, _) in large.items():
+        few, many = small[shape][0].round_trips(), captured.round_trips()
+        assert many == few, f"{shape}: {len(few)} -> {len(many)}"
+        assert len(many) <= ADMISSION_STATEMENT_BOUND, (shape, many)
+        assert captured.commits == 1, f"{shape}: one transaction per Ingest call"
     expected = {
         "fresh inputs on new identities": {Outcome.ADMITTED},
         "fresh inputs extending known generations": {Outcome.ADMITTED},
@@ -124,11 +88,11 @@ def test_duplicates_of_older_generations_cost_one_statement(engine: sa.Engine) -
         assert {r.outcome for r in connectors.ingest(pack, items=_batch(f"newer-{size}", size, f"older-{size}"))} == {
             Outcome.ADMITTED
         }
-        with counting(engine) as counted:
+        with capture(engine) as captured:
             again = connectors.ingest(pack, items=first)
-        counts[size] = counted.statements
+        counts[size] = captured.round_trips()
         assert [(r.outcome, r.work_id) for r in again] == [(Outcome.DUPLICATE_COVERED, r.work_id) for r in admitted]
-        assert counted.commits == 1
+        assert captured.commits == 1
     small, large = (counts[size] for size in SIZES)
     assert small == large and len(large) <= ADMISSION_STATEMENT_BOUND, large
     assert_invariants(engine)
@@ -155,9 +119,9 @@ def test_the_duplicate_window_adds_no_statement(engine: sa.Engine, clock: FakeCl
                 delivery(f"{pack}-{size}-{n}", lane=f"w-{size}-{n // 2}", source_time=horizon if n % 2 else now)
                 for n in range(size)
             ]
-            with counting(engine) as counted:
+            with capture(engine) as captured:
                 results = connectors.ingest(pack, items=items)
-            counts[(pack, size)] = counted.statements
+            counts[(pack, size)] = captured.round_trips()
             admitted = {Outcome.ADMITTED} if pack == plain else {Outcome.ADMITTED, Outcome.EXPIRED}
             assert {r.outcome for r in results} == admitted
     assert counts[(windowed, SIZES[0])] == counts[(windowed, SIZES[1])] == counts[(plain, SIZES[1])]

@@ -29,9 +29,9 @@ from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.flows import Generation
 from nexuscrm_sdk.worker import Worker
 from tests.connectors.integration.test_claims import CLAIM_STATEMENTS
-from tests.connectors.integration.test_index_plans import capture
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
+from tests.support.statements import capture
 from tests.support.waiting import wait_until
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import DomainError, ErrorKind, InvalidArgument
@@ -71,7 +71,7 @@ def test_completions_run_before_the_claim_in_five_statements_whatever_their_numb
     connectors.ingest(pack, items=[delivery(lane=lane) for lane in linked])
     with capture(engine) as captured:
         answer = connectors.complete_and_claim("w", completions=_done(claims), pack_install_ids=[pack], max_items=batch)
-    statements = [c.statement.split()[0].upper() for c in captured]
+    statements = captured.round_trips()
     assert statements == [*COMPLETION_STATEMENTS, *CLAIM_STATEMENTS]  # the same for 2 and 8
     assert [r.work_id for r in answer.completed] == [c.work.work_id for c in claims]
     assert all(r.error is None and r.work is not None for r in answer.completed)

@@ -13,11 +13,11 @@ from nexuscrm_connectors.errors import UnknownPack
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import ClaimPause
-from tests.connectors.integration.test_index_plans import capture
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from tests.support.plans import explain_problems
+from tests.support.statements import capture
 from workqueue.errors import InvalidArgument
 from workqueue.values import IngestItem
 
@@ -111,7 +111,7 @@ def test_bad_pauses_are_refused_and_change_nothing(engine: sa.Engine, connectors
     connectors.ingest(pack, items=[delivery(lane="a")])
     connectors.pause_claims(_pack_scope(pack), paused_by="ops", reason="first")
     with engine.connect() as connection:
-        before = database_checksums(connection, [ClaimPause.name])
+        before = database_digest(connection)
     past = _now(engine, clock) - dt.timedelta(seconds=1)
     refusals: list[tuple[type[Exception], str, object]] = [
         (
@@ -163,7 +163,7 @@ def test_bad_pauses_are_refused_and_change_nothing(engine: sa.Engine, connectors
         with pytest.raises(error, match=message):
             call()  # type: ignore[operator]
     with engine.connect() as connection:
-        assert database_checksums(connection, [ClaimPause.name]) == before
+        assert database_digest(connection) == before
     assert_invariants(engine)
 
 
@@ -177,7 +177,7 @@ def test_the_candidate_read_probes_pauses_by_index(engine: sa.Engine, connectors
             connectors.resume_claims(scope, resumed_by="ops")
     with engine.begin() as connection, capture(engine) as captured:
         claims_sql.work_items_claimable(connection, [pack], [], clock, 10)
-    (read,) = captured
+    (read,) = captured.statements
     with engine.connect() as connection:
         assert explain_problems(connection, read.statement, read.parameters) == []
     assert "l0" not in [

@@ -16,9 +16,9 @@ from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.flows import Generation
 from nexuscrm_sdk.worker import Worker
-from tests.connectors.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants
+from tests.support.statements import capture
 from tests.support.waiting import wait_until
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
@@ -59,7 +59,7 @@ def test_a_claim_runs_the_same_few_statements_whatever_max_items(
     connectors.ingest(pack, items=[delivery(lane=f"lane-{n}") for n in range(LANES)])
     with capture(engine) as captured:
         claims = connectors.claim("w", pack_install_ids=[pack], max_items=max_items)
-    statements = [c.statement.split()[0].upper() for c in captured]
+    statements = captured.round_trips()
     assert len(claims) == max_items
     assert statements == CLAIM_STATEMENTS
     _finish(connectors, claims)
@@ -201,7 +201,9 @@ class _WaitingClaim:
         self._done = threading.Event()
         with capture(engine) as captured:
             threading.Thread(target=self._run, args=(connectors, pack), daemon=True).start()
-            wait_until(lambda: any("WorkItem" in c.statement for c in captured), "the claim's first look for work")
+            wait_until(
+                lambda: any("WorkItem" in c.statement for c in captured.statements), "the claim's first look for work"
+            )
 
     def _run(self, connectors: Connectors, pack: str) -> None:
         self._answer = connectors.claim("waiting", pack_install_ids=[pack], max_items=4, wait=dt.timedelta(hours=1))

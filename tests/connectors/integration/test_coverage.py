@@ -12,10 +12,10 @@ from nexuscrm_connectors.order_policy import Policy
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem
-from tests.connectors.integration.test_index_plans import capture
 from tests.support.factories import delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from tests.support.plans import explain_problems
+from tests.support.statements import capture
 from workqueue.errors import InvalidArgument
 
 pytestmark = pytest.mark.database
@@ -205,7 +205,7 @@ def test_a_coverage_page_reads_index_seeks_and_ranges(engine: sa.Engine) -> None
         page = connectors.get_coverage(pack, filter_of(pack))
         connectors.get_coverage(pack, filter_of(pack), page_token=page.next_page_token)
     assert len(page.identities) == 5
-    reads = [c for c in captured if "ProjectionKey" in c.statement]
+    reads = [c for c in captured.statements if "ProjectionKey" in c.statement]
     assert len(reads) == 2 * (5 * 3 + 5 * 3)  # per identity: three seeks for its key, three ranges
     with engine.connect() as connection:
         for read in {r.statement: r for r in reads}.values():

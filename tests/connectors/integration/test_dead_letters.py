@@ -12,12 +12,11 @@ from nexuscrm_connectors.dead_letters import ReplayVerdict, filter_of
 from nexuscrm_connectors.errors import ReplayRefused, UnknownPack
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
-from nexuscrm_schema.tables import Event, WorkItem
-from tests.connectors.integration.test_index_plans import capture
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from tests.support.plans import explain_problems
+from tests.support.statements import capture
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.values import ReplayResult
@@ -33,11 +32,6 @@ def _fail_all(connectors: Connectors, pack: str, error: str) -> list[str]:
             connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error=error, retryable=False)
             failed.append(claim.work.work_id)
     return failed
-
-
-def _checksums(engine: sa.Engine) -> object:
-    with engine.connect() as connection:
-        return database_checksums(connection, [Event.name, WorkItem.name])
 
 
 def test_a_failing_flow_is_listed_counted_dry_run_and_replayed_in_ordinal_order(
@@ -80,9 +74,9 @@ def test_a_failing_flow_is_listed_counted_dry_run_and_replayed_in_ordinal_order(
     assert [(i.route.source_lane, i.dead_letters) for i in count.identities] == [("a", 2), ("b", 1)]
     assert (count.total, count.examined, count.complete) == (3, 3, True)
 
-    before = _checksums(engine)
+    before = database_digest(engine)
     dry = connectors.replay_dead_letters(pack, everything, dry_run=True)
-    assert _checksums(engine) == before  # a dry run changes nothing
+    assert database_digest(engine) == before  # a dry run changes nothing
     assert [(a.route.source_lane, a.verdict) for a in dry.answers] == [
         ("a", ReplayVerdict.WOULD_REPLAY),
         ("a", ReplayVerdict.WOULD_REPLAY),
@@ -194,7 +188,7 @@ def test_the_dead_letter_reads_are_bounded_index_ranges(engine: sa.Engine, conne
         page = connectors.list_dead_letters(pack, wanted, page_size=10)
         connectors.list_dead_letters(pack, wanted, page_size=10, page_token=page.next_page_token)
         connectors.count_dead_letters(pack, wanted)
-    reads = [c for c in captured if "ClaimPause" not in c.statement and "WorkItem" in c.statement]
+    reads = [c for c in captured.statements if "ClaimPause" not in c.statement and "WorkItem" in c.statement]
     assert len(reads) == 3
     with engine.connect() as connection:
         for read in reads:

@@ -14,8 +14,7 @@ from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, PrunedReceipt, PrunedWork, RetentionPolicy, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
 from tests.connectors.integration.test_queue_and_generation_reads import channel, client, server
-from tests.connectors.integration.test_retention import TABLES
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants, window_violations
 from workqueue.errors import InvalidArgument
@@ -58,7 +57,7 @@ def test_a_window_is_validated_and_then_every_delivery_needs_a_source_time(
     )
     assert policy.duplicate_window_seconds == WINDOW and policy.horizon_source_time is None
     with engine.connect() as connection:
-        before = database_checksums(connection, TABLES)
+        before = database_digest(connection)
 
     results = connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="a", source_time=_now(engine, clock))])
 
@@ -66,7 +65,7 @@ def test_a_window_is_validated_and_then_every_delivery_needs_a_source_time(
     assert "source_time is required" in results[0].message and f"duplicate window of {WINDOW} s" in results[0].message
     assert results[1].outcome is Outcome.ADMITTED
     with engine.connect() as connection:  # the refused delivery wrote nothing
-        after = database_checksums(connection, TABLES)
+        after = database_digest(connection)
         keys = set(connection.execute(sa.select(Event.c.ReceiptKey)).scalars())
     assert keys == {results[1].receipt_key} and after != before
     assert_invariants(engine)
@@ -96,7 +95,7 @@ def test_expired_tombstones_leave_a_horizon_that_answers_every_old_delivery_expi
     with engine.connect() as connection:
         assert set(connection.execute(sa.select(PrunedWork.c.WorkId)).scalars()) == {recent_work}
         assert set(connection.execute(sa.select(PrunedReceipt.c.ReceiptKey)).scalars()) == {recent[0].receipt_key}
-        before = database_checksums(connection, TABLES)
+        before = database_digest(connection)
     late = delivery(lane="a", source_time=horizon)  # a key never seen, at the horizon
 
     again = connectors.ingest(pack, items=[*old, recent[0], late])
@@ -104,7 +103,7 @@ def test_expired_tombstones_leave_a_horizon_that_answers_every_old_delivery_expi
     assert [r.outcome for r in again] == [Outcome.EXPIRED, Outcome.EXPIRED, Outcome.DUPLICATE_PRUNED, Outcome.EXPIRED]
     assert "duplicate-window horizon" in again[0].message
     with engine.connect() as connection:  # no Event, no work, no receipt for any of them
-        assert database_checksums(connection, TABLES) == before
+        assert database_digest(connection) == before
     fresh = connectors.ingest(pack, items=[delivery(lane="a", source_time=horizon + dt.timedelta(microseconds=1))])
     assert fresh[0].outcome is Outcome.ADMITTED
     with pytest.raises(WorkNotFound, match="expired with its pack's duplicate window"):

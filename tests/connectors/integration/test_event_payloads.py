@@ -22,7 +22,7 @@ from nexuscrm_schema_catalog import migrations
 from tests.support.checksums import row_checksums
 from tests.support.factories import START, delivery, install_pack
 from tests.support.invariants import assert_invariants
-from tests.support.statements import statements
+from tests.support.statements import capture
 
 pytestmark = pytest.mark.database
 
@@ -103,12 +103,12 @@ def test_admission_writes_each_payload_once_and_status_changes_never_touch_it(en
     assert _payload_rows(engine) == {(pack, n): p for n, p in enumerate(payloads, start=1)}
     stored = _payload_rows(engine)
 
-    with statements(engine) as claim_and_finish:
+    with capture(engine) as claim_and_finish:
         (claim,) = connectors.claim("w1", pack_install_ids=[pack], lease=dt.timedelta(seconds=30))
         pages = list(connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token))
         connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert [i.payload for page in pages for i in page.inputs] == payloads
-    writes = [s for s in claim_and_finish if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
+    writes = [c.statement for c in claim_and_finish.statements if c.verb in ("INSERT", "UPDATE", "DELETE")]
     assert writes and not [s for s in writes if "EventPayload" in s], writes  # no payload row is written
     assert [s for s in writes if s.lstrip().upper().startswith("UPDATE") and "Status" in s and "Event" in s]
     assert _payload_rows(engine) == stored

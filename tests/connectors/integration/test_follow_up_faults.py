@@ -27,6 +27,7 @@ from workqueue.values import IngestResult, Outcome
 pytestmark = pytest.mark.database
 
 FAILURES = "nexuscrm_follow_up_failures_total"
+POINTS = ("admission", "claim", "complete", "fail", "replay")  # transactions whose follow-ups fail here
 
 
 def _failures(transaction: str) -> float:
@@ -37,8 +38,7 @@ def _failures(transaction: str) -> float:
 def failing_follow_ups(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every step after an admission, claim, completion or replay commit raises (``raise*``: each time)."""
     monkeypatch.setenv("NEXUSCRM_FAULTS_ENABLED", "1")
-    points = ("admission", "claim", "complete", "fail", "replay")
-    monkeypatch.setenv("NEXUSCRM_FAULTS", ",".join(f"{name}:follow_up=raise*" for name in points))
+    monkeypatch.setenv("NEXUSCRM_FAULTS", ",".join(f"{name}:follow_up=raise*" for name in POINTS))
 
 
 @pytest.mark.usefixtures("failing_follow_ups")
@@ -69,6 +69,7 @@ def test_claim_complete_and_replay_answer_what_committed_when_their_follow_ups_f
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
+    before = {point: _failures(point) for point in POINTS}
     [admitted] = connectors.ingest(pack, items=[delivery(lane="a")])
     [claim] = connectors.claim("w", pack_install_ids=[pack])
     assert claim.work.work_id == admitted.work_id, "a committed lease was lost to its worker"
@@ -79,6 +80,10 @@ def test_claim_complete_and_replay_answer_what_committed_when_their_follow_ups_f
     [again] = connectors.claim("w", pack_install_ids=[pack])
     failed = connectors.fail(again.work.work_id, lease_token=again.lease_token, error="boom", retryable=False)
     assert failed.status is WorkStatus.FAILED
+    # Every step after each commit failed and was counted: the Ingest's count, wake-up and generation
+    # cache; each claim's count; the count and the wake-up of complete, fail and replay.
+    fired = {point: _failures(point) - before[point] for point in POINTS}
+    assert fired == {"admission": 3, "claim": 2, "complete": 2, "fail": 2, "replay": 2}
     assert_invariants(engine)
 
 

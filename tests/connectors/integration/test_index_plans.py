@@ -8,7 +8,7 @@ On TiDB the plan is read in TiDB's format (``tests/support/plans.py``): also no 
 a range, and no GROUP BY over a whole range.
 
 The statements are the real ones: each hot query runs through the function the runtime calls
-while a ``before_cursor_execute`` listener captures what reaches the driver, and the test then
+while ``tests/support/statements.py`` captures what reaches the driver, and the test then
 asks the database to EXPLAIN exactly that statement with exactly those parameters. The data is
 seeded through the real admission, claim and completion paths (plus old-protocol rows for the
 drain and audit scans) and the tables are analyzed, so the optimizer sees realistic
@@ -17,15 +17,11 @@ statistics. docs/performance.md lists the expected TiDB operator of each query.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy import event
 
 from nexuscrm_connectors.deliveries import generation_row
 from nexuscrm_connectors.queries import claims as claims_sql
@@ -36,6 +32,8 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.factories import START, FakeClock, delivery, install_pack, route
+from tests.support.invariants import assert_invariants
+from tests.support.statements import Captured, capture
 from workqueue import EventStatus, ReceiptState, WorkStatus
 
 pytestmark = pytest.mark.database
@@ -47,30 +45,6 @@ LEGACY_HISTORY = 600  # retained old-protocol inputs
 ORPHANED_ORDINAL = LEGACY_HISTORY // 2 + 1  # its Event is gone, so the audit samples orphaned work
 MEMBER_COUNT_BATCHES, MEMBER_COUNT_LANES = 25, 200  # a pack grown by admission: 5 000 Events, 200 identities
 LEGACY_TAIL_STATUSES = (WorkStatus.PENDING, WorkStatus.RETRY, WorkStatus.BLOCKED, WorkStatus.PROCESSING)
-
-
-@dataclasses.dataclass(frozen=True)
-class Captured:
-    """One statement as it reached the driver."""
-
-    statement: str
-    parameters: Any
-
-
-@contextlib.contextmanager
-def capture(engine: sa.Engine) -> Iterator[list[Captured]]:
-    """Record every single-row-parameter statement executed on ``engine`` inside the block."""
-    captured: list[Captured] = []
-
-    def listen(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, executemany: bool) -> None:
-        if not executemany:
-            captured.append(Captured(statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", listen)
-    try:
-        yield captured
-    finally:
-        event.remove(engine, "before_cursor_execute", listen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +210,7 @@ def _sqlite_plan(connection: sa.Connection, statement: Captured) -> list[str]:
     """SQLite's plan of a captured statement, one detail per step (empty on other backends)."""
     if connection.dialect.name != "sqlite":
         return []
-    explained = connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement.statement, statement.parameters)
+    explained = connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement.statement, statement.one_row_parameters)
     return [row[3] for row in explained]
 
 
@@ -269,7 +243,7 @@ def test_a_claims_member_count_reads_the_members_identity_not_the_pack(engine: s
         with capture(engine) as captured:
             assert claims_sql.work_items_record_member_count(connection, [work.WorkId], "t") == 1
         read = rows_read() - before - overhead
-        (statement,) = captured
+        (statement,) = captured.statements
         sqlite_plan = _sqlite_plan(connection, statement)
         recorded = connection.execute(
             sa.select(WorkItem.c.ClaimedMemberCount).where(WorkItem.c.WorkId == work.WorkId)
@@ -287,6 +261,7 @@ def test_a_claims_member_count_reads_the_members_identity_not_the_pack(engine: s
         ], sqlite_plan
     else:
         assert read <= identity_events + 10, f"read {read} rows to count {identity_events} members of {pack_events}"
+    assert_invariants(engine)
 
 
 def test_a_claims_inline_payloads_are_read_without_a_temporary_table(engine: sa.Engine) -> None:
@@ -319,7 +294,7 @@ def test_a_claims_inline_payloads_are_read_without_a_temporary_table(engine: sa.
         with capture(engine) as captured:
             members = events_sql.event_ranges_members(connection, ranges)
         built = temporary_tables() - before - overhead
-        (statement,) = captured
+        (statement,) = captured.statements
         sqlite_plan = _sqlite_plan(connection, statement)
         expected = [
             connection.execute(
@@ -339,3 +314,4 @@ def test_a_claims_inline_payloads_are_read_without_a_temporary_table(engine: sa.
         assert any("ix_event_source_lane" in detail for detail in sqlite_plan), sqlite_plan
     else:
         assert built == 0, f"{built} temporary tables built for one claim's inline inputs"
+    assert_invariants(engine)

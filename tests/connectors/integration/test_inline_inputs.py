@@ -31,11 +31,10 @@ from nexuscrm_schema.tables import Event, EventPayload
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.flows import Generation
 from nexuscrm_sdk.worker import Worker, WorkSource
-from tests.connectors.integration.test_admission_statements import counting
 from tests.connectors.integration.test_claims import CLAIM_STATEMENTS
-from tests.connectors.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants
+from tests.support.statements import COMMIT, capture
 from tests.support.waiting import wait_until
 from workqueue import WorkStatus
 from workqueue.values import Claim, InputPage, InputRow
@@ -77,7 +76,7 @@ def test_a_claim_reads_the_inputs_of_its_generations_in_two_more_statements_what
     connectors.ingest(pack, items=[delivery(lane=f"lane-{n % LANES}") for n in range(3 * LANES)])
     with capture(engine) as captured:
         claims = connectors.claim("w", pack_install_ids=[pack], max_items=max_items, inline_inputs=True)
-    statements = [c.statement.split()[0].upper() for c in captured]
+    statements = captured.round_trips()
     assert len(claims) == max_items
     assert statements == INLINE_STATEMENTS
     for claim in claims:
@@ -93,13 +92,13 @@ def test_a_server_reads_the_inline_inputs_after_the_claims_commit_and_sqlite_wit
 ) -> None:
     pack = install_pack(engine)
     connectors.ingest(pack, items=[delivery(lane=f"lane-{n % LANES}") for n in range(2 * LANES)])
-    with counting(engine) as counted:
+    with capture(engine) as captured:
         claims = connectors.claim("w", pack_install_ids=[pack], max_items=4, inline_inputs=True)
     reads = ["SELECT", "SELECT"]
     if is_sqlite(engine):  # one process holds the writer: a second transaction would cost more
-        assert counted.sequence == [*CLAIM_STATEMENTS, *reads, "COMMIT"]
+        assert captured.round_trips(commits=True) == [*CLAIM_STATEMENTS, *reads, COMMIT]
     else:  # the leased rows' locks are released before the payloads are read
-        assert counted.sequence == [*CLAIM_STATEMENTS, "COMMIT", *reads]
+        assert captured.round_trips(commits=True) == [*CLAIM_STATEMENTS, COMMIT, *reads]
     assert [len(claim.inputs.inputs) for claim in claims if claim.inputs is not None] == [2, 2, 2, 2]
     for claim in claims:
         assert claim.inputs is not None and list(claim.inputs.inputs) == _streamed(connectors, claim)
@@ -139,7 +138,7 @@ def test_a_claim_that_does_not_ask_carries_no_inputs_and_runs_no_more_statements
     connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="a")])
     with capture(engine) as captured:
         (claim,) = connectors.claim("w", pack_install_ids=[pack])
-    assert [c.statement.split()[0].upper() for c in captured] == CLAIM_STATEMENTS
+    assert captured.round_trips() == CLAIM_STATEMENTS
     assert claim.inputs is None
     assert len(_streamed(connectors, claim)) == 2
     connectors.complete(claim.work.work_id, lease_token=claim.lease_token)

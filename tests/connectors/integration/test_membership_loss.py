@@ -21,10 +21,10 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
 from nexuscrm_schema.tables import WorkItem
 from tests.connectors.integration.test_claims import CLAIM_STATEMENTS
-from tests.connectors.integration.test_index_plans import capture
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants
 from tests.support.sessions import processlist
+from tests.support.statements import capture
 from tests.support.waiting import wait_until
 from workqueue.errors import ErrorKind
 from workqueue.values import Claim
@@ -53,7 +53,7 @@ def test_the_first_claim_records_the_member_count_in_its_constant_statements(
     assert _claimed_member_count(engine, str(results[0].work_id)) is None  # unclaimed: the range may still grow
     with capture(engine) as captured:
         claims = connectors.claim("w", pack_install_ids=[pack], max_items=2)
-    statements = [c.statement.split()[0].upper() for c in captured]
+    statements = captured.round_trips()
     assert statements == CLAIM_STATEMENTS
     counts = {c.work.work_id: _claimed_member_count(engine, c.work.work_id) for c in claims}
     assert counts == {str(results[0].work_id): 2, str(results[1].work_id): 1}
@@ -99,7 +99,7 @@ def test_a_lost_middle_member_answers_data_loss(
     assert sorted(check_invariants(engine)) == damage  # the damage, and nothing else
 
 
-def _claim_waits_for_a_lock(engine: sa.Engine, claim_thread: threading.Thread, statements: list[str]) -> bool:
+def _claim_waits_for_a_lock(engine: sa.Engine, claim_thread: threading.Thread) -> bool:
     """Whether the claim is blocked behind the admission's locks (not merely about to be)."""
     if isinstance(engine.dialect, SerializedWriterDialect):  # the whole claim waits for the writer
         return engine.dialect.waiting > 0
@@ -130,7 +130,6 @@ def test_a_claim_that_waited_for_an_extension_counts_the_extended_range(
     extended = str(generations[lane].work_id)
     committing, release = threading.Event(), threading.Event()
     ingest_thread: list[threading.Thread] = []
-    claim_statements: list[str] = []
     claims: list[Claim] = []
 
     def hold_the_admission_commit(_connection: sa.Connection) -> None:
@@ -138,12 +137,7 @@ def test_a_claim_that_waited_for_an_extension_counts_the_extended_range(
             committing.set()
             release.wait(30)
 
-    def record_claim_statement(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
-        if threading.current_thread() is claim_thread:
-            claim_statements.append(statement)
-
     event.listen(engine, "commit", hold_the_admission_commit)
-    event.listen(engine, "before_cursor_execute", record_claim_statement)
     extension = threading.Thread(target=lambda: connectors.ingest(pack, items=[delivery(lane=lane)]))
     ingest_thread.append(extension)
     claim_thread = threading.Thread(
@@ -154,7 +148,7 @@ def test_a_claim_that_waited_for_an_extension_counts_the_extended_range(
         assert committing.wait(30)
         claim_thread.start()
         wait_until(
-            lambda: _claim_waits_for_a_lock(engine, claim_thread, claim_statements),
+            lambda: _claim_waits_for_a_lock(engine, claim_thread),
             "the claim to wait for the admission's locks",
         )
     finally:
@@ -162,7 +156,6 @@ def test_a_claim_that_waited_for_an_extension_counts_the_extended_range(
         extension.join(30)
         claim_thread.join(30)
         event.remove(engine, "commit", hold_the_admission_commit)
-        event.remove(engine, "before_cursor_execute", record_claim_statement)
 
     assert sorted(c.work.work_id for c in claims) == sorted(str(g.work_id) for g in generations.values())
     counts = {c.work.work_id: _claimed_member_count(engine, c.work.work_id) for c in claims}

@@ -16,12 +16,11 @@ from nexuscrm_connectors.order_policy import Policy, SkipRefused, Source, Unknow
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_schema.tables import OrderPolicy, SkippedWork, WorkItem, WorkTypeOrderPolicy
-from tests.connectors.integration.test_index_plans import capture
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from tests.support.plans import explain_problems
+from tests.support.statements import capture
 from workqueue import WorkStatus
 from workqueue.errors import ErrorKind, InvalidArgument
 from workqueue.values import Claim, IngestItem
@@ -100,7 +99,7 @@ def test_a_skip_is_recorded_releases_the_identity_and_leaves_the_dead_letters(
     assert released.work.work_id == successor
     connectors.complete(released.work.work_id, lease_token=released.lease_token)
     with engine.connect() as connection:
-        before = database_checksums(connection, [SkippedWork.name, WorkItem.name])
+        before = database_digest(connection)
     refusals: list[tuple[type[Exception], str, Callable[[], object]]] = [
         (SkipRefused, "was skipped at", lambda: connectors.skip_dead_letter(failed, skipped_by="o", reason="r")),
         (
@@ -126,7 +125,7 @@ def test_a_skip_is_recorded_releases_the_identity_and_leaves_the_dead_letters(
         with pytest.raises(error, match=message):
             call()
     with engine.connect() as connection:
-        assert database_checksums(connection, [SkippedWork.name, WorkItem.name]) == before
+        assert database_digest(connection) == before
     assert_invariants(engine)
 
 
@@ -155,7 +154,7 @@ def test_the_held_probe_is_index_seeks(engine: sa.Engine, connectors: Connectors
     connectors.ingest(pack, items=[delivery(lane=f"l{n}") for n in range(30)])  # 30 held successors
     with engine.begin() as connection, capture(engine) as captured:
         assert claims_sql.work_items_claimable(connection, [pack], [], clock, 10) == []
-    (read,) = captured
+    (read,) = captured.statements
     with engine.connect() as connection:
         assert explain_problems(connection, read.statement, read.parameters) == []
     assert_invariants(engine)
@@ -224,9 +223,8 @@ def test_a_policy_of_an_unknown_work_type_or_a_bad_value_is_refused_and_changes_
     pack = install_pack(engine)
     _failed_invoice_with_successor(connectors, pack)
     connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="ledger", work_type="invoice")
-    tables = [OrderPolicy.name, WorkTypeOrderPolicy.name, WorkItem.name]
     with engine.connect() as connection:
-        before = database_checksums(connection, tables)
+        before = database_digest(connection)
     refusals: list[tuple[type[Exception], str, Callable[[], object]]] = [
         (
             UnknownWorkType,
@@ -257,7 +255,7 @@ def test_a_policy_of_an_unknown_work_type_or_a_bad_value_is_refused_and_changes_
             call()
     assert UnknownWorkType.kind is ErrorKind.NOT_FOUND
     with engine.connect() as connection:
-        assert database_checksums(connection, tables) == before
+        assert database_digest(connection) == before
     assert_invariants(engine)
 
 
@@ -299,6 +297,6 @@ def test_the_held_probe_of_a_work_type_policy_is_index_seeks(
         assert len(order_policy_sql.work_items_held(connection, [w for w in held if w])) == 30
         assert order_policy_sql.work_items_held_count(connection, pack, 10_000) == 30
     with engine.connect() as connection:
-        for read in captured:
+        for read in captured.statements:
             assert explain_problems(connection, read.statement, read.parameters) == [], read.statement
     assert_invariants(engine)

@@ -17,9 +17,10 @@ from nexuscrm_connectors.errors import OrdinalCollision
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.status import STATUS_CODES, domain_status
-from nexuscrm_schema.tables import Event, PackInstall, WorkItem
-from tests.support.checksums import database_checksums
+from nexuscrm_schema.tables import Event, PackInstall
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack
+from tests.support.invariants import assert_invariants, check_invariants
 from workqueue.errors import ErrorKind
 from workqueue.values import Outcome
 
@@ -31,11 +32,6 @@ def set_counter(engine: sa.Engine, pack: str, value: int) -> None:
         connection.execute(sa.update(PackInstall).where(PackInstall.c.PackInstallId == pack).values(LastOrdinal=value))
 
 
-def history(engine: sa.Engine) -> object:
-    with engine.connect() as connection:
-        return database_checksums(connection, ("Event", "WorkItem", "IngressReceipt", "PackInstall"))
-
-
 @pytest.mark.parametrize("behind", [1, 3], ids=["at_next_ordinal", "further_up"])
 def test_an_event_above_the_counter_refuses_the_pack_with_data_loss(
     engine: sa.Engine, connectors: Connectors, behind: int
@@ -45,7 +41,7 @@ def test_an_event_above_the_counter_refuses_the_pack_with_data_loss(
     admitted = connectors.ingest(pack, items=[delivery(f"k{n}") for n in range(3)])
     assert [r.enqueue_ordinal for r in admitted] == [1, 2, 3]
     set_counter(engine, pack, 3 - behind)  # the counter is behind Events {4 - behind}..3
-    before = history(engine)
+    before = database_digest(engine)
 
     for attempt in range(2):  # refused again: nothing moved, the operator has not acted
         with pytest.raises(OrdinalCollision) as caught:
@@ -59,13 +55,14 @@ def test_an_event_above_the_counter_refuses_the_pack_with_data_loss(
             and f"Event {4 - behind}" in str(error)
             and f"LastOrdinal {3 - behind}" in str(error)
         )
-        assert history(engine) == before
+        assert database_digest(engine) == before
 
     # the neighbours are unaffected
     assert connectors.ingest(other, items=[delivery("o1")])[0].outcome is Outcome.ADMITTED
     # the operator's repair: the counter raised to the retained maximum; admission resumes after it
     set_counter(engine, pack, 3)
     assert connectors.ingest(pack, items=[delivery("after")])[0].enqueue_ordinal == 4
+    assert_invariants(engine)
 
 
 def test_replay_is_refused_the_same_way(engine: sa.Engine, connectors: Connectors, clock: FakeClock) -> None:
@@ -74,10 +71,13 @@ def test_replay_is_refused_the_same_way(engine: sa.Engine, connectors: Connector
     (claim,) = connectors.claim("w", pack_install_ids=[pack], max_items=1)
     connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     set_counter(engine, pack, 0)
+    before = database_digest(engine)
     with pytest.raises(OrdinalCollision):
         connectors.replay(claim.work.work_id)
-    with engine.connect() as connection:
-        assert connection.execute(sa.select(sa.func.count()).select_from(WorkItem)).scalar() == 1
+    assert database_digest(engine) == before
+    assert check_invariants(engine) == [f"O: Event {pack}/1 outside (0, LastOrdinal 0]"]  # the planted damage
+    set_counter(engine, pack, 1)  # the operator's repair
+    assert_invariants(engine)
 
 
 def test_a_collision_at_insert_time_is_named_too(engine: sa.Engine) -> None:
@@ -92,3 +92,4 @@ def test_a_collision_at_insert_time_is_named_too(engine: sa.Engine) -> None:
     with engine.begin() as connection:  # any other integrity error stays what it is
         with pytest.raises(sa.exc.IntegrityError):
             packs_sql.events_insert(connection, pack, [{**row, "EnqueueOrdinal": 2}])  # the receipt key again
+    assert_invariants(engine)

@@ -27,7 +27,7 @@ from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.server import RunningServer, create_server
 from nexuscrm_schema import tables
 from nexuscrm_sdk.client import ConnectorsClient
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, fence_pack, install_pack, lift_fence, route
 from tests.support.invariants import assert_invariants
 from tests.support.statuses import violation_field
@@ -36,8 +36,6 @@ from workqueue.errors import InvalidArgument
 from workqueue.values import QueueState
 
 pytestmark = pytest.mark.database
-
-TABLES = [t.name for t in tables.metadata.sorted_tables]
 
 
 @pytest.fixture
@@ -63,11 +61,6 @@ def _finish(connectors: Connectors, pack: str) -> None:
     while claims := connectors.claim("finisher", pack_install_ids=[pack], max_items=10):
         for claim in claims:
             connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
-
-
-def _checksums(engine: sa.Engine) -> object:
-    with engine.connect() as connection:
-        return database_checksums(connection, TABLES)
 
 
 def _created_at(engine: sa.Engine, work_id: str) -> dt.datetime:
@@ -243,7 +236,7 @@ def test_list_members_pages_in_ordinal_order_without_touching_the_lease(
     results = connectors.ingest(pack, items=[delivery(f"m-{i}", lane=lane) for i, lane in enumerate(lanes)])
     claims = connectors.claim("w", pack_install_ids=[pack], max_items=2)
     held = next(c for c in claims if c.work.work_id == results[0].work_id)  # lane a
-    before = _checksums(engine)
+    before = database_digest(engine)
 
     ordinals: list[int] = []
     token = ""
@@ -259,7 +252,7 @@ def test_list_members_pages_in_ordinal_order_without_touching_the_lease(
     assert ordinals == [1, 3, 4, 6, 7] and pages == 3
     first = connectors.list_members(held.work.work_id, page_size=2).inputs
     assert [(i.receipt_key, i.payload) for i in first] == [("m-0", b"payload of m-0"), ("m-2", b"payload of m-2")]
-    assert _checksums(engine) == before  # a read: no lease, no status, nothing written
+    assert database_digest(engine) == before  # a read: no lease, no status, nothing written
 
     loaded = [
         i.enqueue_ordinal
@@ -286,7 +279,7 @@ def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
         work_type="project",
         source_lane="lane-1",
     )
-    before = _checksums(engine)
+    before = database_digest(engine)
 
     def refused(call: grpc.UnaryUnaryMultiCallable, request: object) -> tuple[grpc.StatusCode, str, str]:  # type: ignore[type-arg]
         with pytest.raises(grpc.RpcError) as raised:
@@ -349,7 +342,7 @@ def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
         answer = refused(call, request)
         assert answer[:2] == (code, field), (request, answer)
         assert len(answer[2]) < 2000  # never the whole input echoed back
-    assert _checksums(engine) == before
+    assert database_digest(engine) == before
     with pytest.raises(UnknownPack):
         connectors.queue_state("pk-nope")
     with pytest.raises(WorkNotFound):

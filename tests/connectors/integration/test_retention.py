@@ -17,26 +17,25 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.database import is_sqlite
+from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
 from nexuscrm_schema.tables import (
     Event,
-    IngressReceipt,
     PackInstall,
     PrunedReceipt,
     PrunedWork,
     RetentionPolicy,
     WorkItem,
 )
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants
+from tests.support.waiting import wait_until
 from workqueue import WorkStatus
 from workqueue.errors import ErrorKind, InvalidArgument
 from workqueue.values import Outcome
 
 pytestmark = pytest.mark.database
 
-TABLES = [Event.name, WorkItem.name, IngressReceipt.name, PrunedWork.name, PrunedReceipt.name, RetentionPolicy.name]
-PRUNE_WAIT = 3.0  # seconds the verification waits for a concurrent pruning (SQLite: it cannot finish)
 HANG_GUARD = 60.0  # seconds: a pruning still running after this never ended
 
 
@@ -97,12 +96,12 @@ def test_pruning_keeps_the_newest_and_nonterminal_generations_and_a_dry_run_chan
     running = connectors.claim("w", pack_install_ids=[pack])[0]  # nonterminal, newest of "busy"
     connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
     with engine.connect() as connection:
-        before = database_checksums(connection, TABLES)
+        before = database_digest(connection)
 
     dry = connectors.prune(pack, dry_run=True)
 
     with engine.connect() as connection:
-        assert database_checksums(connection, TABLES) == before
+        assert database_digest(connection) == before
     assert (dry.generations, dry.events, dry.receipts, dry.kept) == (3, 6, 6, 1)
     assert dry.horizon_ordinal == 0
 
@@ -137,7 +136,7 @@ def test_after_pruning_duplicates_are_acknowledged_ordinals_go_on_and_pruned_wor
     clock.advance(5)
     assert connectors.prune(pack).generations == 1
     with engine.connect() as connection:
-        before = database_checksums(connection, TABLES)
+        before = database_digest(connection)
         pruned = connection.execute(sa.select(PrunedWork.c.PrunedAt)).scalar_one()  # the database's time
     pruned_at = f"pruned at {iso_utc(pruned)}"
 
@@ -147,7 +146,7 @@ def test_after_pruning_duplicates_are_acknowledged_ordinals_go_on_and_pruned_wor
     assert again[0].enqueue_ordinal == 1 and again[0].work_id == claim.work.work_id
     assert pruned_at in again[0].message
     with engine.connect() as connection:
-        assert database_checksums(connection, TABLES) == before  # no Event, no work, no receipt
+        assert database_digest(connection) == before  # no Event, no work, no receipt
     fresh = connectors.ingest(pack, items=[delivery(lane="a")])
     assert fresh[0].outcome is Outcome.ADMITTED and fresh[0].enqueue_ordinal == 4  # the counter never moved back
     with engine.connect() as connection:
@@ -262,26 +261,39 @@ def test_a_duplicate_whose_generation_is_pruned_during_its_verification_is_ackno
     clock.advance(5)
     covering = events_sql.work_items_covering
     pruning: list[threading.Thread] = []
+    order: list[str] = []  # "pruned" and "verified", in the order they happened
+
+    def prune() -> None:
+        connectors.prune(pack)
+        order.append("pruned")
 
     def prune_meanwhile(*args: Any) -> Any:
-        thread = threading.Thread(target=connectors.prune, args=(pack,))
+        thread = threading.Thread(target=prune)
         thread.start()
-        thread.join(PRUNE_WAIT)  # on SQLite it waits for this transaction's writer
         pruning.append(thread)
+        if is_sqlite(engine):  # the pruning cannot commit before this transaction: wait until it queues for it
+            dialect = engine.dialect
+            assert isinstance(dialect, SerializedWriterDialect)
+            wait_until(lambda: dialect.writer.waiting == 1, "the pruning to queue for the admission's writer")
+        else:  # each statement reads its own snapshot: the pruning commits before the next one
+            thread.join(HANG_GUARD)
+        order.append("verified")
         return covering(*args)
 
     monkeypatch.setattr(events_sql, "work_items_covering", prune_meanwhile)
     events_before = _count(engine, Event)
     (again,) = connectors.ingest(pack, items=[first])
     pruning[0].join(HANG_GUARD)
-    pruned_first = not pruning[0].is_alive() and connectors.get_retention_policy(pack).pruned_generations == 1
 
+    assert not pruning[0].is_alive(), "the pruning never ended"
+    assert connectors.get_retention_policy(pack).pruned_generations == 1
     if is_sqlite(engine):
+        assert order == ["verified", "pruned"]
         assert again.outcome is Outcome.DUPLICATE_COVERED
     else:
+        assert order == ["pruned", "verified"]  # the pruning committed during the verification
         assert again.outcome is Outcome.DUPLICATE_PRUNED, again.message
         assert again.work_id == claim.work.work_id
     assert again.enqueue_ordinal == 1
-    assert pruned_first  # the pruning ran, during the verification or right after it
     assert _count(engine, Event) == events_before - 1  # the pruned input went; the duplicate wrote none
     assert_invariants(engine)

@@ -22,6 +22,8 @@ from nexuscrm_schema.support import read_version
 from nexuscrm_schema.verification import NEWEST_VERSION
 from tests.support.service_starts import Service, health, schema_at, serving, start_until_exit
 
+INVARIANTS_NOT_CHECKED = "the start-up schema gate only: a process accepts or refuses a schema and admits no input"
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
 CONNECTORS = Service(module="nexuscrm_connectors.main", env_name="CONNECTORS")

@@ -15,8 +15,8 @@ from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.service import Connectors
-from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
-from tests.support.checksums import database_checksums
+from nexuscrm_schema.tables import Event, WorkItem
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
 from workqueue import EventStatus, WorkStatus
@@ -31,11 +31,11 @@ def test_duplicates_never_change_stored_rows(engine: sa.Engine, connectors: Conn
     connectors.ingest(pack, items=[delivery("a"), delivery("b", lane="other")])
     claim = connectors.claim("w", pack_install_ids=[pack])[0]
     with engine.connect() as connection:
-        before = database_checksums(connection, [Event.name, WorkItem.name, IngressReceipt.name])
+        before = database_digest(connection)
     results = connectors.ingest(pack, items=[delivery("a"), delivery("b", lane="other"), delivery("a", payload=b"x")])
     assert [r.outcome for r in results] == [Outcome.DUPLICATE_COVERED, Outcome.DUPLICATE_COVERED, Outcome.REJECTED]
     with engine.connect() as connection:
-        assert database_checksums(connection, [Event.name, WorkItem.name, IngressReceipt.name]) == before
+        assert database_digest(connection) == before
     connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
     assert_invariants(engine)
 

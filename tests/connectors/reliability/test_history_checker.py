@@ -10,6 +10,7 @@ from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.clock import utcnow
 from tests.connectors.reliability.history import History, check_history
 from tests.support.factories import delivery, install_pack
+from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
 from workqueue.values import Claim, IngestResult, Outcome
 
@@ -58,3 +59,4 @@ def test_a_clean_history_has_no_violation_and_forged_anomalies_are_each_found(en
     early = Claim(work=stale.work, lease_token="overlapping")
     history.call("w3", "claim", "w3", lambda: [early])
     assert "overlap:" in "\n".join(check_history(history, engine, lease_seconds=LEASE))
+    assert_invariants(engine)

@@ -21,6 +21,8 @@ from nexuscrm_runtime.sqlite_file_lock import FileWriterLock
 from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
 from tests.support.waiting import wait_until
 
+INVARIANTS_NOT_CHECKED = "SQLite's writer lock between engines and processes, on scratch tables"
+
 HANG_GUARD = 30.0  # seconds: a join that outlives this means a lock was never released
 
 # A child process that holds the writer inside an open transaction until it is killed (or its

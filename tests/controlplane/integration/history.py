@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from nexuscrm_controlplane import cutover, fences, lifecycle
-from tests.support.checksums import Checksums, database_checksums
+from tests.support.checksums import Checksums, database_checksums, database_digest
 from tests.support.factories import FakeClock as FakeClock  # the controlplane tests share one clock type
 from tests.support.factories import record_work_item_handoff
 from workqueue.values import IngestItem, Route
@@ -55,10 +55,16 @@ def history(engine: sa.Engine) -> Checksums:
 
 
 def cut(engine: sa.Engine, pack: str, clock: FakeClock, *, dry_run: bool = False) -> cutover.CutoverResult:
-    """Run the cutover and assert that it changed no historical Event or WorkItem row."""
-    before = history(engine)
+    """Run the cutover and assert that it changed no historical Event or WorkItem row.
+
+    Only a written checkpoint may change anything: a refusal, a dry run or a repeated call
+    leaves every row of every table as it was.
+    """
+    before, everything = history(engine), database_digest(engine)
     result = cutover.run_cutover(engine, pack, deadline=time.monotonic() + 120, dry_run=dry_run, clock=clock)
     assert history(engine) == before, "the cutover changed a historical Event or WorkItem row"
+    if result.outcome is not cutover.Outcome.WRITTEN:
+        assert database_digest(engine) == everything, f"a cutover that ended {result.outcome} changed a row"
     return result
 
 

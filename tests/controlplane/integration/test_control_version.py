@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from nexuscrm_controlplane import fences, lifecycle
 from nexuscrm_schema.tables import NamespaceControl, PackInstall
 from tests.controlplane.integration.history import NAMESPACE, FakeClock, cut, install
+from tests.support.invariants import assert_invariants
 
 pytestmark = pytest.mark.database
 
@@ -54,6 +55,7 @@ def test_installs_and_namespace_fences_write_their_namespace_row(engine: sa.Engi
     assert namespace_versions(engine) == {NAMESPACE: 3, "other": 1}
     fences.arm_fence(engine, "empty", clock=clock)  # a namespace without packs gets its row too
     assert namespace_versions(engine) == {NAMESPACE: 3, "other": 1, "empty": 1}
+    assert_invariants(engine)
 
 
 def test_fence_changes_bump_exactly_the_packs_they_cover(engine: sa.Engine, clock: FakeClock) -> None:
@@ -74,6 +76,7 @@ def test_fence_changes_bump_exactly_the_packs_they_cover(engine: sa.Engine, cloc
     assert versions(engine) == {first: 3, second: 3, elsewhere: None}
     fences.disarm_fence(engine, namespace_fence)
     assert versions(engine) == {first: 4, second: 4, elsewhere: None}
+    assert_invariants(engine)
 
 
 def test_writing_a_protocol_row_bumps_its_pack_once(engine: sa.Engine, clock: FakeClock) -> None:
@@ -91,3 +94,4 @@ def test_writing_a_protocol_row_bumps_its_pack_once(engine: sa.Engine, clock: Fa
     cut(engine, old, clock)  # already written: nothing written
     assert versions(engine)[old] == (before or 0) + 1
     fences.disarm_fence(engine, fence)
+    assert_invariants(engine)

@@ -23,9 +23,15 @@ from hypothesis import strategies as st
 
 from nexuscrm_controlplane import cutover
 from nexuscrm_runtime.database import is_sqlite
-from nexuscrm_schema.tables import PackInstall, WorkItem
+from nexuscrm_schema.tables import PackInstall
 from tests.controlplane.integration.history import FakeClock, arm, install, route
+from tests.support.checksums import database_digest
 from tests.support.factories import START
+
+INVARIANTS_NOT_CHECKED = (
+    "generated old-protocol histories, written raw and inconsistent on purpose (the audit must refuse them); "
+    "the only product call is a dry run, which database_digest proves changed nothing"
+)
 
 pytestmark = pytest.mark.database
 
@@ -198,6 +204,7 @@ def test_the_audit_passes_exactly_what_the_oracle_proves(engine: sa.Engine) -> N
     def check(history: dict[str, Any]) -> None:
         pack = install(engine, clock)
         write(engine, pack, other, history, clock)
+        before = database_digest(engine)
         result = cutover.run_cutover(engine, pack, deadline=time.monotonic() + 60, dry_run=True, clock=clock)
         proven = oracle(history)
         seen[proven] += 1
@@ -205,10 +212,7 @@ def test_the_audit_passes_exactly_what_the_oracle_proves(engine: sa.Engine) -> N
             assert result.outcome is cutover.Outcome.WOULD_WRITE, (history, result.report.summary())
         else:
             assert result.refused, (history, result.outcome)
-        with engine.connect() as connection:  # a dry run writes nothing
-            assert connection.execute(
-                sa.select(sa.func.count()).select_from(WorkItem).where(WorkItem.c.PackInstallId == pack)
-            ).scalar() == len(history["work"])
+        assert database_digest(engine) == before  # a dry run writes nothing
 
     check()
     assert seen[False] and seen[True], f"both verdicts must be generated: {seen}"

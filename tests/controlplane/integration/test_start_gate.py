@@ -12,6 +12,8 @@ import pytest
 from nexuscrm_controlplane.release import RELEASE
 from tests.support.service_starts import Service, health, schema_at, serving, start_until_exit
 
+INVARIANTS_NOT_CHECKED = "the start-up schema gate only: a process accepts or refuses a schema and writes no pack row"
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
 CONTROLPLANE = Service(module="nexuscrm_controlplane.main", env_name="CONTROLPLANE")

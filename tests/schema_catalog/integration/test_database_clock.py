@@ -13,6 +13,8 @@ from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG, DatabaseClock
 from nexuscrm_runtime.database import create_engine, is_sqlite
 from tests.support.factories import FakeClock
 
+INVARIANTS_NOT_CHECKED = "the database clock's SQL: reads of the server's time, no projection data"
+
 
 def test_the_clock_is_the_servers_time_shifted_by_the_offset(engine: sa.Engine) -> None:
     clock = FakeClock()

@@ -12,6 +12,8 @@ import sqlalchemy as sa
 
 from nexuscrm_runtime.database import create_engine, normalize_dsn, run_transaction
 
+INVARIANTS_NOT_CHECKED = "lock conflicts and pooled sessions on scratch tables: no projection data"
+
 pytestmark = pytest.mark.database
 
 

@@ -16,6 +16,8 @@ import sqlalchemy as sa
 from nexuscrm_runtime.database import create_engine, normalize_dsn, run_transaction
 from nexuscrm_runtime.status import DomainErrorInterceptor
 
+INVARIANTS_NOT_CHECKED = "engine errors forced on scratch objects and their statuses: no projection data"
+
 METHOD = "/test.Forged/Signal"
 
 

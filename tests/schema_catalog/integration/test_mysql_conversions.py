@@ -12,6 +12,8 @@ from pymysql.constants import FIELD_TYPE
 from nexuscrm_runtime.database import create_engine, normalize_dsn
 from nexuscrm_runtime.mysql_conversions import CONVERSIONS
 
+INVARIANTS_NOT_CHECKED = "the driver's DATETIME conversions on scratch tables: no projection data"
+
 pytestmark = pytest.mark.database
 
 # Every form a server sends: no fraction, 3 and 6 digits, a TIMESTAMP column, the range's ends,

@@ -27,6 +27,8 @@ from nexuscrm_runtime.prerequisites import (
 )
 from nexuscrm_runtime.server import EXIT_PREREQUISITES, refuse_unless_prerequisites
 
+INVARIANTS_NOT_CHECKED = "server settings read at connect and refused at start: no projection data"
+
 TIDB = "8.0.11-TiDB-v8.5.1"
 GOOD_TIDB = {
     "transaction_isolation": "READ-COMMITTED",

@@ -16,6 +16,8 @@ from nexuscrm_runtime.status import STATUS_CODES
 from nexuscrm_runtime.tidb_profile import ProfileLimitExceeded, TidbProfile
 from workqueue.errors import ErrorKind
 
+INVARIANTS_NOT_CHECKED = "what the TiDB profile refuses for its size, on scratch rows: no projection scenario"
+
 KIB = 1024
 PROBE = sa.Table(
     "ProfileProbe",

@@ -13,6 +13,8 @@ import sqlalchemy as sa
 from nexuscrm_runtime.database import MAX_TRANSACTION_SECONDS, RetryPolicy, TransactionTooLong, run_transaction
 from workqueue.errors import ErrorKind
 
+INVARIANTS_NOT_CHECKED = "the transaction time bound on scratch statements: no projection data"
+
 
 class Clock:
     def __init__(self) -> None:

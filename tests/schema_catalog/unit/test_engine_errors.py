@@ -22,6 +22,8 @@ from nexuscrm_runtime.engine_errors import ENGINE_ERRORS, ErrorClass, error_clas
 from nexuscrm_runtime.status import STATUS_CODES, domain_status
 from workqueue.errors import ErrorKind
 
+INVARIANTS_NOT_CHECKED = "the engine error table with forged driver errors: no projection data"
+
 
 def codes(error_class: ErrorClass) -> list[int]:
     return sorted(code for code, entry in ENGINE_ERRORS.items() if entry.error_class is error_class)

@@ -9,6 +9,8 @@ import sqlalchemy as sa
 from nexuscrm_runtime import database
 from nexuscrm_runtime.database import DatabaseUnavailable, RetryPolicy, TransactionConflict, run_transaction
 
+INVARIANTS_NOT_CHECKED = "the retry policy with forged driver errors on a scratch table: no projection data"
+
 
 @pytest.fixture
 def engine() -> sa.Engine:

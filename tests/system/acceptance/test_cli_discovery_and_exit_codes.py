@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
+from nexuscrm_runtime.database import create_engine
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import cli
 from nexuscrm_tools.launcher import (
@@ -31,6 +32,7 @@ from nexuscrm_tools.launcher import (
     target_env,
 )
 from tests.support.factories import delivery
+from tests.support.invariants import assert_invariants
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
@@ -111,7 +113,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> Any:
 
 
 def test_unknown_ids_exit_with_the_readmes_code_and_discovery_finds_them(
-    system: list[ServiceProcess], capsys: pytest.CaptureFixture[str]
+    system: list[ServiceProcess], empty_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     installed = run(capsys, "packs", "install", "--namespace", "acme", "--name", "crm", "--version", "1.0")
     pack = installed["pack_install_id"]
@@ -201,3 +203,8 @@ def test_unknown_ids_exit_with_the_readmes_code_and_discovery_finds_them(
     assert queue["pending"] == 3 and queue["receipts_waiting"] == 0 and queue["drained"] is False
     assert queue["oldest_waiting_work_id"] and isinstance(queue["oldest_waiting_age_seconds"], float)
     assert UTC_TIME.match(queue["oldest_waiting_since"]) and UTC_TIME.match(queue["read_at"])
+    engine = create_engine(empty_dsn)  # the database the services ran on
+    try:
+        assert_invariants(engine)
+    finally:
+        engine.dispose()

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, REQUIRED
 
 pytestmark = pytest.mark.acceptance
 
@@ -19,7 +19,10 @@ TIMEOUT = 120.0  # seconds: no service starts, the database check refuses at onc
 def test_make_run_names_the_runners_exit_code() -> None:
     make = ["make", "--no-print-directory", "-C", str(REPO_ROOT)]
     if subprocess.run([*make, "-q", "runtime"], check=False).returncode != 0:
-        pytest.skip("the runtime environment is not up to date: make run would install it first")
+        message = "the runtime environment is not up to date: make run would install it first"
+        if REQUIRED:
+            pytest.fail(f"NEXUSCRM_TIDB_REQUIRED=1: {message}")
+        pytest.skip(message)
     env = {**os.environ, "NEXUSCRM_DSN": "postgresql://someone@127.0.0.1/crm"}
     done = subprocess.run(
         [*make, "run", "ARGS=--inputs 0"], env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False

@@ -13,6 +13,8 @@ import pytest
 
 from nexuscrm_tools.launcher import ALL_SERVICES, start_services, stop_services, target_env
 
+INVARIANTS_NOT_CHECKED = "build and version reads of running services: nothing is admitted"
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
 PACKAGES = {

@@ -10,6 +10,8 @@ import pytest
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2, schema_catalog_pb2_grpc
 from nexuscrm_tools.launcher import ALL_SERVICES, health_status, start_services, stop_services
 
+INVARIANTS_NOT_CHECKED = "processes start, answer health checks and stop: nothing is admitted"
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
 

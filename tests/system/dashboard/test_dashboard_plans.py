@@ -18,10 +18,11 @@ from nexuscrm_connectors.claim_pauses import PauseScope, scope_of
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane.dashboard import operations, overview, queries
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
-from tests.connectors.integration.test_index_plans import Captured, capture, seed
+from tests.connectors.integration.test_index_plans import seed
 from tests.support.factories import START
 from tests.support.invariants import assert_invariants
 from tests.support.plans import GROWING_TABLES, explain_problems
+from tests.support.statements import Captured, capture
 
 pytestmark = pytest.mark.database
 
@@ -65,13 +66,13 @@ def test_dashboard_reads_use_index_ranges(
     for name, read in reads.items():
         with capture(engine) as captured:
             read()
-        assert captured, f"{name} ran no statement"
+        assert captured.statements, f"{name} ran no statement"
         with engine.connect() as connection:
             failures += [
                 f"{name}: {problem}\n    in: {statement.statement[:300]}"
-                for statement in captured
+                for statement in captured.statements
                 if touches_growing_table(statement)
-                for problem in explain_problems(connection, statement.statement, statement.parameters)
+                for problem in explain_problems(connection, statement.statement, statement.one_row_parameters)
             ]
     assert not failures, "dashboard reads without an index range plan:\n" + "\n".join(failures)
     assert operations.dead_letters(engine, connectors, pack)["packs"][0]["total"] == 1

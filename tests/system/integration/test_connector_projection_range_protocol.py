@@ -35,6 +35,7 @@ from tests.controlplane.integration.history import (
     route,
     start_cli,
 )
+from tests.support.invariants import assert_invariants, check_invariants
 from tests.system.integration.old_workers import run_old_workers
 from workqueue import EventStatus, WorkStatus
 
@@ -90,6 +91,7 @@ def test_a_drained_history_is_cut_over_at_the_last_allocated_ordinal(
     assert result.report.permitted == {audit.PERMITTED_INDIRECT: 1, audit.PERMITTED_PENDING: 1}
     assert json.loads(result.protocol.audit_report)["passed"] is True
     assert protocol_rows(engine, pack) == [(1, 3, "cutover")]
+    assert_invariants(engine)
 
 
 def test_the_legacy_worker_infers_inputs_from_retained_history(
@@ -105,6 +107,7 @@ def test_the_legacy_worker_infers_inputs_from_retained_history(
     claim = legacy.claim("w", pack)
     assert claim.work.input_start_ordinal is None and claim.work.lane_ordinal == 3
     assert [i.enqueue_ordinal for i in legacy.load_inputs(claim.work.work_id, claim.lease_token)] == [2, 3]
+    assert_invariants(engine)
 
 
 # --- audit rule: missing owner ----------------------------------------------------------------
@@ -134,8 +137,13 @@ def test_missing_owner_a_work_item_whose_selected_event_is_gone(
         finding = rules(result)[Rule.MISSING_OWNER]
         assert (finding.count, finding.sample_ids) == (1, (orphan,))
         assert protocol_rows(engine, pack) == []
+        # the planted damage, and nothing else: the acknowledged input k1 has no Event
+        assert check_invariants(engine) == [
+            f"D: receipt ('{pack}', 'k1') is confirmed but has no Event (an acknowledged input was lost)"
+        ]
     else:
         assert result.outcome is Outcome.WRITTEN
+        assert_invariants(engine)
 
 
 @pytest.mark.parametrize("fail_only", [True, False], ids=["refused", "twin"])
@@ -159,6 +167,7 @@ def test_missing_owner_every_generation_of_the_identity_failed(
         assert (finding.count, finding.sample_ids) == (1, ("event:1",))
     else:
         assert result.outcome is Outcome.WRITTEN
+    assert_invariants(engine)
 
 
 # --- audit rule: input beyond the retained completed boundary ---------------------------------
@@ -186,6 +195,7 @@ def test_input_beyond_the_completed_boundary_without_a_direct_task(
         finding = rules(result)[Rule.BEYOND_COMPLETED_BOUNDARY]
         assert (finding.count, finding.sample_ids) == (1, ("event:2",))
         assert set(rules(result)) == {Rule.BEYOND_COMPLETED_BOUNDARY}
+    assert_invariants(engine)
 
 
 # --- audit rule: indirect input in mixed zero/positive history --------------------------------
@@ -247,6 +257,7 @@ def test_indirect_input_in_mixed_zero_and_positive_history(
     else:
         assert result.outcome is Outcome.WRITTEN
         assert result.protocol.legacy_max_ordinal == 3
+    assert_invariants(engine)
 
 
 # --- drain gate: pending, blocked, retry and processing each block alone ----------------------
@@ -283,6 +294,7 @@ def test_each_nonterminal_state_alone_blocks_the_cutover(
         legacy.complete(claim.work.work_id, claim.lease_token)
     run_old_workers(legacy, pack)
     assert cut(engine, pack, clock).outcome is Outcome.WRITTEN
+    assert_invariants(engine)
 
 
 def test_a_successor_blocked_behind_live_work_is_counted_as_blocked(
@@ -304,6 +316,7 @@ def test_a_successor_blocked_behind_live_work_is_counted_as_blocked(
             WorkStatus.COMPLETED
         )
     assert cut(engine, pack, clock).outcome is Outcome.WRITTEN
+    assert_invariants(engine)
 
 
 # --- fence gate ---------------------------------------------------------------------------------
@@ -342,6 +355,7 @@ def test_the_cutover_requires_a_non_expiring_namespace_fence_without_overrides(
     else:
         fences.arm_fence(engine, NAMESPACE, "*", clock=clock)
     assert cut(engine, pack, clock).outcome is Outcome.WRITTEN
+    assert_invariants(engine)
 
 
 # --- the WorkItem-only handoff prerequisite and the schema gate -------------------------------
@@ -362,12 +376,13 @@ def test_the_work_item_only_handoff_is_a_prerequisite(
 
     if handoff:
         assert result.outcome is Outcome.WRITTEN
-        return
-    assert result.outcome is Outcome.REFUSED_PREREQUISITE
-    assert set(rules(result)) == {Rule.WORK_ITEM_HANDOFF_MISSING}
-    with engine.connect() as connection:  # the Event backlog was not retired to fake the handoff
-        statuses = connection.execute(sa.select(Event.c.Status).where(Event.c.PackInstallId == pack)).scalars()
-        assert list(statuses) == [EventStatus.PENDING, EventStatus.PENDING]
+    else:
+        assert result.outcome is Outcome.REFUSED_PREREQUISITE
+        assert set(rules(result)) == {Rule.WORK_ITEM_HANDOFF_MISSING}
+        with engine.connect() as connection:  # the Event backlog was not retired to fake the handoff
+            statuses = connection.execute(sa.select(Event.c.Status).where(Event.c.PackInstallId == pack)).scalars()
+            assert list(statuses) == [EventStatus.PENDING, EventStatus.PENDING]
+    assert_invariants(engine)
 
 
 def test_an_incomplete_schema_refuses_the_cutover(empty_engine: sa.Engine, clock: FakeClock) -> None:
@@ -385,6 +400,8 @@ def test_an_incomplete_schema_refuses_the_cutover(empty_engine: sa.Engine, clock
     assert "_System_ConnectorProjectionProtocol" in missing and finding.count == len(missing)
     assert finding.sample_ids == tuple(missing[: len(finding.sample_ids)])  # a sample, in the checker's order
     assert "WorkItem.InputStartOrdinal" in missing
+    # No invariant check: the checker reads the newest schema, which this v1 database lacks;
+    # ``cut`` proved the refusal changed no row.
 
 
 # --- idempotency: one checkpoint, never advanced ----------------------------------------------
@@ -410,6 +427,7 @@ def test_repeated_calls_return_the_same_checkpoint_and_never_advance_the_cutoff(
     assert again.outcome is Outcome.ALREADY_WRITTEN
     assert again.protocol == first.protocol and again.protocol.legacy_max_ordinal == 3
     assert again.report == first.report
+    assert_invariants(engine)
 
 
 def test_eight_concurrent_cutover_processes_write_one_checkpoint(
@@ -435,3 +453,4 @@ def test_eight_concurrent_cutover_processes_write_one_checkpoint(
     assert results[0]["protocol"]["legacy_max_ordinal"] == 6
     assert protocol_rows(engine, pack) == [(1, 6, "cutover")]
     assert history(engine) == before
+    assert_invariants(engine)

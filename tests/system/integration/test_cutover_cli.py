@@ -17,9 +17,10 @@ from tests.controlplane.integration.history import (
     history,
     install,
     items,
-    protocol_rows,
     run_cli,
 )
+from tests.support.checksums import database_digest
+from tests.support.invariants import assert_invariants
 from tests.system.integration.old_workers import run_old_workers
 
 CUTOVER = "connector-projection-cutover"
@@ -77,10 +78,13 @@ def test_exit_codes_for_every_outcome_and_the_dsn_is_never_printed(
         outputs.append(result.stdout + result.stderr)
         return result.returncode, result.stdout, result.stderr
 
+    unarmed = database_digest(engine)
     assert run(["-pack-install-id", "pk-nope", "-timeout", "30s"])[0] == ExitCode.USAGE
     code, _, err = run(["-pack-install-id", pack, "-timeout", "30s"])
     assert code == ExitCode.REFUSED_GATE and "fence_missing" in err
+    assert database_digest(engine) == unarmed  # refusals write nothing
     arm(engine, clock)
+    armed = database_digest(engine)
     code, _, err = run(["-pack-install-id", no_handoff, "-timeout", "30s"])
     assert code == ExitCode.MISSING_PREREQUISITE and "work_item_handoff_missing" in err
     code, out, _ = run(["-pack-install-id", pack, "-timeout", "30s", "-json"])
@@ -89,6 +93,7 @@ def test_exit_codes_for_every_outcome_and_the_dsn_is_never_printed(
     assert document["outcome"] == "refused_audit"
     assert document["report"]["findings"][0]["rule"] == "beyond_completed_boundary"
     assert document["report"]["findings"][0]["sample_ids"] == ["event:2"]
+    assert database_digest(engine) == armed
 
     legacy.ingest(pack, items(["k3"]))  # the fence holds admission: stored only
     with engine.begin() as connection:  # lift the fence for the old writer only, then restore it
@@ -96,9 +101,10 @@ def test_exit_codes_for_every_outcome_and_the_dsn_is_never_printed(
     legacy.ingest(pack, items(["k4"]))
     run_old_workers(legacy, pack)
     arm(engine, clock)
-    before = history(engine)
+    before, everything = history(engine), database_digest(engine)
     code, out, _ = run(["-pack-install-id", pack, "-timeout", "30s", "-dry-run"])
-    assert code == ExitCode.OK and "dry run passed" in out and protocol_rows(engine, pack) == []
+    assert code == ExitCode.OK and "dry run passed" in out
+    assert database_digest(engine) == everything  # the dry run wrote no checkpoint, nor anything else
     code, out, _ = run(["-pack-install-id", pack, "-timeout=1m"])
     assert code == ExitCode.OK and "checkpoint written" in out and "LegacyMaxOrdinal 3" in out
     code, out, _ = run(["--pack-install-id", pack, "--timeout", "1m"])
@@ -106,6 +112,7 @@ def test_exit_codes_for_every_outcome_and_the_dsn_is_never_printed(
     assert history(engine) == before
     for output in outputs:
         assert dsn not in output
+    assert_invariants(engine)
 
 
 @pytest.mark.database
@@ -114,12 +121,14 @@ def test_a_held_lock_ends_in_the_timeout_exit_code_with_nothing_written(
 ) -> None:
     pack = install(engine, clock)
     arm(engine, clock)
+    before = database_digest(engine)
     with engine.begin() as connection:  # an admission transaction that does not end
         connection.execute(sa.select(PackInstall).where(PackInstall.c.PackInstallId == pack).with_for_update())
         result = run_cli(CUTOVER, ["-pack-install-id", pack, "-timeout", "1s"], dsn)
     assert result.returncode == ExitCode.TIMEOUT, result.stderr
     assert "nothing was written" in result.stderr
-    assert protocol_rows(engine, pack) == []
+    assert database_digest(engine) == before
+    assert_invariants(engine)
 
 
 @pytest.mark.database
@@ -131,7 +140,7 @@ def test_the_drain_wait_reports_what_holds_it_and_never_changes_a_status(
     work_id = legacy.ingest(pack, items(["k1"]))[0].work_id
     claim = legacy.claim("w", pack)
     legacy.fail(claim.work.work_id, claim.lease_token, "CRM timeout")
-    before = history(engine)
+    before = database_digest(engine)
 
     waited = run_cli(DRAIN, ["-pack-install-id", pack, "-timeout", "300ms", "-interval", "100ms", "-json"], dsn)
 
@@ -139,12 +148,13 @@ def test_the_drain_wait_reports_what_holds_it_and_never_changes_a_status(
     report = json.loads(waited.stdout)
     assert (report["drained"], report["retry"], report["sample_work_ids"]) == (False, 1, [work_id])
     assert report["holds"][0]["reason"] == "retry_wait" and report["holds"][0]["sample_work_ids"] == [work_id]
-    assert history(engine) == before
+    assert database_digest(engine) == before
 
     clock.advance(3600)
     run_old_workers(legacy, pack)
     done = run_cli(DRAIN, ["-pack-install-id", pack, "-timeout", "30s"], dsn)
     assert done.returncode == ExitCode.OK and "drained" in done.stdout
+    assert_invariants(engine)
 
 
 @pytest.mark.database
@@ -163,5 +173,8 @@ def test_the_fence_command_arms_lists_overrides_and_disarms(engine: sa.Engine, d
     listed = json.loads(run_cli(FENCE, ["list", "-namespace", "acme"], dsn).stdout)
     assert [f["fence_id"] for f in listed] == [fence["fence_id"]] and listed[0]["overrides"] == []
     assert run_cli(FENCE, ["disarm", "-fence-id", fence["fence_id"]], dsn).returncode == ExitCode.OK
+    disarmed = database_digest(engine)
     assert run_cli(FENCE, ["disarm", "-fence-id", fence["fence_id"]], dsn).returncode == ExitCode.USAGE
     assert json.loads(run_cli(FENCE, ["list", "-namespace", "acme"], dsn).stdout) == []
+    assert database_digest(engine) == disarmed  # the refused disarm and the list wrote nothing
+    assert_invariants(engine)

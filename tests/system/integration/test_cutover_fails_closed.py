@@ -20,7 +20,6 @@ from nexuscrm_controlplane import audit, cutover, drain
 from nexuscrm_controlplane.audit import Category, Rule
 from nexuscrm_controlplane.cutover import Outcome
 from nexuscrm_controlplane.runbook import outcome_exit_code
-from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import PackInstall, WorkItem
 from nexuscrm_tools.exits import ExitCode
 from tests.controlplane.integration.history import (
@@ -34,6 +33,7 @@ from tests.controlplane.integration.history import (
     run_cli,
 )
 from tests.support.factories import START
+from tests.support.invariants import assert_invariants
 from tests.system.integration.old_workers import run_old_workers
 from workqueue import EventStatus, WorkStatus
 
@@ -171,9 +171,8 @@ def test_any_status_that_is_not_exactly_terminal_is_live_work(
     assert protocol_rows(engine, pack) == []
 
 
+@pytest.mark.parametrize("empty_dsn", ["sqlite"], indirect=True)  # only SQLite stores a blob in a text column
 def test_a_blob_status_on_sqlite_is_live_work(engine: sa.Engine, legacy: LegacyRuntime, clock: FakeClock) -> None:
-    if not is_sqlite(engine):
-        pytest.skip("only SQLite stores a value of another type in a text column")
     pack = install(engine, clock)
     clean_history(legacy, pack)
     work_id = set_work_status(engine, pack, 2, b"completed")  # same bytes, another type
@@ -194,6 +193,7 @@ def test_the_twin_exact_terminal_statuses_pass_the_gate(
     result = cut(engine, pack, clock)
     # a failed direct task leaves its Event above the completed boundary with a direct task: permitted
     assert result.outcome is Outcome.WRITTEN, result.report.summary()
+    assert_invariants(engine)
 
 
 # --- the audit covers every retained Event, whatever its ordinal ------------------------------
@@ -225,6 +225,7 @@ def test_the_twin_ordinal_zero_with_its_completed_direct_task_passes(
     result = cut(engine, pack, clock)
     assert result.outcome is Outcome.WRITTEN, result.report.summary()
     assert result.report.events_audited == 3
+    assert_invariants(engine)
 
 
 @pytest.mark.parametrize("status", ["Processed", "PROCESSED", "processed ", "", " ", "done", "pending\n"], ids=repr)
@@ -346,6 +347,7 @@ def test_the_twin_a_counter_at_or_above_the_history_passes(
     result = cut(engine, pack, clock)
     assert result.outcome is Outcome.WRITTEN, result.report.summary()
     assert result.protocol.legacy_max_ordinal == counter
+    assert_invariants(engine)
 
 
 def test_the_command_exits_with_the_audit_refusal_code(

@@ -12,6 +12,8 @@ from nexuscrm_tools import demo, demo_tables
 from nexuscrm_tools import demo_queries as queries
 from workqueue import WorkStatus
 
+INVARIANTS_NOT_CHECKED = "the demo Flow on the SDK's in-memory work source; its database is the Flow's read model"
+
 PACK = "pk-demo"
 
 

@@ -31,9 +31,11 @@ from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.hints import NO_DECORRELATE
 from nexuscrm_schema.tables import WorkTypeOrderPolicy
-from tests.connectors.integration.test_index_plans import LEGACY_HISTORY, Seeded, capture, ranges, seed
+from tests.connectors.integration.test_index_plans import LEGACY_HISTORY, Seeded, ranges, seed
 from tests.support.factories import START
+from tests.support.invariants import assert_invariants
 from tests.support.plans import explain_problems
+from tests.support.statements import capture
 from workqueue import EventStatus, ReceiptState
 
 pytestmark = pytest.mark.database
@@ -178,10 +180,10 @@ def test_hot_queries_use_index_ranges(engine: sa.Engine) -> None:
         with engine.connect() as connection:
             with capture(engine) as captured:
                 call(connection)
-            assert captured, f"{name} ran no statement"
-            hinted |= {name for statement in captured if NO_DECORRELATE in statement.statement}
-            for statement in captured:
-                for problem in explain_problems(connection, statement.statement, statement.parameters):
+            assert captured.statements, f"{name} ran no statement"
+            hinted |= {name for statement in captured.statements if NO_DECORRELATE in statement.statement}
+            for statement in captured.statements:
+                for problem in explain_problems(connection, statement.statement, statement.one_row_parameters):
                     failures.setdefault(name, []).append(f"{problem}\n    in: {statement.statement[:300]}")
     assert not failures, "hot queries without an index range plan:\n" + "\n".join(
         f"{name}: {problem}" for name, found in failures.items() for problem in found
@@ -191,3 +193,4 @@ def test_hot_queries_use_index_ranges(engine: sa.Engine) -> None:
     probes.add("work_items_claimable")  # its ClaimPause probes (decision 158)
     probes |= {"work_item_holds_order", "work_items_held", "work_items_held_count"}  # the holds' probes (decision 165)
     assert hinted == (set() if is_sqlite(engine) else probes)
+    assert_invariants(engine)

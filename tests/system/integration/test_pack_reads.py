@@ -13,8 +13,7 @@ from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_controlplane.servicer import registration
 from nexuscrm_runtime.server import create_server
-from nexuscrm_schema import tables
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.statuses import violation_field
@@ -86,7 +85,7 @@ def test_bad_input_is_refused_naming_the_field_and_unknown_packs_are_not_found(
 ) -> None:
     install_pack(engine)
     with engine.connect() as connection:
-        before = database_checksums(connection, [t.name for t in tables.metadata.sorted_tables])
+        before = database_digest(connection)
     invalid, missing = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
     cases = [
         (stub.GetPack, pb.GetPackRequest(), invalid, "pack_install_id"),
@@ -115,4 +114,4 @@ def test_bad_input_is_refused_naming_the_field_and_unknown_packs_are_not_found(
         assert (error.code(), violation_field(error)) == (code, field), error.details()
         assert len(error.details() or "") < 2000
     with engine.connect() as connection:
-        assert database_checksums(connection, [t.name for t in tables.metadata.sorted_tables]) == before
+        assert database_digest(connection) == before

@@ -25,11 +25,11 @@ from nexuscrm_schema.verification import NEWEST_VERSION
 from nexuscrm_schema_catalog import migrations, payload_contract, payload_move
 from nexuscrm_tools import cli
 from nexuscrm_tools.exits import ExitCode
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.schema_catalog_server import serving_schema_catalog
-from tests.support.statements import statements
+from tests.support.statements import capture
 from workqueue.errors import DomainError
 
 pytestmark = pytest.mark.database
@@ -105,9 +105,11 @@ def test_an_upgraded_database_dual_writes_and_a_v7_reader_sees_every_payload(
 ) -> None:
     pack, payloads = _upgraded(empty_engine)
     connectors = Connectors(empty_engine)
-    with statements(empty_engine) as admission:
+    with capture(empty_engine) as admission:
         connectors.ingest(pack, items=[delivery(lane="b", payload=b"fourth")])
-    assert not [s for s in admission if PayloadContract.name in s]  # the cached flag: no read per admission
+    assert not [
+        c for c in admission.statements if PayloadContract.name in c.statement
+    ]  # the cached flag: no read per admission
     payloads.append(b"fourth")
     assert _event_payloads(empty_engine, pack) == {n: (p, p) for n, p in enumerate(payloads, start=1)}
 
@@ -154,7 +156,7 @@ def test_the_operator_command_counts_then_sets_the_flag_empties_copies_in_batche
     copies = sum(map(len, payloads)) + 3 * 4000
     with serving_schema_catalog(empty_engine, monkeypatch):
         with empty_engine.connect() as connection:
-            before = database_checksums(connection, sa.inspect(connection).get_table_names())
+            before = database_digest(connection)
         capsys.readouterr()
         assert cli.main(["--json", "schema", "contract-payloads", "--dry-run"]) == ExitCode.OK
         counted = json.loads(capsys.readouterr().out)
@@ -167,7 +169,7 @@ def test_the_operator_command_counts_then_sets_the_flag_empties_copies_in_batche
             "moved": 0,
         }
         with empty_engine.connect() as connection:
-            assert database_checksums(connection, sa.inspect(connection).get_table_names()) == before
+            assert database_digest(connection) == before
 
         assert cli.main(["--json", "schema", "contract-payloads", "--batches-per-call", "1"]) == ExitCode.OK
         captured = capsys.readouterr()
@@ -224,7 +226,7 @@ def test_the_operator_command_refuses_a_schema_older_than_v10(
 ) -> None:
     migrations.apply_schema(empty_engine, 9)
     with empty_engine.connect() as connection:
-        before = database_checksums(connection, sa.inspect(connection).get_table_names())
+        before = database_digest(connection)
     with pytest.raises(DomainError, match="needs schema v10; the database is at v9"):
         payload_contract.contract_payloads(empty_engine, "op", start=START, max_batches=1)
     with serving_schema_catalog(empty_engine, monkeypatch):
@@ -234,7 +236,7 @@ def test_the_operator_command_refuses_a_schema_older_than_v10(
         "FAILED_PRECONDITION: the payload contract needs schema v10; the database is at v9" in capsys.readouterr().err
     )
     with empty_engine.connect() as connection:
-        assert database_checksums(connection, sa.inspect(connection).get_table_names()) == before
+        assert database_digest(connection) == before
 
 
 def test_the_checker_flags_an_old_copy_that_differs_from_its_payload_row(empty_engine: sa.Engine) -> None:

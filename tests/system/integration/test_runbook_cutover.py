@@ -20,6 +20,7 @@ from nexuscrm_controlplane.cutover import Outcome as CutoverOutcome
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_schema_catalog import migrations
 from tests.controlplane.integration.history import FakeClock, arm, cut, install, items
+from tests.support.invariants import assert_invariants
 from tests.system.integration.old_workers import run_old_workers
 from workqueue.values import Outcome
 
@@ -82,3 +83,4 @@ def test_the_runbook_cuts_over_live_old_history_without_losing_an_input(empty_en
             sa.select(sa.func.count()).select_from(WorkItem).where(WorkItem.c.InputStartOrdinal.is_(None))
         ).scalar()
     assert old == 2
+    assert_invariants(engine)

@@ -34,10 +34,10 @@ from nexuscrm_integration.host import HostStatus
 from nexuscrm_integration.servicer import registration as integration_registration
 from nexuscrm_runtime.server import Registration, create_server
 from nexuscrm_runtime.tls import open_channel
-from nexuscrm_schema import tables
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
-from tests.support.checksums import database_checksums
+from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack
+from tests.support.invariants import assert_invariants
 from tests.support.pki import Pki
 from tests.support.proto_strategies import message_strategy, wire_strategy
 
@@ -99,7 +99,6 @@ def test_rpc_answers_only_deliberate_codes_and_refusals_change_nothing(
     call = (channel.unary_stream if method.server_streaming else channel.unary_unary)(
         path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b
     )
-    table_names = [t.name for t in tables.metadata.sorted_tables]
 
     examples = max(1, CASES_PER_SERVICE // len(method.containing_service.methods))
 
@@ -111,7 +110,7 @@ def test_rpc_answers_only_deliberate_codes_and_refusals_change_nothing(
     @given(message_strategy(method.input_type, known))
     def check(request: Message) -> None:
         with engine.connect() as connection:
-            before = database_checksums(connection, table_names)
+            before = database_digest(connection)
         try:
             response = call(request, timeout=30)
             if method.server_streaming:
@@ -120,9 +119,10 @@ def test_rpc_answers_only_deliberate_codes_and_refusals_change_nothing(
             assert error.code() in DELIBERATE, f"{method_name} answered {error.code()}: {error.details()}"
             assert error.details(), "a refusal must say why"
             with engine.connect() as connection:
-                assert database_checksums(connection, table_names) == before, f"refused {method_name} changed rows"
+                assert database_digest(connection) == before, f"refused {method_name} changed rows"
 
     check()
+    assert_invariants(engine)  # whatever the fuzzed requests wrote when accepted
 
 
 @pytest.mark.parametrize("method_name", sorted(METHODS))
@@ -135,7 +135,6 @@ def test_raw_request_bytes_answer_only_deliberate_codes_and_change_nothing(
     call = (channel.unary_stream if method.server_streaming else channel.unary_unary)(
         path, request_serializer=None, response_deserializer=None
     )
-    table_names = [t.name for t in tables.metadata.sorted_tables]
     examples = max(1, CASES_PER_SERVICE // len(method.containing_service.methods))
 
     @settings(
@@ -146,7 +145,7 @@ def test_raw_request_bytes_answer_only_deliberate_codes_and_change_nothing(
     @given(wire_strategy(method.input_type, known))
     def check(payload: bytes) -> None:
         with engine.connect() as connection:
-            before = database_checksums(connection, table_names)
+            before = database_digest(connection)
         try:
             response = call(payload, timeout=30)
             if method.server_streaming:
@@ -156,6 +155,7 @@ def test_raw_request_bytes_answer_only_deliberate_codes_and_change_nothing(
             assert error.details(), "a refusal must say why"
             assert len(error.details() or "") <= 2_000, "a refusal must not echo unbounded input"
             with engine.connect() as connection:
-                assert database_checksums(connection, table_names) == before, f"refused {method_name} changed rows"
+                assert database_digest(connection) == before, f"refused {method_name} changed rows"
 
     check()
+    assert_invariants(engine)  # whatever the fuzzed requests wrote when accepted

@@ -18,6 +18,8 @@ from nexuscrm_runtime.server import create_server
 from nexuscrm_runtime.tls import TlsFiles
 from tests.support.pki import Pki
 
+INVARIANTS_NOT_CHECKED = "bad security configurations are refused at start: no RPC reaches the database"
+
 
 def _set_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
     for name in ("NEXUSCRM_TLS_CA", "NEXUSCRM_TLS_CERT", "NEXUSCRM_TLS_KEY", "NEXUSCRM_AUTHZ_POLICY"):

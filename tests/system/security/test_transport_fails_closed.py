@@ -29,10 +29,11 @@ from nexuscrm_integration.host import HostStatus
 from nexuscrm_integration.servicer import registration as integration_registration
 from nexuscrm_runtime.server import create_server
 from nexuscrm_runtime.tls import open_channel
-from nexuscrm_schema.tables import Event
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
 from nexuscrm_sdk import convert
+from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack
+from tests.support.invariants import assert_invariants
 from tests.support.statuses import violation_field
 from workqueue.limits import REQUEST_FIELD_LIMITS
 
@@ -122,12 +123,13 @@ def test_out_of_range_source_time_rejects_that_item_naming_the_field(
     item = convert.item_to_proto(delivery("r-1"))
     item.source_time.seconds, item.source_time.nanos = seconds, nanos
     request = cn.IngestRequest(pack_install_id=pack, items=[item])
+    before = database_digest(engine)
     (result,) = cn_grpc.ConnectorsServiceStub(channel).Ingest(request).results
     assert result.outcome == cn.INGEST_OUTCOME_REJECTED
     assert result.message.startswith("items[0].source_time."), result.message
-    with engine.connect() as connection:
-        assert connection.execute(sa.select(sa.func.count()).select_from(Event)).scalar_one() == 0
+    assert database_digest(engine) == before  # no Event, no receipt, no counter moved
     _no_error_logged(caplog)
+    assert_invariants(engine)
 
 
 @pytest.mark.parametrize(("method_name", "field"), LIMITED)
@@ -160,3 +162,4 @@ def test_claim_refuses_max_items_zero_and_claims_one_when_unset(channel: grpc.Ch
         response_deserializer=cn.ClaimResponse.FromString,
     )
     assert len(stub(cn.ClaimRequest(worker_id="w", pack_install_ids=[pack]), timeout=30).claims) == 1
+    assert_invariants(engine)
