@@ -297,8 +297,16 @@ def _queue_outcome(state: QueueState, undrained: ExitCode) -> Outcome:
     counts = ", ".join(
         f"{name} {getattr(state, name)}" for name in ("pending", "blocked", "retry", "processing", "receipts_waiting")
     )
+    # Drained with dead letters: nothing runs any more, yet some inputs were never applied.
+    settled = state.drained and not state.dead_letters
+    drained: object = state.drained
+    if state.drained and state.dead_letters:
+        drained = (
+            f"yes, but {state.dead_letters} dead letters: their inputs were never applied"
+            f" (nexuscrm dead-letters list {state.pack_install_id})"
+        )
     view: dict[str, object] = {
-        "drained": state.drained,
+        "drained": drained,
         "depth": f"{state.depth} generations ({counts.replace('_', ' ')})",
         "oldest waiting": state.oldest_waiting_work_id or "-",
         "waiting since": state.oldest_waiting_since.isoformat() if state.oldest_waiting_since else "-",
@@ -307,14 +315,15 @@ def _queue_outcome(state: QueueState, undrained: ExitCode) -> Outcome:
     return Outcome(
         data=_dict(convert.queue_state_to_proto(state)),
         view=_fields(f"native queue of {state.pack_install_id}", view),
-        code=ExitCode.OK if state.drained else undrained,
+        code=ExitCode.OK if settled else undrained,
     )
 
 
 def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
     """A pack's native queue: depth per status, receipts waiting, the oldest waiting generation, its claim pauses.
 
-    Exit 9 (check failed) unless drained.
+    Also how many generations failed for good and how many of those are dead letters. Exit 9
+    (check failed) unless drained without dead letters.
     """
     state = clients.connectors_client.queue_state(args.pack)
     outcome = _queue_outcome(state, ExitCode.CHECK_FAILED)
@@ -324,6 +333,7 @@ def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
     outcome.data["paused"] = [_dict(pause) for pause in pauses]
     if isinstance(outcome.view, Table):
         outcome.view.add_row("claims paused", "; ".join(" ".join(map(str, _pause_row(p)[1:4])) for p in pauses) or "no")
+        outcome.view.add_row("failed for good", f"{state.failed} generations, {state.dead_letters} dead letters")
         if state.held:
             held = f"{state.held} pending, blocked behind dead letters by the order policy block: replay or skip them"
             outcome.view.add_row("held", held)

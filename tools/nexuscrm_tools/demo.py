@@ -8,9 +8,10 @@ The Flow folds a generation's inputs, in ordinal order, into ``DemoContactProjec
 row per contact: the latest value of every field and how many updates it absorbed) and
 records each applied input in the SDK's ledger (``nexuscrm_sdk.applied``, table
 ``DemoContactApplied``). Both writes share one transaction and skip inputs already recorded,
-so running a generation again (a retry after a lost lease) leaves the same result. Replay
-inputs carry no contact data and are skipped. These tables belong to the demo, not to the
-canonical schema; the Flow factory creates them.
+so running a generation again (a retry after a lost lease) leaves the same result. A replay
+generation hands the Flow the replayed generation's inputs again, which are applied if they
+were not before; the replay's own Event carries no contact data and is skipped. These tables
+belong to the demo, not to the canonical schema; the Flow factory creates them.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ A Flow author imports from here (``__all__``, decision 154); the modules say mor
   datetimes), ``nexuscrm_sdk.draining`` (waiting for a drained queue).
 
 The shared values (``ProjectionIdentity``, ``WorkStatus``, ``InputRow``) come from ``workqueue``.
-A Flow must read every input of its generation; raising fails the attempt, which is retried.
+A Flow must read every input of its generation; raising fails the attempt, which is retried,
+unless it raises ``PermanentFailure`` (failed for good at once). A replay generation hands its
+Flow the replayed generation's inputs again first, each with ``InputRow.replayed_work_id`` set.
 A Flow and its test::
 
     from nexuscrm_sdk import Flow, FlowContext, Generation, InMemoryWorkSource, Worker
@@ -50,7 +52,7 @@ is a complete Flow with a read model of its own, tested in ``tests/connectors/un
 
 from nexuscrm_sdk.applied import AppliedInputs
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.flows import Flow, FlowContext, FlowFactory, Generation
+from nexuscrm_sdk.flows import Flow, FlowContext, FlowFactory, Generation, PermanentFailure
 from nexuscrm_sdk.pipeline import IngestRetry, PipelinedIngest
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from nexuscrm_sdk.worker import Worker, WorkSource
@@ -64,6 +66,7 @@ __all__ = [
     "Generation",
     "InMemoryWorkSource",
     "IngestRetry",
+    "PermanentFailure",
     "PipelinedIngest",
     "WorkSource",
     "Worker",

@@ -133,6 +133,15 @@ class ConnectorsClient:
         for message in stream:
             yield convert.page_from_proto(message)
 
+    def load_replayed_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+        """Stream the inputs a held replay generation runs again: the replayed generations' members, oldest first."""
+        stream = self._stub.LoadReplayedInputs(
+            pb.LoadReplayedInputsRequest(work_id=work_id, lease_token=lease_token, page_size=page_size),
+            timeout=STREAM_TIMEOUT.total_seconds(),
+        )
+        for message in stream:
+            yield convert.page_from_proto(message)
+
     def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
         """Extend a held lease by ``lease`` from now (None: the server's default); return the new expiry (aware UTC)."""
         seconds = lease_seconds(lease)

@@ -274,6 +274,7 @@ def input_to_proto(row: InputRow) -> pb.Input:
         payload=row.payload,
         source_time=to_timestamp(row.source_time),
         replay=row.is_replay,
+        replayed_work_id=row.replayed_work_id or "",
     )
 
 
@@ -285,6 +286,7 @@ def input_from_proto(message: pb.Input) -> InputRow:
         payload=message.payload,
         source_time=from_timestamp(message, "source_time"),
         is_replay=message.replay,
+        replayed_work_id=message.replayed_work_id or None,
     )
 
 
@@ -295,7 +297,14 @@ def page_to_proto(page: InputPage) -> pb.LoadInputsResponse:
     )
 
 
-def page_from_proto(message: pb.LoadInputsResponse) -> InputPage:
+def replayed_page_to_proto(page: InputPage) -> pb.LoadReplayedInputsResponse:
+    """InputPage of replayed inputs -> proto."""
+    return pb.LoadReplayedInputsResponse(
+        inputs=[input_to_proto(i) for i in page.inputs], last=page.last, member_count=page.member_count
+    )
+
+
+def page_from_proto(message: pb.LoadInputsResponse | pb.LoadReplayedInputsResponse) -> InputPage:
     """Proto -> InputPage."""
     return InputPage(
         inputs=tuple(input_from_proto(i) for i in message.inputs),
@@ -350,6 +359,8 @@ def queue_state_to_proto(state: QueueState) -> pb.QueueState:
         oldest_waiting_since=to_timestamp(state.oldest_waiting_since),
         read_at=to_timestamp(state.read_at),
         held=state.held,
+        failed=state.failed,
+        dead_letters=state.dead_letters,
     )
     if state.oldest_waiting_age is not None:
         message.oldest_waiting_age.FromTimedelta(state.oldest_waiting_age)
@@ -370,6 +381,8 @@ def queue_state_from_proto(message: pb.QueueState) -> QueueState:
         oldest_waiting_age=message.oldest_waiting_age.ToTimedelta() if message.HasField("oldest_waiting_age") else None,
         read_at=from_timestamp(message, "read_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
         held=message.held,
+        failed=message.failed,
+        dead_letters=message.dead_letters,
     )
 
 

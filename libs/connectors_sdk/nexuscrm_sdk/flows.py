@@ -22,7 +22,16 @@ from workqueue.values import InputRow, Route, WorkItemRow
 if TYPE_CHECKING:  # the SDK does not need SQLAlchemy installed; a host that passes an engine has it
     from sqlalchemy.engine import Engine
 
-__all__ = ["ENTRY_POINT_GROUP", "Flow", "FlowContext", "FlowFactory", "FlowNotFound", "Generation", "resolve_flow"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Flow",
+    "FlowContext",
+    "FlowFactory",
+    "FlowNotFound",
+    "Generation",
+    "PermanentFailure",
+    "resolve_flow",
+]
 
 ENTRY_POINT_GROUP = "nexuscrm.flows"
 
@@ -50,6 +59,15 @@ class Generation:
 
 
 Flow = Callable[[Generation], None]
+
+
+class PermanentFailure(Exception):
+    """Raised by a Flow whose generation can never succeed (a poison input): fail it for good, now.
+
+    The worker fails the attempt as not retryable, so the generation is a dead letter after
+    this one attempt, whatever attempts remain; any other exception is a retryable failure.
+    The message goes to the generation's LastError like any failure's.
+    """
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

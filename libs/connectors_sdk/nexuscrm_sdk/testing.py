@@ -16,11 +16,15 @@ finished attempt is recorded (``attempts``), retries included::
         pass
     assert [a.outcome for a in source.attempts] == [WorkStatus.COMPLETED]
 
+``replay`` replays a terminal generation as Connectors does: a replay Event at a new ordinal
+and a generation that starts with it, whose worker is handed the replayed generation's inputs
+again (``load_replayed_inputs``) before its own; a failed generation is replayed at most once.
+
 It does not model: admission fences and pack installs (any pack id is accepted); duplicate
 deliveries (a receipt key seen before raises ``ValueError``); leases across processes (a
 lease never expires, so nothing is reclaimed; heartbeats only move the recorded expiry);
-claim waits (``wait`` is ignored: a claim answers at once); replay and old-protocol work;
-the service's limits (batch, page and lease bounds). Its datetimes are timezone-aware UTC,
+claim waits (``wait`` is ignored: a claim answers at once); order policies, skips and
+old-protocol work; the service's limits (batch, page and lease bounds). Its datetimes are timezone-aware UTC,
 from its clock.
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +51,7 @@ from workqueue.values import (
     InputPage,
     InputRow,
     Outcome,
+    ReplayResult,
     Route,
     WorkDescription,
     WorkItemRow,
@@ -107,9 +113,10 @@ class AttemptRecord:
 class _Event:
     ordinal: int
     projection_key: str
-    receipt_key: str
+    receipt_key: str | None
     payload: bytes
     source_time: dt.datetime | None
+    is_replay: bool = False
 
 
 class InMemoryWorkSource:
@@ -207,7 +214,14 @@ class InMemoryWorkSource:
         if newest is not None and newest.status in (WorkStatus.PENDING, WorkStatus.BLOCKED) and newest.attempt == 0:
             self._work[newest.work_id] = dataclasses.replace(newest, lane_ordinal=high)
             return newest.work_id, None
-        blocked = newest is not None and newest.status not in TERMINAL_WORK_STATUSES
+        return self._successor(pack, key, low, high, now, replay_of_work_id=None), low
+
+    def _successor(
+        self, pack: str, key: str, low: int, high: int, now: dt.datetime, *, replay_of_work_id: str | None
+    ) -> str:
+        """A new generation [``low``, ``high``] of the identity, blocked while its newest one is not terminal."""
+        same = [w for w in self._work.values() if (w.pack_install_id, w.projection_key) == (pack, key)]
+        blocked = bool(same) and same[-1].status not in TERMINAL_WORK_STATUSES
         work_id = str(uuid.uuid4())
         self._work[work_id] = WorkItemRow(
             work_id=work_id,
@@ -216,7 +230,7 @@ class InMemoryWorkSource:
             work_type=decode_projection_key(key).work_type,
             input_start_ordinal=low,
             lane_ordinal=high,
-            replay_of_work_id=None,
+            replay_of_work_id=replay_of_work_id,
             status=WorkStatus.BLOCKED if blocked else WorkStatus.PENDING,
             attempt=0,
             max_attempts=self._max_attempts,
@@ -228,7 +242,50 @@ class InMemoryWorkSource:
             created_at=now,
             finished_at=None,
         )
-        return work_id, low
+        return work_id
+
+    def replay(self, work_id: str) -> ReplayResult:
+        """Replay terminal ``work_id``: a replay Event at the next ordinal o and a generation [o, o] from it.
+
+        Refused (``FAILED_PRECONDITION``) while ``work_id`` is not terminal or has a replay that
+        is not, and for a failed generation replayed before (it is no longer a dead letter).
+        """
+        with self._lock:
+            target = self._work.get(work_id)
+            if target is None:
+                raise DomainError(f"work {work_id} does not exist", kind=ErrorKind.NOT_FOUND, field="work_id")
+            replays = [w for w in self._work.values() if w.replay_of_work_id == work_id]
+            refusal = None
+            if target.status not in TERMINAL_WORK_STATUSES:
+                refusal = f"work {work_id} is {target.status}; only terminal work can be replayed"
+            elif any(w.status not in TERMINAL_WORK_STATUSES for w in replays):
+                refusal = f"work {work_id} already has a live replay"
+            elif target.status is WorkStatus.FAILED and replays:
+                refusal = f"work {work_id} was replayed already by {replays[-1].work_id}"
+            if refusal is not None:
+                raise DomainError(refusal, kind=ErrorKind.FAILED_PRECONDITION, field="work_id")
+            pack, key = target.pack_install_id, target.projection_key
+            ordinal = next(self._ordinals.setdefault(pack, itertools.count(1)))
+            payload = json.dumps(
+                {
+                    "replay_of_work_id": work_id,
+                    "input_start_ordinal": target.input_start_ordinal,
+                    "lane_ordinal": target.lane_ordinal,
+                },
+                sort_keys=True,
+            ).encode()
+            self._events.setdefault(pack, []).append(
+                _Event(
+                    ordinal=ordinal,
+                    projection_key=key,
+                    receipt_key=None,
+                    payload=payload,
+                    source_time=None,
+                    is_replay=True,
+                )
+            )
+            new_id = self._successor(pack, key, ordinal, ordinal, self._now(), replay_of_work_id=work_id)
+            return ReplayResult(work=self._work[new_id], replay_event_ordinal=ordinal)
 
     # WorkSource -----------------------------------------------------------------------------
 
@@ -330,6 +387,24 @@ class InMemoryWorkSource:
             ]
         )
 
+    def load_replayed_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+        """For a held replay generation, the members of the generations it replays (oldest first), in one page."""
+        with self._lock:
+            work = self._held(work_id, lease_token)
+            if work.replay_of_work_id is None:
+                raise DomainError(f"work {work_id} is not a replay", kind=ErrorKind.FAILED_PRECONDITION)
+            chain = []
+            link: str | None = work.replay_of_work_id
+            while link is not None:
+                chain.append(self._work[link])
+                link = self._work[link].replay_of_work_id
+            inputs = [
+                dataclasses.replace(row, replayed_work_id=replayed.work_id)
+                for replayed in reversed(chain)
+                for row in self._members(replayed)
+            ]
+        return iter([InputPage(inputs=tuple(inputs), last=True, member_count=len(inputs))])
+
     def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
         """Move a held lease's expiry to ``lease`` from now (leases never expire here); return it."""
         length = dt.timedelta(seconds=lease_seconds(lease)) if lease is not None else DEFAULT_LEASE
@@ -410,7 +485,7 @@ class InMemoryWorkSource:
                 receipt_key=e.receipt_key,
                 payload=e.payload,
                 source_time=e.source_time,
-                is_replay=False,
+                is_replay=e.is_replay,
             )
             for e in self._events.get(work.pack_install_id, [])
             if e.projection_key == work.projection_key and start <= e.ordinal <= work.lane_ordinal

@@ -6,7 +6,8 @@ after the other; the adapter keeps each WorkId and lease token from the claim an
 to every later call, and one heartbeat thread per claimed generation extends its lease from
 the claim until its attempt ends (so generations waiting their turn in the batch keep their
 leases). The Flow must consume every input (the complete set is the contract); if it does
-not, or raises, the attempt fails and is retried with backoff. The failure's log line names the
+not, or raises, the attempt fails and is retried with backoff; a Flow that raises
+``PermanentFailure`` fails its generation for good at once (a dead letter). The failure's log line names the
 exception and the start of its message (``FLOW_MESSAGE_LOG_CHARS``, on one line); the whole
 message goes to the WorkItem's LastError (GetWork), see docs/security.md.
 
@@ -31,6 +32,12 @@ Small generations come with their inputs in the claim's answer (``Claim.inputs``
 129): the worker then makes no ``load_inputs`` call for them; larger ones, and every
 generation from a source that sends none, are streamed with ``load_inputs``.
 
+A replay generation's Flow first receives the inputs of the generation it replays again
+(``load_replayed_inputs``: transitively through a replay of a replay, oldest first, each
+marked with ``InputRow.replayed_work_id``), then the replay's own members: a replay exists to
+run the failed inputs again (decision 173). A Flow that keeps ``nexuscrm_sdk.applied``'s
+ledger applies only those it has not applied yet.
+
 Leases are judged on the database's clock, never this host's (decision 118): the heartbeat
 renews every third of the lease it was granted (a duration: the service grants the lease
 asked for, or refuses), whatever this host's clock says about the expiry. The worker only
@@ -44,13 +51,14 @@ import contextvars
 import dataclasses
 import datetime as dt
 import functools
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from nexuscrm_sdk.flows import Flow, Generation
+from nexuscrm_sdk.flows import Flow, Generation, PermanentFailure
 from nexuscrm_sdk.timestamps import aware_utc
 from workqueue.logcontext import log_context
 from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, WorkItemRow
@@ -96,6 +104,10 @@ class WorkSource(Protocol):
 
     def load_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
         """Every member of a held generation, in ordinal order, in pages."""
+        ...
+
+    def load_replayed_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+        """For a held replay generation, the members of the generations it replays, oldest first, in pages."""
         ...
 
     def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
@@ -263,6 +275,8 @@ class Worker:
                 pages: Iterator[InputPage] = iter((claim.inputs,))
             else:
                 pages = self._source.load_inputs(work_id, lease_token=token, page_size=self._page_size)
+            if claim.work.replay_of_work_id is not None:
+                pages = itertools.chain(self._replayed(work_id, token), pages)
             inputs = _Members(pages)
             self._flow(Generation(work=_aware_work(claim.work), inputs=iter(inputs)))
             if not inputs.exhausted():
@@ -273,7 +287,8 @@ class Worker:
             message = f"{type(error).__name__}: {error}"
             # A Flow's message may quote its inputs: only its start reaches the log; LastError has it all.
             log.warning("work %s failed with %s (the whole message: GetWork)", work_id, loggable(message))
-            self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message))
+            retryable = not isinstance(error, PermanentFailure)
+            self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message, retryable=retryable))
         else:
             completion = Completion(work_id=work_id, lease_token=token)
             if self._complete_in_claim:  # by the next claim (or ``complete``): its lease is renewed until then
@@ -283,6 +298,15 @@ class Worker:
                 self._complete(completion)
         finally:
             self.stats.current_work_id = None
+
+    def _replayed(self, work_id: str, token: str) -> Iterator[InputPage]:
+        """The replayed generations' members, read when the Flow reaches them.
+
+        Their last page is not the generation's: the Flow has consumed everything only once it
+        read the generation's own members too.
+        """
+        for page in self._source.load_replayed_inputs(work_id, lease_token=token, page_size=self._page_size):
+            yield dataclasses.replace(page, last=False)
 
     @staticmethod
     def _settle(call: Callable[[], WorkItemRow]) -> bool:

@@ -188,6 +188,8 @@ class InputRow:
     ``source_time``: the time the source gave the delivery, if any: recorded, never used to
     order or select inputs; timezone-aware UTC in a Flow.
     ``is_replay``: True only for the Event an explicit replay created (docs/design.md, "Replay").
+    ``replayed_work_id``: set only for an input a replay generation runs again: the WorkId of
+    the replayed generation it is a member of (it comes before the replay's own members).
     """
 
     enqueue_ordinal: int
@@ -195,6 +197,7 @@ class InputRow:
     payload: bytes
     source_time: dt.datetime | None
     is_replay: bool
+    replayed_work_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -237,6 +240,10 @@ class QueueState:
     # Pending generations the "block" order policy holds behind a dead letter (counted in
     # pending too), up to 10 000; GetQueueState only (decision 165).
     held: int = 0
+    # Generations that failed for good, among the 100 000 oldest failures, and the dead letters
+    # among them (neither replayed nor skipped); GetQueueState only (decision 173).
+    failed: int = 0
+    dead_letters: int = 0
 
     @property
     def depth(self) -> int:

@@ -85,6 +85,7 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "Claim": claim,
         "Replay": by_work,
         "LoadInputs": by_work,
+        "LoadReplayedInputs": by_work,
         "Heartbeat": by_work,
         "Complete": by_work,
         "Fail": by_work,

@@ -208,6 +208,19 @@ def count_dead_letters(engine: Engine, pack_install_id: str, wanted: Filter) -> 
     )
 
 
+def failure_tally(engine: Engine, pack_install_id: str) -> tuple[int, int]:
+    """How many of the pack's ``COUNT_LIMIT`` oldest finished failures there are, and how many are dead letters.
+
+    The read ``count_dead_letters`` makes, unfiltered; raises ``UnknownPack``.
+    """
+    with engine.connect() as connection:
+        _pack_known(connection, pack_install_id)
+        rows = dead_letters_sql.dead_letters_identities(
+            connection, pack_install_id, filter_of(pack_install_id), COUNT_LIMIT
+        )
+    return len(rows), sum(1 for row in rows if row.Matches)
+
+
 def replay_dead_letters(
     engine: Engine,
     settings: Settings,

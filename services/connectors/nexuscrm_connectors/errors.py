@@ -55,6 +55,12 @@ class WorkPruned(ConnectorsError):
     kind = ErrorKind.FAILED_PRECONDITION
 
 
+class NotAReplay(ConnectorsError):
+    """A read of replayed inputs for a generation that replays nothing."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
 class MembershipMissing(ConnectorsError):
     """A generation's persisted membership is missing or inconsistent: never a fallback."""
 

@@ -12,7 +12,7 @@ import uuid
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import retention
+from nexuscrm_connectors import payloads, retention
 from nexuscrm_connectors.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused
 from nexuscrm_connectors.queries import packs as packs_sql
@@ -29,9 +29,13 @@ from workqueue.values import ReplayResult
 def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str) -> ReplayResult:
     """Queue a replay of terminal ``work_id``; return the new generation and its Event's ordinal.
 
-    Refuses unknown work (``WorkNotFound``), pruned work (``WorkPruned``), nonterminal work and
-    work whose earlier replay is not terminal yet (``ReplayRefused``), and old-protocol work
-    (``ProtocolMissing``).
+    Refuses unknown work (``WorkNotFound``), pruned work or work that replays pruned work
+    (``WorkPruned``: the replay could not hand its Flow those inputs again), nonterminal work,
+    work whose earlier replay is not terminal yet, and failed work replayed before
+    (``ReplayRefused``: one dead letter is replayed at most once, whoever asks; its replay is
+    what to replay next), and old-protocol work (``ProtocolMissing``). The check runs under
+    the pack's row lock, which every replay of the pack writes, so concurrent replays (bulk or
+    single, any replica or primary) see each other's.
     """
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
@@ -48,9 +52,15 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
             raise ProtocolMissing(f"work {work_id} is old-protocol work; replay needs native range work")
         if WorkStatus(target.Status) not in TERMINAL_WORK_STATUSES:
             raise ReplayRefused(f"work {work_id} is {target.Status}; only terminal work can be replayed")
-        live = work_items_sql.work_item_live_replay(connection, work_id)
-        if live is not None:
-            raise ReplayRefused(f"work {work_id} already has a live replay {live.WorkId} ({live.Status})")
+        earlier = work_items_sql.work_item_replay_newest(connection, work_id)
+        if earlier is not None and WorkStatus(earlier.Status) not in TERMINAL_WORK_STATUSES:
+            raise ReplayRefused(f"work {work_id} already has a live replay {earlier.WorkId} ({earlier.Status})")
+        if earlier is not None and target.Status == WorkStatus.FAILED:  # decision 173: a dead letter once
+            raise ReplayRefused(
+                f"work {work_id} failed and was replayed already by {earlier.WorkId} ({earlier.Status}): "
+                f"it is no longer a dead letter; replay {earlier.WorkId} to run its inputs again"
+            )
+        payloads.replayed_chain(connection, work_id)  # every replayed generation still stored
         now = pack.now
         (ordinal,) = packs_sql.ordinals_allocate(connection, pack, 1)
         payload = json.dumps(

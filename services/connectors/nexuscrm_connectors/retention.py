@@ -129,7 +129,8 @@ def prune(
     ``KeepGenerations`` of each identity, one finished less than ``KeepSeconds`` ago, one whose
     successor is still blocked, a dead letter (failed, never replayed nor skipped) whose work
     type or pack is under the "block" order policy (decision 165: pruning it would release the
-    successor it holds), old-protocol work, and anything of a pack without a protocol row.
+    successor it holds), a generation whose inputs a live replay runs again (decision 173),
+    old-protocol work, and anything of a pack without a protocol row.
     What goes leaves a ``PrunedWork`` record and a ``PrunedReceipt`` tombstone per receipt;
     the ordinal counter is never touched, HorizonOrdinal never moves back. One transaction
     deletes at most ``prune_batch_events`` members (a larger generation in several, its
@@ -291,10 +292,22 @@ def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.da
         return True
     if row.Status == WorkStatus.FAILED and retention_sql.work_item_holds_order(connection, row.WorkId):
         return True  # a dead letter under "block": pruning it would release the successor it holds
+    if _replayed_by_live_work(connection, row.WorkId):
+        return True  # a live replay hands its Flow this generation's inputs again (decision 173)
     return (
         row.SuccessorWorkId is not None
         and retention_sql.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED
     )
+
+
+def _replayed_by_live_work(connection: Connection, work_id: str) -> bool:
+    """Whether a nonterminal replay runs ``work_id``'s inputs again, directly or as a replay of its replay."""
+    replay = work_items_sql.work_item_replay_newest(connection, work_id)
+    while replay is not None:
+        if WorkStatus(replay.Status) not in TERMINAL_WORK_STATUSES:
+            return True
+        replay = work_items_sql.work_item_replay_newest(connection, replay.WorkId)
+    return False
 
 
 @dataclasses.dataclass

@@ -234,6 +234,10 @@ class Connectors:
             payloads.load_inputs(self.engine, self.settings, self.clock, work_id, lease_token, page_size)
         )
 
+    def load_replayed_inputs(self, work_id: str, *, lease_token: str, page_size: int = 0) -> Iterator[InputPage]:
+        """See ``payloads.load_replayed_inputs``."""
+        return payloads.load_replayed_inputs(self.engine, self.settings, self.clock, work_id, lease_token, page_size)
+
     def heartbeat(self, work_id: str, *, lease_token: str, lease: dt.timedelta | None = None) -> dt.datetime:
         """See ``claims.heartbeat``."""
         return claims.heartbeat(self.engine, self.settings, self.clock, work_id, lease_token, lease_seconds(lease))
@@ -399,6 +403,10 @@ class Connectors:
             work_id: (behind, order_policy.hold_reason(behind))
             for work_id, behind in order_policy.holds(self.engine, work_ids).items()
         }
+
+    def failure_tally(self, pack_install_id: str) -> tuple[int, int]:
+        """See ``dead_letters.failure_tally``."""
+        return dead_letters.failure_tally(self.engine, pack_install_id)
 
     def order_held_count(self, pack_install_id: str) -> int:
         """See ``order_policy.held_count``."""

@@ -85,6 +85,16 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
                 return
             yield convert.page_to_proto(page)
 
+    def LoadReplayedInputs(
+        self, request: pb.LoadReplayedInputsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.LoadReplayedInputsResponse]:
+        for page in self._connectors.load_replayed_inputs(
+            request.work_id, lease_token=request.lease_token, page_size=request.page_size
+        ):
+            if not context.is_active():
+                return
+            yield convert.replayed_page_to_proto(page)
+
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         expires = self._connectors.heartbeat(
             request.work_id, lease_token=request.lease_token, lease=_lease(request.lease_seconds)
@@ -140,7 +150,8 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     ) -> pb.GetQueueStateResponse:
         read = self._connectors.queue_state(request.pack_install_id)
         held = self._connectors.order_held_count(read.pack_install_id)
-        state = convert.queue_state_to_proto(dataclasses.replace(read, held=held))
+        failed, dead = self._connectors.failure_tally(read.pack_install_id)
+        state = convert.queue_state_to_proto(dataclasses.replace(read, held=held, failed=failed, dead_letters=dead))
         pauses = self._connectors.list_claim_pauses(state.pack_install_id)
         state.paused.extend(operating.pause_to_proto(pause) for pause in pauses)
         return pb.GetQueueStateResponse(state=state)

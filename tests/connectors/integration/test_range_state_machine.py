@@ -19,14 +19,22 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused
 from nexuscrm_connectors.service import Connectors
 from tests.support.factories import FakeClock, delivery, install_pack
-from tests.support.invariants import bounds_violations, check_invariants, generation_bounds
-from workqueue.statuses import TERMINAL_WORK_STATUSES
+from tests.support.invariants import assert_invariants, bounds_violations, check_invariants, generation_bounds
+from workqueue.statuses import TERMINAL_WORK_STATUSES, WorkStatus
 from workqueue.values import Claim, IngestItem, Outcome
 
 pytestmark = pytest.mark.database
 
 LANES = ("a", "b", "c")
 LEASE = 10  # seconds
+# members(G) as the design defines them, read from the tables: the Events of G's identity whose
+# ordinal lies in its persisted range, in ordinal order.
+MEMBERS = sa.text(
+    "SELECT e.EnqueueOrdinal FROM Event e JOIN WorkItem w"
+    " ON e.PackInstallId = w.PackInstallId AND e.ProjectionKey = w.ProjectionKey"
+    " AND e.EnqueueOrdinal BETWEEN w.InputStartOrdinal AND w.LaneOrdinal"
+    " WHERE w.WorkId = :work_id ORDER BY e.EnqueueOrdinal"
+)
 
 
 def test_range_protocol_state_machine(engine: sa.Engine) -> None:
@@ -96,10 +104,13 @@ def test_range_protocol_state_machine(engine: sa.Engine) -> None:
                         for p in self.connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token)
                         for i in p.inputs
                     ]
+                    with engine.connect() as connection:
+                        members = list(connection.execute(MEMBERS, {"work_id": claim.work.work_id}).scalars())
                     work = self.connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
                 except LeaseLost:
                     return
-                assert loaded[0] == work.input_start_ordinal and loaded[-1] == work.lane_ordinal  # P
+                assert loaded == members  # P: exactly members(G), in ordinal order
+                assert [members[0], members[-1]] == [work.input_start_ordinal, work.lane_ordinal]
                 self.executed.update(o for o in loaded if o in self.admitted)
 
         @rule(index=st.integers(0, 20))
@@ -111,7 +122,12 @@ def test_range_protocol_state_machine(engine: sa.Engine) -> None:
                     self.connectors.replay(work_id)
                 except ReplayRefused as error:
                     status = self.connectors.get_work(work_id).work.status
-                    assert status not in TERMINAL_WORK_STATUSES or "live replay" in str(error)
+                    # Refused only while not terminal, while its replay is live, or once replayed if it failed.
+                    assert (
+                        status not in TERMINAL_WORK_STATUSES
+                        or "live replay" in str(error)
+                        or (status is WorkStatus.FAILED and "replayed already" in str(error))
+                    ), str(error)
 
         @invariant()
         def protocol_invariants(self) -> None:
@@ -131,3 +147,4 @@ def test_range_protocol_state_machine(engine: sa.Engine) -> None:
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+    assert_invariants(engine)

@@ -17,6 +17,8 @@ from examples import contact_stages
 from nexuscrm_sdk import Flow, FlowContext, Generation, InMemoryWorkSource, Worker
 from workqueue import ProjectionIdentity, WorkStatus
 
+INVARIANTS_NOT_CHECKED = "the example Flow's own SQLite read model, not the canonical database"
+
 PACK = "pk-example"
 WORK_TYPE = "project-contacts"
 
@@ -121,3 +123,37 @@ def test_stage_updates_refuses_malformed_updates(payload: bytes) -> None:
     row = InputRow(enqueue_ordinal=7, receipt_key="r", payload=payload, source_time=None, is_replay=False)
     with pytest.raises(ValueError, match="input 7 is not a contact update"):
         contact_stages.stage_updates([row])
+
+
+def test_a_fixed_release_replays_the_failed_generation_and_applies_it_once(tmp_path: Path) -> None:
+    flow, database = make_flow(tmp_path)
+    broken = True
+
+    def release(generation: Generation) -> None:
+        if broken:
+            list(generation.inputs)
+            raise RuntimeError("bad release")
+        flow(generation)
+
+    source = InMemoryWorkSource(max_attempts=1)
+    source.add_inputs(identity("lane-a"), payloads=[update("c-1", stage="lead"), update("c-1", stage="won")])
+    worker = Worker(source, release, worker_id="example", work_types=[WORK_TYPE])
+    while worker.run_once():
+        pass
+    (failed,) = source.generations()
+    assert stages(database) == {}
+    broken = False
+    source.replay(failed.work_id)
+    source.add_inputs(identity("lane-a"), payloads=[update("c-1", stage="churned")])  # absorbed by the replay
+    while worker.run_once():
+        pass
+
+    assert [(a.ordinals, a.outcome) for a in source.attempts] == [
+        ((1, 2), WorkStatus.FAILED),
+        ((3, 4), WorkStatus.COMPLETED),  # its own members: the replay Event, then the input it absorbed
+    ]
+    assert stages(database) == {"c-1": ("churned", 3)}  # 1 and 2 applied by the replay, then 4
+    engine = sa.create_engine(database)
+    with engine.connect() as connection:
+        assert contact_stages.applied.applied(connection, PACK) == {1, 2, 3, 4}  # 3: the replay Event, no stage
+    engine.dispose()

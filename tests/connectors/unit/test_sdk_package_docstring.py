@@ -13,6 +13,8 @@ import sqlalchemy as sa
 import nexuscrm_sdk
 from nexuscrm_sdk.flows import FlowContext
 
+INVARIANTS_NOT_CHECKED = "the docstring's Flow runs on an in-memory read model, not the canonical database"
+
 # What a Flow author or a source uses (examples/, the README's "Writing a Flow", the SDK's README),
 # by the module that defines it.
 PUBLIC = {
@@ -20,7 +22,7 @@ PUBLIC = {
     "ConnectorsClient": "client",
     "InMemoryWorkSource": "testing",
     **dict.fromkeys(("IngestRetry", "PipelinedIngest"), "pipeline"),
-    **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation"), "flows"),
+    **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure"), "flows"),
     **dict.fromkeys(("WorkSource", "Worker"), "worker"),
 }
 INTERNAL_MODULES = {"convert", "draining", "timestamps"}

@@ -13,7 +13,7 @@ from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from nexuscrm_sdk.worker import WorkSource
 
-WORK_SOURCE_METHODS = ("complete_and_claim", "load_inputs", "heartbeat", "complete", "fail")
+WORK_SOURCE_METHODS = ("complete_and_claim", "load_inputs", "load_replayed_inputs", "heartbeat", "complete", "fail")
 
 
 def signature(function: Callable[..., Any]) -> inspect.Signature:

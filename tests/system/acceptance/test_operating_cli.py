@@ -60,6 +60,8 @@ def test_dead_letters_and_claim_pauses_from_the_command_line(
     listed = run(capsys, "dead-letters", "list", pack)["dead_letters"]
     assert sorted(d["route"]["source_lane"] for d in listed) == ["lane-0", "lane-1"]
     assert all(d["status"] == "failed" and d["last_error"].startswith("Flow refused") for d in listed)
+    settled = run(capsys, "queue", "state", pack, code=9)  # drained, but two inputs were never applied
+    assert (settled["drained"], settled["failed"], settled["dead_letters"]) == (True, 2, 2)
     only = run(capsys, "dead-letters", "list", pack, "--error", "lane-1")["dead_letters"]
     assert [d["route"]["source_lane"] for d in only] == ["lane-1"]
     counted = run(capsys, "dead-letters", "count", pack)
@@ -131,6 +133,9 @@ def test_dead_letters_and_claim_pauses_from_the_command_line(
         capsys, "dead-letters", "skip", left["work_id"], "--by", "o", "--reason", "r", code=8
     )
     assert run(capsys, "dead-letters", "list", pack)["dead_letters"] == []
+
+    recovered = run(capsys, "queue", "state", pack)  # replayed and skipped: no dead letter is left
+    assert (recovered["drained"], recovered["failed"], recovered["dead_letters"]) == (True, 2, 0)
 
     proven = run(capsys, "coverage", pack)
     by_lane = {i["route"]["source_lane"]: i for i in proven["identities"]}

@@ -462,14 +462,18 @@ def event_range_page(
     return sorted(connection.execute(statement), key=lambda row: row.EnqueueOrdinal)
 
 
-def input_value(row: Any) -> InputRow:
-    """The value of an ``event_range_page`` row: one member as a worker (or a reader) sees it."""
+def input_value(row: Any, *, replayed_work_id: str | None = None) -> InputRow:
+    """The value of an ``event_range_page`` row: one member as a worker (or a reader) sees it.
+
+    ``replayed_work_id``: the replayed generation the row is a member of, when read for a replay.
+    """
     return InputRow(
         enqueue_ordinal=row.EnqueueOrdinal,
         receipt_key=row.ReceiptKey,
         payload=row.Payload,
         source_time=row.SourceTime,
         is_replay=bool(row.IsReplay),
+        replayed_work_id=replayed_work_id,
     )
 
 

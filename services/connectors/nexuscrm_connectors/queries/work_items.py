@@ -485,13 +485,14 @@ def work_item_unblock(connection: Connection, work_id: str, now: Instant) -> int
     ).rowcount
 
 
-def work_item_live_replay(connection: Connection, work_id: str) -> DbRow | None:
-    """A nonterminal replay of ``work_id``, if any (ix_workitem_replay_of)."""
+def work_item_replay_newest(connection: Connection, work_id: str) -> DbRow | None:
+    """The newest replay of ``work_id`` (WorkId, Status), if any (ix_workitem_replay_of).
+
+    Replays of one WorkId never overlap in time, so the newest is the only one that may be live.
+    """
     return connection.execute(
         sa.select(WorkItem.c.WorkId, WorkItem.c.Status)
-        .where(
-            WorkItem.c.ReplayOfWorkId == work_id,
-            WorkItem.c.Status.not_in([WorkStatus.COMPLETED, WorkStatus.FAILED]),
-        )
+        .where(WorkItem.c.ReplayOfWorkId == work_id)
+        .order_by(WorkItem.c.LaneOrdinal.desc())
         .limit(1)
     ).first()
