@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
-import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -56,6 +55,7 @@ from workqueue.values import (
     WorkDescription,
     WorkItemRow,
     lease_seconds,
+    replay_event_payload,
 )
 
 __all__ = ["AttemptRecord", "FakeClock", "InMemoryWorkSource", "LeaseNotHeld"]
@@ -266,14 +266,7 @@ class InMemoryWorkSource:
                 raise DomainError(refusal, kind=ErrorKind.FAILED_PRECONDITION, field="work_id")
             pack, key = target.pack_install_id, target.projection_key
             ordinal = next(self._ordinals.setdefault(pack, itertools.count(1)))
-            payload = json.dumps(
-                {
-                    "replay_of_work_id": work_id,
-                    "input_start_ordinal": target.input_start_ordinal,
-                    "lane_ordinal": target.lane_ordinal,
-                },
-                sort_keys=True,
-            ).encode()
+            payload = replay_event_payload(target)
             self._events.setdefault(pack, []).append(
                 _Event(
                     ordinal=ordinal,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import json
 
 from workqueue import ProjectionIdentity, WorkStatus
 from workqueue.errors import DomainError, InvalidArgument
@@ -286,6 +287,18 @@ class ReplayResult:
 
     work: WorkItemRow
     replay_event_ordinal: int
+
+
+def replay_event_payload(work: WorkItemRow) -> bytes:
+    """The payload of the Event a replay of ``work`` inserts: JSON naming the replayed WorkId and range."""
+    return json.dumps(
+        {
+            "replay_of_work_id": work.work_id,
+            "input_start_ordinal": work.input_start_ordinal,
+            "lane_ordinal": work.lane_ordinal,
+        },
+        sort_keys=True,
+    ).encode()
 
 
 def lease_seconds(lease: dt.timedelta | None) -> int:

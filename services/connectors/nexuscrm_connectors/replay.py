@@ -7,7 +7,6 @@ while unclaimed, absorbs later fresh inputs like any attempt-zero generation.
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from sqlalchemy.engine import Connection, Engine
@@ -23,7 +22,7 @@ from nexuscrm_runtime.database import run_transaction
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import TERMINAL_WORK_STATUSES
-from workqueue.values import ReplayResult
+from workqueue.values import ReplayResult, replay_event_payload
 
 
 def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str) -> ReplayResult:
@@ -63,14 +62,7 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
         payloads.replayed_chain(connection, work_id)  # every replayed generation still stored
         now = pack.now
         (ordinal,) = packs_sql.ordinals_allocate(connection, pack, 1)
-        payload = json.dumps(
-            {
-                "replay_of_work_id": work_id,
-                "input_start_ordinal": target.InputStartOrdinal,
-                "lane_ordinal": target.LaneOrdinal,
-            },
-            sort_keys=True,
-        ).encode()
+        payload = replay_event_payload(work_items_sql.work_item_value(target))
         packs_sql.events_insert(
             connection,
             pack.pack_install_id,
