@@ -267,11 +267,24 @@ def test_two_bulk_replays_at_once_replay_each_dead_letter_once(engine: sa.Engine
         except BaseException as error:
             errors.append(error)
 
+    done = threading.Event()
+
+    def run_replays() -> None:
+        # A worker completes each replay as soon as it is queued: "already replayed" must hold for a
+        # finished replay too, not only a live one (the race issue 49 saw).
+        while not done.is_set():
+            for claim in connectors.claim("fixed", pack_install_ids=[pack], max_items=20):
+                connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+
     threads = [threading.Thread(target=bulk, args=(size,)) for size in (5, 7)]
+    worker = threading.Thread(target=run_replays)
+    worker.start()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    done.set()
+    worker.join()
     assert errors == []
     replayed = sorted(work_id for found in answers for work_id, verdict in found if verdict is ReplayVerdict.REPLAYED)
     assert replayed == sorted(dead)  # each by exactly one of the two
