@@ -2,10 +2,11 @@
 
 Two operators (or two Connectors replicas) replay the same pack's dead letters at the same
 instant, each through a Connectors writing through its own node, with different page sizes so
-their pages overlap, while a worker completes each replay as soon as it is queued. Replay decides "already replayed" under the pack's row lock, which every
-replay writes: on a multi-primary engine the two transactions that replay one dead letter
-conflict at commit, the loser runs again and is refused. Each dead letter ends with exactly
-one replay, whichever node replayed it; no call fails.
+their pages overlap, while a worker completes each replay as soon as it is queued. Replay
+decides "already replayed" under the pack's row lock, which every replay writes: on a
+multi-primary engine the two transactions that replay one dead letter conflict at commit, the
+loser runs again and is refused. Each dead letter ends with exactly one replay, whichever node
+replayed it; no call fails.
 """
 
 from __future__ import annotations
