@@ -21,7 +21,8 @@ A Flow author imports from here (``__all__``, decision 154); the modules say mor
 
 The shared values (``ProjectionIdentity``, ``WorkStatus``, ``InputRow``) come from ``workqueue``.
 A Flow must read every input of its generation; raising fails the attempt, which is retried,
-unless it raises ``PermanentFailure`` (failed for good at once). A replay generation hands its
+unless it raises ``PermanentFailure`` (failed for good at once) or ``RetryLater`` (run again
+after a delay, the attempt not counted). A replay generation hands its
 Flow the replayed generation's inputs again first, each with ``InputRow.replayed_work_id`` set.
 A Flow and its test::
 
@@ -52,7 +53,7 @@ is a complete Flow with a read model of its own, tested in ``tests/connectors/un
 
 from nexuscrm_sdk.applied import AppliedInputs
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.flows import Flow, FlowContext, FlowFactory, Generation, PermanentFailure
+from nexuscrm_sdk.flows import Flow, FlowContext, FlowFactory, Generation, PermanentFailure, RetryLater
 from nexuscrm_sdk.pipeline import IngestRetry, PipelinedIngest
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from nexuscrm_sdk.worker import Worker, WorkSource
@@ -68,6 +69,7 @@ __all__ = [
     "IngestRetry",
     "PermanentFailure",
     "PipelinedIngest",
+    "RetryLater",
     "WorkSource",
     "Worker",
 ]

@@ -159,12 +159,23 @@ class ConnectorsClient:
         )
         return convert.work_from_proto(response.work)
 
-    def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
-        """Record a failed attempt: retried after backoff, else (not ``retryable``, no attempts left) failed."""
-        response = self._stub.Fail(
-            pb.FailRequest(work_id=work_id, lease_token=lease_token, error=error, retryable=retryable),
-            timeout=self._timeout,
-        )
+    def fail(
+        self,
+        work_id: str,
+        *,
+        lease_token: str,
+        error: str,
+        retryable: bool = True,
+        retry_after: dt.timedelta | None = None,
+    ) -> WorkItemRow:
+        """Record a failed attempt: retried after backoff, else (not ``retryable``, no attempts left) failed.
+
+        ``retry_after``: retry after that delay instead, the attempt not counted (``RetryLater``).
+        """
+        request = pb.FailRequest(work_id=work_id, lease_token=lease_token, error=error, retryable=retryable)
+        if retry_after is not None:
+            request.retry_after.FromTimedelta(retry_after)
+        response = self._stub.Fail(request, timeout=self._timeout)
         return convert.work_from_proto(response.work)
 
     def replay(self, work_id: str) -> ReplayResult:

@@ -10,6 +10,7 @@ finds it, for the Integration host and for a Flow author's tooling alike (decisi
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
@@ -30,6 +31,7 @@ __all__ = [
     "FlowNotFound",
     "Generation",
     "PermanentFailure",
+    "RetryLater",
     "resolve_flow",
 ]
 
@@ -68,6 +70,18 @@ class PermanentFailure(Exception):
     this one attempt, whatever attempts remain; any other exception is a retryable failure.
     The message goes to the generation's LastError like any failure's.
     """
+
+
+class RetryLater(Exception):
+    """Raised by a Flow that cannot run its generation yet (a dependency is away): run it again after ``delay``.
+
+    The attempt is not counted against the generation's attempts (a Flow may ask again, each
+    time at most a day: Connectors' ``MAX_RETRY_AFTER``); the message goes to LastError.
+    """
+
+    def __init__(self, message: str, *, delay: dt.timedelta) -> None:
+        super().__init__(message)
+        self.delay = delay
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -415,17 +415,28 @@ class InMemoryWorkSource:
             self._record(work, done.status, None)
             return done
 
-    def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
-        """Record a failed attempt: retry after ``backoff`` while attempts remain and ``retryable``, else failed."""
+    def fail(
+        self,
+        work_id: str,
+        *,
+        lease_token: str,
+        error: str,
+        retryable: bool = True,
+        retry_after: dt.timedelta | None = None,
+    ) -> WorkItemRow:
+        """Record a failed attempt: retry after ``backoff`` while attempts remain and ``retryable``, else failed.
+
+        ``retry_after``: retry after that delay instead, the attempt not counted (as Connectors does).
+        """
         with self._lock:
             work = self._held(work_id, lease_token)
-            attempt = work.attempt + 1
-            if retryable and attempt < work.max_attempts:
+            attempt = work.attempt + (retry_after is None)
+            if retry_after is not None or (retryable and attempt < work.max_attempts):
                 after = dataclasses.replace(
                     work,
                     status=WorkStatus.RETRY,
                     attempt=attempt,
-                    claimable_at=self._now() + self._backoff,
+                    claimable_at=self._now() + (retry_after if retry_after is not None else self._backoff),
                     lease_token=None,
                     lease_expires_at=None,
                     last_error=error,

@@ -7,7 +7,8 @@ to every later call, and one heartbeat thread per claimed generation extends its
 the claim until its attempt ends (so generations waiting their turn in the batch keep their
 leases). The Flow must consume every input (the complete set is the contract); if it does
 not, or raises, the attempt fails and is retried with backoff; a Flow that raises
-``PermanentFailure`` fails its generation for good at once (a dead letter). The failure's log line names the
+``PermanentFailure`` fails its generation for good at once (a dead letter), and one that raises
+``RetryLater`` has it run again after the delay it names, that attempt not counted. The failure's log line names the
 exception and the start of its message (``FLOW_MESSAGE_LOG_CHARS``, on one line); the whole
 message goes to the WorkItem's LastError (GetWork), see docs/security.md.
 
@@ -58,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from nexuscrm_sdk.flows import Flow, Generation, PermanentFailure
+from nexuscrm_sdk.flows import Flow, Generation, PermanentFailure, RetryLater
 from nexuscrm_sdk.timestamps import aware_utc
 from workqueue.logcontext import log_context
 from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, WorkItemRow
@@ -118,8 +119,16 @@ class WorkSource(Protocol):
         """Finish a held generation successfully."""
         ...
 
-    def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
-        """Record a failed attempt of a held generation."""
+    def fail(
+        self,
+        work_id: str,
+        *,
+        lease_token: str,
+        error: str,
+        retryable: bool = True,
+        retry_after: dt.timedelta | None = None,
+    ) -> WorkItemRow:
+        """Record a failed attempt of a held generation; ``retry_after``: run it again then, the attempt not counted."""
         ...
 
 
@@ -288,7 +297,12 @@ class Worker:
             # A Flow's message may quote its inputs: only its start reaches the log; LastError has it all.
             log.warning("work %s failed with %s (the whole message: GetWork)", work_id, loggable(message))
             retryable = not isinstance(error, PermanentFailure)
-            self._settle(lambda: self._source.fail(work_id, lease_token=token, error=message, retryable=retryable))
+            later = error.delay if isinstance(error, RetryLater) else None
+            self._settle(
+                lambda: self._source.fail(
+                    work_id, lease_token=token, error=message, retryable=retryable, retry_after=later
+                )
+            )
         else:
             completion = Completion(work_id=work_id, lease_token=token)
             if self._complete_in_claim:  # by the next claim (or ``complete``): its lease is renewed until then

@@ -52,6 +52,7 @@ CLAIM_PASSES = 3  # candidate reads per claim transaction, and transactions per 
 # clock behind another's) when a refusal judges a lease token's issue time against the work's
 # creation and now (a message only: never a fence).
 LEASE_CLOCK_SLACK = dt.timedelta(seconds=60)
+MAX_RETRY_AFTER = dt.timedelta(days=1)  # the longest a Flow may ask its generation to wait (RetryLater)
 
 
 def check_lease_seconds(settings: Settings, lease_seconds: int) -> int:
@@ -627,15 +628,29 @@ def fail(
     error: str,
     *,
     retryable: bool = True,
+    retry_after: dt.timedelta | None = None,
 ) -> WorkItemRow:
-    """Record a failed attempt: retry after backoff (both bounds kept), or failed for good."""
+    """Record a failed attempt: retry after backoff (both bounds kept), or failed for good.
+
+    ``retry_after``: the Flow asked to run later (decision 173): retry after that delay, the
+    attempt not counted. ``InvalidArgument`` unless it is positive, at most
+    ``MAX_RETRY_AFTER``, and ``retryable``.
+    """
+    if retry_after is not None and not (dt.timedelta(0) < retry_after <= MAX_RETRY_AFTER and retryable):
+        raise InvalidArgument(
+            f"retry_after must be more than 0 and at most {MAX_RETRY_AFTER} with retryable true, got {retry_after}"
+            f" (retryable {retryable})",
+            field="retry_after",
+        )
 
     def record(connection: Connection) -> WorkItemRow:
         row, expect = _held(connection, work_id, lease_token, clock)
         now = row.Now
-        attempt = row.Attempt + 1
+        attempt = row.Attempt + (retry_after is None)
         common = {"Attempt": attempt, "LastError": error[:4000], "LeaseToken": None, "LeaseExpiresAt": None}
-        if retryable and attempt < row.MaxAttempts:
+        if retry_after is not None:
+            values = {**common, "Status": WorkStatus.RETRY, "ClaimableAt": now + retry_after}
+        elif retryable and attempt < row.MaxAttempts:
             values = {
                 **common,
                 "Status": WorkStatus.RETRY,

@@ -250,10 +250,27 @@ class Connectors:
         follow_up("complete", self.reservations.notify)  # its successor may have become claimable
         return work
 
-    def fail(self, work_id: str, *, lease_token: str, error: str, retryable: bool = True) -> WorkItemRow:
+    def fail(
+        self,
+        work_id: str,
+        *,
+        lease_token: str,
+        error: str,
+        retryable: bool = True,
+        retry_after: dt.timedelta | None = None,
+    ) -> WorkItemRow:
         """See ``claims.fail``."""
         self._events_written()
-        work = claims.fail(self.engine, self.settings, self.clock, work_id, lease_token, error, retryable=retryable)
+        work = claims.fail(
+            self.engine,
+            self.settings,
+            self.clock,
+            work_id,
+            lease_token,
+            error,
+            retryable=retryable,
+            retry_after=retry_after,
+        )
         follow_up("fail", lambda: metrics.record_finish(work, retryable=retryable))
         if work.status is WorkStatus.FAILED:
             follow_up("fail", self.reservations.notify)  # its successor may have become claimable

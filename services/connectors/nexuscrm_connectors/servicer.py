@@ -107,7 +107,11 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
 
     def Fail(self, request: pb.FailRequest, context: grpc.ServicerContext) -> pb.FailResponse:
         work = self._connectors.fail(
-            request.work_id, lease_token=request.lease_token, error=request.error, retryable=request.retryable
+            request.work_id,
+            lease_token=request.lease_token,
+            error=request.error,
+            retryable=request.retryable,
+            retry_after=request.retry_after.ToTimedelta() if request.HasField("retry_after") else None,
         )
         return pb.FailResponse(work=convert.work_to_proto(work))
 

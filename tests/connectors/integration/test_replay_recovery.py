@@ -9,20 +9,27 @@ never by the code under test.
 
 from __future__ import annotations
 
-import threading
+import datetime as dt
 from collections.abc import Callable
 
+import grpc
 import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.dead_letters import ReplayVerdict, filter_of
 from nexuscrm_connectors.errors import NotAReplay, ReplayRefused, WorkPruned
 from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.servicer import registration
+from nexuscrm_runtime.server import create_server
 from nexuscrm_schema.tables import Event, WorkItem
-from nexuscrm_sdk import AppliedInputs, Generation, PermanentFailure, Worker
+from nexuscrm_sdk import AppliedInputs, ConnectorsClient, Generation, PermanentFailure, RetryLater, Worker
+from tests.connectors.replays import race_bulk_replays, replays_per_work
+from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants
+from tests.support.waiting import wait_until
 from workqueue import WorkStatus, decode_projection_key
+from workqueue.errors import InvalidArgument
 
 pytestmark = pytest.mark.database
 
@@ -245,57 +252,10 @@ def test_two_bulk_replays_at_once_replay_each_dead_letter_once(engine: sa.Engine
             connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="boom", retryable=False)
     dead = {w.work_id for w in connectors.list_dead_letters(pack, filter_of(pack)).dead_letters}
     assert len(dead) == len(lanes)
-    barrier = threading.Barrier(2)
-    answers: list[list[tuple[str, ReplayVerdict]]] = []
-    errors: list[BaseException] = []
-
-    def bulk(max_generations: int) -> None:
-        # The second filter's pages overlap the first's: both select the same dead letters.
-        barrier.wait()
-        try:
-            found = []
-            token = ""
-            while True:
-                page = connectors.replay_dead_letters(
-                    pack, filter_of(pack), dry_run=False, max_generations=max_generations, page_token=token
-                )
-                found += [(a.work_id, a.verdict) for a in page.answers]
-                token = page.next_page_token
-                if not token:
-                    break
-            answers.append(found)
-        except BaseException as error:
-            errors.append(error)
-
-    done = threading.Event()
-
-    def run_replays() -> None:
-        # A worker completes each replay as soon as it is queued: "already replayed" must hold for a
-        # finished replay too, not only a live one (the race issue 49 saw).
-        while not done.is_set():
-            for claim in connectors.claim("fixed", pack_install_ids=[pack], max_items=20):
-                connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
-
-    threads = [threading.Thread(target=bulk, args=(size,)) for size in (5, 7)]
-    worker = threading.Thread(target=run_replays)
-    worker.start()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    done.set()
-    worker.join()
-    assert errors == []
-    replayed = sorted(work_id for found in answers for work_id, verdict in found if verdict is ReplayVerdict.REPLAYED)
+    replayed = race_bulk_replays([connectors, connectors], pack, (5, 7))
     assert replayed == sorted(dead)  # each by exactly one of the two
     with engine.connect() as connection:
-        per_dead_letter: dict[str, int] = dict(
-            connection.execute(
-                sa.select(WorkItem.c.ReplayOfWorkId, sa.func.count())
-                .where(WorkItem.c.PackInstallId == pack, WorkItem.c.ReplayOfWorkId.is_not(None))
-                .group_by(WorkItem.c.ReplayOfWorkId)
-            ).all()
-        )
+        per_dead_letter = replays_per_work(connection, pack)
     assert per_dead_letter == dict.fromkeys(dead, 1)
     assert_invariants(engine)
 
@@ -357,4 +317,92 @@ def test_retention_keeps_the_generation_a_live_replay_runs_again(engine: sa.Engi
     assert handed == [claim.work.lane_ordinal]
     connectors.complete(rerun.work.work_id, lease_token=rerun.lease_token)
     assert connectors.prune(pack).generations == 1  # its replay finished: the policy lets it go
+    assert_invariants(engine)
+
+
+def test_retry_later_waits_its_delay_without_counting_an_attempt(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=[delivery(lane="a")])
+    calls: list[int] = []
+
+    def waits_for_its_dependency(generation: Generation) -> None:
+        list(generation.inputs)
+        calls.append(generation.work.attempt)
+        if len(calls) < 3:
+            raise RetryLater("the CRM is in maintenance", delay=dt.timedelta(minutes=10))
+
+    worker = drain(connectors, waits_for_its_dependency, pack)
+    (waiting,) = connectors.list_generations(pack, route=None).generations
+    assert (waiting.status, waiting.attempt, waiting.last_error) == (
+        WorkStatus.RETRY,
+        0,
+        "RetryLater: the CRM is in maintenance",
+    )
+    assert waiting.claimable_at is not None and waiting.lease_expires_at is None
+    clock.advance(9 * 60)
+    assert connectors.claim("w", pack_install_ids=[pack]) == []  # not before its delay
+    for _ in range(2):
+        clock.advance(60 + 10 * 60)
+        while worker.run_once():
+            pass
+    assert calls == [0, 0, 0]  # three runs, none counted against MaxAttempts
+    assert connectors.get_work(waiting.work_id).work.status is WorkStatus.COMPLETED
+    assert_invariants(engine)
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "retryable"),
+    [(dt.timedelta(0), True), (dt.timedelta(days=1, seconds=1), True), (dt.timedelta(minutes=1), False)],
+    ids=["zero", "over-a-day", "not-retryable"],
+)
+def test_a_retry_after_out_of_range_is_refused_and_changes_nothing(
+    engine: sa.Engine, connectors: Connectors, retry_after: dt.timedelta, retryable: bool
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=[delivery(lane="a")])
+    (claim,) = connectors.claim("w", pack_install_ids=[pack])
+    before = database_digest(engine)
+    with pytest.raises(InvalidArgument, match="retry_after must be more than 0 and at most 1 day") as refused:
+        connectors.fail(
+            claim.work.work_id, lease_token=claim.lease_token, error="x", retryable=retryable, retry_after=retry_after
+        )
+    assert refused.value.field == "retry_after"
+    assert database_digest(engine) == before
+    connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+    assert_invariants(engine)
+
+
+def test_over_grpc_a_replay_hands_over_the_replayed_inputs_and_retry_later_its_delay(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    server = create_server([registration(connectors)], "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            client = ConnectorsClient(channel)
+            client.ingest(pack, items=[delivery(lane="a"), delivery(lane="a")])
+            (claim,) = client.claim("w", pack_install_ids=[pack])
+            client.fail(claim.work.work_id, lease_token=claim.lease_token, error="bad release", retryable=False)
+            client.replay(claim.work.work_id)
+            handed: list[tuple[str | None, int]] = []
+            runs: list[int] = []
+
+            def flow(generation: Generation) -> None:
+                handed.extend((row.replayed_work_id, row.enqueue_ordinal) for row in generation.inputs)
+                runs.append(generation.work.attempt)
+                if len(runs) == 1:
+                    raise RetryLater("later", delay=dt.timedelta(milliseconds=1500))
+
+            worker = Worker(client, flow, worker_id="grpc", pack_install_ids=[pack])
+            assert worker.run_once()
+            (waiting,) = [w for w in connectors.list_generations(pack, route=None).generations if w.replay_of_work_id]
+            assert (waiting.status, waiting.attempt) == (WorkStatus.RETRY, 0)
+            wait_until(lambda: worker.run_once() or bool(runs[1:]), "the retry after its delay")
+    finally:
+        server.stop(0)
+    first = claim.work.work_id
+    assert runs == [0, 0]
+    assert handed == [(first, 1), (first, 2), (None, 3)] * 2  # replayed inputs first, then the replay's own
     assert_invariants(engine)

@@ -1,10 +1,16 @@
-"""The SDK's in-memory work source replays as Connectors does, so a Flow author can test recovery (decision 173)."""
+"""The SDK's in-memory work source replays and retries later as Connectors does (decision 173).
+
+So a Flow author can test recovery and ``RetryLater`` in process.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
-from nexuscrm_sdk import Generation, InMemoryWorkSource, Worker
+from nexuscrm_sdk import Generation, InMemoryWorkSource, RetryLater, Worker
+from nexuscrm_sdk.testing import FakeClock
 from workqueue import ProjectionIdentity, WorkStatus
 from workqueue.errors import DomainError
 
@@ -54,3 +60,27 @@ def test_replayed_inputs_of_work_that_replays_nothing_are_refused() -> None:
     (claim,) = source.claim("w")
     with pytest.raises(DomainError, match="is not a replay"):
         list(source.load_replayed_inputs(claim.work.work_id, lease_token=claim.lease_token))
+
+
+def test_retry_later_waits_its_delay_on_the_fake_clock_without_counting_an_attempt() -> None:
+    clock = FakeClock()
+    source = InMemoryWorkSource(clock=clock, max_attempts=1)
+    source.add_inputs(IDENTITY, payloads=[b"x"])
+    runs: list[int] = []
+
+    def flow(generation: Generation) -> None:
+        list(generation.inputs)
+        runs.append(generation.work.attempt)
+        if len(runs) == 1:
+            raise RetryLater("dependency away", delay=dt.timedelta(minutes=5))
+
+    worker = Worker(source, flow, worker_id="test")
+    while worker.run_once():
+        pass
+    clock.advance(dt.timedelta(minutes=4))
+    assert not worker.run_once()  # not before its delay
+    clock.advance(dt.timedelta(minutes=1))
+    while worker.run_once():
+        pass
+    assert runs == [0, 0]  # with max_attempts 1, a counted attempt would have failed it for good
+    assert [a.outcome for a in source.attempts] == [WorkStatus.RETRY, WorkStatus.COMPLETED]

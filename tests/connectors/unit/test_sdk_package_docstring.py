@@ -22,7 +22,7 @@ PUBLIC = {
     "ConnectorsClient": "client",
     "InMemoryWorkSource": "testing",
     **dict.fromkeys(("IngestRetry", "PipelinedIngest"), "pipeline"),
-    **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure"), "flows"),
+    **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure", "RetryLater"), "flows"),
     **dict.fromkeys(("WorkSource", "Worker"), "worker"),
 }
 INTERNAL_MODULES = {"convert", "draining", "timestamps"}

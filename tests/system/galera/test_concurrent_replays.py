@@ -11,16 +11,14 @@ replayed it; no call fails.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.dead_letters import ReplayVerdict, filter_of
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import WorkItem
+from tests.connectors.replays import race_bulk_replays, replays_per_work
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
@@ -31,7 +29,7 @@ DEAD_LETTERS = 40  # one per lane
 PAGE_SIZES = (5, 7)  # each node's bulk replay pages: overlapping windows of the same dead letters
 
 
-def _replays_seen(engine: sa.Engine, pack: str, count: int) -> bool:
+def _failures_seen(engine: sa.Engine, pack: str, count: int) -> bool:
     with engine.connect() as connection:
         connection.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")  # everything committed anywhere
         seen = connection.execute(
@@ -51,51 +49,9 @@ def test_two_bulk_replays_through_two_nodes_replay_each_dead_letter_once(node_ds
         while claims := replicas[0].claim("w", pack_install_ids=[pack], max_items=50):
             for claim in claims:
                 replicas[0].fail(claim.work.work_id, lease_token=claim.lease_token, error="boom", retryable=False)
-        wait_until(lambda: _replays_seen(engines[1], pack, DEAD_LETTERS), "every failure applied on node 2")
+        wait_until(lambda: _failures_seen(engines[1], pack, DEAD_LETTERS), "every failure applied on node 2")
 
-        start = threading.Barrier(2)
-        verdicts: list[list[tuple[str, ReplayVerdict]]] = [[], []]
-        errors: list[BaseException] = []
-
-        def bulk(side: int) -> None:
-            start.wait()
-            token = ""
-            try:
-                while True:
-                    page = replicas[side].replay_dead_letters(
-                        pack, filter_of(pack), dry_run=False, max_generations=PAGE_SIZES[side], page_token=token
-                    )
-                    verdicts[side] += [(a.work_id, a.verdict) for a in page.answers]
-                    token = page.next_page_token
-                    if not token:
-                        return
-            except BaseException as error:  # asserted below: no call may fail
-                errors.append(error)
-
-        done = threading.Event()
-
-        def run_replays() -> None:
-            # A worker on node 1 completes each replay as soon as it is queued: "already replayed"
-            # must hold for a finished replay too, not only a live one.
-            try:
-                while not done.is_set():
-                    for claim in replicas[0].claim("fixed", pack_install_ids=[pack], max_items=20):
-                        replicas[0].complete(claim.work.work_id, lease_token=claim.lease_token)
-            except BaseException as error:  # asserted below
-                errors.append(error)
-
-        threads = [threading.Thread(target=bulk, args=(side,)) for side in (0, 1)]
-        worker = threading.Thread(target=run_replays)
-        worker.start()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        done.set()
-        worker.join()
-
-        assert errors == []
-        replayed = sorted(w for side in verdicts for w, verdict in side if verdict is ReplayVerdict.REPLAYED)
+        replayed = race_bulk_replays(replicas, pack, PAGE_SIZES)
         with engines[0].connect() as connection:
             connection.exec_driver_sql("SET SESSION wsrep_sync_wait = 1")
             dead = sorted(
@@ -103,14 +59,7 @@ def test_two_bulk_replays_through_two_nodes_replay_each_dead_letter_once(node_ds
                     sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack, WorkItem.c.Status == "failed")
                 ).scalars()
             )
-            per_dead_letter = {
-                work_id: int(count)
-                for work_id, count in connection.execute(
-                    sa.select(WorkItem.c.ReplayOfWorkId, sa.func.count())
-                    .where(WorkItem.c.PackInstallId == pack, WorkItem.c.ReplayOfWorkId.is_not(None))
-                    .group_by(WorkItem.c.ReplayOfWorkId)
-                )
-            }
+            per_dead_letter = replays_per_work(connection, pack)
         assert replayed == dead  # each replayed by exactly one of the two nodes
         assert per_dead_letter == dict.fromkeys(dead, 1)
         assert_invariants(engines[0])
