@@ -41,11 +41,12 @@ from workqueue.values import Outcome as IngestOutcome
 NAMESPACE = "bench-peer"
 # Generations per claim of each worker (the pool's batch_size): how a team tunes the host for
 # many small generations, as the peer runs one worker process with concurrency 4; chosen by
-# measurement (docs/performance.md).
+# measurement (docs/performance-log.md, "Seventeenth pass").
 CLAIM_BATCH = 4
 # Each worker completes its finished generations in its next claim (decision 170): on this
 # workload's cheap Flow, one Claim per batch instead of a Complete per generation was faster
-# end to end in every measured pair, with more Flow executions (docs/performance.md).
+# end to end in every measured pair, with more Flow executions (docs/performance-log.md,
+# "Twenty-fourth pass").
 COMPLETE_IN_CLAIM = True
 # The host's workers call a Connectors replica of their own on MariaDB (decision 135): how a
 # deployment runs Connectors past one Python process. Not on SQLite, where one process holds

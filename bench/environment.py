@@ -141,7 +141,7 @@ class Report:
         print(f"  [{section} {backend}] {measure}: {value} {target}".rstrip(), flush=True)
 
     def markdown(self, header: dict[str, str]) -> str:
-        """The run as a Markdown section for docs/performance.md."""
+        """The run as a Markdown section, to copy into a pass of docs/performance-log.md."""
         lines = [f"- {key}: {value}" for key, value in header.items()]
         lines += ["", "| section | backend | measure | value | target |", "|---|---|---|---|---|"]
         lines += [f"| {' | '.join(row)} |" for row in self.rows]

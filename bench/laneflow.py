@@ -69,7 +69,7 @@ def sent_at(payload: bytes) -> float:
 
 
 # The fold's statements, built once with bind parameters, as a Flow author would who measured
-# it (docs/performance.md, "Eighteenth pass").
+# it (docs/performance-log.md, "Eighteenth pass").
 _LANE = (BenchLaneSum.c.PackInstallId == sa.bindparam("pack"), BenchLaneSum.c.SourceLane == sa.bindparam("lane"))
 _LANE_SUM_GET = (
     sa.select(BenchLaneSum.c.Total, BenchLaneSum.c.Inputs, BenchLaneSum.c.LastOrdinal).where(*_LANE).with_for_update()

@@ -165,10 +165,10 @@ def analyze(engine: sa.Engine) -> None:
     """Refresh optimizer statistics and let the server write back the load before timing.
 
     Right after a bulk load MariaDB's persistent statistics are stale and it may pick
-    ix_workitem_claim for a correlated probe (see docs/performance.md), and InnoDB is still
-    flushing the loaded pages: measured operations would compete with that I/O. Waits until
-    dirty pages are under ``SETTLED_DIRTY_SHARE`` of the buffer pool, at most ``SETTLE_SECONDS``
-    (TiDB reports no InnoDB pages: statistics only).
+    ix_workitem_claim for a correlated probe (docs/performance-log.md, "What was slow"), and
+    InnoDB is still flushing the loaded pages: measured operations would compete with that I/O.
+    Waits until dirty pages are under ``SETTLED_DIRTY_SHARE`` of the buffer pool, at most
+    ``SETTLE_SECONDS`` (TiDB reports no InnoDB pages: statistics only).
     """
     with engine.begin() as connection:
         if connection.dialect.name == "sqlite":

@@ -3,7 +3,7 @@
 Admission writes hundreds of Event and EventPayload rows per transaction. For an
 ``executemany`` SQLAlchemy builds every row's parameters anew (``construct_params``) and runs
 each value through its type's bind processor, a large share of an Ingest transaction's Python
-(measured in docs/performance.md, "Fourteenth pass"). ``insert_many`` compiles the INSERT once per
+(measured in docs/performance-log.md, "Fourteenth pass"). ``insert_many`` compiles the INSERT once per
 table, columns and dialect with SQLAlchemy, keeps each column's bind processor, converts the
 rows with them and executes through ``exec_driver_sql``: the same SQL, the same driver call,
 and the engine's statement events (deadline, TiDB profile, statement counts) still see it.
@@ -37,7 +37,7 @@ def _positional(dialect: Dialect) -> Dialect:
     """``dialect``, or a copy of it rendering ``%s`` for a ``%(name)s`` driver (PyMySQL takes both).
 
     Positional rows are tuples: no dictionary per row to build, nor for the driver to escape
-    (measured in docs/performance.md, "Seventeenth pass").
+    (measured in docs/performance-log.md, "Seventeenth pass").
     """
     if dialect.positional or dialect.paramstyle != "pyformat":
         return dialect

@@ -159,7 +159,7 @@ def _reset_open_transaction(dbapi_connection: Any, _record: Any, reset_state: Po
     """Roll back a connection returned to the pool only when the server says its transaction is open.
 
     The pool's default reset rolls back every returned connection, which after a committed
-    ``run_transaction`` is one more round trip per transaction for nothing (docs/performance.md,
+    ``run_transaction`` is one more round trip per transaction for nothing (docs/performance-log.md,
     "Twenty-third pass"). Every OK packet carries the server's in-transaction flag, which PyMySQL
     keeps: after SQLAlchemy's own COMMIT or ROLLBACK it is clear. A connection given back with
     work still open (a raw DBAPI use, a failure SQLAlchemy did not roll back) is rolled back as

@@ -149,7 +149,7 @@ def _plan(descriptor: Descriptor, limits: frozenset[tuple[str, int]]) -> tuple[t
     """The fields of ``descriptor`` to check, as (name, kind, repeated, length limit); built once per message type.
 
     Reading these fields by name costs less than listing the set ones and inspecting each
-    field's descriptor per message (docs/performance.md, "Seventeenth pass"). An unset string
+    field's descriptor per message (docs/performance-log.md, "Seventeenth pass"). An unset string
     reads as "", which always passes.
     """
     lengths = dict(limits)

@@ -4,7 +4,7 @@ Processes on one SQLite file (Connectors beside the Integration host's folds) us
 in SQLite's busy handler, which sleeps 1, 2, 5 ms and up to 100 ms between attempts: while
 Connectors handed the writer from thread to thread without a gap (decision 134), the host's
 transactions slept through the moments it was free and folded little until ingest ended
-(docs/performance.md, "Twenty-fifth pass").
+(docs/performance-log.md, "Twenty-fifth pass").
 
 ``FileWriterLock`` is a second lock each engine takes after its own writer lock and before
 ``BEGIN IMMEDIATE``: an open-file-description lock (``F_OFD_SETLK``) on byte ``WRITER`` of the

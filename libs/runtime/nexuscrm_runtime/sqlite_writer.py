@@ -4,7 +4,7 @@ Every SQLite transaction starts with ``BEGIN IMMEDIATE`` (one writer at a time).
 that finds the file locked sleeps and polls in SQLite's busy handler, backing off in steps up
 to 100 ms, so under contention the lock sits free while its waiters sleep and a newcomer may
 take it first: Connectors' threads (an Ingest beside the workers' Claims and Completes) waited
-there (measured in docs/performance.md, "Thirteenth pass").
+there (measured in docs/performance-log.md, "Thirteenth pass").
 
 ``SerializedWriterDialect`` makes the threads of one engine queue on a lock of their own, taken
 before ``BEGIN IMMEDIATE`` and released once ``COMMIT`` or ``ROLLBACK`` returned: the next
