@@ -84,7 +84,8 @@ def stage_updates(inputs: list[InputRow]) -> list[tuple[str, str]]:
             body = json.loads(row.payload)
             contact, stage = body["contact_id"], body["fields"].get("stage")
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"input {row.enqueue_ordinal} is not a contact update: {error!r}") from None
+            # The type, not the message: a decoding error's message or repr may quote the payload.
+            raise ValueError(f"input {row.enqueue_ordinal} is not a contact update ({type(error).__name__})") from None
         if stage is not None:
             found.append((str(contact), str(stage)))
     return found

@@ -36,9 +36,8 @@ def owner_modules(owner: str) -> set[str]:
     by_directory = {package.directory.relative_to(REPO_ROOT).as_posix(): package for package in packages.values()}
     modules: set[str] = set()
     for listed in OWNERS[owner]["packages"]:
-        directories = [d for d in PACKAGE_DIRS if d == listed or d.startswith(f"{listed}/")]
-        assert directories, f"owners.toml: {owner}'s package {listed} is none of {PACKAGE_DIRS}"
-        modules.update(m for d in directories for m in by_directory[d].modules)
+        assert listed in PACKAGE_DIRS, f"owners.toml: {owner}'s package {listed} is none of {PACKAGE_DIRS}"
+        modules.update(by_directory[listed].modules)
     return modules
 
 

@@ -26,13 +26,9 @@ RELEASE_HEADING = re.compile(r"^## (\d+\.\d+\.\d+)\b", re.MULTILINE)
 
 
 def owners() -> dict[str, list[str]]:
-    """Each owner's package directories as PACKAGE_DIRS names them (owners.toml's ``protos``
-    is the contract directory, whose distribution is ``protos/python``)."""
+    """Each owner's package directories, as owners.toml (and PACKAGE_DIRS) name them."""
     document = tomllib.loads((REPO_ROOT / "owners.toml").read_text())
-    return {
-        name: [d if (REPO_ROOT / d / "pyproject.toml").is_file() else f"{d}/python" for d in entry["packages"]]
-        for name, entry in document["owners"].items()
-    }
+    return {name: list(entry["packages"]) for name, entry in document["owners"].items()}
 
 
 def by_directory() -> dict[str, Package]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.dead_letters import ReplayVerdict, filter_of
+from nexuscrm_connectors.dead_letters import NothingMatches, Verdict, filter_of
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import WorkItem
 
@@ -29,10 +29,13 @@ def race_bulk_replays(replicas: Sequence[Connectors], pack: str, page_sizes: Seq
         token = ""
         try:
             while True:
-                page = replica.replay_dead_letters(
-                    pack, filter_of(pack), dry_run=False, max_generations=size, page_token=token
-                )
-                replayed.extend(a.work_id for a in page.answers if a.verdict is ReplayVerdict.REPLAYED)
+                try:
+                    page = replica.replay_dead_letters(
+                        pack, filter_of(pack), dry_run=False, max_generations=size, page_token=token
+                    )
+                except NothingMatches:  # the other bulk replays took every dead letter before this one looked
+                    return
+                replayed.extend(a.work_id for a in page.answers if a.verdict is Verdict.REPLAYED)
                 token = page.next_page_token
                 if not token:
                     return

@@ -106,13 +106,8 @@ def resolve_checkouts(owners: tuple[Owner, ...], environ: Mapping[str, str] = os
 
 
 def project_file(directory: Path) -> Path:
-    """The pyproject.toml of an owners.toml package directory.
-
-    owners.toml names the contract directory ``protos``; its distribution's project sits in
-    ``protos/python`` unless it is in the directory itself.
-    """
-    own = directory / "pyproject.toml"
-    return own if own.is_file() else directory / "python" / "pyproject.toml"
+    """The pyproject.toml of an owners.toml package directory (each names the one it holds)."""
+    return directory / "pyproject.toml"
 
 
 def load_packages(checkouts: tuple[Checkout, ...]) -> tuple[Package, ...]:

@@ -70,13 +70,13 @@ class Started:
         return [line for line in self.log.splitlines() if f" {level} " in line]
 
 
-def _start(service: Service, dsn: str, workdir: Path) -> Started:
+def _start(service: Service, dsn: str, workdir: Path, address: str = "127.0.0.1:0") -> Started:
     workdir.mkdir(parents=True, exist_ok=True)
     log_path, port_file = workdir / "service.log", workdir / "service.port"
     env = {
         **os.environ,
         "NEXUSCRM_DSN": dsn,
-        f"NEXUSCRM_{service.env_name}_ADDRESS": "127.0.0.1:0",
+        f"NEXUSCRM_{service.env_name}_ADDRESS": address,
         "NEXUSCRM_PORT_FILE": str(port_file),
     }
     with log_path.open("wb") as log:
@@ -96,9 +96,9 @@ def _end(process: subprocess.Popen[bytes]) -> int:
         return process.wait()
 
 
-def start_until_exit(service: Service, *, dsn: str, workdir: Path) -> Started:
-    """Start ``service`` on port 0 against ``dsn`` and wait (bounded) until it exits by itself."""
-    started = _start(service, dsn, workdir)
+def start_until_exit(service: Service, *, dsn: str, workdir: Path, address: str = "127.0.0.1:0") -> Started:
+    """Start ``service`` on ``address`` (port 0 unless given) against ``dsn``; wait (bounded) until it exits."""
+    started = _start(service, dsn, workdir, address)
     try:
         started.process.wait(timeout=DEADLINE)
     finally:

@@ -4,8 +4,10 @@ Subcommands: ``packs list|install|activate|protocol|show|find``,
 ``fences arm|disarm|list|override``, ``drain status|wait``, ``queue state|wait``,
 ``cutover audit|run``, ``work show|list|members``, ``receipts list|missing``,
 ``retention set|show|prune``, ``schema contract-payloads``, ``why``, ``activation``,
-``workers``, ``version``, ``claims pause|resume|list``, ``dead-letters list|count|replay|skip``
-``order-policy set|show`` and ``coverage``.
+``workers``, ``version``, ``health``, ``claims pause|resume|list``, ``dead-letters list|count|replay|skip``
+``order-policy set|show``, ``retry-policy set|show``, ``work retry-now``, ``coverage``, ``identities`` and ``send``.
+A pack is named by its id or as ``NAMESPACE/NAME[@VERSION]``, and an identity by the identity
+flags that name exactly one of the pack's (decision 178).
 Tables by default, ``--json`` for scripts (docs/output-conventions.md).
 Services are found through the variables NEXUSCRM_SCHEMA_CATALOG_TARGET,
 NEXUSCRM_CONTROLPLANE_TARGET, NEXUSCRM_CONNECTORS_TARGET and NEXUSCRM_INTEGRATION_TARGET
@@ -17,7 +19,8 @@ by the short id the dashboard shows (a unique prefix of at least 8 hex digits).
 Exit codes come from the one table of every operator command (``nexuscrm_tools.exits``; the
 list below ``--help``): 0 done, the check passed; 2 usage error, or a pack, fence, receipt or
 WorkId the service does not know; 3 a service is unreachable or does not implement the RPC
-yet (the message names the service and the variable to set); 4, 5, 6 the cutover refused by
+yet (the message names the service and the variable to set), or is not SERVING (``health``);
+4, 5, 6 the cutover refused by
 gate, audit or missing prerequisite (as ``connector-projection-cutover``); 7 timeout
 (``drain wait`` or ``queue wait`` ended undrained, or an RPC's deadline passed); 8 the service
 refused a valid request; 9 the check did not pass (not drained, receipts whose coverage is
@@ -39,25 +42,29 @@ from typing import Any
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.integration.v1 import integration_pb2 as in_pb
+from nexuscrm_runtime import pack_names
+from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.durations import parse_duration, whole_seconds
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_schema.tables import NAMESPACE_SCOPE
 from nexuscrm_sdk import convert
-from nexuscrm_tools import payload_contract, tables, versions
-from nexuscrm_tools.clients import Clients, ServiceCallFailed
+from nexuscrm_tools import identities, payload_contract, payload_view, sending, service_health, tables, versions
+from nexuscrm_tools.clients import SERVICES, Clients, ServiceCallFailed, deployed
 from nexuscrm_tools.exits import REFUSAL_EXIT_CODES, ExitCode, help_epilog, rpc_exit_code
-from nexuscrm_tools.json_view import enum_word, message_data
+from nexuscrm_tools.json_view import enum_word, message_data, timestamp_text
 from nexuscrm_tools.tables import listing, plural
 from workqueue import ReceiptState, WorkStatus
+from workqueue.values import Outcome as IngestOutcome
 from workqueue.values import QueueState, Route
 
 RPC_TIMEOUT = 30.0  # seconds per call
-IDENTITY_FLAGS = ("--event-kind", "--route-version", "--companion-version", "--work-type", "--lane")
+IDENTITY_FLAGS = tuple(identities.FLAG_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -132,7 +139,7 @@ def _pack_view(response: cp_pb.GetPackResponse) -> dict[str, object]:
         "version": pack.pack_version,
         "ordinal counter": pack.last_ordinal,
         "protocol": protocol,
-        "installed at": pack.created_at.ToJsonString(),
+        "installed at": timestamp_text(pack.created_at),
     }
 
 
@@ -148,7 +155,7 @@ def packs_find(clients: Clients, args: argparse.Namespace) -> Outcome:
         cp_pb.FindPacksRequest(namespace=args.namespace, pack_name=args.name, pack_version=args.version),
         timeout=RPC_TIMEOUT,
     )
-    rows = [(p.pack_install_id, p.last_ordinal, p.created_at.ToJsonString()) for p in response.packs]
+    rows = [(p.pack_install_id, p.last_ordinal, timestamp_text(p.created_at)) for p in response.packs]
     view = listing(
         f"{args.namespace}/{args.name} {args.version}: {plural(len(rows), 'incarnation')}",
         ("pack", "ordinal counter", "installed at"),
@@ -173,7 +180,7 @@ def packs_list(clients: Clients, args: argparse.Namespace) -> Outcome:
             p.pack.pack_version,
             p.protocol_state,
             p.pack.last_ordinal,
-            p.pack.created_at.ToJsonString(),
+            timestamp_text(p.pack.created_at),
         )
         for p in response.packs
     ]
@@ -188,7 +195,7 @@ def _fence_rows(fences: Sequence[cp_pb.Fence]) -> Table | str:
             f.fence_id,
             f.namespace,
             f.scope,
-            f.expires_at.ToJsonString() if f.HasField("expires_at") else "never",
+            timestamp_text(f.expires_at) if f.HasField("expires_at") else "never",
             f.reason,
             ", ".join(o.pack_install_id for o in f.overrides),
         )
@@ -302,14 +309,14 @@ def _queue_outcome(state: QueueState, undrained: ExitCode) -> Outcome:
     drained: object = state.drained
     if state.drained and state.dead_letters:
         drained = (
-            f"yes, but {state.dead_letters} dead letters: their inputs were never applied"
+            f"yes, but {state.dead_letters} dead letters: their inputs were never applied; replay or skip them"
             f" (nexuscrm dead-letters list {state.pack_install_id})"
         )
     view: dict[str, object] = {
         "drained": drained,
         "depth": f"{state.depth} generations ({counts.replace('_', ' ')})",
         "oldest waiting": state.oldest_waiting_work_id or "-",
-        "waiting since": state.oldest_waiting_since.isoformat() if state.oldest_waiting_since else "-",
+        "waiting since": iso_utc(state.oldest_waiting_since) or "-",
         "waiting for": f"{state.oldest_waiting_age.total_seconds():.1f}s" if state.oldest_waiting_age else "-",
     }
     return Outcome(
@@ -322,8 +329,9 @@ def _queue_outcome(state: QueueState, undrained: ExitCode) -> Outcome:
 def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
     """A pack's native queue: depth per status, receipts waiting, the oldest waiting generation, its claim pauses.
 
-    Also how many generations failed for good and how many of those are dead letters. Exit 9
-    (check failed) unless drained without dead letters.
+    Also how many generations failed for good, how many of those are dead letters, and how many
+    pending ones the order policy holds behind one. Exit 9 (check failed) unless drained without
+    dead letters.
     """
     state = clients.connectors_client.queue_state(args.pack)
     outcome = _queue_outcome(state, ExitCode.CHECK_FAILED)
@@ -334,9 +342,8 @@ def queue_state(clients: Clients, args: argparse.Namespace) -> Outcome:
     if isinstance(outcome.view, Table):
         outcome.view.add_row("claims paused", "; ".join(" ".join(map(str, _pause_row(p)[1:4])) for p in pauses) or "no")
         outcome.view.add_row("failed for good", f"{state.failed} generations, {state.dead_letters} dead letters")
-        if state.held:
-            held = f"{state.held} pending, blocked behind dead letters by the order policy block: replay or skip them"
-            outcome.view.add_row("held", held)
+        held = f"{state.held} pending, held by the order policy block (nexuscrm work list {args.pack} says behind what)"
+        outcome.view.add_row("held", held if state.held else "0")
     return outcome
 
 
@@ -404,7 +411,40 @@ def work_show(clients: Clients, args: argparse.Namespace) -> Outcome:
     }
     if work.blocked_behind_work_id:
         view["blocked behind"] = f"{work.blocked_behind_work_id}: {work.blocked_reason}"
+    if work.HasField("skip"):
+        view["skipped"] = _skipped(work.skip)
+    view |= _attempt_history(response)
     return Outcome(data=_dict(response), view=_fields(f"work {work.work_id}", view))
+
+
+def _attempt_history(response: cn_pb.GetWorkResponse) -> dict[str, str]:
+    """Each attempt that did not complete the generation (outcome, worker, start, end, error), the last traceback."""
+    rows: dict[str, str] = {}
+    if response.attempt_count > len(response.attempts):
+        rows["attempts listed"] = f"the newest {len(response.attempts)} of {response.attempt_count}"
+    for attempt in response.attempts:
+        started = timestamp_text(attempt.started_at) if attempt.HasField("started_at") else "-"
+        ended = timestamp_text(attempt.finished_at)
+        outcome = enum_word(cn_pb.AttemptOutcome.DESCRIPTOR, attempt.outcome)
+        rows[f"attempt {attempt.attempt}"] = (
+            f"{outcome}, worker {attempt.worker_id}, {started} to {ended}: {attempt.error}"
+        )
+    traceback = next((a.traceback for a in reversed(response.attempts) if a.traceback), "")
+    if traceback:
+        rows["last traceback"] = traceback
+    return rows
+
+
+def work_retry_now(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """End the backoff of a generation waiting in retry: claimable at once.
+
+    Refused (exit 8) for a generation in any other status; who and why go to Connectors' log.
+    """
+    response = clients.connectors.RetryNow(
+        cn_pb.RetryNowRequest(work_id=args.work_id, retried_by=args.by, reason=args.reason), timeout=RPC_TIMEOUT
+    )
+    work = response.work
+    return Outcome(data=_dict(response), view=f"work {work.work_id} is claimable now ({_attempts(work)})")
 
 
 def _range(work: cn_pb.WorkItem) -> str:
@@ -419,10 +459,20 @@ def _status(work: cn_pb.WorkItem) -> str:
 
 
 def _listed_status(work: cn_pb.WorkItem) -> str:
-    """The status a listing shows: a generation the order policy holds is "blocked behind" its dead letter."""
+    """The status a listing shows: a generation the order policy holds is "blocked behind" its dead letter.
+
+    A failed one an operator skipped says so, with when, by whom and why.
+    """
     if work.blocked_behind_work_id:
         return f"{_status(work)}, blocked behind {work.blocked_behind_work_id} (order policy block)"
+    if work.HasField("skip"):
+        return f"{_status(work)}, skipped {_skipped(work.skip)}"
     return _status(work)
+
+
+def _skipped(skip: cn_pb.Skip) -> str:
+    """A recorded skip as operators read it: when, by whom and why."""
+    return f"at {timestamp_text(skip.skipped_at)} by {skip.skipped_by}: {skip.reason}"
 
 
 def _attempts(work: cn_pb.WorkItem) -> str:
@@ -451,24 +501,13 @@ def _count(rows: Sequence[object], token: str, noun: str = "") -> str:
 
 
 def _identity(args: argparse.Namespace) -> Route | None:
-    """The identity the five identity flags name; None when none is given; a usage error when some are missing."""
-    values = {flag: getattr(args, flag.removeprefix("--").replace("-", "_")) for flag in IDENTITY_FLAGS}
-    missing = [flag for flag, value in values.items() if value is None]
-    if len(missing) == len(values):
-        return None
-    if missing:
-        raise UsageError(f"an identity needs all of {', '.join(IDENTITY_FLAGS)}; missing {', '.join(missing)}")
-    return Route(
-        event_kind=args.event_kind,
-        route_version=args.route_version,
-        companion_version=args.companion_version,
-        work_type=args.work_type,
-        source_lane=args.lane,
-    )
+    """The identity the five identity flags name (``_named_identity`` filled in a partial one); None without them."""
+    wanted = identities.given(args)
+    return Route(**wanted) if wanted else None
 
 
 def work_list(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """A pack's generations (one identity's with the five identity flags), newest first; ``--status`` filters.
+    """A pack's generations (one identity's with identity flags naming it), newest first; ``--status`` filters.
 
     Without an identity, identity after identity, newest first in each. Range, status,
     attempts and replay origin of each; paged (a page filtered by status may be short).
@@ -495,26 +534,31 @@ def work_list(clients: Clients, args: argparse.Namespace) -> Outcome:
 
 
 def work_members(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """A generation's members in ordinal order, read without a lease (payloads with ``--json``, base64)."""
+    """A generation's members in ordinal order, read without a lease, each payload decoded (JSON, text or escaped).
+
+    ``--json`` gives each payload base64-encoded and decoded (``nexuscrm_tools.payload_view``).
+    """
     response = clients.connectors.ListMembers(
         cn_pb.ListMembersRequest(work_id=args.work_id, page_size=args.page_size, page_token=args.page_token),
         timeout=RPC_TIMEOUT,
     )
     data = _dict(response)
+    for listed, member in zip(data["inputs"], response.inputs, strict=True):
+        listed["payload_format"], listed["payload_decoded"] = payload_view.decoded(member.payload)
     rows = [
         (
             i.enqueue_ordinal,
             i.receipt_key or "-",
             "replay" if i.replay else "",
-            i.source_time.ToJsonString() if i.HasField("source_time") else "-",
+            timestamp_text(i.source_time) if i.HasField("source_time") else "-",
             len(i.payload),
+            Text(payload_view.preview(i.payload)),  # a payload's brackets are not markup
         )
         for i in response.inputs
     ]
     title = f"members of {args.work_id}: {len(rows)} of {response.member_count}{_next_page(response.next_page_token)}"
-    return Outcome(
-        data=data, view=listing(title, ("ordinal", "receipt", "replay", "source time", "payload bytes"), rows)
-    )
+    columns = ("ordinal", "receipt", "replay", "source time", "payload bytes", "payload")
+    return Outcome(data=data, view=listing(title, columns, rows))
 
 
 def _receipts(clients: Clients, state: str, pack: str, args: argparse.Namespace) -> Outcome:
@@ -523,7 +567,8 @@ def _receipts(clients: Clients, state: str, pack: str, args: argparse.Namespace)
         timeout=RPC_TIMEOUT,
     )
     rows = [
-        (r.pack_install_id, r.receipt_key, r.route.source_lane, r.received_at.ToJsonString()) for r in response.receipts
+        (r.pack_install_id, r.receipt_key, r.route.source_lane, timestamp_text(r.received_at))
+        for r in response.receipts
     ]
     title = f"{state.replace('_', ' ')} receipts{_count(rows, response.next_page_token)}"
     return Outcome(data=_dict(response), view=listing(title, ("pack", "receipt", "lane", "received at"), rows))
@@ -569,10 +614,10 @@ def _policy_outcome(policy: cn_pb.RetentionPolicy, title: str) -> Outcome:
         if policy.HasField("duplicate_window_seconds")
         else "-",
         "horizon source time": (
-            policy.horizon_source_time.ToJsonString() if policy.HasField("horizon_source_time") else "-"
+            timestamp_text(policy.horizon_source_time) if policy.HasField("horizon_source_time") else "-"
         ),
         "generations pruned": policy.pruned_generations,
-        "last pruned at": policy.last_pruned_at.ToJsonString() if policy.HasField("last_pruned_at") else "-",
+        "last pruned at": timestamp_text(policy.last_pruned_at) if policy.HasField("last_pruned_at") else "-",
     }
     return Outcome(data=_dict(policy), view=_fields(title, view))
 
@@ -700,15 +745,30 @@ def workers(clients: Clients, args: argparse.Namespace) -> Outcome:
 
 
 def version(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """What each service is (GetBuildInfo), side by side.
+    """What each deployed service is (GetBuildInfo), side by side.
 
-    Exit 9 when the combination is outside the declared ranges (a service that does not serve
-    the database's schema version, different contract major versions), else 3 when a service
-    did not answer (the line names the variable that sets its target), else 0.
+    The deployed services are those whose NEXUSCRM_<SERVICE>_TARGET is set (with none set,
+    all four at their default local addresses). Exit 9 when the combination is outside the
+    declared ranges (a service that does not serve the database's schema version, different
+    contract major versions), else 3 when a service did not answer (the line names the
+    variable that sets its target), else 0.
     """
-    answers = clients.build_infos()
+    answers = clients.build_infos(deployed())
     view = _table(f"versions: {versions.summary(answers)}", versions.COLUMNS, versions.rows(answers))
     return Outcome(data=versions.to_json(answers), view=view, code=versions.exit_code(answers))
+
+
+def health(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """The gRPC health of each deployed service (or of ``--service``), for its full name.
+
+    The deployed services are those whose NEXUSCRM_<SERVICE>_TARGET is set (with none set,
+    all four at their default local addresses). Exit 0 when every one answers SERVING, else 3
+    (the line names the variable that sets its target).
+    """
+    services = [s for s in SERVICES if s.name == args.service] if args.service else deployed()
+    answers = clients.health(services)
+    view = _table(f"health: {service_health.summary(answers)}", service_health.COLUMNS, service_health.rows(answers))
+    return Outcome(data=service_health.to_json(answers), view=view, code=service_health.exit_code(answers))
 
 
 # Operating projections (issue 37): claim pauses and the dead-letter queue.
@@ -726,7 +786,7 @@ def _claim_scope(args: argparse.Namespace) -> cn_pb.ClaimScope:
     if args.scope == "identity":
         route = _identity(args)
         if route is None:
-            raise UsageError(f"--scope identity needs all of {', '.join(IDENTITY_FLAGS)}")
+            raise UsageError(f"--scope identity needs identity flags ({', '.join(IDENTITY_FLAGS)}) naming one identity")
         scope.route.CopyFrom(convert.route_to_proto(route))
     elif args.scope == "work_type":
         scope.work_type = args.work_type or ""
@@ -740,8 +800,8 @@ def _pause_row(pause: cn_pb.ClaimPause) -> tuple[object, ...]:
         what += f" lane {scope.route.source_lane} ({scope.route.event_kind}, {scope.route.work_type})"
     elif scope.work_type:
         what += f" {scope.work_type}"
-    until = pause.expires_at.ToJsonString() if pause.HasField("expires_at") else "until resumed"
-    return (pause.pause_id, what, pause.paused_by, pause.reason, pause.paused_at.ToJsonString(), until)
+    until = timestamp_text(pause.expires_at) if pause.HasField("expires_at") else "until resumed"
+    return (pause.pause_id, what, pause.paused_by, pause.reason, timestamp_text(pause.paused_at), until)
 
 
 PAUSE_COLUMNS = ("pause", "scope", "by", "reason", "since", "until")
@@ -773,7 +833,7 @@ def claims_resume(clients: Clients, args: argparse.Namespace) -> Outcome:
         cn_pb.ResumeClaimsRequest(scope=_claim_scope(args), resumed_by=args.by), timeout=RPC_TIMEOUT
     )
     pause = response.pause
-    view = f"claims resumed: pause {pause.pause_id} ended at {pause.resumed_at.ToJsonString()} by {pause.resumed_by}"
+    view = f"claims resumed: pause {pause.pause_id} ended at {timestamp_text(pause.resumed_at)} by {pause.resumed_by}"
     return Outcome(data=_dict(pause), view=view)
 
 
@@ -816,7 +876,7 @@ def _dead_letter_row(work: cn_pb.WorkItem) -> tuple[object, ...]:
         work.route.source_lane,
         _range(work),
         _attempts(work),
-        work.finished_at.ToJsonString(),
+        timestamp_text(work.finished_at),
         work.last_error,
     )
 
@@ -850,24 +910,40 @@ def dead_letters_count(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=_dict(response), view=listing(title, ("lane", "event kind", "work type", "dead letters"), rows))
 
 
+BulkResponse = cn_pb.ReplayDeadLettersResponse | cn_pb.SkipDeadLettersResponse
+
+
 def dead_letters_replay(clients: Clients, args: argparse.Namespace) -> Outcome:
     """Replay every dead letter the filters keep, page by page, one transaction per WorkId; ``--dry-run`` lists them.
 
     One identity's are replayed in ordinal order. Each WorkId is answered: replayed (its new
-    generation), would replay (dry run) or refused and why. Exit 9 when any was refused.
+    generation), would replay (dry run) or refused and why. Exit 9 when any was refused; a
+    filter that keeps no dead letter exits 2, nothing changed.
+    """
+
+    def call(token: str) -> BulkResponse:
+        request = cn_pb.ReplayDeadLettersRequest(
+            filter=_dead_letter_filter(args), dry_run=args.dry_run, max_generations=args.batch, page_token=token
+        )
+        response: cn_pb.ReplayDeadLettersResponse = clients.connectors.ReplayDeadLetters(request, timeout=RPC_TIMEOUT)
+        return response
+
+    return _bulk_dead_letters(args, call, verb="replay", done="replayed", detail="replay or reason")
+
+
+def _bulk_dead_letters(
+    args: argparse.Namespace, call: Callable[[str], BulkResponse], *, verb: str, done: str, detail: str
+) -> Outcome:
+    """Call a bulk replay or skip page by page to its last page (a progress line each), then one table of every answer.
+
+    ``call`` takes the page token. Exit 9 when any dead letter was refused.
     """
     answers: list[cn_pb.DeadLetterReplay] = []
     token = ""
     while True:
-        response = clients.connectors.ReplayDeadLetters(
-            cn_pb.ReplayDeadLettersRequest(
-                filter=_dead_letter_filter(args), dry_run=args.dry_run, max_generations=args.batch, page_token=token
-            ),
-            timeout=RPC_TIMEOUT,
-        )
+        response = call(token)
         answers += response.answers
-        verb = "would replay" if args.dry_run else "replayed"
-        print(f"nexuscrm: {verb} {len(answers)} so far", file=sys.stderr)
+        print(f"nexuscrm: {f'would {verb}' if args.dry_run else done} {len(answers)} so far", file=sys.stderr)
         token = response.next_page_token
         if not token:
             break
@@ -885,7 +961,7 @@ def dead_letters_replay(clients: Clients, args: argparse.Namespace) -> Outcome:
     dry = " (dry run: nothing changed)" if args.dry_run else ""
     title = f"{plural(len(answers), 'dead letter')} of {args.pack}, {len(refused)} refused{dry}"
     data = {"dry_run": args.dry_run, "answers": [_dict(a) for a in answers], "refused": len(refused)}
-    view = listing(title, ("work", "lane", "last ordinal", "verdict", "replay or reason"), rows)
+    view = listing(title, ("work", "lane", "last ordinal", "verdict", detail), rows)
     return Outcome(data=data, view=view, code=ExitCode.CHECK_FAILED if refused else ExitCode.OK)
 
 
@@ -899,7 +975,7 @@ def _policy_view(policy: cn_pb.OrderPolicy, title: str) -> Outcome:
     word = enum_word(cn_pb.OrderPolicyKind.DESCRIPTOR, policy.policy)
     view = {
         "policy": word,
-        "set": f"{policy.set_at.ToJsonString()} by {policy.set_by}: {policy.reason}"
+        "set": f"{timestamp_text(policy.set_at)} by {policy.set_by}: {policy.reason}"
         if policy.HasField("set_at")
         else "never: the default",
     }
@@ -943,21 +1019,102 @@ def order_policy_show(clients: Clients, args: argparse.Namespace) -> Outcome:
         if isinstance(outcome.view, Table):
             for own in response.work_type_policies:
                 word = enum_word(cn_pb.OrderPolicyKind.DESCRIPTOR, own.policy)
-                set_ = f"{own.set_at.ToJsonString()} by {own.set_by}: {own.reason}"
+                set_ = f"{timestamp_text(own.set_at)} by {own.set_by}: {own.reason}"
                 outcome.view.add_row(f"work type {own.work_type}", f"{word}, set {set_}")
     return outcome
 
 
-def dead_letters_skip(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Skip a dead letter: recorded (who, when, why), it leaves the queue and no longer holds its identity.
-
-    Its status stays failed. Refused (exit 8): work that is not failed, was replayed or skipped.
-    """
-    response = clients.connectors.SkipDeadLetter(
-        cn_pb.SkipDeadLetterRequest(work_id=args.work_id, skipped_by=args.by, reason=args.reason), timeout=RPC_TIMEOUT
+def _retry_policy_row(policy: cn_pb.RetryPolicy) -> str:
+    """A retry policy in a line: attempts, backoff, and who set it when and why."""
+    backoff = f"backoff {policy.backoff_base_seconds}s doubling up to {policy.backoff_max_seconds}s"
+    set_ = (
+        f"set {timestamp_text(policy.set_at)} by {policy.set_by}: {policy.reason}"
+        if policy.HasField("set_at")
+        else "Connectors' default"
     )
-    view = f"skipped {response.work_id} at {response.skipped_at.ToJsonString()} by {response.skipped_by}"
-    return Outcome(data=_dict(response), view=view)
+    return f"{plural(policy.max_attempts, 'attempt')}, {backoff}; {set_}"
+
+
+def retry_policy_set(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Set how many attempts a work type's generations get before they fail for good, and the backoff between them.
+
+    A backoff bound left out is Connectors' setting; out of range or an unknown work type is
+    refused (exit 2), nothing changed.
+    """
+    request = cn_pb.SetRetryPolicyRequest(
+        pack_install_id=args.pack,
+        work_type=args.work_type,
+        max_attempts=args.max_attempts,
+        set_by=args.by,
+        reason=args.reason,
+    )
+    if args.backoff_base is not None:
+        request.backoff_base_seconds = args.backoff_base
+    if args.backoff_max is not None:
+        request.backoff_max_seconds = args.backoff_max
+    response = clients.connectors.SetRetryPolicy(request, timeout=RPC_TIMEOUT)
+    title = f"retry policy of work type {args.work_type} of {args.pack} set"
+    return Outcome(data=_dict(response.policy), view=f"{title}: {_retry_policy_row(response.policy)}")
+
+
+def retry_policy_show(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A work type's effective retry policy; without ``--work-type``, Connectors' default and each work type's own."""
+    response = clients.connectors.GetRetryPolicy(
+        cn_pb.GetRetryPolicyRequest(pack_install_id=args.pack, work_type=args.work_type or ""), timeout=RPC_TIMEOUT
+    )
+    data = _dict(response.policy)
+    if args.work_type:
+        rows = [(f"work type {args.work_type}", _retry_policy_row(response.policy))]
+    else:
+        data["work_type_policies"] = [_dict(policy) for policy in response.work_type_policies]
+        rows = [("default", _retry_policy_row(response.policy))]
+        rows += [(f"work type {own.work_type}", _retry_policy_row(own)) for own in response.work_type_policies]
+    return Outcome(data=data, view=_table(f"retry policy of {args.pack}", ("scope", "policy"), rows))
+
+
+def dead_letters_skip(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Skip a dead letter (WORK_ID), or with ``--pack`` every one the filters keep, as ``replay`` takes them.
+
+    Each skip is recorded (who, when, why): the generation stays failed, leaves the queue and no
+    longer holds its identity. One WorkId: refused (exit 8) when it is not failed, was replayed
+    or skipped. ``--pack``: page by page, one transaction per WorkId, each answered skipped,
+    would skip (``--dry-run``: nothing changes) or refused and why (exit 9 when any was); a
+    filter that keeps no dead letter exits 2, nothing changed. The filters, ``--dry-run`` and
+    ``--batch`` need ``--pack``.
+    """
+    if args.pack is None:
+        flags = [
+            flag
+            for flag in (*IDENTITY_FLAGS, "--after", "--before", "--error", "--dry-run", "--batch")
+            if _given(args, flag)
+        ]
+        if flags:
+            raise UsageError(f"{', '.join(flags)}: only with --pack PACK, not with a WORK_ID")
+        response = clients.connectors.SkipDeadLetter(
+            cn_pb.SkipDeadLetterRequest(work_id=args.work_id, skipped_by=args.by, reason=args.reason),
+            timeout=RPC_TIMEOUT,
+        )
+        view = f"skipped {response.work_id} at {timestamp_text(response.skipped_at)} by {response.skipped_by}"
+        return Outcome(data=_dict(response), view=view)
+
+    def call(token: str) -> BulkResponse:
+        request = cn_pb.SkipDeadLettersRequest(
+            filter=_dead_letter_filter(args),
+            skipped_by=args.by,
+            reason=args.reason,
+            dry_run=args.dry_run,
+            max_generations=args.batch,
+            page_token=token,
+        )
+        response: cn_pb.SkipDeadLettersResponse = clients.connectors.SkipDeadLetters(request, timeout=RPC_TIMEOUT)
+        return response
+
+    return _bulk_dead_letters(args, call, verb="skip", done="skipped", detail="reason refused")
+
+
+def _given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether ``flag`` was given (a flag left out keeps its default: None, False or 0)."""
+    return bool(getattr(args, flag.removeprefix("--").replace("-", "_")))
 
 
 def _runs(identity: cn_pb.IdentityCoverage) -> str:
@@ -1011,10 +1168,89 @@ def coverage(clients: Clients, args: argparse.Namespace) -> Outcome:
     return Outcome(data=_dict(response), view=listing(title, columns, rows), code=code)
 
 
+def _newest(identity: cn_pb.IdentityOverview) -> str:
+    if not identity.HasField("newest"):
+        return "- (all pruned)"
+    return f"{identity.newest.work_id}: {_range(identity.newest)}, {_listed_status(identity.newest)}"
+
+
+def _coverage_state(identity: cn_pb.IdentityOverview) -> str:
+    if not identity.HasField("coverage"):
+        return "old protocol: no proof"
+    state = identity.coverage
+    if state.tiled:
+        return f"tiled up to {state.high_water_ordinal}"
+    return f"NOT tiled: {plural(state.exception_count, 'exception')} (nexuscrm coverage)"
+
+
+def pack_identities(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """A pack's identities by projection key: the identity flags' values, depth, newest generation and coverage.
+
+    Depth counts its generations not terminal yet; coverage says whether its generations tile
+    its inputs (``coverage`` shows the ranges). Paged by identity.
+    """
+    response = clients.connectors.ListIdentities(
+        cn_pb.ListIdentitiesRequest(pack_install_id=args.pack, page_size=args.page_size, page_token=args.page_token),
+        timeout=RPC_TIMEOUT,
+    )
+    rows = [
+        (
+            i.route.event_kind,
+            i.route.route_version,
+            i.route.companion_version,
+            i.route.work_type,
+            i.route.source_lane,
+            i.depth,
+            _newest(i),
+            _coverage_state(i),
+        )
+        for i in response.identities
+    ]
+    title = f"identities of {args.pack}{_count(rows, response.next_page_token)}"
+    columns = ("event kind", "route version", "companion version", "work type", "lane", "depth", "newest", "coverage")
+    return Outcome(data=_dict(response), view=listing(title, columns, rows))
+
+
+def send(clients: Clients, args: argparse.Namespace) -> Outcome:
+    """Send test deliveries of one identity through the SDK's pipelined ingest, each answered on its own.
+
+    PAYLOAD is the text itself, @PATH the bytes of a file, - those of standard input. The
+    identity flags name one identity of the pack, as everywhere (a new identity takes all
+    five). Exit 8 when a delivery was rejected, 9 when a duplicate's coverage is missing.
+    """
+    route = _identity(args)
+    if route is None:  # --lane is required: the identity flags always name one
+        raise UsageError(f"send needs {', '.join(IDENTITY_FLAGS)}")
+    try:
+        payloads = sending.read_payloads(args.payloads, sys.stdin.buffer)
+        items = sending.deliveries(route, payloads, args.key or [], args.source_time)
+    except sending.PayloadUnreadable as error:
+        raise UsageError(str(error)) from None
+    results = sending.send(clients.connectors_client, args.pack, items)
+    rows = [(r.receipt_key, r.outcome, r.enqueue_ordinal or "-", r.work_id or "-", r.message) for r in results]
+    outcomes = {r.outcome for r in results}
+    code = ExitCode.OK
+    if IngestOutcome.REJECTED in outcomes:
+        code = ExitCode.REFUSED
+    elif IngestOutcome.COVERAGE_MISSING in outcomes:
+        code = ExitCode.CHECK_FAILED
+    data = {
+        "pack_install_id": args.pack,
+        "route": dataclasses.asdict(route),
+        "deliveries": [dataclasses.asdict(r) for r in results],
+    }
+    title = f"{plural(len(rows), 'delivery', 'deliveries')} to {args.pack}, {identities.describe(route)}"
+    view = listing(title, ("receipt", "outcome", "ordinal", "work", "message"), rows)
+    return Outcome(data=data, view=view, code=code)
+
+
 def _instant(text: str) -> dt.datetime:
     """An ISO 8601 instant (``2026-12-03T05:00:00Z``); one without a zone is UTC."""
     value = dt.datetime.fromisoformat(text)
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+WORK_TYPE_OR_IDENTITY = "those naming one identity, or --work-type alone: one work type"
 
 
 def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentParser]) -> None:
@@ -1028,7 +1264,7 @@ def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentPars
         sub.add_argument("pack")
         sub.add_argument("--scope", choices=tuple(PAUSE_SCOPES), default="pack", help="default: %(default)s")
         for flag in IDENTITY_FLAGS:
-            sub.add_argument(flag, help="--scope identity: all five; --scope work_type: --work-type")
+            sub.add_argument(flag, help="--scope identity: those naming one identity; --scope work_type: --work-type")
         sub.add_argument("--by", required=True, help="who, as recorded")
         if name == "pause":
             sub.add_argument("--reason", required=True, help="why, as recorded")
@@ -1043,23 +1279,28 @@ def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentPars
         ("list", dead_letters_list, "failed generations never replayed, oldest first"),
         ("count", dead_letters_count, "dead letters per identity"),
         ("replay", dead_letters_replay, "replay them page by page (or --dry-run)"),
+        ("skip", dead_letters_skip, "skip one, or --pack those the filters keep; recorded (it stays failed)"),
     ):
         sub = leaf(dead, name, handler, text)
-        sub.add_argument("pack")
+        if name == "skip":  # one WorkId, or a pack's dead letters by the filters below (decision 176)
+            target = sub.add_mutually_exclusive_group(required=True)
+            target.add_argument("work_id", nargs="?", help="the dead letter to skip")
+            target.add_argument("--pack", help="skip the dead letters of PACK the filters keep")
+            sub.add_argument("--by", required=True, help="who, as recorded")
+            sub.add_argument("--reason", required=True, help="why, as recorded")
+        else:
+            sub.add_argument("pack")
         for flag in IDENTITY_FLAGS:
-            sub.add_argument(flag, help="all five: one identity; --work-type alone: one work type")
+            sub.add_argument(flag, help=WORK_TYPE_OR_IDENTITY)
+        sub.set_defaults(work_type_alone=True)
         sub.add_argument("--after", type=_instant, metavar="INSTANT", help="failed at or after (ISO 8601)")
         sub.add_argument("--before", type=_instant, metavar="INSTANT", help="failed before (ISO 8601)")
         sub.add_argument("--error", metavar="TEXT", help="last error contains TEXT")
         if name == "list":
             _paged(sub)
-        if name == "replay":
-            sub.add_argument("--dry-run", action="store_true", help="list what would be replayed, change nothing")
+        if name in ("replay", "skip"):
+            sub.add_argument("--dry-run", action="store_true", help="list what it would do, change nothing")
             sub.add_argument("--batch", type=int, default=0, metavar="N", help="per call (default: the service's)")
-    sub = leaf(dead, "skip", dead_letters_skip, "skip one, recorded (it stays failed)")
-    sub.add_argument("work_id")
-    sub.add_argument("--by", required=True, help="who, as recorded")
-    sub.add_argument("--reason", required=True, help="why, as recorded")
 
     order = commands.add_parser("order-policy", help="what a failure means for its identity").add_subparsers(
         dest="action", required=True
@@ -1074,11 +1315,41 @@ def _operating_commands(commands: Any, leaf: Callable[..., argparse.ArgumentPars
     sub.add_argument("pack")
     sub.add_argument("--work-type", help="this work type's effective policy: its own, else the pack's")
 
+    retry = commands.add_parser("retry-policy", help="attempts and backoff per work type").add_subparsers(
+        dest="action", required=True
+    )
+    sub = leaf(retry, "set", retry_policy_set, "a work type's attempts and backoff")
+    sub.add_argument("pack")
+    sub.add_argument("--work-type", required=True, help="the work type of the pack it is for")
+    sub.add_argument("--max-attempts", type=int, required=True, metavar="N", help="1 to 100")
+    for flag, text in (("--backoff-base", "first delay, 0 to 86400"), ("--backoff-max", "longest delay, to 86400")):
+        sub.add_argument(flag, type=int, metavar="SECONDS", help=f"{text} (default: the service's)")
+    sub.add_argument("--by", required=True, help="who, as recorded")
+    sub.add_argument("--reason", required=True, help="why, as recorded")
+    sub = leaf(retry, "show", retry_policy_show, "Connectors' default and each work type's own")
+    sub.add_argument("pack")
+    sub.add_argument("--work-type", help="this work type's effective policy: its own, else Connectors' default")
+
     sub = leaf(commands, "coverage", coverage, "prove each identity's generations tile its inputs")
     sub.add_argument("pack")
     for flag in IDENTITY_FLAGS:
-        sub.add_argument(flag, help="all five: one identity; --work-type alone: one work type")
+        sub.add_argument(flag, help=WORK_TYPE_OR_IDENTITY)
+    sub.set_defaults(work_type_alone=True)
     _paged(sub)
+
+
+def _identity_commands(commands: Any, leaf: Callable[..., argparse.ArgumentParser]) -> None:
+    """``identities`` and ``send``."""
+    sub = leaf(commands, "identities", pack_identities, "a pack's identities: depth, newest generation, coverage")
+    sub.add_argument("pack")
+    _paged(sub)
+    sub = leaf(commands, "send", send, "send test deliveries through the SDK's pipelined ingest")
+    sub.add_argument("pack")
+    sub.add_argument("payloads", nargs="+", metavar="PAYLOAD", help="the text, @PATH (a file's bytes) or - (stdin)")
+    for flag in IDENTITY_FLAGS:
+        sub.add_argument(flag, required=flag == "--lane", help="those naming one identity; a new one: all five")
+    sub.add_argument("--key", action="append", metavar="KEY", help="receipt key, one per PAYLOAD (default: new ones)")
+    sub.add_argument("--source-time", type=_instant, metavar="INSTANT", help="of every delivery (ISO 8601)")
 
 
 def _paged(parser: argparse.ArgumentParser, *, dest: str = "page_size") -> None:
@@ -1122,7 +1393,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=help_epilog("nexuscrm"),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.set_defaults(handler=handler)
+        sub.set_defaults(handler=handler, command_parser=sub)  # a UsageError prints this one's usage
         # Also after the subcommand; SUPPRESS keeps an absent flag here from undoing one given before it.
         sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of tables")
         return sub
@@ -1146,7 +1417,8 @@ def build_parser() -> argparse.ArgumentParser:
     fences = commands.add_parser("fences", help="admission fences").add_subparsers(dest="action", required=True)
     sub = leaf(fences, "arm", fences_arm, "arm a fence")
     sub.add_argument("--namespace", required=True)
-    sub.add_argument("--scope", default=NAMESPACE_SCOPE, help=f'"{NAMESPACE_SCOPE}" (default) or a pack id')
+    sub.add_argument("--scope", default=NAMESPACE_SCOPE, help=f'"{NAMESPACE_SCOPE}" (default) or a pack')
+    sub.set_defaults(pack_fields=("scope",))
     sub.add_argument("--expires-in", type=parse_duration, metavar="DURATION", help="default: never expires")
     sub.add_argument("--reason", default="")
     leaf(fences, "disarm", fences_disarm, "disarm a fence").add_argument("fence")
@@ -1185,6 +1457,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     work = commands.add_parser("work", help="generations").add_subparsers(dest="action", required=True)
     leaf(work, "show", work_show, "range, members, status, attempts").add_argument("work_id")
+    sub = leaf(work, "retry-now", work_retry_now, "end the backoff of a generation waiting in retry")
+    sub.add_argument("work_id")
+    sub.add_argument("--by", required=True, help="who, as logged")
+    sub.add_argument("--reason", required=True, help="why, as logged")
     sub = leaf(work, "list", work_list, "a pack's (or one identity's) generations, newest first")
     sub.add_argument("pack")
     sub.add_argument("--status", choices=[s.value for s in WorkStatus], help="only generations with this status")
@@ -1243,8 +1519,44 @@ def build_parser() -> argparse.ArgumentParser:
     leaf(commands, "activation", activation, "the host's activation gate")
     leaf(commands, "workers", workers, "the host's workers")
     leaf(commands, "version", version, "what each service is, and whether they fit together")
+    sub = leaf(commands, "health", health, "each service's gRPC health: exit 3 when one is not SERVING")
+    sub.add_argument("--service", choices=[s.name for s in SERVICES], help="only this one (default: each deployed one)")
     _operating_commands(commands, leaf)
+    _identity_commands(commands, leaf)
     return parser
+
+
+def _named_packs(clients: Clients, args: argparse.Namespace) -> None:
+    """Put the PackInstallId in place of each pack argument given as ``NAMESPACE/NAME[@VERSION]`` (decision 178).
+
+    The arguments are ``pack`` unless the command says otherwise (``fences arm --scope``);
+    each name resolved is said on stderr.
+    """
+    for field in getattr(args, "pack_fields", ("pack",)):
+        text = getattr(args, field, None)
+        if text and text != NAMESPACE_SCOPE:
+            resolved = pack_names.resolve(clients.controlplane, text, timeout=RPC_TIMEOUT)
+            if resolved != text:
+                print(f"nexuscrm: pack {text} is {resolved}", file=sys.stderr)
+            setattr(args, field, resolved)
+
+
+def _named_identity(clients: Clients, args: argparse.Namespace) -> None:
+    """Fill in the identity flags a partial identity left out, from the one identity of the pack it names.
+
+    ``identities.resolve``; nothing to do without identity flags or with all five. ``--work-type``
+    alone is a work type where the command says so, and claims name an identity only with
+    ``--scope identity``.
+    """
+    # No pack to look in: ``dead-letters skip WORK_ID``, which refuses identity flags.
+    wanted = identities.given(args) if hasattr(args, "lane") and getattr(args, "pack", None) else {}
+    if not wanted or len(wanted) == len(IDENTITY_FLAGS) or getattr(args, "scope", "identity") != "identity":
+        return
+    if set(wanted) == {"work_type"} and getattr(args, "work_type_alone", False):
+        return
+    route = identities.resolve(clients.connectors, args.pack, wanted, timeout=RPC_TIMEOUT)
+    for flag, field in identities.FLAG_FIELDS.items():
+        setattr(args, flag.removeprefix("--").replace("-", "_"), getattr(route, field))
 
 
 def main(argv: list[str] | None = None) -> ExitCode:
@@ -1254,9 +1566,14 @@ def main(argv: list[str] | None = None) -> ExitCode:
     console = Console()
     clients = Clients(Targets.from_env())
     try:
+        _named_packs(clients, args)
+        _named_identity(clients, args)
         outcome: Outcome = args.handler(clients, args)
     except UsageError as error:
-        parser.error(str(error))
+        args.command_parser.error(str(error))
+    except (pack_names.PackNameError, identities.IdentityUnresolved) as error:
+        print(f"nexuscrm: {error}", file=sys.stderr)
+        return ExitCode.USAGE
     except ServiceCallFailed as error:
         print(f"nexuscrm: {error.message}", file=sys.stderr)
         return rpc_exit_code(error.code())

@@ -4,16 +4,20 @@ Every call of every stub (and of the Connectors SDK's client) goes through ``Nam
 call raises ``ServiceCallFailed``, which says which service answered (or did not) and, when
 it is unreachable, the variable that sets its address (``Targets``). ``nexuscrm`` prints
 ``ServiceCallFailed.message`` and exits with ``exits.rpc_exit_code`` of its status: one place
-for every command and every service.
+for every command and every service. ``version`` and ``health`` ask the ``deployed`` services
+only: those whose target variable is set (decision 177).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from nexuscrm.buildinfo.v1.build_info_pb2 import BuildInfo
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
@@ -27,17 +31,24 @@ from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as sc_grpc
 from nexuscrm_runtime.targets import Targets
 from nexuscrm_runtime.tls import open_channel
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_tools import versions
+from nexuscrm_tools import service_health, versions
 
 VERSION_TIMEOUT = 5.0  # seconds per GetBuildInfo: a service that does not answer by then is reported as such
+HEALTH_TIMEOUT = 5.0  # seconds per health Check, likewise
 
 
 @dataclasses.dataclass(frozen=True)
 class Service:
-    """A service as the operator knows it: its name and the variable holding its address."""
+    """A service as the operator knows it: its name, the variable holding its address, its gRPC name."""
 
     title: str  # as people call it: "Controlplane"
     env_name: str  # NEXUSCRM_<env_name>_TARGET
+    full_name: str  # the gRPC service's full name, whose health it reports
+
+    @property
+    def name(self) -> str:
+        """The launcher's name (``schema-catalog``, ``connectors``): what ``version`` and ``health`` print."""
+        return self.env_name.lower().replace("_", "-")
 
     @property
     def variable(self) -> str:
@@ -45,10 +56,26 @@ class Service:
         return f"NEXUSCRM_{self.env_name}_TARGET"
 
 
-SCHEMA_CATALOG = Service("Schema Catalog", "SCHEMA_CATALOG")
-CONTROLPLANE = Service("Controlplane", "CONTROLPLANE")
-CONNECTORS = Service("Connectors", "CONNECTORS")
-INTEGRATION = Service("Integration", "INTEGRATION")
+SCHEMA_CATALOG = Service(
+    "Schema Catalog", "SCHEMA_CATALOG", sc_pb.DESCRIPTOR.services_by_name["SchemaCatalogService"].full_name
+)
+CONTROLPLANE = Service(
+    "Controlplane", "CONTROLPLANE", cp_pb.DESCRIPTOR.services_by_name["ControlplaneService"].full_name
+)
+CONNECTORS = Service("Connectors", "CONNECTORS", cn_pb.DESCRIPTOR.services_by_name["ConnectorsService"].full_name)
+INTEGRATION = Service("Integration", "INTEGRATION", in_pb.DESCRIPTOR.services_by_name["IntegrationService"].full_name)
+# In the order the launcher starts them.
+SERVICES = (SCHEMA_CATALOG, CONNECTORS, CONTROLPLANE, INTEGRATION)
+
+
+def deployed(environ: Mapping[str, str] = os.environ) -> tuple[Service, ...]:
+    """The services this machine's operator deploys: those whose ``NEXUSCRM_<SERVICE>_TARGET`` is set.
+
+    With none set, all four, at their default local addresses (``nexuscrm_runtime.targets``): a
+    local run. A deployment of one owner sets only its services' targets, so that ``version``
+    and ``health`` check those and do not report the others as unreachable.
+    """
+    return tuple(service for service in SERVICES if environ.get(service.variable)) or SERVICES
 
 
 class ServiceCallFailed(grpc.RpcError):
@@ -118,8 +145,12 @@ class Clients:
         self._targets = targets
         self._channels: list[grpc.Channel] = []
 
-    def _open(self, service: Service, make: Callable[[grpc.Channel], object]) -> Any:
+    def _address(self, service: Service) -> str:
         address: str = getattr(self._targets, service.env_name.lower())
+        return address
+
+    def _open(self, service: Service, make: Callable[[grpc.Channel], object]) -> Any:
+        address = self._address(service)
         channel = open_channel(address)
         self._channels.append(channel)
         return Named(make(channel), service, address)
@@ -149,8 +180,8 @@ class Clients:
         """IntegrationService."""
         return cast(in_grpc.IntegrationServiceStub, self._open(INTEGRATION, in_grpc.IntegrationServiceStub))
 
-    def build_infos(self) -> list[versions.Answer]:
-        """Every service's GetBuildInfo answer, in the order the launcher starts them (``versions.ask``)."""
+    def build_infos(self, services: Sequence[Service]) -> list[versions.Answer]:
+        """The GetBuildInfo answers of ``services``, in the order the launcher starts them (``versions.ask``)."""
         calls: dict[Service, Callable[[], BuildInfo]] = {
             SCHEMA_CATALOG: lambda: (
                 self.schema_catalog.GetBuildInfo(sc_pb.GetBuildInfoRequest(), timeout=VERSION_TIMEOUT).build
@@ -166,13 +197,25 @@ class Clients:
             ),
         }
         return [
-            versions.ask(
-                service.env_name.lower().replace("_", "-"),
-                service.variable,
-                getattr(self._targets, service.env_name.lower()),
-                call,
-            )
+            versions.ask(service.name, service.variable, self._address(service), call)
             for service, call in calls.items()
+            if service in services
+        ]
+
+    def health(self, services: Sequence[Service]) -> list[service_health.Answer]:
+        """The gRPC health of each of ``services``, for its full name (``service_health.ask``)."""
+
+        def check(service: Service) -> int:
+            stub = self._open(service, health_pb2_grpc.HealthStub)
+            request = health_pb2.HealthCheckRequest(service=service.full_name)
+            status: int = stub.Check(request, timeout=HEALTH_TIMEOUT).status
+            return status
+
+        return [
+            service_health.ask(
+                service.name, service.variable, self._address(service), functools.partial(check, service)
+            )
+            for service in services
         ]
 
     def close(self) -> None:

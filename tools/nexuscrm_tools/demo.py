@@ -29,6 +29,7 @@ from nexuscrm_schema.invariants import check_invariants, snapshot
 from nexuscrm_sdk.flows import Flow, FlowContext, Generation
 from nexuscrm_tools import demo_queries as queries
 from nexuscrm_tools.demo_tables import applied, metadata
+from nexuscrm_tools.tables import plural
 from workqueue.values import InputRow, Route, WorkItemRow
 
 EVENT_KIND = "contact.upsert"
@@ -69,15 +70,27 @@ class ContactUpdate:
 
     @classmethod
     def decode(cls, payload: bytes) -> ContactUpdate:
-        """Parse a payload; raises ``ValueError`` when it is not a contact update."""
-        body = json.loads(payload)
-        fields = body.get("fields")
-        if not isinstance(body.get("contact_id"), str) or not isinstance(fields, dict):
-            raise ValueError("payload is not a contact update")
-        unknown = set(fields) - set(FIELDS)
+        """Parse a payload; raises ``ValueError`` when it is not a contact update.
+
+        The message says what is wrong, never what the payload holds (docs/security.md): the
+        host logs its start and LastError keeps it, for operators to read.
+        """
+        try:
+            body = json.loads(payload)
+        except ValueError:  # JSONDecodeError keeps the document, UnicodeDecodeError quotes its bytes
+            raise ValueError("payload is not a contact update: not JSON") from None
+        fields = body.get("fields") if isinstance(body, dict) else None
+        if not isinstance(fields, dict) or not isinstance(body.get("contact_id"), str):
+            raise ValueError("payload is not a contact update: no contact_id string and fields object")
+        unknown = len(set(fields) - set(FIELDS))
         if unknown:
-            raise ValueError(f"contact update has unknown fields {sorted(unknown)}")
-        return cls(contact_id=body["contact_id"], fields=fields, sent_at=float(body.get("sent_at", 0.0)))
+            known = ", ".join(FIELDS)
+            raise ValueError(f"contact update has {plural(unknown, 'unknown field')} of {len(fields)} (known: {known})")
+        try:
+            sent_at = float(body.get("sent_at", 0.0))
+        except (TypeError, ValueError):  # float's message quotes the value
+            raise ValueError("contact update's sent_at is not a number") from None
+        return cls(contact_id=body["contact_id"], fields=fields, sent_at=sent_at)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -114,12 +127,13 @@ def apply_generation(connection: Connection, work: WorkItemRow, inputs: Iterable
     """Fold a generation's inputs into the projection in ``connection``'s transaction; return how many were new.
 
     Inputs already in the ledger are skipped, so applying a generation twice changes nothing
-    the second time. Raises ``ValueError`` for a payload that is not a contact update (the
-    attempt fails and is retried, then fails for good: never skipped silently).
+    the second time. Raises ``ValueError`` naming the input's ordinal for a payload that is not
+    a contact update (the attempt fails and is retried, then fails for good: never skipped
+    silently).
     """
     pack_install_id = work.pack_install_id
     new_inputs = applied.fresh(connection, pack_install_id, (row for row in inputs if not row.is_replay))
-    fresh = [(row.enqueue_ordinal, ContactUpdate.decode(row.payload)) for row in new_inputs]
+    fresh = [(row.enqueue_ordinal, _decoded(row)) for row in new_inputs]
     if not fresh:
         return 0
     existing = queries.demo_contacts_get(connection, pack_install_id, {update.contact_id for _, update in fresh})
@@ -142,6 +156,14 @@ def apply_generation(connection: Connection, work: WorkItemRow, inputs: Iterable
             queries.demo_contact_insert(connection, pack_install_id, contact_id, values)
     applied.record(connection, work, new_inputs)
     return len(fresh)
+
+
+def _decoded(row: InputRow) -> ContactUpdate:
+    """``row``'s update; a ``ValueError`` names the input by its ordinal, never by what it holds."""
+    try:
+        return ContactUpdate.decode(row.payload)
+    except ValueError as error:
+        raise ValueError(f"input {row.enqueue_ordinal}: {error}") from None
 
 
 def contact_projection(context: FlowContext) -> Flow:

@@ -127,10 +127,11 @@ def work_item_failures(connection: Connection, pack_install_id: str) -> list[tup
 
 
 def work_items_held(connection: Connection, pack_install_id: str) -> list[tuple[str, str]]:
-    """(WorkId, the dead letter's WorkId) of each pending generation of the pack that the "block" order policy holds.
+    """(WorkId, the dead letter's WorkId) of each pending generation of the pack that a dead letter holds under "block".
 
     What Connectors' claim refuses (decision 165): only a replay or skip of the dead letter, or
-    a policy change, releases it, so a runner waiting for it waits for nothing. Oldest first.
+    a policy change, releases it, so a runner waiting for it waits for nothing. One held behind
+    a replay that runs first (decision 174) is not listed: that replay releases it. Oldest first.
     """
     behind = held_behind().label("Behind")
     held = (
@@ -143,9 +144,11 @@ def work_items_held(connection: Connection, pack_install_id: str) -> list[tuple[
         )
         .subquery()
     )
+    behind_row = WorkItem.alias("Behind")
     rows = connection.execute(
         sa.select(held.c.WorkId, held.c.Behind)
-        .where(held.c.Behind.is_not(None))
+        .join(behind_row, behind_row.c.WorkId == held.c.Behind)
+        .where(behind_row.c.Status == "failed")
         .order_by(held.c.CreatedAt, held.c.WorkId)
     )
     return [(str(row.WorkId), str(row.Behind)) for row in rows]

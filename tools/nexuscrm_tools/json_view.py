@@ -3,7 +3,8 @@
 ``google.protobuf.json_format`` prints enum names (``WORK_STATUS_COMPLETED``), 64-bit integers
 as strings and the proto's field names. Operators and scripts get instead: enum values as the
 plain lower-case word the tables print (``completed``), every integer as a JSON number, times
-as RFC 3339 UTC with a ``Z``, durations as seconds (the field named ``..._seconds``) and one
+as RFC 3339 UTC with a ``Z`` to the millisecond (``timestamp_text``, the one format of every
+surface), durations as seconds (the field named ``..._seconds``) and one
 name per concept: a generation's range is ``first_ordinal``..``last_ordinal`` (the proto's
 ``input_start_ordinal`` and ``lane_ordinal``) and a pack's ordinal counter is
 ``ordinal_counter`` (the proto's ``PackInstall.last_ordinal``). Fields without presence are
@@ -21,6 +22,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from nexuscrm_runtime.clock import iso_utc
+
 # The proto's name of a concept -> the one name tables, JSON, the dashboard and the docs use.
 RENAMED: dict[str, str] = {
     "nexuscrm.connectors.v1.WorkItem.input_start_ordinal": "first_ordinal",
@@ -36,6 +39,14 @@ def enum_word(enum: EnumDescriptor, number: int) -> str:
         return str(number)
     prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper() + "_"
     return value.name.removeprefix(prefix).lower()
+
+
+def timestamp_text(stamp: Timestamp) -> str:
+    """``stamp`` as tables, JSON and the dashboard print a time: ``2026-05-01T12:00:00.250Z``.
+
+    ``Timestamp.ToJsonString`` would print 0, 3, 6 or 9 fraction digits as the value has them.
+    """
+    return iso_utc(stamp.ToDatetime())
 
 
 def message_data(message: Message) -> dict[str, Any]:
@@ -60,7 +71,7 @@ def _value(field: Any, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_BYTES:
         return base64.b64encode(value).decode("ascii")
     if isinstance(value, Timestamp):
-        return value.ToJsonString()
+        return timestamp_text(value)
     if isinstance(value, Duration):
         return value.ToTimedelta().total_seconds()
     if isinstance(value, Message):

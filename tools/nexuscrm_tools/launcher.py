@@ -282,16 +282,17 @@ def _target_variable(spec: ServiceSpec) -> str:
 def reserved_ports(specs: Sequence[ServiceSpec]) -> Iterator[dict[ServiceSpec, int]]:
     """A free port on 127.0.0.1 per service of ``specs``, held until the block ends.
 
-    Each port is held by a socket bound with SO_REUSEPORT and never listening: nothing else can
-    bind the port (nor does the OS hand it out), while the service, whose gRPC server binds with
-    SO_REUSEPORT too, can; connections reach only the service, the one listener. Start the
-    services within the block (``start_services(..., ports=...)``).
+    Each port is held by a socket bound with SO_REUSEADDR and never listening: the OS hands it
+    out to no one else, while the service, whose gRPC server binds with SO_REUSEADDR too, can
+    bind and listen (a bound socket that does not listen is no conflict: ``nexuscrm_runtime.listening``,
+    decision 177); connections reach only the service, the one listener. Start the services
+    within the block (``start_services(..., ports=...)``).
     """
     holders: dict[ServiceSpec, socket.socket] = {}
     try:
         for spec in specs:
             holder = holders[spec] = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             holder.bind(("127.0.0.1", 0))
         yield {spec: int(holder.getsockname()[1]) for spec, holder in holders.items()}
     finally:

@@ -21,12 +21,12 @@ UNBOUNDED = 1_000_000  # columns: measure a table as if the terminal had no edge
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
-    """A table whose cells never wrap nor shrink (``None`` shows as empty)."""
+    """A table whose cells never wrap nor shrink (``None`` shows as empty; a ``Text`` as it is, never as markup)."""
     result = Table(title=title)
     for column in columns:
         result.add_column(column, no_wrap=True)
     for row in rows:
-        result.add_row(*("" if value is None else str(value) for value in row))
+        result.add_row(*(value if isinstance(value, Text) else "" if value is None else str(value) for value in row))
     return result
 
 

@@ -17,12 +17,14 @@ A Flow author imports from here (``__all__``, decision 154); the modules say mor
   flight and answers them in order, retrying as ``IngestRetry`` says (decision 163).
 - Internal, for the modules above and this repository's services, not for Flow authors:
   ``nexuscrm_sdk.convert`` (protobuf conversions), ``nexuscrm_sdk.timestamps`` (UTC
-  datetimes), ``nexuscrm_sdk.draining`` (waiting for a drained queue).
+  datetimes), ``nexuscrm_sdk.draining`` (waiting for a drained queue), ``nexuscrm_sdk.lookups``
+  (what a lookup of a WorkId or a receipt key answers when it finds neither).
 
 The shared values (``ProjectionIdentity``, ``WorkStatus``, ``InputRow``) come from ``workqueue``.
 A Flow must read every input of its generation; raising fails the attempt, which is retried,
 unless it raises ``PermanentFailure`` (failed for good at once) or ``RetryLater`` (run again
-after a delay, the attempt not counted). A replay generation hands its
+after a delay, the attempt not counted); the worker sends the exception's traceback with the
+failure, stored with the attempt for operators, never logged. A replay generation hands its
 Flow the replayed generation's inputs again first, each with ``InputRow.replayed_work_id`` set.
 A Flow and its test::
 

@@ -167,12 +167,16 @@ class ConnectorsClient:
         error: str,
         retryable: bool = True,
         retry_after: dt.timedelta | None = None,
+        traceback: str | None = None,
     ) -> WorkItemRow:
         """Record a failed attempt: retried after backoff, else (not ``retryable``, no attempts left) failed.
 
         ``retry_after``: retry after that delay instead, the attempt not counted (``RetryLater``).
+        ``traceback``: the Flow's, stored with the attempt (at most ``workqueue.limits.TRACEBACK_MAX_BYTES``).
         """
-        request = pb.FailRequest(work_id=work_id, lease_token=lease_token, error=error, retryable=retryable)
+        request = pb.FailRequest(
+            work_id=work_id, lease_token=lease_token, error=error, retryable=retryable, traceback=traceback or ""
+        )
         if retry_after is not None:
             request.retry_after.FromTimedelta(retry_after)
         response = self._stub.Fail(request, timeout=self._timeout)
@@ -186,9 +190,9 @@ class ConnectorsClient:
         )
 
     def get_work(self, work_id: str) -> WorkDescription:
-        """A generation and its member count."""
+        """A generation, its member count and its newest attempts that did not complete it."""
         response = self._stub.GetWork(pb.GetWorkRequest(work_id=work_id), timeout=self._timeout)
-        return WorkDescription(work=convert.work_from_proto(response.work), member_count=response.member_count)
+        return convert.work_description_from_proto(response)
 
     def explain_receipt(self, pack_install_id: str, *, receipt_key: str) -> ReceiptExplanation:
         """Where a receipt stands and which generation covers it (NOT_FOUND: no such receipt)."""

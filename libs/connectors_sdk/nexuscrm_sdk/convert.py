@@ -17,6 +17,7 @@ from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
 from workqueue.errors import DomainError, ErrorKind
+from workqueue.statuses import AttemptOutcome
 from workqueue.values import (
     Claim,
     Completion,
@@ -34,6 +35,8 @@ from workqueue.values import (
     ReceiptSummary,
     RetentionPolicy,
     Route,
+    WorkAttemptRow,
+    WorkDescription,
     WorkItemRow,
 )
 
@@ -57,6 +60,13 @@ STATUSES = {
     WorkStatus.FAILED: pb.WORK_STATUS_FAILED,
 }
 STATUSES_BACK = {value: key for key, value in STATUSES.items()}
+ATTEMPT_OUTCOMES = {
+    AttemptOutcome.FAILED: pb.ATTEMPT_OUTCOME_FAILED,
+    AttemptOutcome.RETRY: pb.ATTEMPT_OUTCOME_RETRY,
+    AttemptOutcome.RETRY_LATER: pb.ATTEMPT_OUTCOME_RETRY_LATER,
+    AttemptOutcome.EXPIRED: pb.ATTEMPT_OUTCOME_EXPIRED,
+}
+ATTEMPT_OUTCOMES_BACK = {value: key for key, value in ATTEMPT_OUTCOMES.items()}
 
 
 def route_to_proto(route: Route) -> pb.ProjectionRoute:
@@ -167,6 +177,52 @@ def work_from_proto(message: pb.WorkItem) -> WorkItemRow:
         last_error=message.last_error or None,
         created_at=from_timestamp(message, "created_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
         finished_at=from_timestamp(message, "finished_at"),
+    )
+
+
+def attempt_to_proto(attempt: WorkAttemptRow) -> pb.WorkAttempt:
+    """WorkAttemptRow -> proto."""
+    return pb.WorkAttempt(
+        attempt=attempt.attempt,
+        worker_id=attempt.worker_id,
+        started_at=to_timestamp(attempt.started_at),
+        finished_at=to_timestamp(attempt.finished_at),
+        outcome=ATTEMPT_OUTCOMES[attempt.outcome],
+        error=attempt.error,
+        traceback=attempt.traceback or "",
+    )
+
+
+def attempt_from_proto(message: pb.WorkAttempt) -> WorkAttemptRow:
+    """Proto -> WorkAttemptRow."""
+    return WorkAttemptRow(
+        attempt=message.attempt,
+        worker_id=message.worker_id,
+        started_at=from_timestamp(message, "started_at"),
+        finished_at=from_timestamp(message, "finished_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
+        outcome=ATTEMPT_OUTCOMES_BACK[message.outcome],
+        error=message.error,
+        traceback=message.traceback or None,
+    )
+
+
+def work_description_to_proto(described: WorkDescription) -> pb.GetWorkResponse:
+    """WorkDescription -> GetWorkResponse."""
+    return pb.GetWorkResponse(
+        work=work_to_proto(described.work),
+        member_count=described.member_count,
+        attempts=[attempt_to_proto(a) for a in described.attempts],
+        attempt_count=described.attempt_count,
+    )
+
+
+def work_description_from_proto(message: pb.GetWorkResponse) -> WorkDescription:
+    """GetWorkResponse -> WorkDescription (a server before contract 1.6.0 sends no attempts)."""
+    return WorkDescription(
+        work=work_from_proto(message.work),
+        member_count=message.member_count,
+        attempts=tuple(attempt_from_proto(a) for a in message.attempts),
+        attempt_count=message.attempt_count,
     )
 
 

@@ -99,6 +99,7 @@ class AttemptRecord:
 
     ``attempt`` counts from 0 (the first attempt); ``outcome`` is the generation's status
     afterwards: completed, retry (failed, another attempt follows) or failed (for good).
+    ``traceback``: the one the worker sent with a failure (as Connectors stores it).
     """
 
     work_id: str
@@ -107,6 +108,7 @@ class AttemptRecord:
     ordinals: tuple[int, ...]
     outcome: WorkStatus
     error: str | None
+    traceback: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -423,10 +425,12 @@ class InMemoryWorkSource:
         error: str,
         retryable: bool = True,
         retry_after: dt.timedelta | None = None,
+        traceback: str | None = None,
     ) -> WorkItemRow:
         """Record a failed attempt: retry after ``backoff`` while attempts remain and ``retryable``, else failed.
 
         ``retry_after``: retry after that delay instead, the attempt not counted (as Connectors does).
+        ``traceback``: kept with the attempt (``AttemptRecord.traceback``).
         """
         with self._lock:
             work = self._held(work_id, lease_token)
@@ -444,7 +448,7 @@ class InMemoryWorkSource:
                 self._work[work_id] = after
             else:
                 after = self._finish(work, status=WorkStatus.FAILED, attempt=attempt, error=error)
-            self._record(work, after.status, error)
+            self._record(work, after.status, error, traceback)
             return after
 
     # What a test asserts on ------------------------------------------------------------------
@@ -521,7 +525,7 @@ class InMemoryWorkSource:
             self._work[successor.work_id] = dataclasses.replace(successor, status=WorkStatus.PENDING, claimable_at=now)
         return done
 
-    def _record(self, work: WorkItemRow, outcome: WorkStatus, error: str | None) -> None:
+    def _record(self, work: WorkItemRow, outcome: WorkStatus, error: str | None, traceback: str | None = None) -> None:
         self._attempts.append(
             AttemptRecord(
                 work_id=work.work_id,
@@ -530,6 +534,7 @@ class InMemoryWorkSource:
                 ordinals=tuple(row.enqueue_ordinal for row in self._members(work)),
                 outcome=outcome,
                 error=error,
+                traceback=traceback,
             )
         )
 

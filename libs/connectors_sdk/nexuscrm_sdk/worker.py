@@ -10,7 +10,9 @@ not, or raises, the attempt fails and is retried with backoff; a Flow that raise
 ``PermanentFailure`` fails its generation for good at once (a dead letter), and one that raises
 ``RetryLater`` has it run again after the delay it names, that attempt not counted. The failure's log line names the
 exception and the start of its message (``FLOW_MESSAGE_LOG_CHARS``, on one line); the whole
-message goes to the WorkItem's LastError (GetWork), see docs/security.md.
+message goes to the WorkItem's LastError (GetWork), and the traceback (its end, within
+``workqueue.limits.TRACEBACK_MAX_BYTES``: ``bounded_traceback``) goes with Fail to the
+attempt's history, never to a log (decision 175), see docs/security.md.
 
 An idle worker does not sleep while work is waiting: its claim asks the service to wait up to
 ``claim_wait`` for work, and the service answers as soon as it claimed some. Only a claim
@@ -57,14 +59,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from traceback import format_exc
 from typing import Protocol
 
 from nexuscrm_sdk.flows import Flow, Generation, PermanentFailure, RetryLater
 from nexuscrm_sdk.timestamps import aware_utc
+from workqueue.limits import TRACEBACK_MAX_BYTES
 from workqueue.logcontext import log_context
 from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, WorkItemRow
 
 log = logging.getLogger(__name__)
+
+TRACEBACK_CUT = "[the traceback's start is cut to fit its bound]\n"
 
 # Of a failed Flow's message in the log line (docs/security.md, decision 152): enough to say what
 # went wrong, too little to carry an input; LastError keeps the whole message.
@@ -127,8 +133,12 @@ class WorkSource(Protocol):
         error: str,
         retryable: bool = True,
         retry_after: dt.timedelta | None = None,
+        traceback: str | None = None,
     ) -> WorkItemRow:
-        """Record a failed attempt of a held generation; ``retry_after``: run it again then, the attempt not counted."""
+        """Record a failed attempt of a held generation; ``retry_after``: run it again then, the attempt not counted.
+
+        ``traceback``: the Flow's, at most ``workqueue.limits.TRACEBACK_MAX_BYTES`` of UTF-8, stored with the attempt.
+        """
         ...
 
 
@@ -298,9 +308,10 @@ class Worker:
             log.warning("work %s failed with %s (the whole message: GetWork)", work_id, loggable(message))
             retryable = not isinstance(error, PermanentFailure)
             later = error.delay if isinstance(error, RetryLater) else None
+            trace = bounded_traceback(format_exc())  # stored with the attempt, never logged
             self._settle(
                 lambda: self._source.fail(
-                    work_id, lease_token=token, error=message, retryable=retryable, retry_after=later
+                    work_id, lease_token=token, error=message, retryable=retryable, retry_after=later, traceback=trace
                 )
             )
         else:
@@ -424,6 +435,15 @@ def loggable(message: str, limit: int = FLOW_MESSAGE_LOG_CHARS) -> str:
     line = " ".join(message.split())
     line = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def bounded_traceback(text: str, limit: int = TRACEBACK_MAX_BYTES) -> str:
+    """``text`` within ``limit`` bytes of UTF-8: its end kept (where the exception is), its start cut and said so."""
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    tail = encoded[len(encoded) - (limit - len(TRACEBACK_CUT.encode())) :]
+    return TRACEBACK_CUT + tail.decode(errors="ignore")  # a character cut in two is dropped
 
 
 def _aware_work(work: WorkItemRow) -> WorkItemRow:

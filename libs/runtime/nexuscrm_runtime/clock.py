@@ -107,12 +107,15 @@ def iso_utc(value: None) -> None: ...
 @overload
 def iso_utc(value: dt.datetime | None) -> str | None: ...
 def iso_utc(value: dt.datetime | None) -> str | None:
-    """A UTC timestamp as ISO 8601 with ``Z``: ``2024-05-01T12:00:00.250000Z`` (None stays None).
+    """A time as every operator surface prints it: ``2024-05-01T12:00:00.250Z`` (None stays None).
 
-    Naive values are UTC (the stored form); aware ones are converted to UTC first.
+    RFC 3339 in UTC with ``Z``, always to the millisecond (truncated, never rounded up): the
+    one format of the command lines, their JSON, the dashboard and the services' messages
+    (docs/output-conventions.md, decision 179). Naive values are UTC (the stored form); aware
+    ones are converted to UTC first.
     """
     if value is None:
         return None
     if value.tzinfo is not None:
         value = value.astimezone(dt.UTC).replace(tzinfo=None)
-    return value.isoformat() + "Z"
+    return value.isoformat(timespec="milliseconds") + "Z"

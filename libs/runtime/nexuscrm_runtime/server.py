@@ -5,7 +5,8 @@ Signals of every service: SIGTERM and SIGINT stop gracefully, within the grace p
 ``EXIT_NOT_STOPPED``); SIGHUP reloads the certificates and the authorization policy. A
 configuration refusal at start is one log line and exit code ``EXIT_CONFIG``; a database that
 cannot be used (unreachable, missing a prerequisite, a schema the service does not support) is
-one log line and exit code ``EXIT_NOT_STARTED``, before anything is registered or SERVING.
+one log line and exit code ``EXIT_NOT_STARTED``, before anything is registered or SERVING; so is
+a listen address whose port another process holds (``listening``), before anything is SERVING.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from nexuscrm_runtime.config import ServiceConfig, dsn_backend, refusing_bad_con
 from nexuscrm_runtime.database import DatabaseUnavailable, create_engine
 from nexuscrm_runtime.database_check import DatabaseUnusable, check_database
 from nexuscrm_runtime.exit_codes import ExitCode
+from nexuscrm_runtime.listening import SERVER_OPTIONS, PortUnavailable, refuse_if_in_use
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.metrics import RpcObservingInterceptor
 from nexuscrm_runtime.metrics_endpoint import metrics_server
@@ -109,7 +111,8 @@ def create_server(
     outermost (tracing); then every RPC is timed and given its log context
     (``RpcObservingInterceptor``) and its domain errors are mapped to status codes
     (``DomainErrorInterceptor``). With ``security`` the port speaks mutual TLS only and each
-    RPC passes its registration's rule before its handler runs.
+    RPC passes its registration's rule before its handler runs. The server never shares its
+    port: binding one that another process holds raises ``PortUnavailable`` (``listening``).
     """
     chain: list[grpc.ServerInterceptor[Any, Any]] = [*interceptors, RpcObservingInterceptor(), DomainErrorInterceptor()]
     if security is not None:
@@ -118,7 +121,8 @@ def create_server(
             raise ValueError(f"RPCs without an authorization rule: {', '.join(unruled)}")
         rules = {method: rule for registration in registrations for method, rule in registration.rules.items()}
         chain.append(AuthorizationInterceptor(lambda: security.policy, rules))  # innermost: refusals map like any error
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=chain)
+    executor = futures.ThreadPoolExecutor(max_workers=max_workers)
+    server = grpc.server(executor, interceptors=chain, options=SERVER_OPTIONS)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for registration in registrations:
@@ -128,12 +132,15 @@ def create_server(
         (*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    if security is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, security.server_credentials())
+    try:
+        if security is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, security.server_credentials())
+    except RuntimeError as error:  # in use (taken since ``refuse_if_in_use`` looked), or not bindable
+        raise PortUnavailable(f"cannot listen on {address}: {error}") from None
     if port == 0:
-        raise OSError(f"could not bind {address}")
+        raise PortUnavailable(f"cannot listen on {address}")
     server.start()
     running = RunningServer(server=server, port=port, health=health_servicer, service_names=names)
     running.set_serving(serving)
@@ -255,7 +262,7 @@ EXIT_PREREQUISITES = EXIT_NOT_STARTED
 def refusing_to_start(engine: Engine | None = None) -> Iterator[None]:
     """Turn a start-up refusal inside into one log line and exit ``EXIT_NOT_STARTED``.
 
-    Refusals: ``StartRefused`` (a prerequisite, a schema gate), a database URL that cannot be
+    Refusals: ``StartRefused`` (a prerequisite, a schema gate, a port in use), a database URL that cannot be
     used (``DatabaseUnusable``) and a connection lost while checking (``DatabaseUnavailable``).
     ``engine`` is disposed first.
     """
@@ -290,8 +297,10 @@ def run_service(
     until SIGTERM, then disposes the engine. The gates, in order: the database URL connects
     (``database_check``), the server meets the prerequisites (``prerequisites``), then
     ``before_serving`` (the service's schema gate, ``nexuscrm_schema.support``), which raises
-    ``StartRefused`` to refuse. A refusal is one log line and exit ``EXIT_NOT_STARTED``
-    before ``build`` runs: nothing is registered, no port is bound, nothing reports SERVING.
+    ``StartRefused`` to refuse. Before them, the listen and metrics addresses must be free
+    (``listening``: a second instance on the same port). A refusal is one log line and exit
+    ``EXIT_NOT_STARTED`` before ``build`` runs: nothing is registered, no port is bound, nothing
+    reports SERVING.
     ``on_serving`` gets the started server (to report the health of a background part, for
     instance).
     """
@@ -313,6 +322,8 @@ def _serve(
     on_serving: Callable[[RunningServer], None] | None,
     before_serving: Callable[[Engine], None] | None,
 ) -> None:
+    with refusing_to_start():  # a second instance on the same ports, before it touches anything
+        refuse_if_in_use(config.address, config.metrics_address)
     with observability(env_name, config, security) as tracing:
         with refusing_to_start():
             check_database(config.dsn)
@@ -325,13 +336,14 @@ def _serve(
                 before_serving(engine)
         tracing.instrument_engine(engine)
         registrations = build(config, engine, security)
-        running = create_server(
-            registrations,
-            config.address,
-            interceptors=tracing.interceptors,
-            max_workers=config.max_workers,
-            security=security,
-        )
+        with refusing_to_start(engine):  # the port was taken since the check above
+            running = create_server(
+                registrations,
+                config.address,
+                interceptors=tracing.interceptors,
+                max_workers=config.max_workers,
+                security=security,
+            )
         log.info(
             "serving %s on port %d (%s database, %s)",
             ", ".join(running.service_names),

@@ -40,6 +40,8 @@ from nexuscrm_schema.tables import (
     PrunedReceipt,
     PrunedWork,
     RetentionPolicy,
+    SkippedWork,
+    WorkAttempt,
     WorkItem,
 )
 from workqueue import ReceiptState, WorkStatus
@@ -167,7 +169,9 @@ def check_invariants(engine: sa.Engine) -> list[str]:
         ).all()
         policies = {r.PackInstallId: r for r in connection.execute(sa.select(RetentionPolicy))}
         pruned_work = connection.execute(sa.select(PrunedWork)).all()
+        skipped = set(connection.execute(sa.select(SkippedWork.c.WorkId)).scalars())
         tombstones = connection.execute(sa.select(PrunedReceipt)).all()
+        attempted = set(connection.execute(sa.select(WorkAttempt.c.WorkId).distinct()).scalars())
     cutoffs = {r.PackInstallId: r.LegacyMaxOrdinal for r in protocols}
     greenfield = {r.PackInstallId for r in protocols if r.Origin == GREENFIELD}
     problems: list[str] = []
@@ -185,9 +189,12 @@ def check_invariants(engine: sa.Engine) -> list[str]:
     problems += _bounds_and_payload(events, generations)
     problems += _admitted_counts(events, work)
     problems += _payload_rows(events, payloads)
-    problems += _execution(generations)
+    problems += _execution(generations, _replays_run_first(work, skipped))
     problems += _duplicates(cutoffs, events, receipts)
     problems += _retention(packs, policies, events, receipts, generations, pruned_work, tombstones)
+    # Attempt history goes with its generation (decision 175): none outlives a pruned one.
+    orphans = sorted(attempted - {w.WorkId for w in work})
+    problems += [f"R: attempts of {work_id} remain without their generation" for work_id in orphans]
     return problems
 
 
@@ -395,15 +402,55 @@ def _payload_rows(events: Iterable[DbRow], payloads: Iterable[DbRow]) -> list[st
     return problems
 
 
-def _execution(generations: Generations) -> list[str]:
+def _replays_run_first(work: Iterable[DbRow], skipped: set[str]) -> dict[str, tuple[str, bool]]:
+    """Each replay that runs before a held generation (decision 174): the held WorkId, and whether it is unfinished.
+
+    Unfinished: not completed, and not replayed or skipped after failing for good.
+    """
+    replayed = {w.ReplayOfWorkId for w in work if w.ReplayOfWorkId}
+    return {
+        w.WorkId: (
+            w.RunsBeforeWorkId,
+            w.Status != WorkStatus.COMPLETED
+            and not (w.Status == WorkStatus.FAILED and (w.WorkId in replayed or w.WorkId in skipped)),
+        )
+        for w in work
+        if w.RunsBeforeWorkId
+    }
+
+
+def _execution(generations: Generations, run_first: Mapping[str, tuple[str, bool]]) -> list[str]:
+    """X: one generation of an identity processing at a time, in LaneOrdinal order.
+
+    A replay run first (``run_first``) stands in its dead letter's place: it runs once every
+    generation below the one it holds is terminal, and that one runs after it (decision 174).
+    """
     problems = []
     for ranges in generations.values():
+        processing = [work_id for _s, _e, work_id, status in ranges if status == WorkStatus.PROCESSING]
+        if len(processing) > 1:
+            problems.append(f"X: {', '.join(processing)} of one identity are processing at once")
+        chain = [g for g in ranges if g[2] not in run_first]
         seen_nonterminal = None
-        for _start, _end, work_id, status in ranges:
+        for _start, _end, work_id, status in chain:
             if seen_nonterminal is not None and status != WorkStatus.BLOCKED:
                 problems.append(f"X: {work_id} is {status} while its predecessor {seen_nonterminal} is not terminal")
             if status not in TERMINAL_WORK_STATUSES and seen_nonterminal is None:
                 seen_nonterminal = work_id
+        starts = {work_id: (start, status) for start, _e, work_id, status in chain}
+        for _start, _end, work_id, status in ranges:
+            if work_id not in run_first:
+                continue
+            held, unfinished = run_first[work_id]
+            held_start, held_status = starts.get(held, (None, None))
+            if held_start is None:
+                continue  # the held generation was pruned after it ran
+            if unfinished and held_status not in (WorkStatus.PENDING, WorkStatus.RETRY):
+                problems.append(f"X: {held} is {held_status} before replay {work_id}, which runs first, finished")
+            started = status not in (WorkStatus.PENDING, WorkStatus.RETRY)
+            early = [w for s, _e, w, st in chain if s < held_start and st not in TERMINAL_WORK_STATUSES]
+            if started and early:
+                problems.append(f"X: replay {work_id} is {status} while {early[0]} below it is not terminal")
     return problems
 
 

@@ -2,12 +2,16 @@
 
 A generation's predecessor is the previous generation of its projection identity: the
 identity's WorkItem with the highest LaneOrdinal below the generation's InputStartOrdinal
-(one seek of ``ix_workitem_projection_order``). Connectors' liveness sweep and the
-Controlplane dashboard's stranded gauge both judge a blocked generation by it.
+that does not run before a held generation (one seek of ``ix_workitem_projection_order``).
+Connectors' liveness sweep and the Controlplane dashboard's stranded gauge both judge a
+blocked generation by it.
 
-Under the "block" order policy (decisions 160 and 165), a pending generation whose
-predecessor is a dead letter (failed, neither replayed nor skipped) is held: Connectors' claim
-refuses it and the runner reports it (``dead_letter``, ``effective_block``, ``held_behind``).
+Under the "block" order policy (decisions 160 and 165), a pending generation is held while
+its predecessor is a dead letter (failed, neither replayed nor skipped), and while a replay
+that runs before it (RunsBeforeWorkId, decision 174) has not completed, been skipped or been
+replayed in turn: Connectors' claim refuses it and the runner reports it (``dead_letter``,
+``effective_block``, ``held_behind``). Such a replay is nobody's predecessor: it runs before
+the generations below its own ordinal that it holds, in the place of the dead letter it replays.
 
 An Event's payload is its EventPayload row's, or for an Event admitted before schema v8
 copied it, its own Event.Payload (decision 126): ``EVENT_WITH_PAYLOAD`` and ``EVENT_PAYLOAD``
@@ -32,7 +36,7 @@ def predecessor_select(column: sa.ColumnElement[Any]) -> sa.Select[Any]:
     """``column`` of the outer WorkItem row's predecessor (``PREDECESSOR``): one ix_workitem_projection_order seek.
 
     The generation of the same identity with the highest LaneOrdinal below the row's
-    InputStartOrdinal; no row when it has none.
+    InputStartOrdinal, a replay that runs before a held generation aside; no row when it has none.
     """
     return (
         sa.select(column)
@@ -40,6 +44,7 @@ def predecessor_select(column: sa.ColumnElement[Any]) -> sa.Select[Any]:
             PREDECESSOR.c.PackInstallId == WorkItem.c.PackInstallId,
             PREDECESSOR.c.ProjectionKey == WorkItem.c.ProjectionKey,
             PREDECESSOR.c.LaneOrdinal < WorkItem.c.InputStartOrdinal,
+            PREDECESSOR.c.RunsBeforeWorkId.is_(None),
         )
         .order_by(PREDECESSOR.c.LaneOrdinal.desc())
         .limit(1)
@@ -101,10 +106,52 @@ def effective_block(pack: sa.ColumnElement[str], work_type: sa.ColumnElement[str
     return sa.func.coalesce(of_type, of_pack, DEFAULT_ORDER_POLICY) == BLOCK
 
 
-def held_behind() -> sa.ScalarSelect[Any]:
-    """The WorkId of the outer WorkItem row's predecessor when it is a dead letter; NULL otherwise.
+_FIRST = WorkItem.alias("RunsFirst")  # a replay that runs before the outer row (ix_workitem_runs_before)
 
-    Whether the row is held also takes its status (pending) and ``effective_block``.
+
+def unfinished(table: Any) -> sa.ColumnElement[bool]:
+    """``table``'s row has not completed, and was not resolved after failing for good (replayed or skipped)."""
+    return sa.and_(
+        table.c.Status != WorkStatus.COMPLETED,
+        sa.or_(table.c.Status != WorkStatus.FAILED, unresolved(table)),
+    )
+
+
+def _runs_first_select(column: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """``column`` of an unfinished replay run before the outer WorkItem row: one seek of ix_workitem_runs_before."""
+    return (
+        sa.select(column)
+        .where(_FIRST.c.RunsBeforeWorkId == WorkItem.c.WorkId, unfinished(_FIRST))
+        .limit(1)
+        .correlate(WorkItem)
+    )
+
+
+def behind_dead_letter_or_replay() -> sa.ColumnElement[bool]:
+    """The outer WorkItem row's predecessor is a dead letter, or a replay that runs before it is unfinished.
+
+    The claim's hold under "block" (with ``effective_block``): one seek of
+    ix_workitem_projection_order and its row's two probes, and one seek of
+    ix_workitem_runs_before (no row for nearly every generation).
     """
-    behind = predecessor_select(sa.case((dead_letter(PREDECESSOR), PREDECESSOR.c.WorkId), else_=None))
-    return behind.prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery()
+    dead = predecessor_select(sa.case((dead_letter(PREDECESSOR), 1), else_=0))
+    # Scalar subqueries, not EXISTS: MariaDB would turn an EXISTS into a semi-join scanning WorkItem.
+    first = _runs_first_select(sa.literal(1))
+    return sa.or_(
+        sa.func.coalesce(dead.prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery(), 0) == 1,
+        sa.func.coalesce(first.prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery(), 0) == 1,
+    )
+
+
+def held_behind() -> sa.ColumnElement[Any]:
+    """The WorkId the outer WorkItem row waits for: its dead-letter predecessor, else an unfinished replay run first.
+
+    NULL when neither; whether the row is held also takes its status (pending) and
+    ``effective_block``.
+    """
+    dead = predecessor_select(sa.case((dead_letter(PREDECESSOR), PREDECESSOR.c.WorkId), else_=None))
+    first = _runs_first_select(_FIRST.c.WorkId)
+    return sa.func.coalesce(
+        dead.prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery(),
+        first.prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery(),
+    )

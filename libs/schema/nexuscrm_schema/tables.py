@@ -231,6 +231,14 @@ WorkItem = sa.Table(
     # rows from before v11.
     sa.Column("AdmittedMemberCount", sa.BigInteger, nullable=True),
     sa.Column("AdmittedThroughOrdinal", sa.BigInteger, nullable=True),
+    # Added by schema v14 (decision 174). A replay of a dead letter under the "block" policy:
+    # the held generation it runs before. Such a replay is claimable at once; the held
+    # generation stays held until it completes (or is skipped); admission never extends it
+    # nor links a successor behind it, and it is nobody's predecessor. NULL for every other.
+    sa.Column("RunsBeforeWorkId", sa.String(WORK_ID_LENGTH), nullable=True),
+    # Added by schema v14 (decision 175). When the current (or last) attempt's lease was
+    # taken, written by the claim's lease UPDATE: an attempt's start in its history.
+    sa.Column("ClaimedAt", Timestamp(), nullable=True),
     # The projection-order index: newest generation of an identity, coverage probes,
     # successor lookup on completion.
     sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),
@@ -243,6 +251,9 @@ WorkItem = sa.Table(
     # Added by schema v7. Retention candidates: a pack's terminal generations of one status,
     # oldest finished first (decision 123).
     sa.Index("ix_workitem_retention", "PackInstallId", "Status", "FinishedAt"),
+    # Added by schema v14. The replays that run before a held generation (decision 174);
+    # partial on SQLite for the reason of ix_workitem_replay_of.
+    sa.Index("ix_workitem_runs_before", "RunsBeforeWorkId", sqlite_where=sa.column("RunsBeforeWorkId").is_not(None)),
     **MYSQL_TABLE_OPTIONS,
 )
 
@@ -417,6 +428,42 @@ SkippedWork = sa.Table(
     sa.Column("SkippedBy", sa.String(255), nullable=False),
     sa.Column("Reason", sa.Text, nullable=False),
     sa.Column("SkippedAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v14 (decision 175): an operator's retry policy of one work type of a pack:
+# attempts before a generation fails for good and the exponential backoff between them. A
+# work type without a row has Connectors' settings (NEXUSCRM_MAX_ATTEMPTS, ...).
+WorkTypeRetryPolicy = sa.Table(
+    "WorkTypeRetryPolicy",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("WorkType", sa.String(FIELD_MAX_LENGTHS["work_type"]), primary_key=True),
+    sa.Column("MaxAttempts", sa.Integer, nullable=False),
+    sa.Column("RetryBaseSeconds", sa.Integer, nullable=False),
+    sa.Column("RetryMaxSeconds", sa.Integer, nullable=False),
+    sa.Column("SetBy", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("SetAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v14 (decision 175): one attempt of a generation that did not complete it
+# (failed, retried later, or lost its lease), written with the attempt's end; the attempt
+# that completes a generation is the WorkItem row itself. Error and Traceback are the
+# Flow's, bounded, shown to operators only (never logged). Pruned with its generation.
+WorkAttempt = sa.Table(
+    "WorkAttempt",
+    metadata,
+    sa.Column("WorkId", sa.String(WORK_ID_LENGTH), primary_key=True),
+    sa.Column("Attempt", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("WorkerId", sa.String(WORKER_ID_LENGTH), nullable=False),
+    sa.Column("StartedAt", Timestamp(), nullable=True),  # NULL: claimed by a release before v14
+    sa.Column("FinishedAt", Timestamp(), nullable=False),
+    sa.Column("Outcome", sa.String(16), nullable=False),  # failed, retry, retry_later, expired
+    sa.Column("Error", sa.Text, nullable=False),
+    sa.Column("Traceback", sa.Text, nullable=True),
     **MYSQL_TABLE_OPTIONS,
 )
 

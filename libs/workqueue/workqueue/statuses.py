@@ -22,6 +22,15 @@ TERMINAL_WORK_STATUSES = frozenset({WorkStatus.COMPLETED, WorkStatus.FAILED})
 NONTERMINAL_WORK_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED, WorkStatus.RETRY, WorkStatus.PROCESSING)
 
 
+class AttemptOutcome(enum.StrEnum):
+    """How an attempt that did not complete its generation ended (``WorkAttempt.Outcome``, decision 175)."""
+
+    FAILED = "failed"  # failed for good: not retryable, or attempts ran out
+    RETRY = "retry"  # failed; another attempt follows after the backoff
+    RETRY_LATER = "retry_later"  # the Flow asked to run later: not counted
+    EXPIRED = "expired"  # the lease expired without Complete or Fail
+
+
 class EventStatus(enum.StrEnum):
     """Status of an Event; claim moves only the selected Event to processing."""
 

@@ -14,6 +14,7 @@ import json
 
 from workqueue import ProjectionIdentity, WorkStatus
 from workqueue.errors import DomainError, InvalidArgument
+from workqueue.statuses import AttemptOutcome
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -211,11 +212,37 @@ class InputPage:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkAttemptRow:
+    """One attempt of a generation that did not complete it (decision 175).
+
+    ``attempt`` counts from 1 and counts every attempt (a RetryLater one too); ``started_at``
+    is None for a lease taken by a release before it was recorded; ``finished_at`` is Fail's
+    instant, or an expired lease's expiry. ``error`` and ``traceback`` are the Flow's, shown to
+    operators only (never logged).
+    """
+
+    attempt: int
+    worker_id: str
+    started_at: dt.datetime | None
+    finished_at: dt.datetime
+    outcome: AttemptOutcome
+    error: str
+    traceback: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkDescription:
-    """A generation and how many Events are its members (0 for old-protocol work): GetWork's answer."""
+    """A generation and how many Events are its members (0 for old-protocol work): GetWork's answer.
+
+    ``work.max_attempts`` is the effective one (its work type's retry policy, else what admission
+    recorded). ``attempts``: the newest attempts that did not complete it, oldest first;
+    ``attempt_count``: how many there are in all (decision 175).
+    """
 
     work: WorkItemRow
     member_count: int
+    attempts: tuple[WorkAttemptRow, ...] = ()
+    attempt_count: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -434,6 +434,9 @@ def _new_generations(
         by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
     known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
     newest = work_items_sql.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
+    run_first = [key for key, row in newest.items() if row.RunsBeforeWorkId]
+    # Behind a replay run first: a new generation, linked behind the identity's tail (decision 174).
+    tails = work_items_sql.work_items_tail(connection, pack.pack_install_id, run_first) if run_first else {}
     new_generations: list[dict[str, Any]] = []
     extended: dict[str, tuple[int, int]] = {}  # WorkId -> (new LaneOrdinal, members added)
     linked: dict[str, str] = {}  # nonterminal predecessor WorkId -> the blocked successor behind it
@@ -446,6 +449,8 @@ def _new_generations(
             extended[current.WorkId] = (high, len(members))
             work_ids[projection_key] = current.WorkId
             continue
+        if current is not None and current.RunsBeforeWorkId:
+            current = tails.get(projection_key)
         work_id = str(uuid.uuid4())
         work_ids[projection_key] = work_id
         starts.add(low)
@@ -486,5 +491,5 @@ def _new_generations(
 
 
 def _extendable(row: NewestGeneration) -> bool:
-    """Only an unclaimed attempt-zero generation may raise its upper bound (invariant B)."""
-    return WorkStatus(row.Status) in work_items_sql.UNCLAIMED_STATUSES and row.Attempt == 0
+    """Only an unclaimed attempt-zero generation may raise its upper bound (invariant B), never a replay run first."""
+    return WorkStatus(row.Status) in work_items_sql.UNCLAIMED_STATUSES and row.Attempt == 0 and not row.RunsBeforeWorkId

@@ -107,6 +107,11 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "SetOrderPolicy": by_pack,
         "GetOrderPolicy": by_pack,
         "SkipDeadLetter": by_work,
+        "SkipDeadLetters": by_filter,
         "GetCoverage": by_pack,
+        "SetRetryPolicy": by_pack,
+        "GetRetryPolicy": by_pack,
+        "RetryNow": by_work,
+        "ListIdentities": by_pack,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

@@ -23,7 +23,7 @@ from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import pauses as pauses_sql
-from nexuscrm_runtime.clock import DatabaseClock
+from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import WorkItem
 from workqueue.errors import ErrorKind, InvalidArgument
@@ -171,7 +171,7 @@ def pause(
         pack = packs_sql.pack_lock(connection, scope.pack_install_id, clock)
         if expires_at is not None and expires_at <= pack.now:
             raise InvalidArgument(
-                f"expires_at {expires_at.isoformat()}Z is not after the database's now ({pack.now.isoformat()}Z)",
+                f"expires_at {iso_utc(expires_at)} is not after the database's now ({iso_utc(pack.now)})",
                 field="expires_at",
             )
         _known(connection, scope)

@@ -3,7 +3,10 @@
 A claim is one transaction of a constant number of statements, a conditional UPDATE instead
 of SKIP LOCKED (TiDB takes no lock with it); every instant is the database's (decision 118),
 every later call presents the claim's lease token, and a generation that becomes terminal
-unblocks its successor in the same transaction (decisions 090, 110, 131 and 149).
+unblocks its successor in the same transaction (decisions 090, 110, 131 and 149). An attempt
+that does not complete its generation is recorded in WorkAttempt by the transaction that ends
+it: Fail, or the claim that takes its expired lease over, retires it or finds it damaged
+(decision 175).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from nexuscrm_connectors import retry_policy
 from nexuscrm_connectors.errors import (
     ConnectorsError,
     LeaseLost,
@@ -31,8 +35,10 @@ from nexuscrm_connectors.errors import (
 )
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queries.claims import ClaimCandidate, LeasedWork
+from nexuscrm_connectors.queries.work_attempts import EndedAttempt
 from nexuscrm_connectors.queries.work_items import HeldWork, Positioned, WorkRow
 from nexuscrm_connectors.reservations import Reservations
 from nexuscrm_connectors.settings import Settings
@@ -42,6 +48,8 @@ from nexuscrm_schema.member_counts import admitted_count
 from workqueue import EventStatus, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text
+from workqueue.limits import TRACEBACK_MAX_BYTES
+from workqueue.statuses import AttemptOutcome
 from workqueue.values import Claim, Completion, CompletionResult, InputPage, WorkItemRow
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,7 @@ CLAIM_PASSES = 3  # candidate reads per claim transaction, and transactions per 
 # creation and now (a message only: never a fence).
 LEASE_CLOCK_SLACK = dt.timedelta(seconds=60)
 MAX_RETRY_AFTER = dt.timedelta(days=1)  # the longest a Flow may ask its generation to wait (RetryLater)
+ERROR_MAX_CHARS = 4000  # of a Flow's message kept in LastError and its attempt's history
 
 
 def check_lease_seconds(settings: Settings, lease_seconds: int) -> int:
@@ -221,7 +230,8 @@ def claim_transaction(
     leased rows with their selected Events, one moving those Events to processing. The row
     lock freezes a generation's bounds: admission only extends unclaimed attempt-zero rows.
     A leased generation found damaged (``_damage``) is failed for good in this transaction
-    (``_fail_damaged``); only that path runs statements beyond the constant few.
+    (``_fail_damaged``); that path, and recording the attempts of expired leases it took over
+    (one statement), are the only ones beyond the constant few.
     """
     batch = ClaimBatch()
     served, operated = _native_packs(connection, request.pack_install_ids, clock)
@@ -234,7 +244,8 @@ def claim_transaction(
         batch.lost = len(open_ids)  # claims that started after the read took them: read again
         return batch
     token = new_lease_token(now)  # one fresh token per claim: fencing checks it together with the WorkId
-    grant = lease_grant(request.worker_id, token, now + request.lease)
+    # ClaimedAt in the lease UPDATE itself: the attempt's start in its history (decision 175).
+    grant = {**lease_grant(request.worker_id, token, now + request.lease), "ClaimedAt": now}
     work_ids = [candidate.WorkId for candidate in chosen]
     if claims_sql.work_items_claim(connection, work_ids, now, grant) == 0:
         batch.lost = len(chosen)
@@ -242,6 +253,10 @@ def claim_transaction(
     claims_sql.work_items_record_member_count(connection, work_ids, token)
     leased = {row.WorkId: row for row in claims_sql.work_items_leased(connection, work_ids, token)}
     batch.lost = len(chosen) - len(leased)
+    work_attempts_sql.work_attempts_record(
+        connection,
+        [_expired(candidates[work_id]) for work_id in leased if candidates[work_id].Status == WorkStatus.PROCESSING],
+    )
     missing = {work_id: reason for work_id, row in leased.items() if (reason := _damage(row)) is not None}
     if missing:
         for work_id, reason in missing.items():
@@ -347,8 +362,23 @@ def _retire(connection: Connection, candidate: ClaimCandidate, now: dt.datetime)
     }
     if claims_sql.work_item_update_if(connection, candidate.WorkId, expect, values) != 1:
         return False
+    work_attempts_sql.work_attempts_record(connection, [_expired(candidate)])
     finish(connection, [candidate], EventStatus.FAILED, now)
     return True
+
+
+def _expired(candidate: ClaimCandidate) -> EndedAttempt:
+    """The history of an attempt whose lease expired (``candidate`` as the claim read it): it ended at the expiry."""
+    expiry = candidate.ClaimableAt  # a lease's expiry is its generation's ClaimableAt (``lease_grant``, heartbeat)
+    return EndedAttempt(
+        work_id=candidate.WorkId,
+        pack_install_id=candidate.PackInstallId,
+        worker_id=candidate.LeaseOwner or "",
+        started_at=candidate.ClaimedAt,
+        finished_at=expiry,
+        outcome=AttemptOutcome.EXPIRED,
+        error=f"lease expired at {iso_utc(expiry)}: the worker neither completed nor failed the attempt",
+    )
 
 
 def _fail_damaged(connection: Connection, row: LeasedWork, token: str, reason: str, now: dt.datetime) -> bool:
@@ -359,6 +389,7 @@ def _fail_damaged(connection: Connection, row: LeasedWork, token: str, reason: s
     LastError, the damage stays visible to the invariant checker (decision 110).
     """
     log.error("failing %s: %s", row.WorkId, reason)
+    error = f"damaged: {reason}"
     expect = {"Status": WorkStatus.PROCESSING, "LeaseToken": token}
     values = {
         "Status": WorkStatus.FAILED,
@@ -366,10 +397,20 @@ def _fail_damaged(connection: Connection, row: LeasedWork, token: str, reason: s
         "LeaseExpiresAt": None,
         "ClaimableAt": None,
         "FinishedAt": now,
-        "LastError": f"damaged: {reason}",
+        "LastError": error,
     }
     if claims_sql.work_item_update_if(connection, row.WorkId, expect, values) != 1:
         return False
+    ended = EndedAttempt(
+        work_id=row.WorkId,
+        pack_install_id=row.PackInstallId,
+        worker_id=row.LeaseOwner or "",
+        started_at=now,
+        finished_at=now,
+        outcome=AttemptOutcome.FAILED,
+        error=error,
+    )
+    work_attempts_sql.work_attempts_record(connection, [ended])
     finish(connection, [row], EventStatus.FAILED, now)
     return True
 
@@ -464,7 +505,8 @@ def finish(connection: Connection, rows: Sequence[Positioned], event_status: Eve
     (``SuccessorWorkId``, written by the admission or replay that created it blocked: decision
     106), else found by its ordinals, all such rows in one statement (rows linked by no
     admission: those of schema v2, and generations with no successor yet; decision 131 says
-    why those still look).
+    why those still look). A replay run first (decision 174) has no successor: the generation
+    above it waits for the one it holds, which the claim releases once the replay is finished.
     """
     if not rows:
         return
@@ -472,7 +514,7 @@ def finish(connection: Connection, rows: Sequence[Positioned], event_status: Eve
     events_sql.selected_events_set_status(connection, selected, event_status)
     successors = [row.SuccessorWorkId for row in rows if row.SuccessorWorkId is not None]
     successors += work_items_sql.work_items_successors(
-        connection, [row for row in rows if row.SuccessorWorkId is None]
+        connection, [row for row in rows if row.SuccessorWorkId is None and row.RunsBeforeWorkId is None]
     ).values()
     work_items_sql.work_items_unblock(connection, successors, now)
 
@@ -629,12 +671,16 @@ def fail(
     *,
     retryable: bool = True,
     retry_after: dt.timedelta | None = None,
+    traceback: str | None = None,
 ) -> WorkItemRow:
-    """Record a failed attempt: retry after backoff (both bounds kept), or failed for good.
+    """Record a failed attempt: retry after backoff (both bounds kept), or failed for good; and its history.
 
-    ``retry_after``: the Flow asked to run later (decision 173): retry after that delay, the
-    attempt not counted. ``InvalidArgument`` unless it is positive, at most
-    ``MAX_RETRY_AFTER``, and ``retryable``.
+    Attempts and backoff are the work type's retry policy, else Connectors' settings
+    (``retry_policy.effective``, decision 175). ``retry_after``: the Flow asked to run later
+    (decision 173): retry after that delay, the attempt not counted. ``InvalidArgument`` unless
+    it is positive, at most ``MAX_RETRY_AFTER``, and ``retryable``; and for a ``traceback`` over
+    ``TRACEBACK_MAX_BYTES``. The attempt (worker, start, end, outcome, message, traceback) is
+    recorded in WorkAttempt in the same transaction; neither message nor traceback is logged.
     """
     if retry_after is not None and not (dt.timedelta(0) < retry_after <= MAX_RETRY_AFTER and retryable):
         raise InvalidArgument(
@@ -642,27 +688,47 @@ def fail(
             f" (retryable {retryable})",
             field="retry_after",
         )
+    if traceback is not None and (size := len(traceback.encode())) > TRACEBACK_MAX_BYTES:
+        raise InvalidArgument(
+            f"traceback must be at most {TRACEBACK_MAX_BYTES} bytes of UTF-8, got {size}", field="traceback"
+        )
+    message = error[:ERROR_MAX_CHARS]
 
     def record(connection: Connection) -> WorkItemRow:
         row, expect = _held(connection, work_id, lease_token, clock)
         now = row.Now
+        policy = retry_policy.effective(connection, settings, row)
         attempt = row.Attempt + (retry_after is None)
-        common = {"Attempt": attempt, "LastError": error[:4000], "LeaseToken": None, "LeaseExpiresAt": None}
+        common = {"Attempt": attempt, "LastError": message, "LeaseToken": None, "LeaseExpiresAt": None}
         if retry_after is not None:
+            outcome = AttemptOutcome.RETRY_LATER
             values = {**common, "Status": WorkStatus.RETRY, "ClaimableAt": now + retry_after}
-        elif retryable and attempt < row.MaxAttempts:
+        elif retryable and attempt < policy.max_attempts:
+            outcome = AttemptOutcome.RETRY
             values = {
                 **common,
                 "Status": WorkStatus.RETRY,
-                "ClaimableAt": now + dt.timedelta(seconds=settings.backoff_seconds(attempt)),
+                "ClaimableAt": now + dt.timedelta(seconds=policy.backoff_seconds(attempt)),
             }
         else:
+            outcome = AttemptOutcome.FAILED
             values = {**common, "Status": WorkStatus.FAILED, "ClaimableAt": None, "FinishedAt": now}
         if claims_sql.work_item_update_if(connection, work_id, expect, values) != 1:
             raise lost(work_id)
+        ended = EndedAttempt(
+            work_id=work_id,
+            pack_install_id=row.PackInstallId,
+            worker_id=row.LeaseOwner or "",
+            started_at=row.ClaimedAt,
+            finished_at=now,
+            outcome=outcome,
+            error=message,
+            traceback=traceback or None,
+        )
+        work_attempts_sql.work_attempts_record(connection, [ended])
         if values["Status"] == WorkStatus.FAILED:
             finish(connection, [row], EventStatus.FAILED, now)
-        return written(row, values)
+        return dataclasses.replace(written(row, values), max_attempts=policy.max_attempts)  # as GetWork says it
 
     return run_transaction(engine, record, name="fail")
 

@@ -1,4 +1,4 @@
-"""Failed work as a dead-letter queue: list, count and replay a pack's generations that failed for good.
+"""Failed work as a dead-letter queue: list, count, replay and skip a pack's generations that failed for good.
 
 A dead letter is a native generation whose status is failed and of which no replay exists
 (a replay that failed in turn is a dead letter of its own). Reads never change a row; they
@@ -15,6 +15,10 @@ FinishedAt, and a successor is claimed only after its predecessor is terminal, s
 identity's generations finish in ordinal order; a page's dead letters are also replayed
 identity by identity in LaneOrdinal order. Each replay of an identity whose newest generation
 is not terminal (an earlier replay of this bulk replay) queues blocked behind it.
+
+A bulk skip is the same paging with ``order_policy.skip`` as the act (decision 176). A bulk
+call whose filter keeps no dead letter at all, on this page or an earlier one (the page token
+says whether one did), is refused with ``NothingMatches`` (NOT_FOUND) and changes nothing.
 """
 
 from __future__ import annotations
@@ -27,21 +31,22 @@ from collections.abc import Callable
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import generations, page_tokens
-from nexuscrm_connectors.errors import UnknownPack
+from nexuscrm_connectors.errors import ConnectorsError, UnknownPack
 from nexuscrm_connectors.queries import dead_letters as dead_letters_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_connectors.queries.work_items import WorkRow
 from nexuscrm_connectors.settings import Settings
-from workqueue.errors import DomainError, InvalidArgument
+from nexuscrm_runtime.clock import iso_utc
+from workqueue.errors import DomainError, ErrorKind, InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, decode_projection_key, validate_text
-from workqueue.values import ReplayResult, Route, WorkItemRow
+from workqueue.values import Route, WorkItemRow
 
 SCAN_FACTOR = 10  # failed generations a page examines per dead letter asked for
 COUNT_LIMIT = 100_000  # failed generations a count examines, oldest finished first
 ERROR_TEXT_MAX_LENGTH = 1024  # characters of an error_contains filter
-DEFAULT_REPLAY_BATCH = 100  # dead letters one bulk replay call handles when the request says 0
+DEFAULT_BULK_BATCH = 100  # dead letters one bulk replay or skip call handles when the request says 0
 
 
 def filter_of(
@@ -71,8 +76,7 @@ def filter_of(
         validate_text("work_type", work_type, FIELD_MAX_LENGTHS["work_type"])
     if finished_after is not None and finished_before is not None and finished_after >= finished_before:
         raise InvalidArgument(
-            f"finished_after ({finished_after.isoformat()}Z) must be before finished_before"
-            f" ({finished_before.isoformat()}Z)",
+            f"finished_after ({iso_utc(finished_after)}) must be before finished_before ({iso_utc(finished_before)})",
             field="finished_after",
         )
     if error_contains:
@@ -113,35 +117,53 @@ class DeadLetterCount:
     complete: bool
 
 
-class ReplayVerdict(enum.StrEnum):
-    """What a bulk replay did with one dead letter."""
+class Verdict(enum.StrEnum):
+    """What a bulk replay or skip did with one dead letter."""
 
     REPLAYED = "replayed"
     WOULD_REPLAY = "would_replay"  # dry run
+    SKIPPED = "skipped"
+    WOULD_SKIP = "would_skip"  # dry run
     REFUSED = "refused"
 
 
+class NothingMatches(ConnectorsError):
+    """A bulk replay or skip whose filter keeps no dead letter of the pack: nothing to act on."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ReplayAnswer:
+class BulkAnswer:
     """One dead letter's answer: its replay's WorkId when replayed, the refusal's message (and code) when refused."""
 
     work_id: str
     route: Route
     lane_ordinal: int
-    verdict: ReplayVerdict
+    verdict: Verdict
     replay_work_id: str = ""
     error_kind: str = ""
     message: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BulkReplay:
-    """One call of a bulk replay: an answer per dead letter, in the order handled, and where the next call starts."""
+class BulkCall:
+    """One call of a bulk replay or skip: an answer per dead letter, in the order handled, and where the next starts."""
 
-    answers: tuple[ReplayAnswer, ...]
+    answers: tuple[BulkAnswer, ...]
     next_page_token: str
     examined: int
     dry_run: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Window:
+    """One page's dead letters, the next token, rows examined, and whether this page or an earlier one kept any."""
+
+    rows: list[WorkRow]
+    next_page_token: str
+    examined: int
+    matched: bool
 
 
 def _pack_known(connection: Connection, pack_install_id: str) -> None:
@@ -149,27 +171,35 @@ def _pack_known(connection: Connection, pack_install_id: str) -> None:
         raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
 
 
-def _position(values: list[object]) -> tuple[dt.datetime, str]:
-    """The position a dead-letter page token carries: a FinishedAt and a WorkId."""
-    finished, work_id = values
-    return dt.datetime.fromisoformat(page_tokens.string(finished)), page_tokens.string(work_id)
+def _position(values: list[object]) -> tuple[dt.datetime, str, bool]:
+    """The position a dead-letter page token carries: a FinishedAt, a WorkId, and whether a page before kept a row.
+
+    A token of a release before decision 176 carries no flag: read as "kept one", so it is never
+    refused as matching nothing.
+    """
+    finished, work_id, *rest = values
+    matched = rest.pop() if rest else True
+    if rest or not isinstance(matched, bool):
+        raise ValueError("not a dead-letter position")
+    return dt.datetime.fromisoformat(page_tokens.string(finished)), page_tokens.string(work_id), matched
 
 
-def _page(
-    engine: Engine, pack_install_id: str, wanted: Filter, size: int, page_token: str, rpc: str
-) -> tuple[list[WorkRow], str, int]:
+def _page(engine: Engine, pack_install_id: str, wanted: Filter, size: int, page_token: str, rpc: str) -> _Window:
     """Up to ``size`` dead letters from ``page_token`` on, the next token, and how many rows were examined."""
     after = page_tokens.decode_token(page_token, rpc, _position)
     scan = size * SCAN_FACTOR
     with engine.connect() as connection:
         _pack_known(connection, pack_install_id)
-        rows = dead_letters_sql.dead_letters_window(connection, pack_install_id, wanted, after, scan)
+        rows = dead_letters_sql.dead_letters_window(
+            connection, pack_install_id, wanted, None if after is None else after[:2], scan
+        )
     kept, examined = page_tokens.first_kept(rows, lambda row: row.Matches, size)
+    matched = bool(kept) or (after is not None and after[2])
     token = ""
     if examined and (len(kept) == size or len(rows) == scan):  # more may follow the last row examined
         last = rows[examined - 1]
-        token = page_tokens.encode_token((last.FinishedAt.isoformat(), last.work.WorkId))
-    return [row.work for row in kept], token, examined
+        token = page_tokens.encode_token((last.FinishedAt.isoformat(), last.work.WorkId, matched))
+    return _Window(rows=[row.work for row in kept], next_page_token=token, examined=examined, matched=matched)
 
 
 def list_dead_letters(
@@ -180,13 +210,11 @@ def list_dead_letters(
     Raises ``UnknownPack``, and ``InvalidArgument`` for a page size out of range or a token
     that is not one of this read's.
     """
-    rows, token, examined = _page(
-        engine, pack_install_id, wanted, settings.page_size(page_size), page_token, "ListDeadLetters"
-    )
+    page = _page(engine, pack_install_id, wanted, settings.page_size(page_size), page_token, "ListDeadLetters")
     return DeadLetterPage(
-        dead_letters=tuple(work_items_sql.work_item_value(row) for row in rows),
-        next_page_token=token,
-        examined=examined,
+        dead_letters=tuple(work_items_sql.work_item_value(row) for row in page.rows),
+        next_page_token=page.next_page_token,
+        examined=page.examined,
     )
 
 
@@ -221,49 +249,133 @@ def failure_tally(engine: Engine, pack_install_id: str) -> tuple[int, int]:
     return len(rows), sum(1 for row in rows if row.Matches)
 
 
-def replay_dead_letters(
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Act:
+    """What a bulk call does to each dead letter: its RPC (for tokens), verdicts and the act on one WorkId.
+
+    ``one`` acts in a transaction of its own and returns the WorkId of the generation it
+    queued ("" for none); a ``DomainError`` it raises is that dead letter's refusal.
+    """
+
+    rpc: str
+    verb: str
+    done: Verdict
+    would: Verdict
+    one: Callable[[str], str]
+
+
+def _bulk(
     engine: Engine,
     settings: Settings,
     pack_install_id: str,
     wanted: Filter,
-    replay_one: Callable[[str], ReplayResult],
+    act: _Act,
     *,
     dry_run: bool,
-    max_generations: int = 0,
-    page_token: str = "",
-) -> BulkReplay:
-    """Replay (or with ``dry_run``, only list) up to ``max_generations`` dead letters that ``wanted`` keeps.
-
-    ``replay_one`` replays one WorkId in its own transaction (``Connectors.replay``); a
-    refusal (``DomainError``) is that WorkId's answer and the others go on. 0 means
-    ``DEFAULT_REPLAY_BATCH``; more than ``settings.max_page_size`` is refused. The caller
-    continues with ``next_page_token`` until it is "".
-    """
+    max_generations: int,
+    page_token: str,
+) -> BulkCall:
+    """One page of dead letters that ``wanted`` keeps, each acted on (or with ``dry_run``, only answered)."""
     if max_generations < 0 or max_generations > settings.max_page_size:
         raise InvalidArgument(
             f"max_generations must be between 0 and {settings.max_page_size}, got {max_generations}",
             field="max_generations",
         )
-    size = max_generations or DEFAULT_REPLAY_BATCH
-    rows, token, examined = _page(engine, pack_install_id, wanted, size, page_token, "ReplayDeadLetters")
-    answers: list[ReplayAnswer] = []
-    for row in sorted(rows, key=lambda r: (r.ProjectionKey, r.LaneOrdinal)):  # one identity in ordinal order
-        answer = ReplayAnswer(
+    page = _page(engine, pack_install_id, wanted, max_generations or DEFAULT_BULK_BATCH, page_token, act.rpc)
+    if not page.matched and not page.next_page_token:
+        raise NothingMatches(
+            f"no dead letter of pack {pack_install_id} matches the filter: nothing to {act.verb}", field="filter"
+        )
+    answers: list[BulkAnswer] = []
+    for row in sorted(page.rows, key=lambda r: (r.ProjectionKey, r.LaneOrdinal)):  # one identity in ordinal order
+        answer = BulkAnswer(
             work_id=row.WorkId,
             route=Route.of(decode_projection_key(row.ProjectionKey)),
             lane_ordinal=row.LaneOrdinal,
-            verdict=ReplayVerdict.WOULD_REPLAY,
+            verdict=act.would,
         )
         if not dry_run:
             try:
-                replayed = replay_one(row.WorkId)
+                made = act.one(row.WorkId)
             except DomainError as error:
                 answer = dataclasses.replace(
-                    answer, verdict=ReplayVerdict.REFUSED, error_kind=error.kind.value, message=str(error)
+                    answer, verdict=Verdict.REFUSED, error_kind=error.kind.value, message=str(error)
                 )
             else:
-                answer = dataclasses.replace(
-                    answer, verdict=ReplayVerdict.REPLAYED, replay_work_id=replayed.work.work_id
-                )
+                answer = dataclasses.replace(answer, verdict=act.done, replay_work_id=made)
         answers.append(answer)
-    return BulkReplay(answers=tuple(answers), next_page_token=token, examined=examined, dry_run=dry_run)
+    return BulkCall(
+        answers=tuple(answers), next_page_token=page.next_page_token, examined=page.examined, dry_run=dry_run
+    )
+
+
+def replay_dead_letters(
+    engine: Engine,
+    settings: Settings,
+    pack_install_id: str,
+    wanted: Filter,
+    replay_one: Callable[[str], str],
+    *,
+    dry_run: bool,
+    max_generations: int = 0,
+    page_token: str = "",
+) -> BulkCall:
+    """Replay (or with ``dry_run``, only list) up to ``max_generations`` dead letters that ``wanted`` keeps.
+
+    ``replay_one`` replays one WorkId in its own transaction (``Connectors.replay``) and returns
+    its replay's WorkId; a refusal (``DomainError``) is that WorkId's answer and the others go
+    on. 0 means ``DEFAULT_BULK_BATCH``; more than ``settings.max_page_size`` is refused. The
+    caller continues with ``next_page_token`` until it is "". Raises ``UnknownPack``, and
+    ``NothingMatches`` when neither this page nor an earlier one of the same walk kept a dead letter.
+    """
+    act = _Act(
+        rpc="ReplayDeadLetters",
+        verb="replay",
+        done=Verdict.REPLAYED,
+        would=Verdict.WOULD_REPLAY,
+        one=replay_one,
+    )
+    return _bulk(
+        engine,
+        settings,
+        pack_install_id,
+        wanted,
+        act,
+        dry_run=dry_run,
+        max_generations=max_generations,
+        page_token=page_token,
+    )
+
+
+def skip_dead_letters(
+    engine: Engine,
+    settings: Settings,
+    pack_install_id: str,
+    wanted: Filter,
+    skip_one: Callable[[str], object],
+    *,
+    dry_run: bool,
+    max_generations: int = 0,
+    page_token: str = "",
+) -> BulkCall:
+    """Skip (or with ``dry_run``, only list) up to ``max_generations`` dead letters that ``wanted`` keeps.
+
+    Paged and refused as ``replay_dead_letters``; ``skip_one`` records one skip in its own
+    transaction (``order_policy.skip``, with the caller's operator and reason).
+    """
+
+    def skipped(work_id: str) -> str:
+        skip_one(work_id)
+        return ""  # a skip queues no generation
+
+    act = _Act(rpc="SkipDeadLetters", verb="skip", done=Verdict.SKIPPED, would=Verdict.WOULD_SKIP, one=skipped)
+    return _bulk(
+        engine,
+        settings,
+        pack_install_id,
+        wanted,
+        act,
+        dry_run=dry_run,
+        max_generations=max_generations,
+        page_token=page_token,
+    )

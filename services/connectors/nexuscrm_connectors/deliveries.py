@@ -125,14 +125,18 @@ def generation_row(
     now: dt.datetime,
     max_attempts: int,
     replay_of_work_id: str | None = None,
+    runs_before_work_id: str | None = None,
 ) -> dict[str, Any]:
     """A new generation [start, end] of ``members`` inputs; blocked while its predecessor is not terminal (X).
 
     The row records ``members`` as counted through ``end`` (AdmittedMemberCount and
     AdmittedThroughOrdinal, decision 149): claim and LoadInputs refuse the range when its
-    members come to differ.
+    members come to differ. ``runs_before_work_id``: a replay that runs before that held
+    generation (decision 174); only such a row has the column.
     """
+    marked = {"RunsBeforeWorkId": runs_before_work_id} if runs_before_work_id else {}
     return {
+        **marked,
         "WorkId": work_id,
         "PackInstallId": pack_install_id,
         "ProjectionKey": projection_key,

@@ -6,29 +6,43 @@ Connectors SDK returns the same types over ExplainReceipt and ListReceipts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from typing import NoReturn
 
 from sqlalchemy.engine import Connection, Engine
 
-from nexuscrm_connectors import page_tokens, retention
+from nexuscrm_connectors import page_tokens, retention, retry_policy
 from nexuscrm_connectors.duplicates import verify_duplicates
 from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
+from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
+from nexuscrm_connectors.queries import retention as retention_sql
+from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import iso_utc
+from nexuscrm_sdk import lookups
 from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
-from workqueue.values import Outcome, ReceiptExplanation, ReceiptSummary, Route, WorkDescription
+from workqueue.statuses import AttemptOutcome
+from workqueue.values import Outcome, ReceiptExplanation, ReceiptSummary, Route, WorkAttemptRow, WorkDescription
 
 PRUNED_STATE = "pruned"  # ExplainReceipt's receipt_state of a receipt retention replaced by its tombstone
 
 
-def get_work(engine: Engine, work_id: str) -> WorkDescription:
-    """Describe one WorkItem; raises ``WorkNotFound``, or ``WorkPruned`` saying when retention pruned it."""
+ATTEMPTS_SHOWN = 50  # newest attempts GetWork answers (each up to TRACEBACK_MAX_BYTES of traceback)
+
+
+def get_work(engine: Engine, settings: Settings, work_id: str) -> WorkDescription:
+    """Describe one WorkItem; raises ``WorkNotFound``, or ``WorkPruned`` saying when retention pruned it.
+
+    Its max attempts are the effective ones (``retry_policy.effective``), and it comes with its
+    newest ``ATTEMPTS_SHOWN`` attempts that did not complete it, oldest first (decision 175).
+    """
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
     with engine.connect() as connection:
@@ -40,7 +54,26 @@ def get_work(engine: Engine, work_id: str) -> WorkDescription:
             members = events_sql.event_range_count(
                 connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
             )
-        return WorkDescription(work=work_items_sql.work_item_value(row), member_count=members)
+        policy = retry_policy.effective(connection, settings, row)
+        attempts = work_attempts_sql.work_attempts_newest(connection, work_id, ATTEMPTS_SHOWN)
+    return WorkDescription(
+        work=dataclasses.replace(work_items_sql.work_item_value(row), max_attempts=policy.max_attempts),
+        member_count=members,
+        attempts=tuple(_attempt(a) for a in reversed(attempts)),
+        attempt_count=attempts[0].Attempt if attempts else 0,
+    )
+
+
+def _attempt(row: DbRow) -> WorkAttemptRow:
+    return WorkAttemptRow(
+        attempt=row.Attempt,
+        worker_id=row.WorkerId,
+        started_at=row.StartedAt,
+        finished_at=row.FinishedAt,
+        outcome=AttemptOutcome(row.Outcome),
+        error=row.Error,
+        traceback=row.Traceback,
+    )
 
 
 def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> ReceiptExplanation:
@@ -52,10 +85,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
         if receipt is None:
             pruned = events_sql.events_by_receipt(connection, pack_install_id, [receipt_key]).get(receipt_key)
             if pruned is None or pruned.PrunedAt is None:
-                raise WorkNotFound(
-                    f"no receipt {receipt_key!r} in pack {pack_install_id}{_expired_hint(connection, pack_install_id)}",
-                    field="receipt_key",
-                )
+                _refuse_unknown_receipt(connection, pack_install_id, receipt_key)
             return ReceiptExplanation(
                 receipt_state=PRUNED_STATE,
                 enqueue_ordinal=pruned.EnqueueOrdinal,
@@ -96,6 +126,24 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
             covered_by=work_items_sql.work_item_value(covering) if covering is not None else None,
             explanation=explanation,
         )
+
+
+def _refuse_unknown_receipt(connection: Connection, pack_install_id: str, receipt_key: str) -> NoReturn:
+    """Raise why the pack has no receipt ``receipt_key``: no such pack, a WorkId given as the key, or neither.
+
+    Said in the words of the dashboard's search (``nexuscrm_sdk.lookups``, decision 177).
+    """
+    if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
+        raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+    if (
+        work_items_sql.work_item_get(connection, receipt_key) is not None
+        or retention_sql.pruned_work_get(connection, receipt_key) is not None
+    ):
+        raise WorkNotFound(lookups.work_id_not_receipt(receipt_key), field="receipt_key")
+    raise WorkNotFound(
+        lookups.nothing_found(receipt_key, f"pack {pack_install_id}") + _expired_hint(connection, pack_install_id),
+        field="receipt_key",
+    )
 
 
 def _expired_hint(connection: Connection, pack_install_id: str) -> str:

@@ -4,9 +4,10 @@ Group admission (``admission.Admission``) counts its transactions and their call
 
 Nothing here runs inside the admission transaction: every count comes from what an
 operation returned. Labels are bounded (outcome kinds, attempt numbers up to
-``Settings.max_attempts``); WorkIds and receipt keys never become labels. The per-pack gauges
-(queue depth, oldest unclaimed generation, lag) are read from the database at scrape time by
-Controlplane (``nexuscrm_controlplane.dashboard.collector``).
+``Settings.max_attempts`` or a work type's retry policy, ``retry_policy.MAX_ATTEMPTS_LIMIT``);
+WorkIds and receipt keys never become labels. The per-pack gauges (queue depth, oldest
+unclaimed generation, lag) are read from the database at scrape time by Controlplane
+(``nexuscrm_controlplane.dashboard.collector``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import Counter, Gauge, Histogram
 
 from nexuscrm_connectors.claims import ClaimBatch
+from nexuscrm_connectors.dead_letters import BulkCall
 from workqueue import WorkStatus
 from workqueue.values import IngestResult, InputPage, Outcome, PruneReport, WorkItemRow
 
@@ -104,6 +106,11 @@ DEAD_LETTERS_REPLAYED = Counter(
     "Dead letters a bulk replay handled, by verdict (replayed, refused); dry runs are not counted.",
     ["verdict"],
 )
+DEAD_LETTERS_SKIPPED = Counter(
+    "nexuscrm_dead_letters_skipped_total",
+    "Dead letters a bulk skip handled, by verdict (skipped, refused); dry runs are not counted.",
+    ["verdict"],
+)
 COVERAGE_EXCEPTIONS = Counter(
     "nexuscrm_coverage_identities_with_exceptions_total",
     "Identities a coverage proof found not tiled, by exception kind (gap, overlap): one per identity and kind.",
@@ -176,3 +183,11 @@ def record_prune(reports: Sequence[PruneReport]) -> None:
         PRUNED.labels("expired_receipts").inc(report.expired_receipts)
         PRUNED.labels("expired_generations").inc(report.expired_generations)
         PRUNE_KEPT.inc(report.kept)
+
+
+def record_bulk(counter: Counter, handled: BulkCall) -> None:
+    """Count a bulk replay's or skip's answers by verdict in ``counter``; a dry run changes and counts nothing."""
+    if handled.dry_run:
+        return
+    for answer in handled.answers:
+        counter.labels(answer.verdict.value).inc()

@@ -1,4 +1,4 @@
-"""Proto conversions of the operating RPCs (claim pauses, dead letters, coverage): requests in, answers out.
+"""Proto conversions of the operating RPCs (claim pauses, dead letters, coverage, identities): requests in, answers out.
 
 The servicer stays thin: it calls these and the facade. Timestamps come in as the naive UTC
 the services store.
@@ -6,12 +6,14 @@ the services store.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
-from nexuscrm_connectors import claim_pauses, coverage, dead_letters, order_policy
+from nexuscrm_connectors import claim_pauses, coverage, dead_letters, identities, order_policy, retry_policy
 from nexuscrm_connectors.claim_pauses import ClaimPause, PauseScope
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_runtime.status import STATUS_CODES
@@ -31,10 +33,14 @@ _POLICIES = {
 }
 _POLICIES_BACK = {policy: number for number, policy in _POLICIES.items()}
 _VERDICTS = {
-    dead_letters.ReplayVerdict.REPLAYED: pb.DEAD_LETTER_VERDICT_REPLAYED,
-    dead_letters.ReplayVerdict.WOULD_REPLAY: pb.DEAD_LETTER_VERDICT_WOULD_REPLAY,
-    dead_letters.ReplayVerdict.REFUSED: pb.DEAD_LETTER_VERDICT_REFUSED,
+    dead_letters.Verdict.REPLAYED: pb.DEAD_LETTER_VERDICT_REPLAYED,
+    dead_letters.Verdict.WOULD_REPLAY: pb.DEAD_LETTER_VERDICT_WOULD_REPLAY,
+    dead_letters.Verdict.SKIPPED: pb.DEAD_LETTER_VERDICT_SKIPPED,
+    dead_letters.Verdict.WOULD_SKIP: pb.DEAD_LETTER_VERDICT_WOULD_SKIP,
+    dead_letters.Verdict.REFUSED: pb.DEAD_LETTER_VERDICT_REFUSED,
 }
+# ReplayDeadLetters and SkipDeadLetters answer alike (decision 176).
+BulkResponse = TypeVar("BulkResponse", pb.ReplayDeadLettersResponse, pb.SkipDeadLettersResponse)
 
 
 def _naive(message: Message, field: str) -> dt.datetime | None:
@@ -110,9 +116,9 @@ def dead_letter_count_to_proto(count: dead_letters.DeadLetterCount) -> pb.CountD
     )
 
 
-def bulk_replay_to_proto(replay: dead_letters.BulkReplay) -> pb.ReplayDeadLettersResponse:
-    """BulkReplay -> ReplayDeadLettersResponse (a refusal carries its google.rpc code)."""
-    return pb.ReplayDeadLettersResponse(
+def bulk_call_to_proto(handled: dead_letters.BulkCall, response: type[BulkResponse]) -> BulkResponse:
+    """BulkCall -> ReplayDeadLettersResponse or SkipDeadLettersResponse (a refusal carries its google.rpc code)."""
+    return response(
         answers=[
             pb.DeadLetterReplay(
                 work_id=answer.work_id,
@@ -123,11 +129,11 @@ def bulk_replay_to_proto(replay: dead_letters.BulkReplay) -> pb.ReplayDeadLetter
                 error_code=STATUS_CODES[ErrorKind(answer.error_kind)].value[0] if answer.error_kind else 0,
                 message=answer.message,
             )
-            for answer in replay.answers
+            for answer in handled.answers
         ],
-        next_page_token=replay.next_page_token,
-        examined=replay.examined,
-        dry_run=replay.dry_run,
+        next_page_token=handled.next_page_token,
+        examined=handled.examined,
+        dry_run=handled.dry_run,
     )
 
 
@@ -149,6 +155,26 @@ def policy_to_proto(policy: order_policy.OrderPolicy) -> pb.OrderPolicy:
         work_type=policy.work_type,
         source=policy.source.value,
     )
+
+
+def retry_policy_to_proto(policy: retry_policy.RetryPolicy) -> pb.RetryPolicy:
+    """RetryPolicy -> proto (set_at unset for Connectors' default)."""
+    return pb.RetryPolicy(
+        pack_install_id=policy.pack_install_id,
+        work_type=policy.work_type,
+        max_attempts=policy.max_attempts,
+        backoff_base_seconds=policy.backoff_base_seconds,
+        backoff_max_seconds=policy.backoff_max_seconds,
+        source=policy.source.value,
+        set_by=policy.set_by,
+        reason=policy.reason,
+        set_at=to_timestamp(policy.set_at),
+    )
+
+
+def skip_record_to_proto(skip: order_policy.Skip) -> pb.Skip:
+    """Skip -> the Skip a WorkItem carries (who, when, why)."""
+    return pb.Skip(skipped_by=skip.skipped_by, reason=skip.reason, skipped_at=to_timestamp(skip.skipped_at))
 
 
 def skip_to_proto(skip: order_policy.Skip) -> pb.SkipDeadLetterResponse:
@@ -221,3 +247,28 @@ def coverage_page_to_proto(page: coverage.CoveragePage) -> pb.GetCoverageRespons
         next_page_token=page.next_page_token,
         examined=page.examined,
     )
+
+
+def wanted_route_from_proto(request: pb.ListIdentitiesRequest) -> dict[str, str]:
+    """ListIdentitiesRequest's partial identity: its route's non-empty fields (Route field -> value)."""
+    route = dataclasses.asdict(convert.route_from_proto(request.route))
+    return {name: value for name, value in route.items() if value}
+
+
+def identities_page_to_proto(page: identities.IdentityPage) -> pb.ListIdentitiesResponse:
+    """IdentityPage -> ListIdentitiesResponse."""
+    response = pb.ListIdentitiesResponse(next_page_token=page.next_page_token, examined=page.examined)
+    for identity in page.identities:
+        listed = response.identities.add(route=convert.route_to_proto(identity.route), depth=identity.depth)
+        if identity.newest is not None:
+            listed.newest.CopyFrom(convert.work_to_proto(identity.newest))
+        if identity.coverage is not None:
+            listed.coverage.CopyFrom(
+                pb.IdentityCoverageState(
+                    tiled=identity.coverage.tiled,
+                    high_water_ordinal=identity.coverage.high_water_ordinal,
+                    exception_count=identity.coverage.exception_count,
+                    inputs=identity.coverage.inputs,
+                )
+            )
+    return response

@@ -29,7 +29,7 @@ from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import pauses as pauses_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
-from nexuscrm_runtime.clock import DatabaseClock
+from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import run_transaction
 from nexuscrm_schema.tables import WorkItem
 from workqueue import WorkStatus
@@ -56,6 +56,12 @@ class UnknownWorkType(ConnectorsError):
     """A policy of a work type of which the pack has no generation."""
 
     kind = ErrorKind.NOT_FOUND
+
+
+class HoldInProgress(ConnectorsError):
+    """The policy "continue" asked while a replay runs before the generation it holds (decision 174)."""
+
+    kind = ErrorKind.FAILED_PRECONDITION
 
 
 class SkipRefused(ConnectorsError):
@@ -102,8 +108,11 @@ def _work_type(work_type: str) -> None:
         validate_text("work_type", work_type, FIELD_MAX_LENGTHS["work_type"])
 
 
-def _known_work_type(connection: Connection, pack_install_id: str, work_type: str) -> None:
-    """Refuse (NOT_FOUND) a work type of which the pack has no generation, as a pause of it is refused."""
+def require_work_type(connection: Connection, pack_install_id: str, work_type: str) -> None:
+    """Refuse (NOT_FOUND) a work type of which the pack has no generation, as a pause of it is refused.
+
+    An order or retry policy (``retry_policy``) of a work type is refused the same way.
+    """
     if work_type and not pauses_sql.work_item_exists(connection, pack_install_id, WorkItem.c.WorkType, work_type):
         raise UnknownWorkType(
             f"work type {work_type!r} of pack {pack_install_id}: the pack has no generation of it", field="work_type"
@@ -123,8 +132,9 @@ def set_policy(
     """Set the pack's order policy, or one work type's (``work_type``), which overrides the pack's for it.
 
     Refuses an unset policy or operator or reason (``InvalidArgument``), an unknown pack
-    (``UnknownPack``) and a work type the pack has no generation of (``UnknownWorkType``);
-    nothing is written then.
+    (``UnknownPack``), a work type the pack has no generation of (``UnknownWorkType``), and
+    "continue" where a replay runs before a generation it holds (``HoldInProgress``); nothing
+    is written then.
     """
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
@@ -137,7 +147,10 @@ def set_policy(
         pack = packs_sql.pack_lock(connection, pack_install_id, clock)
         row = {"PackInstallId": pack_install_id, "Policy": policy.value, "SetBy": set_by, "Reason": reason}
         if work_type:
-            _known_work_type(connection, pack_install_id, work_type)
+            require_work_type(connection, pack_install_id, work_type)
+        if policy is Policy.CONTINUE:
+            _refuse_releasing_a_replay_run_first(connection, pack_install_id, work_type)
+        if work_type:
             found = order_policy_sql.work_type_policy_get(connection, pack_install_id, work_type)
             order_policy_sql.work_type_policy_set(
                 connection, {**row, "WorkType": work_type, "SetAt": pack.now}, exists=found is not None
@@ -158,6 +171,26 @@ def set_policy(
     return run_transaction(engine, run, name="set order policy")
 
 
+def _refuse_releasing_a_replay_run_first(connection: Connection, pack_install_id: str, work_type: str) -> None:
+    """Refuse "continue" where a replay runs before a held generation (decision 174): both could run at once.
+
+    A pack-wide "continue" leaves a work type with its own "block" policy held; ``work_type``
+    set: only that type's replays count. Raises ``HoldInProgress`` naming the first such replay.
+    """
+    for replay in order_policy_sql.replays_run_first(connection, pack_install_id):
+        if work_type and replay.WorkType != work_type:
+            continue
+        own = None if work_type else order_policy_sql.work_type_policy_get(connection, pack_install_id, replay.WorkType)
+        if own is not None and own.Policy == Policy.BLOCK:
+            continue
+        raise HoldInProgress(
+            f"order policy continue for {f'work type {work_type!r} of ' if work_type else ''}pack {pack_install_id}: "
+            f"replay {replay.WorkId} runs before held generation {replay.RunsBeforeWorkId}, which would then run "
+            f"beside it; wait until the replay completes, or skip it, then set the policy",
+            field="policy",
+        )
+
+
 def get_policy(engine: Engine, pack_install_id: str, work_type: str = "") -> OrderPolicy:
     """The pack's order policy, or ``work_type``'s effective one (its own, else the pack's, else the default).
 
@@ -169,7 +202,7 @@ def get_policy(engine: Engine, pack_install_id: str, work_type: str = "") -> Ord
     with engine.connect() as connection:
         if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
-        _known_work_type(connection, pack_install_id, work_type)
+        require_work_type(connection, pack_install_id, work_type)
         own = order_policy_sql.work_type_policy_get(connection, pack_install_id, work_type) if work_type else None
         row = own if own is not None else order_policy_sql.order_policy_get(connection, pack_install_id)
     if row is None:
@@ -208,23 +241,58 @@ def work_type_policies(engine: Engine, pack_install_id: str) -> list[OrderPolicy
 HELD_COUNT_CAP = 10_000  # GetQueueState's held count stops here, as receipts_waiting does
 
 
-def hold_reason(behind: str) -> str:
-    """Why a generation the "block" policy holds waits, as an operator reads it."""
-    return f"held by order policy block: predecessor {behind} failed for good; replay or skip it"
+def hold_reason(behind: str, *, dead_letter: bool) -> str:
+    """Why a generation the "block" policy holds waits, as an operator reads it.
+
+    ``behind`` is a dead letter (its predecessor, or a replay standing in the predecessor's
+    place that failed for good in turn), or a replay of its predecessor that runs first
+    (decision 174).
+    """
+    if dead_letter:
+        return f"held by order policy block: predecessor {behind} failed for good; replay or skip it"
+    return f"held by order policy block: replay {behind} of its failed predecessor runs first"
 
 
-def holds(engine: Engine, work_ids: Sequence[str]) -> dict[str, str]:
-    """Of ``work_ids``, the generations the "block" policy holds now, each with its dead letter's WorkId."""
+def holds(engine: Engine, work_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Of ``work_ids``, the generations the "block" policy holds now: each with the WorkId it waits for and why."""
     if not work_ids:
         return {}
     with engine.connect() as connection:
-        return order_policy_sql.work_items_held(connection, work_ids)
+        held = order_policy_sql.work_items_held(connection, work_ids)
+        statuses = work_items_sql.work_item_statuses(connection, sorted(set(held.values())))
+    return {
+        work_id: (behind, hold_reason(behind, dead_letter=statuses.get(behind) == WorkStatus.FAILED))
+        for work_id, behind in held.items()
+    }
 
 
 def held_count(engine: Engine, pack_install_id: str) -> int:
     """How many of the pack's pending generations the "block" policy holds, up to ``HELD_COUNT_CAP``."""
     with engine.connect() as connection:
         return order_policy_sql.work_items_held_count(connection, pack_install_id, HELD_COUNT_CAP)
+
+
+def validate_skip(skipped_by: str, reason: str) -> None:
+    """Refuse (``InvalidArgument``) a skip without an operator or a reason, or with one too long."""
+    _recorded("skipped_by", skipped_by, reason)
+
+
+def skips(engine: Engine, work_ids: Sequence[str]) -> dict[str, Skip]:
+    """Of ``work_ids``, the generations an operator skipped, each with its skip (who, when, why)."""
+    if not work_ids:
+        return {}
+    with engine.connect() as connection:
+        rows = operator_reads_sql.skipped_work_of(connection, work_ids)
+    return {
+        row.WorkId: Skip(
+            work_id=row.WorkId,
+            pack_install_id=row.PackInstallId,
+            skipped_by=row.SkippedBy,
+            reason=row.Reason,
+            skipped_at=row.SkippedAt,
+        )
+        for row in rows
+    }
 
 
 def skip(engine: Engine, clock: DatabaseClock, work_id: str, *, skipped_by: str, reason: str) -> Skip:
@@ -235,7 +303,7 @@ def skip(engine: Engine, clock: DatabaseClock, work_id: str, *, skipped_by: str,
     """
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
-    _recorded("skipped_by", skipped_by, reason)
+    validate_skip(skipped_by, reason)
 
     def run(connection: Connection) -> Skip:
         found = work_items_sql.work_item_get(connection, work_id)
@@ -251,7 +319,7 @@ def skip(engine: Engine, clock: DatabaseClock, work_id: str, *, skipped_by: str,
             raise SkipRefused(f"work {work_id} was replayed as {replayed.WorkId} ({replayed.Status}); nothing to skip")
         skipped = order_policy_sql.skipped_work_get(connection, work_id)
         if skipped is not None:
-            raise SkipRefused(f"work {work_id} was skipped at {skipped.SkippedAt.isoformat()}Z by {skipped.SkippedBy}")
+            raise SkipRefused(f"work {work_id} was skipped at {iso_utc(skipped.SkippedAt)} by {skipped.SkippedBy}")
         order_policy_sql.skipped_work_insert(connection, work_id, found.PackInstallId, skipped_by, reason, pack.now)
         return Skip(
             work_id=work_id,

@@ -2,7 +2,9 @@
 
 Replay runs under the same PackInstall lock as admission, so the two never interleave. The
 replay generation [o, o] (o = the replay Event's new ordinal) carries ReplayOfWorkId and,
-while unclaimed, absorbs later fresh inputs like any attempt-zero generation.
+while unclaimed, absorbs later fresh inputs like any attempt-zero generation. Under "block",
+the replay of a dead letter that holds a generation runs before it instead (decision 174):
+claimable at once, it absorbs nothing, and fresh inputs queue behind the held generation.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_connectors import payloads, retention
 from nexuscrm_connectors.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused
+from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.work_items import WorkRow
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
@@ -24,17 +29,20 @@ from workqueue.errors import InvalidArgument
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 from workqueue.values import ReplayResult, replay_event_payload
 
+HELD_STATUSES = (WorkStatus.PENDING, WorkStatus.RETRY)  # what "block" holds: not running, not terminal
+
 
 def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: str) -> ReplayResult:
     """Queue a replay of terminal ``work_id``; return the new generation and its Event's ordinal.
 
     Refuses unknown work (``WorkNotFound``), pruned work or work that replays pruned work
     (``WorkPruned``: the replay could not hand its Flow those inputs again), nonterminal work,
-    work whose earlier replay is not terminal yet, and failed work replayed before
+    work whose earlier replay is not terminal yet, failed work replayed before
     (``ReplayRefused``: one dead letter is replayed at most once, whoever asks; its replay is
-    what to replay next), and old-protocol work (``ProtocolMissing``). The check runs under
+    what to replay next) or skipped (``ReplayRefused``: replayed once or skipped once, never
+    both, decision 176), and old-protocol work (``ProtocolMissing``). The check runs under
     the pack's row lock, which every replay of the pack writes, so concurrent replays (bulk or
-    single, any replica or primary) see each other's.
+    single, any replica or primary) see each other's; a skip takes the same lock.
     """
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
@@ -59,6 +67,12 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
                 f"work {work_id} failed and was replayed already by {earlier.WorkId} ({earlier.Status}): "
                 f"it is no longer a dead letter; replay {earlier.WorkId} to run its inputs again"
             )
+        skipped = order_policy_sql.skipped_work_get(connection, work_id) if target.Status == WorkStatus.FAILED else None
+        if skipped is not None:
+            raise ReplayRefused(
+                f"work {work_id} failed and was skipped at {skipped.SkippedAt.isoformat()}Z by {skipped.SkippedBy}"
+                f" ({skipped.Reason}): it is no longer a dead letter"
+            )
         payloads.replayed_chain(connection, work_id)  # every replayed generation still stored
         now = pack.now
         (ordinal,) = packs_sql.ordinals_allocate(connection, pack, 1)
@@ -80,11 +94,10 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
                 )
             ],
         )
-        newest = work_items_sql.work_items_newest(
-            connection, pack.pack_install_id, range(ordinal, ordinal + 1), [target.ProjectionKey]
-        )[target.ProjectionKey]
         new_id = str(uuid.uuid4())
-        blocked = WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES
+        runs_before = _held_by(connection, target)
+        newest = None if runs_before else _tail(connection, target, ordinal)
+        blocked = newest is not None and WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES
         work_items_sql.work_items_insert(
             connection,
             [
@@ -99,10 +112,11 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
                     now=now,
                     max_attempts=settings.max_attempts,
                     replay_of_work_id=work_id,
+                    runs_before_work_id=runs_before,
                 )
             ],
         )
-        if blocked and work_items_sql.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
+        if blocked and newest and work_items_sql.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
             raise RuntimeError("the newest generation changed under its row lock")  # decision 106
         created = work_items_sql.work_item_get(connection, new_id)
         if created is None:
@@ -110,3 +124,30 @@ def replay(engine: Engine, settings: Settings, clock: DatabaseClock, work_id: st
         return ReplayResult(work=work_items_sql.work_item_value(created), replay_event_ordinal=ordinal)
 
     return run_transaction(engine, run, name="replay", unique_keys_conflict=True)  # an ordinal another primary took
+
+
+def _held_by(connection: Connection, target: WorkRow) -> str | None:
+    """The generation a replay of ``target`` runs before, under "block" (decision 174); None: it queues last.
+
+    A dead letter under "block" holds the generation above it: its replay runs first, in its
+    place, and that generation stays held until the replay completes (``relations``). A
+    replay of such a replay that failed for good in turn runs before the same generation.
+    """
+    if target.Status != WorkStatus.FAILED or not order_policy_sql.blocks(
+        connection, target.PackInstallId, target.WorkType
+    ):
+        return None
+    if target.RunsBeforeWorkId:
+        held: WorkRow | DbRow | None = work_items_sql.work_item_get(connection, target.RunsBeforeWorkId, lock=True)
+    else:
+        held = work_items_sql.work_item_above(connection, target)
+    return held.WorkId if held is not None and held.Status in HELD_STATUSES else None
+
+
+def _tail(connection: Connection, target: WorkRow, ordinal: int) -> work_items_sql.NewestGeneration:
+    """The generation a replay queues behind: its identity's newest, replays run first aside (locked)."""
+    key = target.ProjectionKey
+    newest = work_items_sql.work_items_newest(connection, target.PackInstallId, range(ordinal, ordinal + 1), [key])[key]
+    if newest.RunsBeforeWorkId:
+        return work_items_sql.work_items_tail(connection, target.PackInstallId, [key])[key]
+    return newest

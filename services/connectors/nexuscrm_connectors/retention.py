@@ -1,8 +1,9 @@
 """Retention: a per-pack policy, and the pruner that deletes what it lets go (decisions 123 and 127).
 
-Only terminal native generations the policy no longer keeps go, with their Events and
-receipts; tombstones answer later duplicates, and every pass is bounded. ``prune`` says what
-is kept and how a pruning stays right on a multi-primary engine.
+Only terminal native generations the policy no longer keeps go, with their Events,
+receipts and attempt history (WorkAttempt, decision 175); tombstones answer later
+duplicates, and every pass is bounded. ``prune`` says what is kept and how a pruning stays
+right on a multi-primary engine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack, WorkNotFoun
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import retention as retention_sql
+from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
@@ -332,9 +334,9 @@ def _prune_batch(
     Whole generations go together while they fit; the first one that does not fit goes alone,
     in chunks (its lowest members first, its WorkItem with the last chunk). Each generation is
     decided on its own; the writes of the whole transaction go in one statement each at the
-    end (tombstones, receipts, Events, WorkItems, records). Returns what went and how many of
-    ``work_ids`` are settled (pruned or kept); an unsettled one comes first in the next
-    transaction.
+    end (tombstones, receipts, Events, WorkItems and their attempts, records). Returns what
+    went and how many of ``work_ids`` are settled (pruned or kept); an unsettled one comes
+    first in the next transaction.
     """
     now = clock.read(connection)
     policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
@@ -390,6 +392,7 @@ def _prune_batch(
     tally.generations = retention_sql.work_items_prune(connection, pruned, now)
     if tally.generations != len(pruned):
         raise RuntimeError(f"a terminal generation of pack {pack_install_id} changed under its row lock")
+    work_attempts_sql.work_attempts_delete(connection, [row.WorkId for row, _ in pruned])  # their history goes too
     if tally.events or tally.generations:
         recorded = retention_sql.policy_record_pruning(
             connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now

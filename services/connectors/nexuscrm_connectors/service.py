@@ -12,7 +12,7 @@ so an answer never hides committed work; waiting claims poll anyway
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from sqlalchemy.engine import Engine
 
@@ -23,6 +23,7 @@ from nexuscrm_connectors import (
     coverage,
     dead_letters,
     generations,
+    identities,
     inspection,
     liveness,
     materializer,
@@ -33,6 +34,7 @@ from nexuscrm_connectors import (
     queue_state,
     replay,
     retention,
+    retry_policy,
 )
 from nexuscrm_connectors.claim_pauses import ClaimPause
 from nexuscrm_connectors.deliveries import RefusedItem
@@ -258,6 +260,7 @@ class Connectors:
         error: str,
         retryable: bool = True,
         retry_after: dt.timedelta | None = None,
+        traceback: str | None = None,
     ) -> WorkItemRow:
         """See ``claims.fail``."""
         self._events_written()
@@ -270,6 +273,7 @@ class Connectors:
             error,
             retryable=retryable,
             retry_after=retry_after,
+            traceback=traceback,
         )
         follow_up("fail", lambda: metrics.record_finish(work, retryable=retryable))
         if work.status is WorkStatus.FAILED:
@@ -278,7 +282,7 @@ class Connectors:
 
     def get_work(self, work_id: str) -> WorkDescription:
         """See ``inspection.get_work``."""
-        return inspection.get_work(self.engine, work_id)
+        return inspection.get_work(self.engine, self.settings, work_id)
 
     def list_receipts(
         self, state: str, *, pack_install_id: str = "", page_size: int = 0, page_token: str = ""
@@ -363,31 +367,61 @@ class Connectors:
         """See ``coverage.get_coverage``."""
         return coverage.get_coverage(self.engine, self.settings, pack_install_id, wanted, page_size, page_token)
 
+    def list_identities(
+        self, pack_install_id: str, wanted: Mapping[str, str], *, page_size: int = 0, page_token: str = ""
+    ) -> identities.IdentityPage:
+        """See ``identities.list_identities``."""
+        return identities.list_identities(self.engine, self.settings, pack_install_id, wanted, page_size, page_token)
+
     def count_dead_letters(self, pack_install_id: str, wanted: Filter) -> dead_letters.DeadLetterCount:
         """See ``dead_letters.count_dead_letters``."""
         return dead_letters.count_dead_letters(self.engine, pack_install_id, wanted)
 
     def replay_dead_letters(
         self, pack_install_id: str, wanted: Filter, *, dry_run: bool, max_generations: int = 0, page_token: str = ""
-    ) -> dead_letters.BulkReplay:
+    ) -> dead_letters.BulkCall:
         """See ``dead_letters.replay_dead_letters``: each dead letter replayed as ``replay`` replays one."""
         handled = dead_letters.replay_dead_letters(
             self.engine,
             self.settings,
             pack_install_id,
             wanted,
-            self.replay,
+            lambda work_id: self.replay(work_id).work.work_id,
             dry_run=dry_run,
             max_generations=max_generations,
             page_token=page_token,
         )
-        if not dry_run:
+        follow_up("replay dead letters", lambda: metrics.record_bulk(metrics.DEAD_LETTERS_REPLAYED, handled))
+        return handled
 
-            def count() -> None:
-                for answer in handled.answers:
-                    metrics.DEAD_LETTERS_REPLAYED.labels(answer.verdict.value).inc()
+    def skip_dead_letters(
+        self,
+        pack_install_id: str,
+        wanted: Filter,
+        *,
+        skipped_by: str,
+        reason: str,
+        dry_run: bool,
+        max_generations: int = 0,
+        page_token: str = "",
+    ) -> dead_letters.BulkCall:
+        """See ``dead_letters.skip_dead_letters``: each dead letter skipped as ``skip_dead_letter`` skips one.
 
-            follow_up("replay dead letters", count)
+        The operator and reason are checked first (``InvalidArgument``), a dry run's too: they are
+        the request's, not one dead letter's.
+        """
+        order_policy.validate_skip(skipped_by, reason)
+        handled = dead_letters.skip_dead_letters(
+            self.engine,
+            self.settings,
+            pack_install_id,
+            wanted,
+            lambda work_id: self.skip_dead_letter(work_id, skipped_by=skipped_by, reason=reason),
+            dry_run=dry_run,
+            max_generations=max_generations,
+            page_token=page_token,
+        )
+        follow_up("skip dead letters", lambda: metrics.record_bulk(metrics.DEAD_LETTERS_SKIPPED, handled))
         return handled
 
     def set_order_policy(
@@ -415,11 +449,8 @@ class Connectors:
         return order_policy.work_type_policies(self.engine, pack_install_id)
 
     def order_holds(self, work_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-        """See ``order_policy.holds``: each held generation's dead letter, with the reason an operator reads."""
-        return {
-            work_id: (behind, order_policy.hold_reason(behind))
-            for work_id, behind in order_policy.holds(self.engine, work_ids).items()
-        }
+        """See ``order_policy.holds``: what each held generation waits for, with the reason an operator reads."""
+        return order_policy.holds(self.engine, work_ids)
 
     def failure_tally(self, pack_install_id: str) -> tuple[int, int]:
         """See ``dead_letters.failure_tally``."""
@@ -434,3 +465,46 @@ class Connectors:
         skipped = order_policy.skip(self.engine, self.clock, work_id, skipped_by=skipped_by, reason=reason)
         follow_up("skip dead letter", self.reservations.notify)
         return skipped
+
+    def skips(self, work_ids: Sequence[str]) -> dict[str, order_policy.Skip]:
+        """See ``order_policy.skips``."""
+        return order_policy.skips(self.engine, work_ids)
+
+    def set_retry_policy(
+        self,
+        pack_install_id: str,
+        work_type: str,
+        *,
+        max_attempts: int,
+        backoff_base_seconds: int | None = None,
+        backoff_max_seconds: int | None = None,
+        set_by: str,
+        reason: str,
+    ) -> retry_policy.RetryPolicy:
+        """See ``retry_policy.set_policy``."""
+        return retry_policy.set_policy(
+            self.engine,
+            self.settings,
+            self.clock,
+            pack_install_id,
+            work_type,
+            max_attempts=max_attempts,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_max_seconds=backoff_max_seconds,
+            set_by=set_by,
+            reason=reason,
+        )
+
+    def get_retry_policy(self, pack_install_id: str, work_type: str = "") -> retry_policy.RetryPolicy:
+        """See ``retry_policy.get_policy``."""
+        return retry_policy.get_policy(self.engine, self.settings, pack_install_id, work_type)
+
+    def work_type_retry_policies(self, pack_install_id: str) -> list[retry_policy.RetryPolicy]:
+        """See ``retry_policy.work_type_policies``."""
+        return retry_policy.work_type_policies(self.engine, pack_install_id)
+
+    def retry_now(self, work_id: str, *, retried_by: str, reason: str) -> WorkItemRow:
+        """See ``retry_policy.retry_now``; waiting claims are woken: the generation is claimable now."""
+        work = retry_policy.retry_now(self.engine, self.clock, work_id, retried_by=retried_by, reason=reason)
+        follow_up("retry now", self.reservations.notify)
+        return work

@@ -112,22 +112,29 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             error=request.error,
             retryable=request.retryable,
             retry_after=request.retry_after.ToTimedelta() if request.HasField("retry_after") else None,
+            traceback=request.traceback or None,
         )
         return pb.FailResponse(work=convert.work_to_proto(work))
 
     def GetWork(self, request: pb.GetWorkRequest, context: grpc.ServicerContext) -> pb.GetWorkResponse:
-        described = self._connectors.get_work(request.work_id)
-        work = convert.work_to_proto(described.work)
-        self._mark_held([work])
-        return pb.GetWorkResponse(work=work, member_count=described.member_count)
+        response = convert.work_description_to_proto(self._connectors.get_work(request.work_id))
+        self._mark_operated([response.work])
+        return response
 
-    def _mark_held(self, works: Sequence[pb.WorkItem]) -> None:
-        """Mark the pending generations the "block" order policy holds: behind which dead letter, and why."""
+    def _mark_operated(self, works: Sequence[pb.WorkItem]) -> None:
+        """Mark what operators decided of each generation: held by the "block" order policy, or skipped.
+
+        A held (pending) one: behind which WorkId, and why; a skipped (failed) one: who, when and why.
+        """
         pending = [work.work_id for work in works if work.status == pb.WORK_STATUS_PENDING]
         held = self._connectors.order_holds(pending) if pending else {}
+        failed = [work.work_id for work in works if work.status == pb.WORK_STATUS_FAILED]
+        skipped = self._connectors.skips(failed) if failed else {}
         for work in works:
             if work.work_id in held:
                 work.blocked_behind_work_id, work.blocked_reason = held[work.work_id]
+            if work.work_id in skipped:
+                work.skip.CopyFrom(operating.skip_record_to_proto(skipped[work.work_id]))
 
     def ExplainReceipt(
         self, request: pb.ExplainReceiptRequest, context: grpc.ServicerContext
@@ -135,9 +142,15 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         explained = self._connectors.explain_receipt(request.pack_install_id, receipt_key=request.receipt_key)
         response = convert.explanation_to_proto(explained)
         if response.HasField("covered_by"):
-            self._mark_held([response.covered_by])
+            self._mark_operated([response.covered_by])
             if response.covered_by.blocked_behind_work_id:
                 response.explanation += f" Its generation is {response.covered_by.blocked_reason}."
+            if response.covered_by.HasField("skip"):
+                skip = response.covered_by.skip
+                response.explanation += (
+                    f" Its generation failed and was skipped at {skip.skipped_at.ToJsonString()}"
+                    f" by {skip.skipped_by}: {skip.reason}."
+                )
         return response
 
     def ListReceipts(self, request: pb.ListReceiptsRequest, context: grpc.ServicerContext) -> pb.ListReceiptsResponse:
@@ -179,7 +192,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             status=convert.STATUSES_BACK.get(request.status),
         )
         listed = convert.generations_to_proto(page)
-        self._mark_held(listed.generations)
+        self._mark_operated(listed.generations)
         return listed
 
     def ListMembers(self, request: pb.ListMembersRequest, context: grpc.ServicerContext) -> pb.ListMembersResponse:
@@ -266,7 +279,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             max_generations=request.max_generations,
             page_token=request.page_token,
         )
-        return operating.bulk_replay_to_proto(replayed)
+        return operating.bulk_call_to_proto(replayed, pb.ReplayDeadLettersResponse)
 
     def SetOrderPolicy(
         self, request: pb.SetOrderPolicyRequest, context: grpc.ServicerContext
@@ -301,12 +314,70 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         )
         return operating.skip_to_proto(skipped)
 
+    def SkipDeadLetters(
+        self, request: pb.SkipDeadLettersRequest, context: grpc.ServicerContext
+    ) -> pb.SkipDeadLettersResponse:
+        pack_install_id, wanted = operating.filter_from_proto(request.filter)
+        skipped = self._connectors.skip_dead_letters(
+            pack_install_id,
+            wanted,
+            skipped_by=recorded_operator(request.skipped_by),
+            reason=request.reason,
+            dry_run=request.dry_run,
+            max_generations=request.max_generations,
+            page_token=request.page_token,
+        )
+        return operating.bulk_call_to_proto(skipped, pb.SkipDeadLettersResponse)
+
     def GetCoverage(self, request: pb.GetCoverageRequest, context: grpc.ServicerContext) -> pb.GetCoverageResponse:
         pack_install_id, wanted = operating.coverage_filter_from_proto(request)
         page = self._connectors.get_coverage(
             pack_install_id, wanted, page_size=request.page_size, page_token=request.page_token
         )
         return operating.coverage_page_to_proto(page)
+
+    def SetRetryPolicy(
+        self, request: pb.SetRetryPolicyRequest, context: grpc.ServicerContext
+    ) -> pb.SetRetryPolicyResponse:
+        policy = self._connectors.set_retry_policy(
+            request.pack_install_id,
+            request.work_type,
+            max_attempts=request.max_attempts,
+            backoff_base_seconds=request.backoff_base_seconds if request.HasField("backoff_base_seconds") else None,
+            backoff_max_seconds=request.backoff_max_seconds if request.HasField("backoff_max_seconds") else None,
+            set_by=recorded_operator(request.set_by),
+            reason=request.reason,
+        )
+        return pb.SetRetryPolicyResponse(policy=operating.retry_policy_to_proto(policy))
+
+    def GetRetryPolicy(
+        self, request: pb.GetRetryPolicyRequest, context: grpc.ServicerContext
+    ) -> pb.GetRetryPolicyResponse:
+        policy = self._connectors.get_retry_policy(request.pack_install_id, request.work_type)
+        response = pb.GetRetryPolicyResponse(policy=operating.retry_policy_to_proto(policy))
+        if not request.work_type:  # Connectors' default, with each work type that has a policy of its own
+            own = self._connectors.work_type_retry_policies(request.pack_install_id)
+            response.work_type_policies.extend(operating.retry_policy_to_proto(policy) for policy in own)
+        return response
+
+    def RetryNow(self, request: pb.RetryNowRequest, context: grpc.ServicerContext) -> pb.RetryNowResponse:
+        work = self._connectors.retry_now(
+            request.work_id, retried_by=recorded_operator(request.retried_by), reason=request.reason
+        )
+        return pb.RetryNowResponse(work=convert.work_to_proto(work))
+
+    def ListIdentities(
+        self, request: pb.ListIdentitiesRequest, context: grpc.ServicerContext
+    ) -> pb.ListIdentitiesResponse:
+        page = self._connectors.list_identities(
+            request.pack_install_id,
+            operating.wanted_route_from_proto(request),
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        listed = operating.identities_page_to_proto(page)
+        self._mark_operated([identity.newest for identity in listed.identities if identity.HasField("newest")])
+        return listed
 
 
 def _lease(seconds: int) -> dt.timedelta | None:

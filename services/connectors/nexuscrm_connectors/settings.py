@@ -108,4 +108,12 @@ class Settings:
 
     def backoff_seconds(self, attempt: int) -> int:
         """Delay before attempt ``attempt + 1`` after ``attempt`` failed attempts."""
-        return int(min(self.retry_max_seconds, self.retry_base_seconds * 2 ** max(0, attempt - 1)))
+        return exponential_backoff(self.retry_base_seconds, self.retry_max_seconds, attempt)
+
+
+def exponential_backoff(base_seconds: int, max_seconds: int, attempt: int) -> int:
+    """Seconds to wait after ``attempt`` failed attempts: ``base_seconds`` doubled per later one, up to ``max_seconds``.
+
+    One formula for Connectors' settings and every work type's retry policy (decision 175).
+    """
+    return int(min(max_seconds, base_seconds * 2 ** max(0, attempt - 1)))

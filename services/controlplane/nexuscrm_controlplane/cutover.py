@@ -46,9 +46,26 @@ from nexuscrm_controlplane.lifecycle import (
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock, iso_utc
 from nexuscrm_runtime.database import is_sqlite, run_transaction
 from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
-from nexuscrm_schema.verification import NATIVE_PROJECTION, verify_schema
+from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, WorkItem
+from nexuscrm_schema.verification import NATIVE_PROJECTION, NEWEST_VERSION, current_version, verify_schema
 
 DEFAULT_TIMEOUT = 300.0  # seconds, when an RPC names none
+# The pieces of the canonical schema the specification names (docs/design.md, "Vocabulary and
+# tables"): a schema that lacks some names them first, ahead of every later version's pieces.
+SPECIFICATION_PIECES = frozenset(
+    [Event.name, WorkItem.name, ConnectorProjectionProtocol.name]
+    + [
+        f"{column.table.name}.{column.name}"
+        for column in (
+            WorkItem.c.WorkId,
+            WorkItem.c.InputStartOrdinal,
+            WorkItem.c.LaneOrdinal,
+            WorkItem.c.ReplayOfWorkId,
+            ConnectorProjectionProtocol.c.LegacyMaxOrdinal,
+        )
+    ]
+)
+SCHEMA_FIX = "nexuscrm-schema migrate"  # the command that applies the newest schema (decision 145)
 
 
 class Outcome(enum.StrEnum):
@@ -234,6 +251,23 @@ def _already_written(row: ProtocolRow, pack: PackInstallRow) -> CutoverResult:
     return CutoverResult(outcome=Outcome.ALREADY_WRITTEN, report=report, protocol=row)
 
 
+def schema_finding(missing: list[str], version: int) -> Finding:
+    """The gate finding of a schema at ``version`` that lacks ``missing`` (names from ``verify_schema``).
+
+    Its sample names the specification's pieces first, then the others in the checker's order;
+    its detail says the versions found and needed and the command that applies the schema.
+    """
+    ordered = sorted(missing, key=lambda piece: piece not in SPECIFICATION_PIECES)  # stable: checker's order
+    return Finding(
+        rule=Rule.SCHEMA_INCOMPLETE,
+        category=Category.GATE,
+        count=len(missing),
+        sample_ids=tuple(ordered[: audit.SAMPLE_LIMIT]),
+        detail=f"the database's schema is at version {version}, the cutover needs version {NEWEST_VERSION}: "
+        f"run `{SCHEMA_FIX}` (or the schema catalog's ApplySchema), then the cutover again",
+    )
+
+
 def run_cutover(
     engine: Engine,
     pack_install_id: str,
@@ -255,19 +289,9 @@ def run_cutover(
     if missing:
         with engine.connect() as connection:
             pack = pack_get(connection, pack_install_id)
+            version = current_version(connection)
         report = CutoverReport(pack_install_id=pack.pack_install_id, legacy_max_ordinal=pack.last_ordinal)
-        return _refused(
-            report,
-            [
-                Finding(
-                    rule=Rule.SCHEMA_INCOMPLETE,
-                    category=Category.GATE,
-                    count=len(missing),
-                    sample_ids=tuple(missing[: audit.SAMPLE_LIMIT]),
-                    detail="apply the canonical schema (newest version) before the cutover",
-                )
-            ],
-        )
+        return _refused(report, [schema_finding(missing, version)])
     return run_transaction(
         engine,
         lambda connection: _checkpoint(

@@ -43,6 +43,7 @@ from sqlalchemy.engine import Engine
 
 from nexuscrm_controlplane import cutover, drain, fences
 from nexuscrm_controlplane.errors import CutoverTimeout, UnknownFence, UnknownPack
+from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.config import dsn_backend
 from nexuscrm_runtime.database import DatabaseUnavailable, create_engine, is_retryable
 from nexuscrm_runtime.durations import format_duration, parse_duration, whole_seconds
@@ -199,7 +200,7 @@ def _describe(result: cutover.CutoverResult) -> str:
         verb = "written" if result.outcome is cutover.Outcome.WRITTEN else "already written"
         lines.append(
             f"pack {p.pack_install_id}: checkpoint {verb}: protocol {p.protocol_version}, "
-            f"LegacyMaxOrdinal {p.legacy_max_ordinal}, origin {p.origin}, at {p.created_at.isoformat()}Z"
+            f"LegacyMaxOrdinal {p.legacy_max_ordinal}, origin {p.origin}, at {iso_utc(p.created_at)}"
         )
     elif result.outcome is cutover.Outcome.WOULD_WRITE:
         lines.append(

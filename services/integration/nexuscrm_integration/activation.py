@@ -28,10 +28,11 @@ from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as cp_grpc
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2 as sc_pb
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2_grpc as sc_grpc
-from nexuscrm_integration.config import PackName, PoolConfig
+from nexuscrm_integration.config import PoolConfig
 from nexuscrm_integration.errors import ActivationRefused
 from nexuscrm_integration.packs import PackLookupFailed, Resolution, resolve_pools
 from nexuscrm_integration.release import RELEASE
+from nexuscrm_runtime import pack_names
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.release import SchemaRefused, check_schema
 
@@ -186,21 +187,17 @@ class RemoteProtocolReader:
 
 
 class RemotePackFinder:
-    """``packs.PackFinder`` over ControlplaneService.FindPacks; a failed call raises ``PackLookupFailed``."""
+    """``packs.PackFinder`` over ControlplaneService.ListPacks; a failed call raises ``PackLookupFailed``."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self._stub = cp_grpc.ControlplaneServiceStub(channel)
 
-    def find_packs(self, pack: PackName) -> list[str]:
-        """See ``packs.PackFinder``."""
+    def find_packs(self, namespace: str) -> list[cp_pb.PackSummary]:
+        """See ``packs.PackFinder``: ``nexuscrm_runtime.pack_names.incarnations``."""
         try:
-            response = self._stub.FindPacks(
-                cp_pb.FindPacksRequest(namespace=pack.namespace, pack_name=pack.name, pack_version=pack.version),
-                timeout=GATE_TIMEOUT,
-            )
+            return pack_names.incarnations(self._stub, namespace, timeout=GATE_TIMEOUT)
         except grpc.RpcError as error:
-            raise PackLookupFailed(_rpc_problem("FindPacks", error)) from None
-        return [found.pack_install_id for found in response.packs]
+            raise PackLookupFailed(_rpc_problem("ListPacks", error)) from None
 
 
 def remote_gate(

@@ -25,9 +25,9 @@ Example file::
     complete_in_claim = false       # complete finished generations in the next claim (decision 131)
 
     [[pool]]                        # the pack named instead of its PackInstallId:
-    pack = { namespace = "acme", name = "contacts", version = "1.0" }
-    work_type = "project-contacts"  # resolved through Controlplane (FindPacks) at start
-    flow = "demo-contacts"
+    pack = "acme/contacts@1.0"      # or { namespace = "acme", name = "contacts", version = "1.0" }
+    work_type = "project-contacts"  # resolved through Controlplane (ListPacks) at start
+    flow = "demo-contacts"          # (nexuscrm_runtime.pack_names; without a version: any)
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from nexuscrm_integration.errors import HostConfigError
+from nexuscrm_runtime.pack_names import PackName, PackNameError
 
 DEFAULT_LEASE_SECONDS = 30  # seconds
 DEFAULT_DRAIN_TIMEOUT = 30.0  # seconds
@@ -50,34 +51,26 @@ DEFAULT_CLAIM_WAIT = 1.0  # seconds
 DEFAULT_POLL_INTERVAL = 0.2  # seconds
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PackName:
-    """A pack named by namespace, name and version: its PackInstallId is resolved at start (``packs``)."""
-
-    namespace: str
-    name: str
-    version: str
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if not isinstance(value, str) or not value.strip():
-                raise HostConfigError(
-                    f"pool pack.{field.name} must be a non-empty string, got {value!r}", field=f"pack.{field.name}"
-                )
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} {self.version}"
-
-    @classmethod
-    def from_mapping(cls, raw: object) -> PackName:
-        """Build from the ``pack`` table/object of a pool."""
-        if isinstance(raw, PackName):
-            return raw
-        known = {field.name for field in dataclasses.fields(cls)}
-        if not isinstance(raw, Mapping) or set(raw) != known:
-            raise HostConfigError(f"pool pack must be a table with exactly {sorted(known)}, got {raw!r}", field="pack")
-        return cls(**raw)
+def pack_name_of(raw: object) -> PackName:
+    """A pool's ``pack``: ``"NAMESPACE/NAME[@VERSION]"``, or a table of namespace, name and optionally version."""
+    if isinstance(raw, PackName):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return PackName.parse(raw)
+        except PackNameError as error:
+            raise HostConfigError(f"pool {error}", field="pack") from None
+    required, known = {"namespace", "name"}, {"namespace", "name", "version"}
+    if not isinstance(raw, Mapping) or not required <= set(raw) <= known:
+        raise HostConfigError(
+            f'pool pack must be "NAMESPACE/NAME[@VERSION]" or a table of {sorted(required)} and optionally version, '
+            f"got {raw!r}",
+            field="pack",
+        )
+    for key, value in raw.items():
+        if not isinstance(value, str) or not value.strip():
+            raise HostConfigError(f"pool pack.{key} must be a non-empty string, got {value!r}", field=f"pack.{key}")
+    return PackName(**raw)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,8 +78,8 @@ class PoolConfig:
     """One worker pool.
 
     ``pack_install_id`` and ``work_type``: the generations it claims; instead of the id, ``pack``
-    may name the pack by namespace, name and version (resolved through Controlplane when the
-    host starts; ``with_pack_install_id``). ``flow``: a Flow reference
+    may name the pack by namespace, name and optionally version (``pack_name_of``; resolved
+    through Controlplane when the host starts, ``with_pack_install_id``). ``flow``: a Flow reference
     (see ``nexuscrm_sdk.flows.resolve_flow``). ``size``: workers (each runs one generation at a time).
     ``lease_seconds``: claim lease, renewed by heartbeats every third of it. ``page_size``:
     members per LoadInputs page (0: the service default). ``batch_size``: generations a worker
@@ -117,10 +110,10 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         if self.pack is not None:
-            object.__setattr__(self, "pack", PackName.from_mapping(self.pack))
+            object.__setattr__(self, "pack", pack_name_of(self.pack))
         if bool(self.pack_install_id) == (self.pack is not None):
             raise HostConfigError(
-                "a pool names its pack by pack_install_id or by pack (namespace, name, version): exactly one",
+                "a pool names its pack by pack_install_id or by pack (NAMESPACE/NAME[@VERSION]): exactly one",
                 field="pack_install_id",
             )
         for name in ("work_type", "flow") + (("pack_install_id",) if self.pack is None else ()):

@@ -1,7 +1,7 @@
 """Entry point of the Integration Service (``nexuscrm-integration``): the worker host.
 
 Serves IntegrationService (GetActivation, ListWorkers) with health NOT_SERVING, runs the
-activation gate for every configured pack (resolving, through Controlplane's FindPacks, the
+activation gate for every configured pack (resolving, through Controlplane's ListPacks, the
 pools that name their pack instead of its id; ``packs``), then starts the worker pools and
 reports SERVING.
 SIGTERM (or SIGINT) stops all claims, waits for in-flight generations (RunUntilDrained) and
@@ -17,8 +17,9 @@ certificate then serves IntegrationService and authenticates it to the other ser
 
 Exit codes: 0 stopped cleanly; 1 did not stop within the drain timeout, the grace period and
 the shutdown margin together; 2 configuration refused (one log line names the problem); 3 the
-read-model database (NEXUSCRM_DSN) cannot be used, or the activation gate refused (the log
-names what is missing, a database schema outside this release's range included: ``release``);
+read-model database (NEXUSCRM_DSN) cannot be used, another process holds its listen or metrics
+port, or the activation gate refused (the log names what is missing, a database schema outside
+this release's range included: ``release``);
 4 in-flight work did not finish within the drain timeout. SIGHUP reloads the certificates and the authorization policy.
 """
 
@@ -42,6 +43,7 @@ from nexuscrm_integration.servicer import registration
 from nexuscrm_runtime.config import EXIT_CONFIG, ConfigError, ServiceConfig, refusing_bad_configuration
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_runtime.database_check import check_database
+from nexuscrm_runtime.listening import refuse_if_in_use
 from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.release import check_schema
 from nexuscrm_runtime.security import Security
@@ -77,6 +79,8 @@ def main() -> None:
         security = Security.from_env()
         deadline = host_config.drain_timeout_seconds + config.grace_seconds + SHUTDOWN_MARGIN
         signals = Signals(deadline=deadline, security=security)
+        with refusing_to_start():  # a second host on the same ports: one line, exit 3
+            refuse_if_in_use(config.address, config.metrics_address)
         with observability("INTEGRATION", config, security) as tracing:
             with refusing_to_start():  # the Flows' read-model database: exit 3 in one line if unusable
                 check_database(config.dsn)
@@ -97,14 +101,15 @@ def serve(
     status = HostStatus(host_config.pack_install_ids)
     if config.metrics_address:
         REGISTRY.register(WorkerClockCollector(status))
-    running = create_server(
-        [registration(status)],
-        config.address,
-        interceptors=tracing.interceptors,
-        max_workers=config.max_workers,
-        serving=False,
-        security=security,
-    )
+    with refusing_to_start():  # the port was taken since ``main`` looked
+        running = create_server(
+            [registration(status)],
+            config.address,
+            interceptors=tracing.interceptors,
+            max_workers=config.max_workers,
+            serving=False,
+            security=security,
+        )
     log.info("listening on port %d; checking activation of %s", running.port, list(host_config.pack_install_ids))
     if config.port_file:
         write_port_file(Path(config.port_file), running.port)

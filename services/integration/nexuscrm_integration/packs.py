@@ -1,11 +1,13 @@
-"""Pools that name their pack by namespace, name and version: resolving the PackInstallId through Controlplane.
+"""Pools that name their pack: resolving the PackInstallId through Controlplane.
 
 A PackInstallId is random (``pk-`` + 32 hex digits), known only once the pack is installed;
-a pool may name the pack instead (``config.PackName``), and the host asks Controlplane's
-FindPacks for it (``activation.RemotePackFinder``) on every activation check until the gate passes. A name resolves when
-exactly one incarnation has it. None (not installed) and several (a reinstall made another
-incarnation of the same name and version) are refusals naming the pack: the gate reports
-them with everything else missing and, when the host may wait, checks again.
+a pool may name the pack instead (``NAMESPACE/NAME[@VERSION]``, ``config.pack_name_of``), and
+the host lists the incarnations of its namespace (``activation.RemotePackFinder``, Controlplane's
+ListPacks) on every activation check until the gate passes. The name resolves by the rule the
+``nexuscrm`` command line applies too (``nexuscrm_runtime.pack_names.choose``, decision 178):
+the one incarnation with it, else the one active among several. None (not installed) and
+several without exactly one active are refusals naming the pack: the gate reports them with
+everything else missing and, when the host may wait, checks again.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
-from nexuscrm_integration.config import PackName, PoolConfig
+from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
+from nexuscrm_integration.config import PoolConfig
+from nexuscrm_runtime.pack_names import PackNameError, choose
 
 
 class PackFinder(Protocol):
-    """Asks the pack owner for the incarnations of a pack name."""
+    """Asks the pack owner for the incarnations of a namespace."""
 
-    def find_packs(self, pack: PackName) -> list[str]:
-        """The PackInstallIds with that namespace, name and version, newest first."""
+    def find_packs(self, namespace: str) -> Sequence[cp_pb.PackSummary]:
+        """Every incarnation of ``namespace`` with its protocol state."""
         ...
 
 
@@ -43,29 +47,25 @@ class Resolution:
 
 
 def resolve_pools(pools: Sequence[PoolConfig], finder: PackFinder) -> Resolution:
-    """Each pool with its PackInstallId, asking ``finder`` once per distinct pack name."""
-    answers: dict[PackName, list[str] | str] = {}
+    """Each pool with its PackInstallId, asking ``finder`` once per namespace named."""
+    answers: dict[str, Sequence[cp_pb.PackSummary] | str] = {}
     resolved: list[PoolConfig] = []
     missing: list[str] = []
     for pool in pools:
         if pool.pack is None:
             resolved.append(pool)
             continue
-        if pool.pack not in answers:
+        if pool.pack.namespace not in answers:
             try:
-                answers[pool.pack] = finder.find_packs(pool.pack)
+                answers[pool.pack.namespace] = finder.find_packs(pool.pack.namespace)
             except PackLookupFailed as error:
-                answers[pool.pack] = str(error)
-        found = answers[pool.pack]
+                answers[pool.pack.namespace] = str(error)
+        found = answers[pool.pack.namespace]
         if isinstance(found, str):
-            missing.append(f"pack: {pool.pack} could not be resolved: {found}")
-        elif not found:
-            missing.append(f"pack: {pool.pack} is not installed (pool {pool.name})")
-        elif len(found) > 1:
-            missing.append(
-                f"pack: {pool.pack} has {len(found)} incarnations ({', '.join(found)}); "
-                f"name one by pack_install_id in pool {pool.name}"
-            )
-        else:
-            resolved.append(pool.with_pack_install_id(found[0]))
+            missing.append(f"pack {pool.pack} could not be resolved: {found}")
+            continue
+        try:
+            resolved.append(pool.with_pack_install_id(choose(pool.pack, found).pack.pack_install_id))
+        except PackNameError as error:
+            missing.append(f"{error} (pool {pool.name})")
     return Resolution(pools=tuple(resolved), missing=tuple(dict.fromkeys(missing)))

@@ -15,7 +15,9 @@ version 11 WorkItem.AdmittedMemberCount and WorkItem.AdmittedThroughOrdinal (dec
 version 12 the ClaimPause, OrderPolicy and SkippedWork tables (decisions 158, 160) and the
 PrunedWork index ix_prunedwork_identity (decision 161), version 13 the WorkTypeOrderPolicy
 table (decision 165) and, on SQLite only, WorkItem(ix_workitem_replay_of) rebuilt as a partial
-index of the replays (decision 167).
+index of the replays (decision 167), version 14 WorkItem.RunsBeforeWorkId with its index
+ix_workitem_runs_before (decision 174), WorkItem.ClaimedAt and the WorkTypeRetryPolicy and
+WorkAttempt tables (decision 175).
 Steps only create tables, indexes and nullable columns (v13's rebuild of one SQLite index
 aside: it writes no row), each guarded so a repeated or concurrent run is a no-op, so the
 previous release keeps running while the schema moves. No step writes an existing row (decision
@@ -60,6 +62,9 @@ V10_TABLES = (tables.PayloadContract,)
 V11_COLUMNS = ("AdmittedMemberCount", "AdmittedThroughOrdinal")
 V12_TABLES = (tables.ClaimPause, tables.OrderPolicy, tables.SkippedWork)
 V13_TABLES = (tables.WorkTypeOrderPolicy,)
+V14_TABLES = (tables.WorkTypeRetryPolicy, tables.WorkAttempt)
+V14_COLUMNS = ("RunsBeforeWorkId", "ClaimedAt")
+V14_INDEX = next(index for index in tables.WorkItem.indexes if index.name == "ix_workitem_runs_before")
 V13_INDEX = next(index for index in tables.WorkItem.indexes if index.name == "ix_workitem_replay_of")  # SQLite: partial
 V12_INDEX = next(index for index in tables.PrunedWork.indexes if index.name == "ix_prunedwork_identity")
 # Who set the payload contract on a database that ApplySchema created from nothing.
@@ -75,7 +80,7 @@ def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + V12_TABLES + V13_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + V12_TABLES + V13_TABLES + V14_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
@@ -84,12 +89,12 @@ def _v1_metadata() -> sa.MetaData:
                 *(
                     column._copy()
                     for column in table.columns
-                    if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN, *V11_COLUMNS)
+                    if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN, *V11_COLUMNS, *V14_COLUMNS)
                 ),
                 *(
                     sa.Index(index.name, *index.columns.keys(), unique=index.unique)
                     for index in table.indexes
-                    if index.name != V7_INDEX
+                    if index.name not in (V7_INDEX, V14_INDEX.name)
                 ),
                 **tables.MYSQL_TABLE_OPTIONS,
             )
@@ -187,9 +192,14 @@ def _apply_v10(connection: Connection) -> None:
 
 
 def _apply_v11(connection: Connection) -> None:
+    _add_work_item_columns(connection, V11_COLUMNS)
+
+
+def _add_work_item_columns(connection: Connection, names: tuple[str, ...]) -> None:
+    """Add those of WorkItem's nullable columns ``names`` that the table lacks."""
     columns = {c["name"] for c in sa.inspect(connection).get_columns(tables.WorkItem.name)}
     operations = Operations(MigrationContext.configure(connection))
-    for name in V11_COLUMNS:
+    for name in names:
         if name not in columns:
             operations.add_column(tables.WorkItem.name, tables.WorkItem.c[name]._copy())
 
@@ -207,6 +217,13 @@ def _apply_v13(connection: Connection) -> None:
         if "sqlite_where" not in found.get("dialect_options", {}):
             V13_INDEX.drop(connection)
             V13_INDEX.create(connection)
+
+
+def _apply_v14(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V14_TABLES), checkfirst=True)
+    _add_work_item_columns(connection, V14_COLUMNS)
+    if V14_INDEX.name not in {i["name"] for i in sa.inspect(connection).get_indexes(tables.WorkItem.name)}:
+        V14_INDEX.create(connection)
 
 
 def _contract_empty_database(connection: Connection) -> None:
@@ -238,6 +255,7 @@ STEPS = (
     Step(11, "v11_admitted_member_count", _apply_v11),
     Step(12, "v12_operating_projections", _apply_v12),
     Step(13, "v13_work_type_order_policy", _apply_v13),
+    Step(14, "v14_recovery", _apply_v14),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors import dead_letters
-from nexuscrm_connectors.dead_letters import ReplayVerdict, filter_of
+from nexuscrm_connectors.dead_letters import Verdict, filter_of
 from nexuscrm_connectors.errors import ReplayRefused, UnknownPack
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
@@ -19,12 +19,11 @@ from tests.support.plans import explain_problems
 from tests.support.statements import capture
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
-from workqueue.values import ReplayResult
 
 pytestmark = pytest.mark.database
 
 
-def _fail_all(connectors: Connectors, pack: str, error: str) -> list[str]:
+def fail_all(connectors: Connectors, pack: str, error: str) -> list[str]:
     """Claim everything claimable in ``pack`` and fail it for good with ``error``; the WorkIds, in claim order."""
     failed = []
     while claims := connectors.claim("w", pack_install_ids=[pack], max_items=100):
@@ -46,7 +45,7 @@ def test_a_failing_flow_is_listed_counted_dry_run_and_replayed_in_ordinal_order(
     for lane in ("a", "b"):
         claim = by_lane[lane]
         connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error=f"boom {lane}", retryable=False)
-    (second_a,) = _fail_all(connectors, pack, "boom again")  # a's successor ran after a failed, and failed too
+    (second_a,) = fail_all(connectors, pack, "boom again")  # a's successor ran after a failed, and failed too
     everything = filter_of(pack)
 
     page = connectors.list_dead_letters(pack, everything)
@@ -78,16 +77,16 @@ def test_a_failing_flow_is_listed_counted_dry_run_and_replayed_in_ordinal_order(
     dry = connectors.replay_dead_letters(pack, everything, dry_run=True)
     assert database_digest(engine) == before  # a dry run changes nothing
     assert [(a.route.source_lane, a.verdict) for a in dry.answers] == [
-        ("a", ReplayVerdict.WOULD_REPLAY),
-        ("a", ReplayVerdict.WOULD_REPLAY),
-        ("b", ReplayVerdict.WOULD_REPLAY),
+        ("a", Verdict.WOULD_REPLAY),
+        ("a", Verdict.WOULD_REPLAY),
+        ("b", Verdict.WOULD_REPLAY),
     ]
 
     done = connectors.replay_dead_letters(pack, everything, dry_run=False)
     assert [(a.work_id, a.verdict) for a in done.answers] == [
-        (by_lane["a"].work.work_id, ReplayVerdict.REPLAYED),
-        (second_a, ReplayVerdict.REPLAYED),
-        (by_lane["b"].work.work_id, ReplayVerdict.REPLAYED),
+        (by_lane["a"].work.work_id, Verdict.REPLAYED),
+        (second_a, Verdict.REPLAYED),
+        (by_lane["b"].work.work_id, Verdict.REPLAYED),
     ]
     replays = {a.work_id: connectors.get_work(a.replay_work_id).work for a in done.answers}
     first, then = replays[by_lane["a"].work.work_id], replays[second_a]
@@ -109,20 +108,20 @@ def test_a_failing_flow_is_listed_counted_dry_run_and_replayed_in_ordinal_order(
 def test_a_refused_replay_is_answered_alone_and_the_others_go_on(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
     connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="b")])
-    failed = _fail_all(connectors, pack, "boom")
+    failed = fail_all(connectors, pack, "boom")
     refused_id = min(failed)
 
-    def replay_one(work_id: str) -> ReplayResult:
+    def replay_one(work_id: str) -> str:
         if work_id == refused_id:
             raise ReplayRefused(f"work {work_id} refused by the test")
-        return connectors.replay(work_id)
+        return connectors.replay(work_id).work.work_id
 
     answered = dead_letters.replay_dead_letters(
         engine, connectors.settings, pack, filter_of(pack), replay_one, dry_run=False
     )
     verdicts = {a.work_id: (a.verdict, a.error_kind) for a in answered.answers}
-    assert verdicts[refused_id] == (ReplayVerdict.REFUSED, "FAILED_PRECONDITION")
-    assert [v for w, v in verdicts.items() if w != refused_id] == [(ReplayVerdict.REPLAYED, "")]
+    assert verdicts[refused_id] == (Verdict.REFUSED, "FAILED_PRECONDITION")
+    assert [v for w, v in verdicts.items() if w != refused_id] == [(Verdict.REPLAYED, "")]
     assert [w.work_id for w in connectors.list_dead_letters(pack, filter_of(pack)).dead_letters] == [refused_id]
     assert_invariants(engine)
 
@@ -132,7 +131,7 @@ def test_a_filter_matching_many_rows_is_paged_and_never_one_transaction(engine: 
     pack = install_pack(engine)
     for batch in range(6):
         connectors.ingest(pack, items=[delivery(lane=f"l{batch}-{n}") for n in range(100)])
-    failed = _fail_all(connectors, pack, "boom")
+    failed = fail_all(connectors, pack, "boom")
     assert len(failed) == 600
     listed, token, pages = [], "", 0
     while True:
@@ -151,7 +150,7 @@ def test_a_filter_matching_many_rows_is_paged_and_never_one_transaction(engine: 
             pack, filter_of(pack), dry_run=False, max_generations=200, page_token=token
         )
         assert len(call.answers) <= 200  # one call: at most 200 replays, each its own transaction
-        replayed += sum(a.verdict is ReplayVerdict.REPLAYED for a in call.answers)
+        replayed += sum(a.verdict is Verdict.REPLAYED for a in call.answers)
         calls, token = calls + 1, call.next_page_token
         if not token:
             break
@@ -182,7 +181,7 @@ def test_bad_dead_letter_requests_are_refused(engine: sa.Engine, connectors: Con
 def test_the_dead_letter_reads_are_bounded_index_ranges(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
     connectors.ingest(pack, items=[delivery(lane=f"l{n}") for n in range(60)])
-    _fail_all(connectors, pack, "boom")
+    fail_all(connectors, pack, "boom")
     wanted = filter_of(pack, error_contains="bo", finished_after=dt.datetime(2000, 1, 1))
     with capture(engine) as captured:
         page = connectors.list_dead_letters(pack, wanted, page_size=10)

@@ -12,13 +12,21 @@ import sqlalchemy as sa
 from nexuscrm_connectors.dead_letters import filter_of
 from nexuscrm_connectors.errors import UnknownPack, WorkNotFound, WorkPruned
 from nexuscrm_connectors.operations_convert import policy_from_proto
-from nexuscrm_connectors.order_policy import Policy, SkipRefused, Source, UnknownWorkType, hold_reason
+from nexuscrm_connectors.order_policy import (
+    HoldInProgress,
+    Policy,
+    SkipRefused,
+    Source,
+    UnknownWorkType,
+    hold_reason,
+)
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.service import Connectors
+from nexuscrm_schema.tables import WorkItem
 from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack, route
-from tests.support.invariants import assert_invariants
+from tests.support.invariants import assert_invariants, check_invariants
 from tests.support.plans import explain_problems
 from tests.support.statements import capture
 from workqueue import WorkStatus
@@ -76,15 +84,95 @@ def test_block_holds_the_identity_until_its_dead_letter_is_replayed(engine: sa.E
     connectors.ingest(pack, items=[delivery(lane="a")])  # admission goes on: it extends the held generation
     assert connectors.claim("w", pack_install_ids=[pack], max_items=10) == []
 
+    # The head first (decision 174): the replay runs in the dead letter's place, the successor after it.
     replay = connectors.replay(failed)
-    assert replay.work.status is WorkStatus.BLOCKED  # behind the held successor, the identity's newest
+    assert replay.work.status is WorkStatus.PENDING
+    assert connectors.order_holds([successor]) == {
+        successor: (replay.work.work_id, hold_reason(replay.work.work_id, dead_letter=False))
+    }
+    (later,) = [r.work_id for r in connectors.ingest(pack, items=[delivery(lane="a")])]
+    assert later not in (replay.work.work_id, successor)  # neither the replay nor the held one is extended
+    assert connectors.get_work(later).work.status is WorkStatus.BLOCKED  # behind the held successor
+    assert_invariants(engine)
+    order = []
+    while claims := connectors.claim("w", pack_install_ids=[pack], max_items=10):
+        assert len(claims) == 1, [
+            (c.work.work_id, c.work.input_start_ordinal, c.work.lane_ordinal) for c in claims
+        ]  # one at a time
+        order.append(claims[0].work.work_id)
+        assert_invariants(engine)  # X with the replay processing while its held successor waits
+        connectors.complete(claims[0].work.work_id, lease_token=claims[0].lease_token)
+    assert order == [replay.work.work_id, successor, later]
+    assert_invariants(engine)
+
+
+def _head_first(engine: sa.Engine, connectors: Connectors) -> tuple[str, str, str]:
+    """A pack under "block" whose dead letter's replay runs before its held successor: pack, successor, replay."""
+    pack, failed, successor = _held(engine, connectors)
+    return pack, successor, connectors.replay(failed).work.work_id
+
+
+def test_a_replay_run_first_that_fails_for_good_again_still_holds_and_its_replay_runs_first(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack, successor, replay = _head_first(engine, connectors)
+    (claim,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert claim.work.work_id == replay
+    connectors.fail(replay, lease_token=claim.lease_token, error="still broken", retryable=False)
+    assert connectors.claim("w", pack_install_ids=[pack], max_items=10) == []  # the successor stays held
+    assert connectors.order_holds([successor]) == {successor: (replay, hold_reason(replay, dead_letter=True))}
+    again = connectors.replay(replay).work.work_id  # runs before the same held successor
+    assert_invariants(engine)
+    order = []
+    while claims := connectors.claim("w", pack_install_ids=[pack], max_items=10):
+        (claimed,) = claims
+        order.append(claimed.work.work_id)
+        connectors.complete(claimed.work.work_id, lease_token=claimed.lease_token)
+    assert order == [again, successor]
+    assert_invariants(engine)
+
+
+def test_a_skipped_replay_run_first_releases_what_it_held(engine: sa.Engine, connectors: Connectors) -> None:
+    pack, successor, replay = _head_first(engine, connectors)
+    (claim,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    connectors.fail(replay, lease_token=claim.lease_token, error="still broken", retryable=False)
+    connectors.skip_dead_letter(replay, skipped_by="ops@acme", reason="inputs re-sent upstream")
     (released,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
     assert released.work.work_id == successor
-    connectors.complete(released.work.work_id, lease_token=released.lease_token)
-    (replayed,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
-    assert replayed.work.work_id == replay.work.work_id
-    connectors.complete(replayed.work.work_id, lease_token=replayed.lease_token)
+    connectors.complete(successor, lease_token=released.lease_token)
     assert_invariants(engine)
+
+
+def test_continue_is_refused_while_a_replay_runs_first_and_changes_nothing(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack, successor, replay = _head_first(engine, connectors)
+    with engine.connect() as connection:
+        before = database_digest(connection)
+    for work_type in ("", "project"):
+        with pytest.raises(HoldInProgress, match=f"replay {replay} runs before held generation {successor}") as refused:
+            connectors.set_order_policy(pack, Policy.CONTINUE, set_by="o", reason="r", work_type=work_type)
+        assert refused.value.kind is ErrorKind.FAILED_PRECONDITION
+    with engine.connect() as connection:
+        assert database_digest(connection) == before
+    (claim,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    connectors.complete(replay, lease_token=claim.lease_token)
+    assert connectors.set_order_policy(pack, Policy.CONTINUE, set_by="o", reason="r").policy is Policy.CONTINUE
+    (released,) = connectors.claim("w", pack_install_ids=[pack], max_items=10)
+    assert released.work.work_id == successor
+    assert_invariants(engine)
+
+
+def test_the_checker_sees_a_held_generation_that_ran_before_its_replay(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    _pack, successor, replay = _head_first(engine, connectors)
+    assert check_invariants(engine) == []
+    with engine.begin() as connection:  # the damage: the held generation finished first
+        connection.execute(sa.update(WorkItem).where(WorkItem.c.WorkId == successor).values(Status="completed"))
+    assert check_invariants(engine) == [
+        f"X: {successor} is completed before replay {replay}, which runs first, finished"
+    ]
 
 
 def test_a_skip_is_recorded_releases_the_identity_and_leaves_the_dead_letters(
@@ -191,7 +279,7 @@ def test_a_work_types_policy_holds_only_that_types_successors_and_overrides_the_
 
     # Only the invoice successor is held; the project lane a successor runs under the pack's continue.
     assert connectors.order_holds([invoice_next, project_next]) == {
-        invoice_next: (invoice_failed, hold_reason(invoice_failed))
+        invoice_next: (invoice_failed, hold_reason(invoice_failed, dead_letter=True))
     }
     assert connectors.order_held_count(pack) == 1
     claims = connectors.claim("w", pack_install_ids=[pack], max_items=10)
@@ -270,7 +358,7 @@ def test_retention_keeps_a_dead_letter_that_holds_its_identity_under_block(
     report = connectors.prune(pack)
     assert (report.generations, report.kept) == (0, 1)  # the dead letter would go without the hold
     assert connectors.get_work(failed).work.status is WorkStatus.FAILED
-    assert connectors.order_holds([successor]) == {successor: (failed, hold_reason(failed))}
+    assert connectors.order_holds([successor]) == {successor: (failed, hold_reason(failed, dead_letter=True))}
     assert connectors.prune(pack, dry_run=True).kept == 1
     # Under continue the failed range is listed for replay and retention lets it go as before.
     connectors.set_order_policy(pack, Policy.CONTINUE, set_by="ops", reason="progress", work_type="invoice")

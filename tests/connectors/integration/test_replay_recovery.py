@@ -16,8 +16,9 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.dead_letters import ReplayVerdict, filter_of
+from nexuscrm_connectors.dead_letters import NothingMatches, Verdict, filter_of
 from nexuscrm_connectors.errors import NotAReplay, ReplayRefused, WorkPruned
+from nexuscrm_connectors.order_policy import Policy
 from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime.server import create_server
@@ -155,9 +156,7 @@ def test_a_fixed_flow_replayed_in_bulk_applies_every_failed_input_once(
 
     flow.broken.clear()  # the fixed release
     done = connectors.replay_dead_letters(pack, filter_of(pack), dry_run=False)
-    assert sorted(a.work_id for a in done.answers if a.verdict is ReplayVerdict.REPLAYED) == sorted(
-        w.work_id for w in dead
-    )
+    assert sorted(a.work_id for a in done.answers if a.verdict is Verdict.REPLAYED) == sorted(w.work_id for w in dead)
     drain(connectors, flow, pack)
 
     expected = admitted_inputs(engine, pack)
@@ -171,6 +170,34 @@ def test_a_fixed_flow_replayed_in_bulk_applies_every_failed_input_once(
     with engine.connect() as connection:
         ledger = flow.ledger.applied(connection, pack)
     assert ledger >= {o for lane in LANES for o in expected[lane]}
+    assert connectors.list_dead_letters(pack, filter_of(pack)).dead_letters == ()
+    coverage = connectors.get_coverage(pack, filter_of(pack))
+    assert [(i.route.source_lane, i.tiled) for i in coverage.identities] == [(lane, True) for lane in LANES]
+    assert_invariants(engine)
+
+
+def test_under_block_a_bulk_replay_runs_each_head_first_and_every_lane_applies_in_ordinal_order(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    connectors.set_order_policy(pack, Policy.BLOCK, set_by="ops@acme", reason="ledger order matters")
+    flow = LedgerFlow(engine, broken=BROKEN)
+    ingest_rounds(connectors, pack, 3, flow)
+    while statuses(engine, pack).get(WorkStatus.RETRY, 0):
+        clock.advance(3600)  # past every backoff
+        drain(connectors, flow, pack)
+    ingest_rounds(connectors, pack, 2, flow)  # held behind each broken lane's dead letter
+    dead = connectors.list_dead_letters(pack, filter_of(pack)).dead_letters
+    assert sorted(decode_projection_key(w.projection_key).source_lane for w in dead) == sorted(BROKEN)  # the heads
+
+    flow.broken.clear()  # the fixed release
+    done = connectors.replay_dead_letters(pack, filter_of(pack), dry_run=False)
+    assert {a.verdict for a in done.answers} == {Verdict.REPLAYED}
+    connectors.ingest(pack, items=[delivery(lane=lane) for lane in LANES])  # fresh inputs queue behind the held
+    assert_invariants(engine)
+    drain(connectors, flow, pack)
+
+    assert flow.applied_order() == admitted_inputs(engine, pack)  # every lane: each input once, in ordinal order
     assert connectors.list_dead_letters(pack, filter_of(pack)).dead_letters == ()
     coverage = connectors.get_coverage(pack, filter_of(pack))
     assert [(i.route.source_lane, i.tiled) for i in coverage.identities] == [(lane, True) for lane in LANES]
@@ -233,8 +260,8 @@ def test_a_dead_letter_is_replayed_once_even_after_its_replay_finished(
     connectors.complete(rerun.work.work_id, lease_token=rerun.lease_token)
     with pytest.raises(ReplayRefused, match=f"replayed already by {replayed.work.work_id}"):
         connectors.replay(claim.work.work_id)
-    answers = connectors.replay_dead_letters(pack, filter_of(pack), dry_run=False).answers
-    assert answers == ()  # no longer a dead letter
+    with pytest.raises(NothingMatches, match="no dead letter of pack"):  # no longer a dead letter
+        connectors.replay_dead_letters(pack, filter_of(pack), dry_run=False)
     with engine.connect() as connection:
         replays = connection.execute(
             sa.select(sa.func.count()).select_from(WorkItem).where(WorkItem.c.ReplayOfWorkId == claim.work.work_id)

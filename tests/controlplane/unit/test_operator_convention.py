@@ -14,6 +14,7 @@ import pytest
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm_controlplane import cutover, runbook
 from nexuscrm_controlplane.audit import Category
+from nexuscrm_controlplane.dashboard import overview
 from nexuscrm_runtime import durations, exit_codes
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.durations import InvalidDuration, format_duration, parse_duration, whole_seconds
@@ -178,12 +179,22 @@ def test_no_command_parses_durations_of_its_own() -> None:
 # --- UTC formatting ---------------------------------------------------------------------------
 
 
-def test_utc_timestamps_end_in_z() -> None:
-    naive = dt.datetime(2024, 5, 1, 12, 0, 0, 250000)
-    assert iso_utc(naive) == "2024-05-01T12:00:00.250000Z"
+def test_utc_timestamps_end_in_z_and_have_milliseconds_always() -> None:
+    naive = dt.datetime(2024, 5, 1, 12, 0, 0, 250999)
+    assert iso_utc(naive) == "2024-05-01T12:00:00.250Z"  # cut, never rounded up
+    assert iso_utc(naive.replace(microsecond=0)) == "2024-05-01T12:00:00.000Z"
     aware = naive.replace(tzinfo=dt.timezone(dt.timedelta(hours=2)))
-    assert iso_utc(aware) == "2024-05-01T10:00:00.250000Z"
+    assert iso_utc(aware) == "2024-05-01T10:00:00.250Z"
     assert iso_utc(None) is None
+
+
+def test_no_operator_surface_formats_times_of_its_own() -> None:
+    """The command lines, the dashboard and the runbook print times through ``iso_utc`` only."""
+    dashboard = Path(overview.__file__).parent
+    sources = [*COMMAND_SOURCES, *dashboard.glob("*.py"), dashboard / "static" / "app.js"]
+    for source in sources:
+        text = source.read_text()
+        assert not re.search(r"(?<!from)isoformat\(|ToJsonString\(|strftime\(|\.slice\(0, 19\)", text), source.name
 
 
 # --- the wait loop ----------------------------------------------------------------------------

@@ -21,8 +21,9 @@ PACK = "pk-6fc5bc72c8af4e3987abea21e348bbf2"
 
 
 def test_json_has_plain_enum_words_integer_numbers_utc_times_and_one_name_per_concept() -> None:
-    created = Timestamp()
+    created, finished = Timestamp(), Timestamp()
     created.FromJsonString("2026-05-01T12:00:00Z")
+    finished.FromJsonString("2026-05-01T12:00:01.999999999Z")
     work = cn_pb.WorkItem(
         work_id="w-1",
         pack_install_id=PACK,
@@ -32,6 +33,7 @@ def test_json_has_plain_enum_words_integer_numbers_utc_times_and_one_name_per_co
         attempt=0,
         max_attempts=5,
         created_at=created,
+        finished_at=finished,
     )
     data = message_data(cn_pb.GetWorkResponse(work=work, member_count=3))
     assert data["member_count"] == 3
@@ -39,8 +41,9 @@ def test_json_has_plain_enum_words_integer_numbers_utc_times_and_one_name_per_co
     assert shown["status"] == "completed"
     assert (shown["first_ordinal"], shown["last_ordinal"]) == (12, 6000)
     assert "lane_ordinal" not in shown and "input_start_ordinal" not in shown
-    assert shown["created_at"] == "2026-05-01T12:00:00Z"
-    assert "finished_at" not in shown  # an unset message is left out
+    # Times to the millisecond whatever the value holds (cut, never rounded up)
+    assert (shown["created_at"], shown["finished_at"]) == ("2026-05-01T12:00:00.000Z", "2026-05-01T12:00:01.999Z")
+    assert "lease_expires_at" not in shown  # an unset message is left out
     pack = message_data(cp_pb.PackInstall(pack_install_id=PACK, last_ordinal=6000))
     assert pack["ordinal_counter"] == 6000 and "last_ordinal" not in pack
     outcome = message_data(cn_pb.IngestResult(outcome=cn_pb.INGEST_OUTCOME_DUPLICATE_COVERED))

@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
+from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm_integration.activation import ActivationGrant, check_activation, wait_for_activation
-from nexuscrm_integration.config import PackName, PoolConfig
+from nexuscrm_integration.config import PoolConfig
 from nexuscrm_integration.errors import ActivationRefused
 from nexuscrm_integration.packs import PackLookupFailed, resolve_pools
 from tests.integration_service.fakes import FakeProtocols, FakeSchema
@@ -45,47 +46,65 @@ def test_waiting_gate_rechecks_until_it_passes_and_stops_when_asked() -> None:
 
 
 class FakeFinder:
-    """Incarnations by pack name; a name in ``failing`` cannot be looked up."""
+    """Incarnations by namespace; a namespace in ``failing`` cannot be looked up."""
 
-    def __init__(self, packs: dict[str, list[str]], failing: frozenset[str] = frozenset()) -> None:
+    def __init__(self, packs: list[cp_pb.PackSummary], failing: frozenset[str] = frozenset()) -> None:
         self.packs = packs
         self.failing = failing
         self.asked: list[str] = []
 
-    def find_packs(self, pack: PackName) -> list[str]:
-        self.asked.append(str(pack))
-        if str(pack) in self.failing:
-            raise PackLookupFailed("FindPacks failed (UNAVAILABLE: connection refused)")
-        return self.packs.get(str(pack), [])
+    def find_packs(self, namespace: str) -> list[cp_pb.PackSummary]:
+        self.asked.append(namespace)
+        if namespace in self.failing:
+            raise PackLookupFailed("ListPacks failed (UNAVAILABLE: connection refused)")
+        return [summary for summary in self.packs if summary.pack.namespace == namespace]
 
 
-def named_pool(name: str, work_type: str = "t") -> PoolConfig:
-    return PoolConfig.from_mapping(
-        {"pack": {"namespace": "acme", "name": name, "version": "1.0"}, "work_type": work_type, "flow": "m:f"}, "test"
+def incarnation(pack_id: str, name: str, *, state: str = "greenfield", installed: int = 1) -> cp_pb.PackSummary:
+    """A ListPacks row of namespace acme, version 1.0, installed ``installed`` seconds after the epoch."""
+    summary = cp_pb.PackSummary(
+        pack=cp_pb.PackInstall(pack_install_id=pack_id, namespace="acme", pack_name=name, pack_version="1.0"),
+        protocol_state=state,
     )
+    summary.pack.created_at.FromSeconds(installed)
+    return summary
 
 
-def test_pack_names_resolve_to_exactly_one_incarnation_or_name_the_pack_that_did_not() -> None:
+def named_pool(name: str, work_type: str = "t", namespace: str = "acme") -> PoolConfig:
+    return PoolConfig.from_mapping({"pack": f"{namespace}/{name}@1.0", "work_type": work_type, "flow": "m:f"}, "test")
+
+
+def test_pack_names_resolve_by_the_command_lines_rule_or_name_the_pack_that_did_not() -> None:
     finder = FakeFinder(
-        {"acme/contacts 1.0": ["pk-c"], "acme/deals 1.0": ["pk-new", "pk-old"]}, failing=frozenset({"acme/down 1.0"})
+        [
+            incarnation("pk-c", "contacts"),
+            incarnation("pk-old", "deals"),
+            incarnation("pk-new", "deals", installed=2),
+            incarnation("pk-l1", "ledger", state="none"),  # reinstalled, not activated yet: not ambiguous
+            incarnation("pk-l2", "ledger", installed=2),
+        ],
+        failing=frozenset({"ops"}),
     )
     by_id = PoolConfig(pack_install_id="pk-a", work_type="t", flow="m:f")
     pools = [by_id, named_pool("contacts"), named_pool("contacts", "u"), named_pool("deals"), named_pool("gone")]
-    resolution = resolve_pools([*pools, named_pool("down")], finder)
-    assert [p.name for p in resolution.pools] == ["pk-a/t", "pk-c/t", "pk-c/u"]
-    assert resolution.pack_install_ids == ("pk-a", "pk-c")
+    resolution = resolve_pools([*pools, named_pool("ledger"), named_pool("down", namespace="ops")], finder)
+    assert [p.name for p in resolution.pools] == ["pk-a/t", "pk-c/t", "pk-c/u", "pk-l2/t"]
+    assert resolution.pack_install_ids == ("pk-a", "pk-c", "pk-l2")
     assert resolution.missing == (
-        "pack: acme/deals 1.0 has 2 incarnations (pk-new, pk-old); "
-        "name one by pack_install_id in pool acme/deals 1.0/t",
-        "pack: acme/gone 1.0 is not installed (pool acme/gone 1.0/t)",
-        "pack: acme/down 1.0 could not be resolved: FindPacks failed (UNAVAILABLE: connection refused)",
+        "pack acme/deals@1.0 names 2 incarnations, 2 of them active: "
+        "pk-new (version 1.0, protocol greenfield, installed 1970-01-01T00:00:02.000Z); "
+        "pk-old (version 1.0, protocol greenfield, installed 1970-01-01T00:00:01.000Z); "
+        "name one by its id (pool acme/deals@1.0/t)",
+        "pack acme/gone@1.0 is not installed; `nexuscrm packs list --namespace acme` shows what is "
+        "(pool acme/gone@1.0/t)",
+        "pack ops/down@1.0 could not be resolved: ListPacks failed (UNAVAILABLE: connection refused)",
     )
-    assert finder.asked.count("acme/contacts 1.0") == 1  # asked once per name
+    assert finder.asked == ["acme", "ops"]  # asked once per namespace
 
     with pytest.raises(ActivationRefused) as refused:  # the gate lists them with everything else missing
         check_activation(
             FakeSchema(["X"]),
-            FakeProtocols({"pk-a", "pk-c"}),
+            FakeProtocols({"pk-a", "pk-c", "pk-l2"}),
             resolution.pack_install_ids,
             unresolved=resolution.missing,
         )

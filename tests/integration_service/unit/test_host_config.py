@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, HostConfig, PackName, PoolConfig
+from nexuscrm_integration.config import DEFAULT_CLAIM_WAIT, DEFAULT_POLL_INTERVAL, HostConfig, PoolConfig
 from nexuscrm_integration.errors import HostConfigError
+from nexuscrm_runtime.pack_names import PackName
 
 
 def test_host_config_from_file_and_environment(tmp_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_host_config_from_file_and_environment(tmp_path: Path) -> None:
         HostConfig.from_env({"NEXUSCRM_INTEGRATION_POOLS": json.dumps([json.loads(pools)[0]] * 2)})
 
 
-def test_a_pool_names_its_pack_by_id_or_by_namespace_name_and_version(tmp_path: Path) -> None:
+def test_a_pool_names_its_pack_by_id_or_by_namespace_name_and_optional_version(tmp_path: Path) -> None:
     path = tmp_path / "host.toml"
     path.write_text(
         '[[pool]]\npack = { namespace = "acme", name = "contacts", version = "1.0" }\nwork_type = "t"\nflow = "m:f"\n'
@@ -51,14 +52,22 @@ def test_a_pool_names_its_pack_by_id_or_by_namespace_name_and_version(tmp_path: 
     config = HostConfig.from_env({"NEXUSCRM_INTEGRATION_CONFIG": str(path)})
     (pool,) = config.pools
     assert pool.pack == PackName(namespace="acme", name="contacts", version="1.0") and pool.pack_install_id == ""
-    assert pool.name == "acme/contacts 1.0/t" and config.pack_install_ids == ()  # known once resolved
+    assert pool.name == "acme/contacts@1.0/t" and config.pack_install_ids == ()  # known once resolved
     assert pool.with_pack_install_id("pk-a") == PoolConfig(pack_install_id="pk-a", work_type="t", flow="m:f")
+    named: tuple[tuple[object, PackName], ...] = (
+        ("acme/contacts@1.0", PackName(namespace="acme", name="contacts", version="1.0")),
+        ("acme/contacts", PackName(namespace="acme", name="contacts")),  # any version (decision 178)
+        ({"namespace": "acme", "name": "contacts"}, PackName(namespace="acme", name="contacts")),
+    )
+    for given, pack in named:
+        assert PoolConfig.from_mapping({"work_type": "t", "flow": "f", "pack": given}, "test").pack == pack
     for raw, field in (
         ({"work_type": "t", "flow": "f"}, "pack_install_id"),  # neither
         ({"pack_install_id": "pk-a", "pack": {"namespace": "a", "name": "n", "version": "1"}}, "pack_install_id"),
-        ({"pack": {"namespace": "acme", "name": "contacts"}}, "pack"),  # no version
+        ({"pack": {"namespace": "acme", "version": "1"}}, "pack"),  # no name
         ({"pack": {"namespace": "acme", "name": " ", "version": "1"}}, "pack.name"),
-        ({"pack": "acme/contacts"}, "pack"),
+        ({"pack": "contacts"}, "pack"),  # no namespace
+        ({"pack": "acme/contacts@"}, "pack"),  # an empty version
     ):
         with pytest.raises(HostConfigError) as refused:
             PoolConfig.from_mapping({"work_type": "t", "flow": "f", **raw}, "test")

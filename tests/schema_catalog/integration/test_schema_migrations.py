@@ -124,6 +124,13 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         11: ["WorkItem.AdmittedMemberCount", "WorkItem.AdmittedThroughOrdinal"],
         12: ["ClaimPause", "OrderPolicy", "SkippedWork", "PrunedWork(ix_prunedwork_identity)"],
         13: ["WorkTypeOrderPolicy"],
+        14: [
+            "WorkAttempt",
+            "WorkItem.ClaimedAt",
+            "WorkItem.RunsBeforeWorkId",
+            "WorkItem(ix_workitem_runs_before)",
+            "WorkTypeRetryPolicy",
+        ],
     }
     order = [
         "ClaimPause",
@@ -144,13 +151,18 @@ def test_verify_schema_lists_what_v1_lacks_and_nothing_on_the_newest(empty_engin
         "RetentionPolicy.HorizonSourceTime",
         "RetentionPolicy.ExpiredReceipts",
         "SkippedWork",
+        "WorkAttempt",
         "WorkItem.InputStartOrdinal",
         "WorkItem.SuccessorWorkId",
         "WorkItem.ClaimedMemberCount",
         "WorkItem.AdmittedMemberCount",
         "WorkItem.AdmittedThroughOrdinal",
+        "WorkItem.RunsBeforeWorkId",
+        "WorkItem.ClaimedAt",
         "WorkItem(ix_workitem_retention)",
+        "WorkItem(ix_workitem_runs_before)",
         "WorkTypeOrderPolicy",
+        "WorkTypeRetryPolicy",
         "_System_ConnectorProjectionProtocol",
         "_System_PayloadContract",
     ]

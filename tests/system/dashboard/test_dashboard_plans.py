@@ -54,6 +54,9 @@ def test_dashboard_reads_use_index_ranges(
     monkeypatch.setattr(operations, "COVERAGE_PAGE", 3)
     reads: dict[str, Callable[[], object]] = {
         "pack_queue": on_connection(lambda c: overview.pack_queue(c, pack, START), engine),
+        "failures": on_connection(
+            lambda c: queries.work_dead_letters_newest(c, pack, overview.FAILURES_EXAMINED), engine
+        ),
         "pack_timeline": lambda: overview.pack_timeline(engine, pack),
         "receipts": lambda: overview.receipts(connectors, "stored", pack),
         "search": lambda: overview.search(engine, connectors, work_id),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import StaticPool
 
@@ -53,3 +57,36 @@ def test_the_demo_flow_folds_each_generation_in_ordinal_order_and_a_bad_payload_
     )
     assert (contacts["c-2"].Name, contacts["c-2"].Stage, contacts["c-2"].Updates) == ("Bob", "lead", 1)
     assert applied == {1, 2, 3, 4}  # the failed input was never applied
+
+
+SECRET = "s3cret-of-the-source"  # what no message about a bad input may hold
+
+
+def test_the_demo_flows_error_names_the_input_and_what_is_wrong_never_the_payload(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = sa.create_engine("sqlite://", poolclass=StaticPool)
+    flow = demo.contact_projection(FlowContext(pack_install_id=PACK, work_type=demo.WORK_TYPE, engine=engine))
+    source = InMemoryWorkSource(max_attempts=1)
+    bad = {
+        "unknown fields": json.dumps({"contact_id": SECRET, "fields": {"name": SECRET, SECRET: SECRET, "ssn": "1"}}),
+        "not JSON": f"{SECRET} <- not JSON",
+        "a shape of its own": json.dumps([SECRET]),
+        "sent_at not a number": json.dumps({"contact_id": "c", "fields": {}, "sent_at": SECRET}),
+    }
+    for lane, payload in enumerate(bad.values()):  # one generation per lane, so each fails alone
+        source.add_inputs(demo.route(f"lane-{lane}").identity(PACK), payloads=[payload.encode()])
+    worker = Worker(source, flow, worker_id="demo", work_types=[demo.WORK_TYPE])
+    with caplog.at_level(logging.WARNING, logger="nexuscrm_sdk.worker"):
+        while worker.run_once():
+            pass
+
+    errors = {a.ordinals: a.error for a in source.attempts if a.outcome is WorkStatus.FAILED}
+    assert errors == {
+        (1,): "ValueError: input 1: contact update has 2 unknown fields of 3 (known: name, email, company, stage)",
+        (2,): "ValueError: input 2: payload is not a contact update: not JSON",
+        (3,): "ValueError: input 3: payload is not a contact update: no contact_id string and fields object",
+        (4,): "ValueError: input 4: contact update's sent_at is not a number",
+    }
+    logged = [record.getMessage() for record in caplog.records]
+    assert len(logged) == 4 and all(SECRET not in line for line in logged)

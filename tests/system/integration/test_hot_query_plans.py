@@ -24,7 +24,10 @@ from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.queries import retention as retention_sql
+from nexuscrm_connectors.queries import retry_policy as retry_policy_sql
+from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.work_attempts import EndedAttempt
 from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_runtime.budgets import MIB
 from nexuscrm_runtime.clock import DATABASE_CLOCK
@@ -140,6 +143,23 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "tombstones_expiring": lambda c: retention_sql.tombstones_expiring(c, pack, now, 500),
         "pruned_work_expiring": lambda c: retention_sql.pruned_work_expiring(c, pack, now, 500),
         "work_namespace": lambda c: operator_reads_sql.work_namespace(c, seeded.claimed_work_id),
+        # Fail's retry policy and the attempt history (decision 175).
+        "work_type_retry_policy_get": lambda c: retry_policy_sql.work_type_retry_policy_get(c, pack, "project"),
+        "work_attempts_record": lambda c: work_attempts_sql.work_attempts_record(
+            c,
+            [
+                EndedAttempt(
+                    work_id=seeded.claimed_work_id,
+                    pack_install_id=pack,
+                    worker_id="w",
+                    started_at=now,
+                    finished_at=now,
+                    outcome="retry",
+                    error="e",
+                )
+            ],
+        ),
+        "work_attempts_newest": lambda c: work_attempts_sql.work_attempts_newest(c, seeded.claimed_work_id, 50),
         # Controlplane: drain counts (GetDrainStatus, the cutover gate).
         "legacy_work_counts": lambda c: cp_queries.legacy_work_counts(c, legacy),
         "legacy_work_live_sample": lambda c: cp_queries.legacy_work_live_sample(c, legacy, 10),

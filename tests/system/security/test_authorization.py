@@ -135,7 +135,16 @@ NAMESPACED: dict[str, Build] = {
     f"{CONNECTORS}/SkipDeadLetter": lambda w: cn.SkipDeadLetterRequest(
         work_id=w.dead_work_id, skipped_by="ops", reason="test"
     ),
+    f"{CONNECTORS}/SkipDeadLetters": lambda w: cn.SkipDeadLettersRequest(
+        filter=cn.DeadLetterFilter(pack_install_id=w.pack), skipped_by="ops", reason="test", dry_run=True
+    ),
     f"{CONNECTORS}/GetCoverage": lambda w: cn.GetCoverageRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/SetRetryPolicy": lambda w: cn.SetRetryPolicyRequest(
+        pack_install_id=w.pack, work_type="project", max_attempts=3, set_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/GetRetryPolicy": lambda w: cn.GetRetryPolicyRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/RetryNow": lambda w: cn.RetryNowRequest(work_id=w.work_id, retried_by="ops", reason="test"),
+    f"{CONNECTORS}/ListIdentities": lambda w: cn.ListIdentitiesRequest(pack_install_id=w.pack),
     f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
     f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
     f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),
@@ -180,6 +189,10 @@ ALL = {**NAMESPACED, **SPANNING, **OPEN}
 # status shows the call passed authorization and reached the domain code. Every other owner's
 # request succeeds.
 DOMAIN_REFUSALS: dict[str, Callable[[World], tuple[grpc.StatusCode, str]]] = {
+    f"{CONNECTORS}/RetryNow": lambda w: (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"work {w.work_id} is processing; only a generation waiting in retry can be retried now",
+    ),
     f"{CONNECTORS}/ResumeClaims": lambda w: (grpc.StatusCode.FAILED_PRECONDITION, f"pack {w.pack} is not paused"),
     f"{CONNECTORS}/LoadReplayedInputs": lambda w: (
         grpc.StatusCode.FAILED_PRECONDITION,

@@ -32,11 +32,14 @@ class ClaimCandidate(NamedTuple):
     Status: str
     ClaimableAt: dt.datetime
     LeaseToken: str | None
+    LeaseOwner: str | None  # with ClaimedAt: an expired lease's attempt, as its history records it
+    ClaimedAt: dt.datetime | None
     Attempt: int
     MaxAttempts: int
     InputStartOrdinal: int | None
     LaneOrdinal: int
     SuccessorWorkId: str | None
+    RunsBeforeWorkId: str | None
     Now: dt.datetime
 
 
@@ -137,11 +140,14 @@ def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool) -> sa.C
                     WorkItem.c.Status,
                     WorkItem.c.ClaimableAt,
                     WorkItem.c.LeaseToken,
+                    WorkItem.c.LeaseOwner,
+                    WorkItem.c.ClaimedAt,
                     WorkItem.c.Attempt,
                     WorkItem.c.MaxAttempts,
                     WorkItem.c.InputStartOrdinal,
                     WorkItem.c.LaneOrdinal,
                     WorkItem.c.SuccessorWorkId,
+                    WorkItem.c.RunsBeforeWorkId,
                     NOW_PARAMETER.label("Now"),
                 )
                 .where(
@@ -205,7 +211,7 @@ def work_items_claim(
     version under its row lock: pending or retry, or processing with an expired lease and an
     attempt left, and ClaimableAt <= ``now``. A row another claim took meanwhile carries a
     future ClaimableAt and is skipped, so ``grant`` (``LeaseToken`` and the other lease
-    columns) marks exactly the rows this statement won: the caller reads them back by token.
+    columns, ``ClaimedAt`` among them) marks exactly the rows this statement won: the caller reads them back by token.
     An expired lease counts as a failed attempt (Attempt + 1). Primary-key lookups; returns
     the row count.
     """

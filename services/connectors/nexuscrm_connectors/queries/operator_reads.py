@@ -1,4 +1,8 @@
-"""Operator reads: namespaces for authorization, receipt lists, queue state, an identity's or pack's generations."""
+"""Operator reads: namespaces for authorization, receipt lists, queue state, an identity's or pack's generations.
+
+The skips shown with generations are read here too (``skipped_work_of``); a skip is written by
+``queries.order_policy``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from nexuscrm_schema.tables import (
     IngressReceipt,
     PackInstall,
     PrunedWork,
+    SkippedWork,
     WorkItem,
 )
 from workqueue import ReceiptState, WorkStatus
@@ -196,3 +201,11 @@ def work_items_of_pack(
         statement = statement.where(after_keyset(order, before, descending=True))
     rows = connection.execute(statement.order_by(*(column.desc() for column in order)).limit(limit))
     return [WorkRow(*row) for row in rows]
+
+
+_SKIPPED_WORK_OF = sa.select(SkippedWork).where(SkippedWork.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
+
+
+def skipped_work_of(connection: Connection, work_ids: Sequence[str]) -> list[DbRow]:
+    """The SkippedWork rows of those of ``work_ids`` an operator skipped (primary-key probes)."""
+    return list(connection.execute(_SKIPPED_WORK_OF, {"work_ids": list(work_ids)}))

@@ -17,8 +17,6 @@ from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import pauses as pauses_sql
 from nexuscrm_connectors.queries.work_items import Instant
 from nexuscrm_schema import relations
-from nexuscrm_schema.hints import NO_DECORRELATE
-from nexuscrm_schema.relations import PREDECESSOR, predecessor_select
 from nexuscrm_schema.tables import OrderPolicy, SkippedWork, WorkItem, WorkTypeOrderPolicy
 from workqueue import WorkStatus
 
@@ -27,27 +25,19 @@ CONTINUE = relations.CONTINUE
 DEFAULT_POLICY = relations.DEFAULT_ORDER_POLICY  # decision 160
 unresolved = relations.unresolved
 effective_block = relations.effective_block
-_dead = relations.dead_letter
 
 
 def candidate_not_held(pack: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
-    """The claim's candidate condition: not held back by a dead letter before it under the "block" policy.
+    """The claim's candidate condition: not held back under the "block" policy.
 
+    Held: behind a dead letter, or behind a replay that runs before it (decision 174).
     ``pack`` is the candidate read's bound pack parameter. The effective policy
     (``effective_block``) is a primary-key probe of the work type's row per candidate and one
-    of the pack's per read. Under "block" each candidate row costs one seek of
-    ix_workitem_projection_order (its identity's generation just below it) and that
-    generation's two probes (``unresolved``). An identity has one work type, so a policy of
+    of the pack's per read. Under "block" each candidate row costs the seeks of
+    ``relations.behind_dead_letter_or_replay``. An identity has one work type, so a policy of
     one work type holds only that type's successors.
     """
-    return sa.not_(sa.and_(effective_block(pack, WorkItem.c.WorkType), _behind_dead_letter()))
-
-
-def _behind_dead_letter() -> sa.ColumnElement[bool]:
-    """The outer WorkItem row's predecessor is a dead letter: one seek of ix_workitem_projection_order, two probes."""
-    dead = sa.case((_dead(PREDECESSOR), 1), else_=0)
-    held_behind = predecessor_select(dead).prefix_with(NO_DECORRELATE, dialect="mysql").scalar_subquery()
-    return sa.func.coalesce(held_behind, 0) == 1
+    return sa.not_(sa.and_(effective_block(pack, WorkItem.c.WorkType), relations.behind_dead_letter_or_replay()))
 
 
 def candidate_operable(pack: sa.ColumnElement[str], now: Instant) -> sa.ColumnElement[bool]:
@@ -112,13 +102,39 @@ def work_items_held_count(connection: Connection, pack_install_id: str, cap: int
             WorkItem.c.Status == WorkStatus.PENDING,
             WorkItem.c.InputStartOrdinal.is_not(None),
             effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
-            _behind_dead_letter(),
+            relations.behind_dead_letter_or_replay(),
         )
         .with_hint(WorkItem, "FORCE INDEX (ix_workitem_claim)", dialect_name="mysql")
         .limit(cap)
         .subquery()
     )
     return int(connection.execute(sa.select(sa.func.count()).select_from(rows)).scalar_one())
+
+
+def blocks(connection: Connection, pack_install_id: str, work_type: str) -> bool:
+    """Whether ``work_type``'s generations in the pack are under "block" now (two primary-key reads)."""
+    return bool(
+        connection.execute(sa.select(effective_block(sa.literal(pack_install_id), sa.literal(work_type)))).scalar()
+    )
+
+
+def replays_run_first(connection: Connection, pack_install_id: str) -> list[DbRow]:
+    """The pack's unfinished replays that run before a held generation (WorkId, WorkType, RunsBeforeWorkId).
+
+    Reads ix_workitem_runs_before's rows (replays run first, ever: few) and their probes.
+    """
+    first = WorkItem.alias("RunsFirst")
+    return list(
+        connection.execute(
+            sa.select(first.c.WorkId, first.c.WorkType, first.c.RunsBeforeWorkId)
+            .where(
+                first.c.RunsBeforeWorkId.is_not(None),
+                first.c.PackInstallId == pack_install_id,
+                relations.unfinished(first),
+            )
+            .order_by(first.c.WorkId)
+        )
+    )
 
 
 def order_policy_get(connection: Connection, pack_install_id: str) -> DbRow | None:

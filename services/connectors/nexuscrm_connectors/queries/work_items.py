@@ -64,6 +64,8 @@ class WorkRow:
     ClaimedMemberCount: int | None
     AdmittedMemberCount: int | None
     AdmittedThroughOrdinal: int | None
+    RunsBeforeWorkId: str | None
+    ClaimedAt: dt.datetime | None
 
 
 if tuple(field.name for field in dataclasses.fields(WorkRow)) != tuple(WorkItem.c.keys()):
@@ -95,14 +97,22 @@ class Positioned(Protocol):
     @property
     def SuccessorWorkId(self) -> str | None: ...
 
+    @property
+    def RunsBeforeWorkId(self) -> str | None: ...
+
 
 class NewestGeneration(NamedTuple):
-    """The newest generation of an identity, locked, with what admission decides on (``work_items_newest``)."""
+    """The newest generation of an identity, locked, with what admission decides on (``work_items_newest``).
+
+    ``RunsBeforeWorkId`` set: a replay that runs before a held generation (decision 174),
+    never extended and never linked behind: admission goes on from ``work_items_tail``.
+    """
 
     WorkId: str
     ProjectionKey: str
     Status: str
     Attempt: int
+    RunsBeforeWorkId: str | None
 
 
 GENERATION_COLUMNS = (WorkItem.c.WorkId, WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal, WorkItem.c.Status)
@@ -145,7 +155,9 @@ _NEWEST_SEEK = (
 
 # Locks the newest generations by primary key and reads what admission decides on.
 _NEWEST_LOCK = (
-    sa.select(WorkItem.c.WorkId, WorkItem.c.ProjectionKey, WorkItem.c.Status, WorkItem.c.Attempt)
+    sa.select(
+        WorkItem.c.WorkId, WorkItem.c.ProjectionKey, WorkItem.c.Status, WorkItem.c.Attempt, WorkItem.c.RunsBeforeWorkId
+    )
     .where(WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
     .with_for_update()
 )
@@ -183,6 +195,57 @@ def work_items_newest(
         return {}
     rows = connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})
     return {row.ProjectionKey: row for row in map(NewestGeneration._make, rows)}
+
+
+def work_items_tail(
+    connection: Connection, pack_install_id: str, projection_keys: Iterable[str]
+) -> dict[str, NewestGeneration]:
+    """The newest generation of each identity that is not a replay run first (decision 174), locked.
+
+    Read only for the identities whose newest generation is such a replay (rare): per identity
+    one seek down ix_workitem_projection_order past those replays, then the rows FOR UPDATE.
+    """
+    seek = (
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.ProjectionKey == sa.bindparam("key"),
+            WorkItem.c.RunsBeforeWorkId.is_(None),
+        )
+        .order_by(WorkItem.c.LaneOrdinal.desc())
+        .limit(1)
+    )
+    work_ids = [
+        work_id for key in sorted(projection_keys) if (work_id := connection.execute(seek, {"key": key}).scalar())
+    ]
+    if not work_ids:
+        return {}
+    rows = connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})
+    return {row.ProjectionKey: row for row in map(NewestGeneration._make, rows)}
+
+
+def work_item_above(connection: Connection, work: WorkRow) -> DbRow | None:
+    """The generation of ``work``'s identity just above it (WorkId, Status), replays run first aside; locked."""
+    return connection.execute(
+        sa.select(WorkItem.c.WorkId, WorkItem.c.Status)
+        .where(
+            WorkItem.c.PackInstallId == work.PackInstallId,
+            WorkItem.c.ProjectionKey == work.ProjectionKey,
+            WorkItem.c.LaneOrdinal > work.LaneOrdinal,
+            WorkItem.c.RunsBeforeWorkId.is_(None),
+        )
+        .order_by(WorkItem.c.LaneOrdinal)
+        .limit(1)
+        .with_for_update()
+    ).first()
+
+
+def work_item_statuses(connection: Connection, work_ids: Sequence[str]) -> dict[str, str]:
+    """The status of each of ``work_ids`` that exists (primary key)."""
+    if not work_ids:
+        return {}
+    rows = connection.execute(sa.select(WorkItem.c.WorkId, WorkItem.c.Status).where(WorkItem.c.WorkId.in_(work_ids)))
+    return {row.WorkId: row.Status for row in rows}
 
 
 def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:

@@ -57,6 +57,12 @@ class QueueCollector(Collector):
             f"Generations per pack that failed for good; counted up to {overview.COUNT_CAP}.",
             labels=["pack"],
         )
+        dead_letters = GaugeMetricFamily(
+            "nexuscrm_dead_letters",
+            f"Generations per pack that failed for good and were neither replayed nor skipped, among its "
+            f"{overview.COUNT_CAP} newest failures.",
+            labels=["pack"],
+        )
         receipts = GaugeMetricFamily(
             "nexuscrm_receipts",
             f"Receipts per pack waiting (stored: fenced or not materialized) or missing coverage; "
@@ -76,12 +82,13 @@ class QueueCollector(Collector):
                     expired.add_metric([pack], stats.leases_expired)
                     stranded.add_metric([pack], stats.stranded)
                     failed.add_metric([pack], stats.failed)
+                    dead_letters.add_metric([pack], stats.dead_letters)
                     receipts.add_metric([pack, "stored"], stats.receipts_waiting)
                     receipts.add_metric([pack, "coverage_missing"], stats.receipts_coverage_missing)
         except SQLAlchemyError as error:
             log.warning("queue gauges skipped this scrape: %s", type(error).__name__)
             return
-        yield from (depth, oldest, lag, expired, stranded, failed, receipts)
+        yield from (depth, oldest, lag, expired, stranded, failed, dead_letters, receipts)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """Nothing: describing would query the database at registration."""

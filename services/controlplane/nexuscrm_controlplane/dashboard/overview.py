@@ -28,10 +28,11 @@ from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, PrunedWo
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.clock import iso_utc as iso
 from nexuscrm_schema.tables import NAMESPACE_SCOPE, WORK_ID_LENGTH
+from nexuscrm_sdk import lookups
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES as NONTERMINAL
-from workqueue.values import WorkItemRow
+from workqueue.values import WorkDescription, WorkItemRow
 
 PACK_LIMIT = 50  # packs on the page, newest first
 COUNT_CAP = 10_000  # counts of sets that grow with history stop here ("10000+")
@@ -39,6 +40,7 @@ IDENTITY_PAGE = 20  # projection identities per timeline page
 GENERATIONS_PER_IDENTITY = 8  # newest generations drawn per identity
 RECEIPT_PAGE = 50  # receipts per listing
 SEARCH_MAX_LENGTH = 255  # a ReceiptKey's length; WorkIds are shorter
+FAILURES_EXAMINED = 200  # newest failures of a pack its card's "Failed generations" picks dead letters from
 QUEUE_STATES = tuple(s.value for s in NONTERMINAL)
 
 
@@ -54,6 +56,7 @@ class QueueStats:
     leases_expired: int
     stranded: int
     failed: int
+    dead_letters: int  # of the COUNT_CAP newest failures: neither replayed nor skipped
     receipts_waiting: int
     receipts_coverage_missing: int
 
@@ -82,6 +85,7 @@ def pack_queue(connection: Connection, pack_install_id: str, now: dt.datetime) -
         leases_expired=queries.work_leases_expired_count(connection, pack_install_id, now),
         stranded=queries.work_stranded_count_capped(connection, pack_install_id, COUNT_CAP),
         failed=queries.work_status_count_capped(connection, pack_install_id, WorkStatus.FAILED, COUNT_CAP),
+        dead_letters=queries.work_dead_letter_count(connection, pack_install_id, COUNT_CAP),
         receipts_waiting=queries.receipt_count_capped(connection, pack_install_id, ReceiptState.STORED, COUNT_CAP),
         receipts_coverage_missing=queries.receipt_count_capped(
             connection, pack_install_id, ReceiptState.COVERAGE_MISSING, COUNT_CAP
@@ -140,7 +144,9 @@ def packs_overview(engine: Engine, clock: DatabaseClock) -> dict[str, Any]:
                             "last_error": (f.LastError or "")[:500],
                             "finished_at": iso(f.FinishedAt),
                         }
-                        for f in queries.work_failed_sample(connection, row.PackInstallId, SAMPLE_LIMIT)
+                        for f in queries.work_dead_letters_newest(connection, row.PackInstallId, FAILURES_EXAMINED)[
+                            :SAMPLE_LIMIT
+                        ]
                     ],
                     # Old-protocol work matters only until the protocol row is written (the
                     # cutover checks that it drained), so only such packs pay for the drain reads.
@@ -153,6 +159,23 @@ def packs_overview(engine: Engine, clock: DatabaseClock) -> dict[str, Any]:
     return {"now": iso(now), "count_cap": COUNT_CAP, "packs": cards}
 
 
+def _operated(row: Any) -> dict[str, Any]:
+    """What operators decided of a generation (``queries.work_operated``'s columns), as the page shows it.
+
+    ``held_behind``: the WorkId a pending generation the "block" policy holds waits for;
+    ``resolution``: "replayed" or "skipped" for a failed one that is no longer a dead letter;
+    ``skip``: who skipped it, when and why.
+    """
+    skipped = row.SkippedAt is not None
+    return {
+        "held_behind": row.HeldBehind,
+        "resolution": "replayed" if row.Replayed else "skipped" if skipped else None,
+        "skip": {"skipped_by": row.SkippedBy, "reason": row.SkipReason, "skipped_at": iso(row.SkippedAt)}
+        if skipped
+        else None,
+    }
+
+
 def _generation(row: Any) -> dict[str, Any]:
     return {
         "work_id": row.WorkId,
@@ -162,6 +185,7 @@ def _generation(row: Any) -> dict[str, Any]:
         "attempt": int(row.Attempt),
         "max_attempts": int(row.MaxAttempts),
         "replay_of": row.ReplayOfWorkId,
+        **_operated(row),
     }
 
 
@@ -232,12 +256,42 @@ def _work(work: WorkItemRow, member_count: int | None) -> dict[str, Any]:
     }
 
 
+def _attempts(described: WorkDescription) -> dict[str, Any]:
+    """A generation's attempts that did not complete it, oldest first, and the newest traceback (decision 175).
+
+    The Flow's messages and traceback, shown as LastError is: to operators, never logged.
+    """
+    attempts = [
+        {
+            "attempt": a.attempt,
+            "worker_id": a.worker_id,
+            "started_at": iso(a.started_at),
+            "finished_at": iso(a.finished_at),
+            "outcome": a.outcome.value,
+            "error": a.error,
+        }
+        for a in described.attempts
+    ]
+    traceback = next((a.traceback for a in reversed(described.attempts) if a.traceback), None)
+    return {"attempts": attempts, "attempt_count": described.attempt_count, "last_traceback": traceback}
+
+
+def _operated_of(engine: Engine, work_id: str) -> dict[str, Any]:
+    """``_operated`` of one generation (one primary-key read); nothing for a WorkId not in the table."""
+    with engine.connect() as connection:
+        row = queries.work_operated(connection, work_id)
+    return {} if row is None else _operated(row)
+
+
 def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[str, Any]]:
     """Explain ``text`` as a WorkId and as a ReceiptKey of every listed pack; every match found.
 
     A WorkId match names its range, member count and what it waits for; a receipt match
-    names its ordinal, the generation covering it, or why there is none. One GetWork and one
-    ExplainReceipt per listed pack (primary-key reads in Connectors); the pack list is read here.
+    names its ordinal, the generation covering it, or why there is none; no match is one
+    ``none`` entry saying so in the words ``nexuscrm why`` uses (``nexuscrm_sdk.lookups``). One
+    GetWork and one ExplainReceipt per listed pack (primary-key reads in Connectors); the pack
+    list, and what operators decided of each generation found (held, replayed, skipped, as the
+    timeline shows it), are read here.
     """
     text = text.strip()
     if not text or len(text) > SEARCH_MAX_LENGTH:
@@ -248,7 +302,14 @@ def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[
     if isinstance(described, PrunedWork):
         found.append({"kind": "pruned", "work_id": described.work_id, "explanation": described.explanation})
     elif described is not None:
-        found.append({"kind": "work", **_work(described.work, described.member_count)})
+        found.append(
+            {
+                "kind": "work",
+                **_work(described.work, described.member_count),
+                **_attempts(described),
+                **_operated_of(engine, described.work.work_id),
+            }
+        )
     with engine.connect() as connection:
         pack_ids = [row.PackInstallId for row in queries.packs_list(connection, PACK_LIMIT)]
     for pack_install_id in pack_ids:
@@ -264,7 +325,9 @@ def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[
                 "receipt_state": explained.receipt_state,
                 "enqueue_ordinal": explained.enqueue_ordinal,
                 "explanation": explained.explanation,
-                "covered_by": None if covered is None else _work(covered, None),
+                "covered_by": None
+                if covered is None
+                else {**_work(covered, None), **_operated_of(engine, covered.work_id)},
             }
         )
-    return found
+    return found or [{"kind": "none", "explanation": lookups.nothing_found(text, "the listed packs")}]

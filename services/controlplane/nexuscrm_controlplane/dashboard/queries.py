@@ -6,6 +6,10 @@ extends an unclaimed one), one index end, a primary key, or at most ``limit`` ro
 index range. Counts of sets that grow with history (failed work, receipts) stop at ``cap``.
 None of them scans Event: Event is read by primary key only. Each says which index serves it.
 
+A generation's rows carry what operators decided of it (``_operated``: held by the order
+policy, replayed, skipped), read through the relations of ``nexuscrm_schema.relations`` that
+Connectors' claim and GetWork use, so the page says "held" where a claim would refuse it.
+
 These are the one documented cross-owner read
 (docs/decisions/101-dashboard-reads-connectors-over-rpc.md): Event, WorkItem and
 IngressReceipt belong to Connectors, yet the page's gauges (queue depth, lag, failures,
@@ -25,8 +29,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from nexuscrm_schema import relations
+from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.relations import PREDECESSOR_STATUS
-from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, IngressReceipt, PackInstall, WorkItem
+from nexuscrm_schema.tables import (
+    ConnectorProjectionProtocol,
+    Event,
+    IngressReceipt,
+    PackInstall,
+    SkippedWork,
+    WorkItem,
+)
 from workqueue import WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
@@ -124,22 +137,57 @@ def work_oldest_open_input(connection: Connection, pack_install_id: str, statuse
     ).first()
 
 
-def work_failed_sample(connection: Connection, pack_install_id: str, limit: int) -> list[DbRow]:
-    """Up to ``limit`` failed generations of a pack (ix_workitem_claim range, LIMIT)."""
-    return list(
-        connection.execute(
-            sa.select(
-                WorkItem.c.WorkId,
-                WorkItem.c.InputStartOrdinal,
-                WorkItem.c.LaneOrdinal,
-                WorkItem.c.Attempt,
-                WorkItem.c.LastError,
-                WorkItem.c.FinishedAt,
-            )
-            .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.Status == WorkStatus.FAILED)
-            .limit(limit)
+def _newest_failed(pack_install_id: str, examined: int) -> sa.Subquery:
+    """The WorkIds of the pack's ``examined`` newest finished failures (ix_workitem_retention, backwards)."""
+    return (
+        sa.select(WorkItem.c.WorkId)
+        .where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status == WorkStatus.FAILED,
+            WorkItem.c.FinishedAt.is_not(None),
         )
+        .order_by(WorkItem.c.FinishedAt.desc(), WorkItem.c.WorkId.desc())
+        .limit(examined)
+        .subquery("NewestFailed")
     )
+
+
+def work_dead_letters_newest(connection: Connection, pack_install_id: str, examined: int) -> list[DbRow]:
+    """The dead letters among the pack's ``examined`` newest failures, newest first.
+
+    A dead letter failed for good and was neither replayed nor skipped (``relations.unresolved``):
+    a replayed or skipped failure is not listed. A bounded range of ix_workitem_retention read
+    backwards drives the join (STRAIGHT_JOIN on MySQL-protocol servers), then per row one seek
+    of ix_workitem_replay_of and one SkippedWork primary-key probe; ordered here, not by the
+    statement, so no plan sorts WorkItem.
+    """
+    newest = _newest_failed(pack_install_id, examined)
+    rows = connection.execute(
+        sa.select(
+            WorkItem.c.WorkId,
+            WorkItem.c.InputStartOrdinal,
+            WorkItem.c.LaneOrdinal,
+            WorkItem.c.Attempt,
+            WorkItem.c.LastError,
+            WorkItem.c.FinishedAt,
+        )
+        .select_from(newest.join(WorkItem, WorkItem.c.WorkId == newest.c.WorkId))
+        .where(relations.unresolved(WorkItem))
+        .prefix_with("STRAIGHT_JOIN", dialect="mysql")
+    )
+    return sorted(rows, key=lambda row: (row.FinishedAt, row.WorkId), reverse=True)
+
+
+def work_dead_letter_count(connection: Connection, pack_install_id: str, examined: int) -> int:
+    """How many dead letters the pack's ``examined`` newest failures hold (read as ``work_dead_letters_newest``)."""
+    newest = _newest_failed(pack_install_id, examined)
+    dead = (
+        sa.select(sa.func.count())
+        .select_from(newest.join(WorkItem, WorkItem.c.WorkId == newest.c.WorkId))
+        .where(relations.unresolved(WorkItem))
+        .prefix_with("STRAIGHT_JOIN", dialect="mysql")
+    )
+    return int(connection.execute(dead).scalar_one())
 
 
 def work_stranded_count_capped(connection: Connection, pack_install_id: str, cap: int) -> int:
@@ -195,10 +243,42 @@ def work_identities_page(connection: Connection, pack_install_id: str, after: st
     )
 
 
+_REPLAY = WorkItem.alias("Replay")  # a replay of the outer row (ix_workitem_replay_of)
+
+
+def _operated() -> list[sa.ColumnElement[Any]]:
+    """What operators decided of the outer WorkItem row, joined to its SkippedWork row (if any).
+
+    ``HeldBehind``: for a pending generation the "block" policy holds, the WorkId it waits for
+    (``relations.held_behind``); ``Replayed``: a failed one has a replay (one seek of
+    ix_workitem_replay_of); ``SkippedBy``, ``SkipReason``, ``SkippedAt``: its skip.
+    """
+    held = sa.and_(
+        WorkItem.c.Status == WorkStatus.PENDING,
+        WorkItem.c.InputStartOrdinal.is_not(None),
+        relations.effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
+    )
+    replayed = probe_exists(sa.select(_REPLAY.c.WorkId).where(_REPLAY.c.ReplayOfWorkId == WorkItem.c.WorkId))
+    return [
+        sa.case((held, relations.held_behind()), else_=None).label("HeldBehind"),
+        sa.case((sa.and_(WorkItem.c.Status == WorkStatus.FAILED, replayed), 1), else_=0).label("Replayed"),
+        SkippedWork.c.SkippedBy,
+        SkippedWork.c.Reason.label("SkipReason"),
+        SkippedWork.c.SkippedAt,
+    ]
+
+
+_WITH_SKIP = WorkItem.outerjoin(SkippedWork, SkippedWork.c.WorkId == WorkItem.c.WorkId)
+
+
 def identity_generations_newest(
     connection: Connection, pack_install_id: str, projection_key: str, limit: int
 ) -> list[DbRow]:
-    """The newest ``limit`` generations of one identity, newest first (ix_workitem_projection_order, backwards)."""
+    """The newest ``limit`` generations of one identity, newest first, with what operators decided of each.
+
+    ix_workitem_projection_order read backwards; per row the probes of ``_operated`` and a
+    SkippedWork primary-key lookup.
+    """
     return list(
         connection.execute(
             sa.select(
@@ -209,9 +289,18 @@ def identity_generations_newest(
                 WorkItem.c.Attempt,
                 WorkItem.c.MaxAttempts,
                 WorkItem.c.ReplayOfWorkId,
+                *_operated(),
             )
+            .select_from(_WITH_SKIP)
             .where(WorkItem.c.PackInstallId == pack_install_id, WorkItem.c.ProjectionKey == projection_key)
             .order_by(WorkItem.c.LaneOrdinal.desc())
             .limit(limit)
         )
     )
+
+
+def work_operated(connection: Connection, work_id: str) -> DbRow | None:
+    """What operators decided of one generation (``_operated``'s columns); None for an unknown WorkId (primary key)."""
+    return connection.execute(
+        sa.select(*_operated()).select_from(_WITH_SKIP).where(WorkItem.c.WorkId == work_id)
+    ).first()

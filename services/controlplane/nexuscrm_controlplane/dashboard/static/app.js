@@ -7,7 +7,9 @@ const RECEIPTS_LISTED = 50; // what /api/receipts returns at most (overview.RECE
 // A coverage page reads every retained range of its identities: proven again every 15th refresh
 // (30 s by default), at once when the pack or page changes, or when the operator asks.
 const COVERAGE_EVERY = 15;
-const STATES = ["pending", "blocked", "processing", "retry", "completed", "failed"];
+// A bar's state: its status, or what operators decided of it (held by the order policy block;
+// a failure replayed or skipped is no longer a dead letter, so no longer drawn as failed).
+const STATES = ["pending", "held", "blocked", "processing", "retry", "completed", "failed", "replayed", "skipped"];
 const view = { pack: null, after: "", refreshes: 0, deadLettersPack: "", coveragePack: null, coverageToken: "", coverageRead: null, coverageBusy: false };
 const $ = (id) => document.getElementById(id);
 
@@ -31,9 +33,10 @@ function age(seconds) {
   return `${Math.round(seconds / 86400)} d`;
 }
 
-// Times as the command line prints them (docs/output-conventions.md): UTC, to the second, with a Z.
+// Times come as the command line prints them (docs/output-conventions.md: UTC, to the millisecond,
+// with a Z) and are shown as they come; "–" when there is none.
 function when(iso) {
-  return iso ? `${iso.slice(0, 19)}Z` : "–";
+  return iso || "–";
 }
 
 // A generation's range in the command line's words: "first to last" ordinal (old protocol: no first).
@@ -49,6 +52,20 @@ function attempts(w) {
   if (w.status === "processing") return `attempt ${n + 1} of ${max} running`;
   if (n) return `${n} failed; attempt ${n + 1} of ${max} next`;
   return `not attempted yet (up to ${max})`;
+}
+
+// What a generation's bar and badge say: "held" for a pending one the order policy block holds,
+// "replayed" or "skipped" for a failure an operator resolved, else its status.
+function barState(g) {
+  return g.held_behind ? "held" : g.resolution || g.status;
+}
+
+// The status in words, with what operators decided of it (who skipped it, when and why).
+function statusWords(g) {
+  if (g.held_behind) return `held by the order policy block behind ${g.held_behind}`;
+  if (g.skip) return `failed, skipped at ${when(g.skip.skipped_at)} by ${g.skip.skipped_by}: ${g.skip.reason}`;
+  if (g.resolution === "replayed") return "failed, replayed: no longer a dead letter";
+  return g.status;
 }
 
 function capped(count, cap) {
@@ -100,7 +117,8 @@ function packCard(pack, cap) {
     ...["pending", "blocked", "processing", "retry"].map((s) => stat(s, s, q.depth[s])),
     stat("oldest_waiting", "oldest waiting", age(q.oldest_unclaimed_age_seconds), q.oldest_unclaimed_age_seconds > 60 ? "attention" : "", q.oldest_unclaimed_work_id),
     stat("lag", "end-to-end lag", age(q.end_to_end_lag_seconds), q.end_to_end_lag_seconds > 60 ? "attention" : ""),
-    stat("failed", "failed", capped(q.failed, cap), q.failed ? "alert" : ""),
+    stat("failed", "failed", capped(q.failed, cap), q.dead_letters ? "alert" : ""),
+    stat("dead_letters", "dead letters", capped(q.dead_letters, cap), q.dead_letters ? "alert" : ""),
     stat("leases_expired", "leases expired", q.leases_expired, q.leases_expired ? "attention" : ""),
     stat("stranded", "stranded now", capped(q.stranded, cap), q.stranded ? "alert" : ""),
     stat("receipts_waiting", "receipts waiting", capped(q.receipts_waiting, cap), q.receipts_waiting ? "attention" : ""),
@@ -156,8 +174,9 @@ async function renderTimeline() {
         const start = g.start ?? g.end;
         const left = ((start - low) / span) * 100;
         const width = Math.max(0.4, ((g.end - start + 1) / span) * 100);
-        const title = `${g.work_id}\n${range(g.start, g.end)}, ${g.status}, ${attempts(g)}${g.replay_of ? `, replay of ${g.replay_of}` : ""}`;
-        return `<span class="gen s-${esc(g.status)}" style="left:${left}%;width:${width}%" title="${esc(title)}" data-explain="${esc(g.work_id)}" data-status="${esc(g.status)}"></span>`;
+        const state = barState(g);
+        const title = `${g.work_id}\n${range(g.start, g.end)}, ${statusWords(g)}, ${attempts(g)}${g.replay_of ? `, replay of ${g.replay_of}` : ""}`;
+        return `<span class="gen s-${esc(state)}" style="left:${left}%;width:${width}%" title="${esc(title)}" data-explain="${esc(g.work_id)}" data-status="${esc(state)}"></span>`;
       }).join("");
       return `<div class="identity"><div class="name mono" title="${esc(identity.projection_key)}">${esc(identity.label)}</div><div class="track">${bars}</div></div>`;
     }).join("") + `<p class="hint">ordinals ${low} – ${high}</p>`);
@@ -333,15 +352,27 @@ async function renderCoverage(now = false) {
 }
 
 function workDetails(w) {
+  const detail = w.held_behind || w.resolution ? statusWords(w) : w.status_detail;
   return `<dt>work</dt><dd class="mono">${esc(w.work_id)}</dd><dt>pack</dt><dd class="mono">${esc(w.pack_install_id)}</dd>
     <dt>source lane</dt><dd>${esc(w.identity)}</dd><dt>range</dt><dd data-range>${esc(range(w.range[0], w.range[1]))}${w.members !== null ? ` · ${w.members} members` : ""}</dd>
-    <dt>status</dt><dd><span class="badge">${esc(w.status)}</span> ${esc(w.status_detail)}</dd>
+    <dt>status</dt><dd data-status="${esc(barState(w))}"><span class="badge">${esc(barState(w))}</span> ${esc(detail)}</dd>
     <dt>attempts</dt><dd>${esc(attempts(w))}${w.last_error ? ` · last error: ${esc(w.last_error)}` : ""}</dd>
     ${w.replay_of ? `<dt>replay of</dt><dd class="mono">${esc(w.replay_of)}</dd>` : ""}`;
 }
 
+// Each attempt that did not complete the generation, and the newest traceback (decision 175).
+function attemptHistory(r) {
+  if (!r.attempts.length) return "";
+  const listed = r.attempt_count > r.attempts.length ? `<p class="muted">the newest ${r.attempts.length} of ${r.attempt_count} attempts</p>` : "";
+  const rows = r.attempts.map((a) => `<tr><td>${a.attempt}</td><td>${esc(a.outcome)}</td><td class="mono">${esc(a.worker_id)}</td>
+    <td>${esc(when(a.started_at))}</td><td>${esc(when(a.finished_at))}</td><td>${esc(a.error)}</td></tr>`).join("");
+  const traceback = r.last_traceback ? `<dt>last traceback</dt><dd><pre data-traceback>${esc(r.last_traceback)}</pre></dd>` : "";
+  return `<dt>attempt history</dt><dd>${listed}<table data-attempts><tr><th>attempt</th><th>outcome</th><th>worker</th><th>started</th><th>ended</th><th>error</th></tr>${rows}</table></dd>${traceback}`;
+}
+
 function renderResult(r) {
-  if (r.kind === "work") return `<div class="result" data-kind="work"><strong>Generation</strong><dl>${workDetails(r)}</dl></div>`;
+  if (r.kind === "work") return `<div class="result" data-kind="work"><strong>Generation</strong><dl>${workDetails(r)}${attemptHistory(r)}</dl></div>`;
+  if (r.kind === "none") return `<div class="result none" data-kind="none">${esc(r.explanation)}</div>`;
   if (r.kind === "pruned") return `<div class="result" data-kind="pruned"><strong>Generation <code>${esc(r.work_id)}</code></strong>
     <dl><dt>why</dt><dd data-explanation>${esc(r.explanation)}</dd></dl></div>`;
   const covered = r.covered_by ? workDetails(r.covered_by) : "";
@@ -356,8 +387,7 @@ async function explain(text) {
   box.hidden = false;
   try {
     const found = await getJSON(`/api/search?q=${encodeURIComponent(text)}`);
-    box.innerHTML = found.length ? found.map(renderResult).join("")
-      : `<div class="result none" data-kind="none">No WorkId or receipt key <code>${esc(text)}</code> in the listed packs.</div>`;
+    box.innerHTML = found.map(renderResult).join("");
   } catch (error) {
     box.innerHTML = `<div class="result none" data-kind="error">${esc(error.message)}</div>`;
   }
