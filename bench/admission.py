@@ -30,10 +30,10 @@ import sqlalchemy as sa
 
 from bench import seed
 from bench.environment import Backend, Report, scratch_database, verdict
-from nexuscrm_connectors.deliveries import Delivery, payload_hash, receipt_row
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.queue.deliveries import Delivery, payload_hash, receipt_row
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools.launcher import CONNECTORS, SCHEMA_CATALOG, start_services, stop_services

@@ -16,8 +16,8 @@ import time
 from bench import seed
 from bench.environment import Backend, Report, scratch_database
 from nexuscrm_connectors import page_tokens
-from nexuscrm_connectors.dead_letters import filter_of
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.dead_letters import filter_of
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import install_pack, route
 

@@ -17,7 +17,7 @@ from rich.progress import Progress, TaskID
 
 from bench import seed
 from bench.environment import Backend, Report, Timings, scratch_database, timed, verdict
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import install_pack, route
 from workqueue.values import Claim, IngestItem, Outcome

@@ -95,7 +95,7 @@ def _audit(dsn: str, pack: str) -> dict[str, float]:
 
 
 def _load(dsn: str, pack: str) -> dict[str, float]:
-    from nexuscrm_connectors.service import Connectors
+    from nexuscrm_connectors.facade import Connectors
 
     connectors = Connectors(create_engine(dsn))
     (claim,) = connectors.claim("probe", pack_install_ids=[pack], lease=dt.timedelta(seconds=3600))

@@ -26,8 +26,8 @@ import time
 import sqlalchemy as sa
 
 from bench.environment import Backend, Report, scratch_database
-from nexuscrm_connectors import retention
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating import retention
 from nexuscrm_runtime.database import create_engine, is_sqlite
 from nexuscrm_schema.tables import Event, IngressReceipt, PrunedReceipt, PrunedWork, RetentionPolicy, WorkItem
 from nexuscrm_tools.simulator import WorkloadConfig, workload
@@ -95,7 +95,7 @@ def _prune_all(connectors: Connectors, pack: str) -> _Swept:
         swept, after = 0, None
         started = time.perf_counter()
         while True:
-            report, after = retention.prune(connectors.engine, connectors.settings, connectors.clock, pack, after=after)
+            report, after = retention.prune(connectors.context, pack, after=after)
             swept += report.generations + report.expired_receipts
             total.generations += report.generations
             total.events += report.events

@@ -16,9 +16,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.queries.rows import EventRow
+from nexuscrm_connectors.queue.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_schema.tables import PackInstall
 from tests.support.factories import START, route
 from workqueue import EventStatus, WorkStatus
@@ -54,7 +55,7 @@ def batch(prefix: str, size: int, identities: int, offset: int = 0) -> list[Inge
     ]
 
 
-def event_rows(pack_install_id: str, first_ordinal: int, items: Sequence[IngestItem]) -> list[dict[str, Any]]:
+def event_rows(pack_install_id: str, first_ordinal: int, items: Sequence[IngestItem]) -> list[EventRow]:
     """The Event rows admission would write for ``items`` (the floor inserts exactly these)."""
     return [
         event_row(
@@ -229,11 +230,12 @@ def _history_rows(
             now=START,
             max_attempts=5,
         )
-        row.update(
-            InputStartOrdinal=None if legacy else ordinal,
-            Status=WorkStatus.COMPLETED,
-            ClaimableAt=None,
-            FinishedAt=START,
-        )
-        work.append(row)
+        seeded: dict[str, Any] = {
+            **row,
+            "InputStartOrdinal": None if legacy else ordinal,
+            "Status": WorkStatus.COMPLETED,
+            "ClaimableAt": None,
+            "FinishedAt": START,
+        }
+        work.append(seeded)
     return events, work

@@ -27,8 +27,8 @@ import sqlalchemy as sa
 
 from bench import seed
 from bench.environment import Backend, Report, scratch_database
-from nexuscrm_connectors import admission
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.queue import admission
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.flows import Generation

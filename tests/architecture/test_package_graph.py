@@ -116,7 +116,7 @@ def plant(path: Path, line: str) -> None:
 def test_planted_violations_break_the_contract_they_violate(tree_copy: Path) -> None:
     source = tree_copy / "src"
     # A service importing another service: both the layers and the independence contract.
-    plant(source / "nexuscrm_integration" / "host.py", "import nexuscrm_connectors.admission  # planted")
+    plant(source / "nexuscrm_integration" / "host.py", "import nexuscrm_connectors.queue.admission  # planted")
     # A library importing one above it: the layers contract.
     plant(source / "nexuscrm_runtime" / "database.py", "import nexuscrm_schema  # planted")
     # The SDK and workqueue importing the runtime or a SQL driver: the Flow-author contract.
@@ -134,9 +134,9 @@ def test_planted_violations_break_the_contract_they_violate(tree_copy: Path) -> 
     assert result.returncode == 1, output
     assert verdicts(output) == dict.fromkeys(CONTRACTS, "BROKEN"), output
     # Each contract names the planted import (the copy is read, not the installed tree).
-    assert "nexuscrm_integration.host -> nexuscrm_connectors.admission" in broken_section(output, SERVICES)
+    assert "nexuscrm_integration.host -> nexuscrm_connectors.queue.admission" in broken_section(output, SERVICES)
     layers = broken_section(output, LAYERS)
-    assert "nexuscrm_integration.host -> nexuscrm_connectors.admission" in layers
+    assert "nexuscrm_integration.host -> nexuscrm_connectors.queue.admission" in layers
     assert "nexuscrm_runtime.database -> nexuscrm_schema" in layers
     flow_author = broken_section(output, FLOW_AUTHOR)
     assert "nexuscrm_sdk.client -> nexuscrm_runtime.database" in flow_author

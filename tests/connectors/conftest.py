@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from tests.support.factories import FakeClock
 
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.dead_letters import NothingMatches, Verdict, filter_of
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.dead_letters import NothingMatches, Verdict, filter_of
 from nexuscrm_schema.tables import WorkItem
 
 

@@ -14,9 +14,9 @@ import logging
 
 from sqlalchemy.engine import Engine
 
-from nexuscrm_connectors.materializer import HEALTH_NAME, Materializer
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.queue.materializer import HEALTH_NAME, Materializer
 from nexuscrm_connectors.release import RELEASE
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.config import ServiceConfig

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from nexuscrm_connectors.claims import ClaimBatch
-from nexuscrm_connectors.dead_letters import BulkCall
 from workqueue import WorkStatus
 from workqueue.values import IngestResult, InputPage, Outcome, PruneReport, WorkItemRow
+
+if TYPE_CHECKING:  # metrics count what the wings return; only their types are named here
+    from nexuscrm_connectors.operating.dead_letters import BulkCall
+    from nexuscrm_connectors.queue.claims import ClaimBatch
 
 INPUTS_ADMITTED = Counter("nexuscrm_inputs_admitted_total", "Inputs admitted: an Event in a generation.")
 GENERATIONS_CREATED = Counter(

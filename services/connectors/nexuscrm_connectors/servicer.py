@@ -13,12 +13,11 @@ import grpc
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors import authorization
-from nexuscrm_connectors import operations_convert as operating
-from nexuscrm_connectors.deliveries import RefusedItem
+from nexuscrm_connectors import authorization, wire
 from nexuscrm_connectors.errors import LimitExceeded
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.queue.deliveries import RefusedItem
 from nexuscrm_connectors.release import RELEASE
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.authorization import recorded_operator
 from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.requests import item_refusals
@@ -134,7 +133,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             if work.work_id in held:
                 work.blocked_behind_work_id, work.blocked_reason = held[work.work_id]
             if work.work_id in skipped:
-                work.skip.CopyFrom(operating.skip_record_to_proto(skipped[work.work_id]))
+                work.skip.CopyFrom(wire.skip_record_to_proto(skipped[work.work_id]))
 
     def ExplainReceipt(
         self, request: pb.ExplainReceiptRequest, context: grpc.ServicerContext
@@ -170,7 +169,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         failed, dead = self._connectors.failure_tally(read.pack_install_id)
         state = convert.queue_state_to_proto(dataclasses.replace(read, held=held, failed=failed, dead_letters=dead))
         pauses = self._connectors.list_claim_pauses(state.pack_install_id)
-        state.paused.extend(operating.pause_to_proto(pause) for pause in pauses)
+        state.paused.extend(wire.pause_to_proto(pause) for pause in pauses)
         return pb.GetQueueStateResponse(state=state)
 
     def WaitQueueDrained(
@@ -234,44 +233,44 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
 
     def PauseClaims(self, request: pb.PauseClaimsRequest, context: grpc.ServicerContext) -> pb.PauseClaimsResponse:
         pause = self._connectors.pause_claims(
-            operating.scope_from_proto(request.scope),
+            wire.scope_from_proto(request.scope),
             paused_by=recorded_operator(request.paused_by),
             reason=request.reason,
-            expires_at=operating.expiry_from_proto(request),
+            expires_at=wire.expiry_from_proto(request),
         )
-        return pb.PauseClaimsResponse(pause=operating.pause_to_proto(pause))
+        return pb.PauseClaimsResponse(pause=wire.pause_to_proto(pause))
 
     def ResumeClaims(self, request: pb.ResumeClaimsRequest, context: grpc.ServicerContext) -> pb.ResumeClaimsResponse:
         pause = self._connectors.resume_claims(
-            operating.scope_from_proto(request.scope), resumed_by=recorded_operator(request.resumed_by)
+            wire.scope_from_proto(request.scope), resumed_by=recorded_operator(request.resumed_by)
         )
-        return pb.ResumeClaimsResponse(pause=operating.pause_to_proto(pause))
+        return pb.ResumeClaimsResponse(pause=wire.pause_to_proto(pause))
 
     def ListClaimPauses(
         self, request: pb.ListClaimPausesRequest, context: grpc.ServicerContext
     ) -> pb.ListClaimPausesResponse:
         pauses = self._connectors.list_claim_pauses(request.pack_install_id)
-        return pb.ListClaimPausesResponse(pauses=[operating.pause_to_proto(p) for p in pauses])
+        return pb.ListClaimPausesResponse(pauses=[wire.pause_to_proto(p) for p in pauses])
 
     def ListDeadLetters(
         self, request: pb.ListDeadLettersRequest, context: grpc.ServicerContext
     ) -> pb.ListDeadLettersResponse:
-        pack_install_id, wanted = operating.filter_from_proto(request.filter)
+        pack_install_id, wanted = wire.filter_from_proto(request.filter)
         page = self._connectors.list_dead_letters(
             pack_install_id, wanted, page_size=request.page_size, page_token=request.page_token
         )
-        return operating.dead_letter_page_to_proto(page)
+        return wire.dead_letter_page_to_proto(page)
 
     def CountDeadLetters(
         self, request: pb.CountDeadLettersRequest, context: grpc.ServicerContext
     ) -> pb.CountDeadLettersResponse:
-        pack_install_id, wanted = operating.filter_from_proto(request.filter)
-        return operating.dead_letter_count_to_proto(self._connectors.count_dead_letters(pack_install_id, wanted))
+        pack_install_id, wanted = wire.filter_from_proto(request.filter)
+        return wire.dead_letter_count_to_proto(self._connectors.count_dead_letters(pack_install_id, wanted))
 
     def ReplayDeadLetters(
         self, request: pb.ReplayDeadLettersRequest, context: grpc.ServicerContext
     ) -> pb.ReplayDeadLettersResponse:
-        pack_install_id, wanted = operating.filter_from_proto(request.filter)
+        pack_install_id, wanted = wire.filter_from_proto(request.filter)
         replayed = self._connectors.replay_dead_letters(
             pack_install_id,
             wanted,
@@ -279,31 +278,29 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             max_generations=request.max_generations,
             page_token=request.page_token,
         )
-        return operating.bulk_call_to_proto(replayed, pb.ReplayDeadLettersResponse)
+        return wire.bulk_call_to_proto(replayed, pb.ReplayDeadLettersResponse)
 
     def SetOrderPolicy(
         self, request: pb.SetOrderPolicyRequest, context: grpc.ServicerContext
     ) -> pb.SetOrderPolicyResponse:
         policy = self._connectors.set_order_policy(
             request.pack_install_id,
-            operating.policy_from_proto(request.policy),
+            wire.policy_from_proto(request.policy),
             set_by=recorded_operator(request.set_by),
             reason=request.reason,
             work_type=request.work_type,
         )
-        return pb.SetOrderPolicyResponse(policy=operating.policy_to_proto(policy))
+        return pb.SetOrderPolicyResponse(policy=wire.policy_to_proto(policy))
 
     def GetOrderPolicy(
         self, request: pb.GetOrderPolicyRequest, context: grpc.ServicerContext
     ) -> pb.GetOrderPolicyResponse:
         response = pb.GetOrderPolicyResponse(
-            policy=operating.policy_to_proto(
-                self._connectors.get_order_policy(request.pack_install_id, request.work_type)
-            )
+            policy=wire.policy_to_proto(self._connectors.get_order_policy(request.pack_install_id, request.work_type))
         )
         if not request.work_type:  # the pack's, with each work type that has a policy of its own
             own = self._connectors.work_type_order_policies(request.pack_install_id)
-            response.work_type_policies.extend(operating.policy_to_proto(policy) for policy in own)
+            response.work_type_policies.extend(wire.policy_to_proto(policy) for policy in own)
         return response
 
     def SkipDeadLetter(
@@ -312,12 +309,12 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
         skipped = self._connectors.skip_dead_letter(
             request.work_id, skipped_by=recorded_operator(request.skipped_by), reason=request.reason
         )
-        return operating.skip_to_proto(skipped)
+        return wire.skip_to_proto(skipped)
 
     def SkipDeadLetters(
         self, request: pb.SkipDeadLettersRequest, context: grpc.ServicerContext
     ) -> pb.SkipDeadLettersResponse:
-        pack_install_id, wanted = operating.filter_from_proto(request.filter)
+        pack_install_id, wanted = wire.filter_from_proto(request.filter)
         skipped = self._connectors.skip_dead_letters(
             pack_install_id,
             wanted,
@@ -327,14 +324,14 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             max_generations=request.max_generations,
             page_token=request.page_token,
         )
-        return operating.bulk_call_to_proto(skipped, pb.SkipDeadLettersResponse)
+        return wire.bulk_call_to_proto(skipped, pb.SkipDeadLettersResponse)
 
     def GetCoverage(self, request: pb.GetCoverageRequest, context: grpc.ServicerContext) -> pb.GetCoverageResponse:
-        pack_install_id, wanted = operating.coverage_filter_from_proto(request)
+        pack_install_id, wanted = wire.coverage_filter_from_proto(request)
         page = self._connectors.get_coverage(
             pack_install_id, wanted, page_size=request.page_size, page_token=request.page_token
         )
-        return operating.coverage_page_to_proto(page)
+        return wire.coverage_page_to_proto(page)
 
     def SetRetryPolicy(
         self, request: pb.SetRetryPolicyRequest, context: grpc.ServicerContext
@@ -348,16 +345,16 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             set_by=recorded_operator(request.set_by),
             reason=request.reason,
         )
-        return pb.SetRetryPolicyResponse(policy=operating.retry_policy_to_proto(policy))
+        return pb.SetRetryPolicyResponse(policy=wire.retry_policy_to_proto(policy))
 
     def GetRetryPolicy(
         self, request: pb.GetRetryPolicyRequest, context: grpc.ServicerContext
     ) -> pb.GetRetryPolicyResponse:
         policy = self._connectors.get_retry_policy(request.pack_install_id, request.work_type)
-        response = pb.GetRetryPolicyResponse(policy=operating.retry_policy_to_proto(policy))
+        response = pb.GetRetryPolicyResponse(policy=wire.retry_policy_to_proto(policy))
         if not request.work_type:  # Connectors' default, with each work type that has a policy of its own
             own = self._connectors.work_type_retry_policies(request.pack_install_id)
-            response.work_type_policies.extend(operating.retry_policy_to_proto(policy) for policy in own)
+            response.work_type_policies.extend(wire.retry_policy_to_proto(policy) for policy in own)
         return response
 
     def RetryNow(self, request: pb.RetryNowRequest, context: grpc.ServicerContext) -> pb.RetryNowResponse:
@@ -371,11 +368,11 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
     ) -> pb.ListIdentitiesResponse:
         page = self._connectors.list_identities(
             request.pack_install_id,
-            operating.wanted_route_from_proto(request),
+            wire.wanted_route_from_proto(request),
             page_size=request.page_size,
             page_token=request.page_token,
         )
-        listed = operating.identities_page_to_proto(page)
+        listed = wire.identities_page_to_proto(page)
         self._mark_operated([identity.newest for identity in listed.identities if identity.HasField("newest")])
         return listed
 

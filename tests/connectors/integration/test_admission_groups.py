@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -1,6 +1,6 @@
 """Admission remembers each identity's newest generation only while no one else created one.
 
-``admission.NewestGenerations`` lets a process skip the newest-generation seeks of identities
+``admission.NewestMemory`` lets a process skip the newest-generation seeks of identities
 it admitted to, as long as the pack's LastOrdinal is the one its last committed admission
 left. Each test builds the situation in which a stale memory would pick the wrong generation:
 the wrong pick would leave a claimable generation beside a processing one (invariant X) or a
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries import work_items as work_items_sql
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -12,7 +12,7 @@ import datetime as dt
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_schema.tables import RetentionPolicy
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants

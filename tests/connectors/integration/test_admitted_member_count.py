@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries.retention import events_delete
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import WorkItem
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants, check_invariants

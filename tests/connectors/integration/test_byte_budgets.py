@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.budgets import MAX_ENTRY_PAYLOAD_BYTES, MAX_TRANSACTION_BYTES, MIB, within_bytes
 from nexuscrm_runtime.config import ConfigError

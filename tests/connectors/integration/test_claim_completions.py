@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from nexuscrm.connectors.v1 import connectors_pb2 as cn
 from nexuscrm_connectors import authorization
 from nexuscrm_connectors.errors import LeaseLost, WorkNotFound
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime import faults
 from nexuscrm_runtime.authorization import NotVisible, Principal

@@ -8,10 +8,17 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.claim_pauses import AlreadyPaused, NotPaused, PauseScope, Scope, UnknownScope, scope_of
 from nexuscrm_connectors.errors import UnknownPack
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.claim_pauses import (
+    AlreadyPaused,
+    NotPaused,
+    PauseScope,
+    Scope,
+    UnknownScope,
+    scope_of,
+)
 from nexuscrm_connectors.queries import claims as claims_sql
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_schema.tables import ClaimPause
 from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack, route

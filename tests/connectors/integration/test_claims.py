@@ -9,9 +9,9 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.claims import CLAIM_PASSES
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries.retention import events_delete
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.queue.claims import CLAIM_PASSES
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem
 from nexuscrm_sdk.flows import Generation

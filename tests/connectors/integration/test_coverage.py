@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.coverage import CoveragePage, ExceptionKind, IdentityCoverage, RangeState
-from nexuscrm_connectors.dead_letters import filter_of
 from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack
-from nexuscrm_connectors.order_policy import Policy
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.coverage import CoveragePage, ExceptionKind, IdentityCoverage, RangeState
+from nexuscrm_connectors.operating.dead_letters import filter_of
+from nexuscrm_connectors.operating.order_policy import Policy
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.factories import delivery, install_pack, route

@@ -17,9 +17,9 @@ import sqlalchemy as sa
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors.dead_letters import BulkCall, NothingMatches, Verdict, filter_of
 from nexuscrm_connectors.errors import ReplayRefused
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.dead_letters import BulkCall, NothingMatches, Verdict, filter_of
 from nexuscrm_schema.tables import SkippedWork
 from nexuscrm_sdk import convert
 from tests.connectors.integration.test_dead_letters import fail_all

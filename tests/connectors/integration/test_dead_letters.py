@@ -7,10 +7,10 @@ import datetime as dt
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import dead_letters
-from nexuscrm_connectors.dead_letters import Verdict, filter_of
 from nexuscrm_connectors.errors import ReplayRefused, UnknownPack
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating import dead_letters
+from nexuscrm_connectors.operating.dead_letters import Verdict, filter_of
 from nexuscrm_connectors.settings import Settings
 from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack, route
@@ -116,9 +116,7 @@ def test_a_refused_replay_is_answered_alone_and_the_others_go_on(engine: sa.Engi
             raise ReplayRefused(f"work {work_id} refused by the test")
         return connectors.replay(work_id).work.work_id
 
-    answered = dead_letters.replay_dead_letters(
-        engine, connectors.settings, pack, filter_of(pack), replay_one, dry_run=False
-    )
+    answered = dead_letters.replay_dead_letters(connectors.context, pack, filter_of(pack), replay_one, dry_run=False)
     verdicts = {a.work_id: (a.verdict, a.error_kind) for a in answered.answers}
     assert verdicts[refused_id] == (Verdict.REFUSED, "FAILED_PRECONDITION")
     assert [v for w, v in verdicts.items() if w != refused_id] == [(Verdict.REPLAYED, "")]

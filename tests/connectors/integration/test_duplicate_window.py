@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import WorkNotFound
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import Event, PrunedReceipt, PrunedWork, RetentionPolicy, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient

@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.deliveries import Delivery
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.queue.deliveries import Delivery
 from nexuscrm_runtime.database import TransactionConflict
 from nexuscrm_schema.tables import AdmissionFence, Event, WorkItem
 from tests.support.factories import START, delivery, install_pack

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.coverage import RangeState
 from nexuscrm_connectors.errors import UnknownPack
-from nexuscrm_connectors.identities import IdentityOverview
-from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
+from nexuscrm_connectors.operating.coverage import RangeState
+from nexuscrm_connectors.operating.identities import IdentityOverview
 from tests.support.factories import FakeClock, delivery, install_pack, route
 from tests.support.invariants import assert_invariants
 from workqueue import WorkStatus

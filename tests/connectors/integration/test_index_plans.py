@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.deliveries import generation_row
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.queue.deliveries import generation_row
 from nexuscrm_runtime.database import is_sqlite
 from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.factories import START, FakeClock, delivery, install_pack, route
@@ -152,13 +153,14 @@ def _insert_history(engine: sa.Engine, pack: str, keys: list[str], *, legacy: bo
         )
         nonterminal = legacy and ordinal > size - 40
         status = LEGACY_TAIL_STATUSES[ordinal % 4] if nonterminal else WorkStatus.COMPLETED
-        row.update(
-            InputStartOrdinal=None if legacy else ordinal,
-            Status=status,
-            ClaimableAt=START if status in (WorkStatus.PENDING, WorkStatus.RETRY) else None,
-            FinishedAt=None if nonterminal else START,
-        )
-        work.append(row)
+        seeded: dict[str, Any] = {
+            **row,
+            "InputStartOrdinal": None if legacy else ordinal,
+            "Status": status,
+            "ClaimableAt": START if status in (WorkStatus.PENDING, WorkStatus.RETRY) else None,
+            "FinishedAt": None if nonterminal else START,
+        }
+        work.append(seeded)
     if legacy:  # one WorkItem's selected Event is gone
         events = [row for row in events if row["EnqueueOrdinal"] != ORPHANED_ORDINAL]
     receipts = [

@@ -15,7 +15,7 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime import faults
 from nexuscrm_runtime.server import create_server

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 from nexuscrm_connectors.errors import MembershipMissing
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.database import is_sqlite

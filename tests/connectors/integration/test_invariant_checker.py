@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.legacy import LegacyRuntime
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 from nexuscrm_connectors.queries.retention import events_delete
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_schema.tables import Event, IngressReceipt
 from nexuscrm_sdk import convert
 from tests.connectors.integration.test_queue_and_generation_reads import channel, client, server

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from nexuscrm_connectors.errors import MembershipMissing
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries.retention import events_delete
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
 from nexuscrm_schema.tables import WorkItem
 from tests.connectors.integration.test_claims import CLAIM_STATEMENTS

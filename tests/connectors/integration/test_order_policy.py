@@ -9,10 +9,10 @@ from typing import Any, cast
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.dead_letters import filter_of
 from nexuscrm_connectors.errors import UnknownPack, WorkNotFound, WorkPruned
-from nexuscrm_connectors.operations_convert import policy_from_proto
-from nexuscrm_connectors.order_policy import (
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.dead_letters import filter_of
+from nexuscrm_connectors.operating.order_policy import (
     HoldInProgress,
     Policy,
     SkipRefused,
@@ -22,7 +22,7 @@ from nexuscrm_connectors.order_policy import (
 )
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.wire import policy_from_proto
 from nexuscrm_schema.tables import WorkItem
 from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack, route

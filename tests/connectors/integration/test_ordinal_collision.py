@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import OrdinalCollision
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries import packs as packs_sql
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_runtime.status import STATUS_CODES, domain_status
 from nexuscrm_schema.tables import Event, PackInstall
 from tests.support.checksums import database_digest
@@ -87,9 +87,9 @@ def test_a_collision_at_insert_time_is_named_too(engine: sa.Engine) -> None:
     with engine.begin() as connection:
         row = dict(connection.execute(sa.select(Event).where(Event.c.PackInstallId == pack)).mappings().one())
     with pytest.raises(OrdinalCollision) as caught, engine.begin() as connection:
-        packs_sql.events_insert(connection, pack, [{**row, "ReceiptKey": "another"}])
+        packs_sql.allocated_events_insert(connection, pack, [{**row, "ReceiptKey": "another"}])
     assert "Event 1" in str(caught.value)
     with engine.begin() as connection:  # any other integrity error stays what it is
         with pytest.raises(sa.exc.IntegrityError):
-            packs_sql.events_insert(connection, pack, [{**row, "EnqueueOrdinal": 2}])  # the receipt key again
+            packs_sql.allocated_events_insert(connection, pack, [{**row, "EnqueueOrdinal": 2}])  # the receipt key again
     assert_invariants(engine)

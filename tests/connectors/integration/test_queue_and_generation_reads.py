@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFound
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.server import RunningServer, create_server

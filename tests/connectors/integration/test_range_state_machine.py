@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from tests.support.factories import FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, bounds_violations, check_invariants, generation_bounds
 from workqueue.statuses import TERMINAL_WORK_STATUSES, WorkStatus

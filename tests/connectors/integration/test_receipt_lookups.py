@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_sdk import lookups
 from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack

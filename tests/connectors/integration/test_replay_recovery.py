@@ -16,10 +16,10 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.dead_letters import NothingMatches, Verdict, filter_of
 from nexuscrm_connectors.errors import NotAReplay, ReplayRefused, WorkPruned
-from nexuscrm_connectors.order_policy import Policy
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.dead_letters import NothingMatches, Verdict, filter_of
+from nexuscrm_connectors.operating.order_policy import Policy
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime.server import create_server
 from nexuscrm_schema.tables import Event, WorkItem

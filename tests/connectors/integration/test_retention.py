@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack, WorkNotFound, WorkPruned
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries import events as events_sql
-from nexuscrm_connectors.service import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.database import is_sqlite

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.retry_policy import Source
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.queue.retries import Source
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_schema.tables import WorkAttempt, WorkItem
 from nexuscrm_sdk import Generation, Worker

@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import admission
-from nexuscrm_connectors.deliveries import payload_hash
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.queue import admission
+from nexuscrm_connectors.queue.deliveries import payload_hash
 from nexuscrm_schema.tables import Event, IngressReceipt, WorkItem
 from tests.support.factories import START, FakeClock, delivery, install_pack
 from tests.support.invariants import assert_invariants, bounds_violations, generation_bounds
@@ -248,7 +248,7 @@ def test_crash_after_admission_commit(
     def crash(*_args: object) -> None:
         raise ConnectionError("a step right after the admission commit failed")
 
-    monkeypatch.setattr(admission.NewestGenerations, "record", crash)
+    monkeypatch.setattr(admission.NewestMemory, "record", crash)
     [answered] = connectors.ingest(pack, items=[delivery("r-crash")])
     assert answered.outcome is Outcome.ADMITTED and answered.enqueue_ordinal == 1
     monkeypatch.undo()

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_schema.tables import WorkItem
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -10,11 +10,11 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors import claims
 from nexuscrm_connectors.errors import LeaseLost, ReplayRefused, WorkNotFound
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.queue import claims
 from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, delivery, install_pack

@@ -6,7 +6,7 @@ import datetime as dt
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_sdk.flows import Generation
 from nexuscrm_sdk.worker import Worker

@@ -6,7 +6,7 @@ import datetime as dt
 
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_runtime.clock import utcnow
 from tests.connectors.reliability.history import History, check_history
 from tests.support.factories import delivery, install_pack

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_schema.tables import WorkItem
 from tests.support.factories import delivery, install_pack
@@ -25,7 +25,7 @@ STALE_WORKER = textwrap.dedent(
     """
     import datetime as dt
     import sys
-    from nexuscrm_connectors.service import Connectors
+    from nexuscrm_connectors.facade import Connectors
     from nexuscrm_runtime.database import create_engine
     connectors = Connectors(create_engine(sys.argv[1]))
     claim = connectors.claim("stale", pack_install_ids=[sys.argv[2]], lease=dt.timedelta(seconds=1))[0]

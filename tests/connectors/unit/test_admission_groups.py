@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.admission import Admission
-from nexuscrm_connectors.deliveries import Delivery
 from nexuscrm_connectors.errors import UnknownPack
-from nexuscrm_connectors.grouping import GroupCommit
+from nexuscrm_connectors.queue.admission import Admission
+from nexuscrm_connectors.queue.deliveries import Delivery
+from nexuscrm_connectors.queue.grouping import GroupCommit
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from tests.support.factories import delivery

@@ -8,8 +8,8 @@ from typing import cast
 import pytest
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.materializer import Materializer
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.queue.materializer import Materializer
 from nexuscrm_connectors.settings import Settings
 from tests.support.waiting import wait_until
 
@@ -57,5 +57,7 @@ def test_a_pass_that_raises_is_logged_counted_reported_and_retried(caplog: pytes
     assert _failures() - before == 2
     assert reports == [True, False, True]
     assert REGISTRY.get_sample_value("nexuscrm_materializer_healthy") == 1
-    logged = [r for r in caplog.records if r.name == "nexuscrm_connectors.materializer" and r.levelno >= logging.ERROR]
+    logged = [
+        r for r in caplog.records if r.name == "nexuscrm_connectors.queue.materializer" and r.levelno >= logging.ERROR
+    ]
     assert len(logged) == 2 and all(r.exc_info for r in logged)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from nexuscrm_sdk.worker import WorkSource

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_runtime import database, sqlite_writer
 from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect, WriterLock
 from nexuscrm_schema_catalog import migrations

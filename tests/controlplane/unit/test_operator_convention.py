@@ -20,10 +20,13 @@ from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.durations import InvalidDuration, format_duration, parse_duration, whole_seconds
 from nexuscrm_runtime.polling import poll_until
 from nexuscrm_tools import cli, exits, run
+from nexuscrm_tools.commands import drain
+from nexuscrm_tools.commands.cutover import refusal_code
+from nexuscrm_tools.commands.shared import Outcome
 from nexuscrm_tools.exits import DESCRIPTIONS, REFUSAL_EXIT_CODES, ExitCode
 
 # Every operator command's module: the tools' and the Controlplane's runbook commands.
-COMMAND_SOURCES = [*Path(exits.__file__).parent.glob("*.py"), Path(runbook.__file__)]
+COMMAND_SOURCES = [*Path(exits.__file__).parent.rglob("*.py"), Path(runbook.__file__)]
 # Which codes each command returns, from the module of the command (decision 154).
 COMMAND_EXIT_CODES = {**exits.COMMAND_EXIT_CODES, **runbook.COMMAND_EXIT_CODES}
 
@@ -82,7 +85,7 @@ def test_cutover_outcomes_and_rpc_refusals_map_alike(outcome: cutover.Outcome) -
     refused = {refusal: category for category, refusal in cutover.REFUSALS.items()}
     if outcome in refused:
         report = cp_pb.CutoverReport(refusals=[cp_pb.AuditFinding(category=refused[outcome].value)])
-        assert code == cli._refusal_code(report) == {"gate": 4, "audit": 5, "prerequisite": 6}[refused[outcome]]
+        assert code == refusal_code(report) == {"gate": 4, "audit": 5, "prerequisite": 6}[refused[outcome]]
     else:
         assert code == ExitCode.OK
     assert set(REFUSAL_EXIT_CODES) == set(Category)
@@ -245,10 +248,10 @@ class FakeClients:
         self.controlplane = controlplane
 
 
-def drain_wait(answers: Iterator[cp_pb.GetDrainStatusResponse], clock: FakeTime) -> tuple[cli.Outcome, int]:
+def drain_wait(answers: Iterator[cp_pb.GetDrainStatusResponse], clock: FakeTime) -> tuple[Outcome, int]:
     stub = FakeControlplane(answers)
     args = cli.build_parser().parse_args(["drain", "wait", "pk-1", "--timeout", "10s", "--interval", "3s"])
-    outcome = cli.drain_wait(FakeClients(stub), args, monotonic=clock.monotonic, wait=clock.wait)  # type: ignore[arg-type]
+    outcome = drain.drain_wait(FakeClients(stub), args, monotonic=clock.monotonic, wait=clock.wait)  # type: ignore[arg-type]
     return outcome, stub.calls
 
 

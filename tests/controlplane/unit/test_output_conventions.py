@@ -14,6 +14,7 @@ from rich.console import Console
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp_pb
 from nexuscrm_tools import cli, tables
+from nexuscrm_tools.commands.generations import attempts_text
 from nexuscrm_tools.exits import ExitCode
 from nexuscrm_tools.json_view import message_data
 
@@ -84,7 +85,7 @@ def test_an_empty_listing_says_none_and_counts_agree_with_their_noun() -> None:
 def test_attempts_say_what_was_used_never_attempts_0_of_5_for_completed_work(
     status: cn_pb.WorkStatus, attempt: int, said: str
 ) -> None:
-    assert cli._attempts(cn_pb.WorkItem(status=status, attempt=attempt, max_attempts=5)) == said
+    assert attempts_text(cn_pb.WorkItem(status=status, attempt=attempt, max_attempts=5)) == said
 
 
 def _helps() -> list[str]:

@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import retention
-from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import DATABASE_CLOCK
+from nexuscrm_connectors.context import Context
+from nexuscrm_connectors.operating import retention
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import Event, IngressReceipt, PrunedReceipt, PrunedWork, WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
@@ -65,7 +64,7 @@ def test_walking_workload_with_aggressive_retention_stays_bounded_and_correct(
     fresh = _recording_fresh_inputs(monkeypatch)
     try:
         retention.set_policy(
-            engine, DATABASE_CLOCK, pack, keep_generations=1, keep_seconds=0, duplicate_window_seconds=WINDOW_SECONDS
+            Context.of(engine), pack, keep_generations=1, keep_seconds=0, duplicate_window_seconds=WINDOW_SECONDS
         )
         summary = run_demo(
             engine, services, pack, config, stop=threading.Event(), timeout=dt.timedelta(seconds=DEADLINE)
@@ -136,7 +135,7 @@ def _recording_fresh_inputs(monkeypatch: pytest.MonkeyPatch) -> list[IngestItem]
 
 
 def _nothing_more_to_let_go(engine: sa.Engine, pack: str) -> bool:
-    report = retention.prune(engine, Settings(), DATABASE_CLOCK, pack, dry_run=True)[0]
+    report = retention.prune(Context.of(engine), pack, dry_run=True)[0]
     counts = _counts(engine)
     return report.generations == report.expired_receipts == counts["PrunedReceipt"] == counts["PrunedWork"] == 0
 

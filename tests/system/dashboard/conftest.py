@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, connectors_reads
 from nexuscrm_runtime.server import create_server

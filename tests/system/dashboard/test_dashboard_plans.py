@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.claim_pauses import PauseScope, scope_of
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.claim_pauses import PauseScope, scope_of
 from nexuscrm_controlplane.dashboard import operations, overview, queries
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from tests.connectors.integration.test_index_plans import seed

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.order_policy import Policy
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.order_policy import Policy
 from nexuscrm_controlplane.dashboard import overview
 from nexuscrm_controlplane.dashboard.collector import QueueCollector
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads

@@ -22,9 +22,9 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from nexuscrm_connectors.claim_pauses import PauseScope, scope_of
-from nexuscrm_connectors.order_policy import Policy
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.claim_pauses import PauseScope, scope_of
+from nexuscrm_connectors.operating.order_policy import Policy
 from nexuscrm_controlplane import fences
 from nexuscrm_controlplane.dashboard import operations, overview
 from nexuscrm_controlplane.dashboard.app import create_app

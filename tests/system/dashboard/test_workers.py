@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_controlplane.dashboard.app import create_app
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads
 from nexuscrm_controlplane.dashboard.server import DashboardServer

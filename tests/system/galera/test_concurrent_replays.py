@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import WorkItem

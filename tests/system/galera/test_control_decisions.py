@@ -19,8 +19,8 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import LegacyRefused
-from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 from nexuscrm_controlplane import fences, lifecycle
 from nexuscrm_runtime import database, faults
 from nexuscrm_runtime.database import create_engine

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import retention
+from nexuscrm_connectors.context import Context
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating import retention
 from nexuscrm_connectors.queries import events as events_sql
-from nexuscrm_connectors.service import Connectors
-from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK
 from nexuscrm_schema.tables import Event, PrunedWork, WorkItem
 from tests.support.factories import delivery, install_pack
@@ -39,7 +39,7 @@ def _two_generations(engine: sa.Engine) -> str:
         connectors.ingest(pack, items=[delivery(lane="a"), delivery(lane="a")])
         [claim] = connectors.claim("w", pack_install_ids=[pack])
         connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
-    retention.set_policy(engine, DATABASE_CLOCK, pack, keep_generations=1, keep_seconds=None)
+    retention.set_policy(Context.of(engine), pack, keep_generations=1, keep_seconds=None)
     return pack
 
 
@@ -57,10 +57,10 @@ def test_pruning_cannot_commit_after_the_policy_was_turned_off_on_another_node(
     gate = Gate(monkeypatch)
     gate.hold("retention prune")
     gate.hold("retention policy")
-    pruning = gate.run("retention prune", lambda: retention.prune(engines[0], Settings(), DATABASE_CLOCK, pack)[0])
+    pruning = gate.run("retention prune", lambda: retention.prune(Context.of(engines[0]), pack)[0])
     turned_off = gate.run(
         "retention policy",
-        lambda: retention.set_policy(engines[1], DATABASE_CLOCK, pack, keep_generations=None, keep_seconds=None),
+        lambda: retention.set_policy(Context.of(engines[1]), pack, keep_generations=None, keep_seconds=None),
     )
     assert not turned_off().active  # the policy change commits first ...
     report = pruning()  # ... then the pruning, which read the policy before it
@@ -88,10 +88,10 @@ def test_an_admission_that_read_the_old_horizon_cannot_commit_after_its_tombston
         connectors.ingest(pack, items=[item])
         [claim] = connectors.claim("w", pack_install_ids=[pack])
         connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
-    retention.set_policy(engines[0], DATABASE_CLOCK, pack, keep_generations=1, keep_seconds=None)
-    assert retention.prune(engines[0], Settings(), DATABASE_CLOCK, pack)[0].receipts == 1  # the tombstone
+    retention.set_policy(Context.of(engines[0]), pack, keep_generations=1, keep_seconds=None)
+    assert retention.prune(Context.of(engines[0]), pack)[0].receipts == 1  # the tombstone
     retention.set_policy(
-        engines[0], DATABASE_CLOCK, pack, keep_generations=1, keep_seconds=None, duplicate_window_seconds=60
+        Context.of(engines[0]), pack, keep_generations=1, keep_seconds=None, duplicate_window_seconds=60
     )
     synced(engines[1])
     read_horizon, expired = threading.Event(), threading.Event()
@@ -110,7 +110,7 @@ def test_an_admission_that_read_the_old_horizon_cannot_commit_after_its_tombston
     redelivery = threading.Thread(target=lambda: answers.append(Connectors(engines[1]).ingest(pack, items=[old])))
     redelivery.start()
     assert read_horizon.wait(DEADLINE)
-    report = retention.prune(engines[0], Settings(), DATABASE_CLOCK, pack)[0]
+    report = retention.prune(Context.of(engines[0]), pack)[0]
     assert report.expired_receipts == 1 and report.horizon_source_time == old.source_time
     expired.set()
     redelivery.join(DEADLINE)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.database import create_engine
 from tests.support.factories import delivery, install_pack

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_controlplane import fences
 from nexuscrm_runtime.database import CONFLICTS, create_engine

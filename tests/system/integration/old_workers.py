@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nexuscrm_connectors.legacy import LegacyRuntime
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 
 
 def run_old_workers(legacy: LegacyRuntime, pack: str) -> int:

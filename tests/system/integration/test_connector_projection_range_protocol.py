@@ -14,7 +14,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.legacy import RETRY_SECONDS, LegacyRuntime
+from nexuscrm_connectors.legacy.runtime import RETRY_SECONDS, LegacyRuntime
 from nexuscrm_connectors.queries.retention import events_delete
 from nexuscrm_controlplane import audit, cutover, fences
 from nexuscrm_controlplane.audit import Rule

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.legacy import LegacyRuntime
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 from nexuscrm_schema.tables import PackInstall
 from nexuscrm_tools.exits import ExitCode
 from tests.controlplane.integration.history import (

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.legacy import LegacyRuntime
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 from nexuscrm_controlplane import audit, cutover, drain
 from nexuscrm_controlplane.audit import Category, Rule
 from nexuscrm_controlplane.cutover import Outcome

@@ -16,7 +16,6 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.claims import lease_grant
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
@@ -28,6 +27,7 @@ from nexuscrm_connectors.queries import retry_policy as retry_policy_sql
 from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queries.work_attempts import EndedAttempt
+from nexuscrm_connectors.queue.claims import lease_grant
 from nexuscrm_controlplane import queries as cp_queries
 from nexuscrm_runtime.budgets import MIB
 from nexuscrm_runtime.clock import DATABASE_CLOCK

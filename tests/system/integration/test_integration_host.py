@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_integration.activation import check_activation
 from nexuscrm_integration.config import HostConfig, PoolConfig
 from nexuscrm_integration.errors import HostConfigError, NotGranted

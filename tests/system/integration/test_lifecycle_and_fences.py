@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import LegacyRefused
-from nexuscrm_connectors.legacy import LegacyRuntime
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_controlplane import drain, fences, lifecycle
 from nexuscrm_controlplane.errors import PackHasHistory, UnknownFence, UnknownPack

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from nexuscrm.controlplane.v1 import controlplane_pb2 as pb
 from nexuscrm.controlplane.v1 import controlplane_pb2_grpc as pb_grpc
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_controlplane.servicer import registration
 from nexuscrm_runtime.server import create_server
 from tests.support.checksums import database_digest

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors import payload_contract as cached_contract
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_schema.invariants import payload_storage_violations
 from nexuscrm_schema.tables import Event, EventPayload, PayloadContract, WorkItem
 from nexuscrm_schema.verification import NEWEST_VERSION

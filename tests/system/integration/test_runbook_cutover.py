@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.errors import LegacyRefused
-from nexuscrm_connectors.legacy import LegacyRuntime
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.legacy.runtime import LegacyRuntime
 from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane.cutover import Outcome as CutoverOutcome
 from nexuscrm_schema.tables import WorkItem

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_runtime.database import create_engine, is_sqlite
 from nexuscrm_tools.run import decide
 from nexuscrm_tools.run_outcome import Ending

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.order_policy import Policy
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.order_policy import Policy
 from nexuscrm_tools import demo_queries
 from nexuscrm_tools.run_outcome import Ending, ending, held_problems
 from tests.support.factories import FakeClock, delivery, install_pack

@@ -21,7 +21,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_controlplane import drain, fences
 from nexuscrm_controlplane.cutover import Outcome as CutoverOutcome
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD

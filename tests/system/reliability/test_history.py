@@ -95,7 +95,7 @@ class Scenario(Workload):
             if REQUIRED:  # a run that must check everything may not drop the cutover callers silently
                 pytest.fail("NEXUSCRM_TIDB_REQUIRED=1: nexuscrm_controlplane.cutover is not importable")
             return []
-        from nexuscrm_connectors.legacy import LegacyRuntime
+        from nexuscrm_connectors.legacy.runtime import LegacyRuntime
         from nexuscrm_controlplane import cutover, fences, lifecycle
 
         admin = self.cluster.admin

@@ -16,9 +16,8 @@ import functools
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors import retention
-from nexuscrm_connectors.settings import Settings
-from nexuscrm_runtime.clock import DATABASE_CLOCK
+from nexuscrm_connectors.context import Context
+from nexuscrm_connectors.operating import retention
 from nexuscrm_schema.tables import Event, PrunedReceipt, PrunedWork, WorkItem
 from tests.support.invariants import assert_invariants
 from tests.support.waiting import wait_until
@@ -41,13 +40,11 @@ def _count(engine: sa.Engine, table: sa.Table) -> int:
 def test_history_with_aggressive_retention_has_no_anomaly(start_proxied: StartProxied) -> None:
     cluster = start_proxied(WORKLOAD_ENV)
     workload = Workload(cluster, seed=11)
-    retention.set_policy(cluster.admin, DATABASE_CLOCK, workload.pack, keep_generations=1, keep_seconds=0)
+    retention.set_policy(Context.of(cluster.admin), workload.pack, keep_generations=1, keep_seconds=0)
 
     workload.run([])
     wait_until(
-        lambda: (
-            retention.prune(cluster.admin, Settings(), DATABASE_CLOCK, workload.pack, dry_run=True)[0].generations == 0
-        ),
+        lambda: retention.prune(Context.of(cluster.admin), workload.pack, dry_run=True)[0].generations == 0,
         "the background pass to prune every generation the policy lets go",
     )
     events, generations = _count(cluster.admin, Event), _count(cluster.admin, WorkItem)

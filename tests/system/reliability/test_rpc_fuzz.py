@@ -26,7 +26,7 @@ from nexuscrm.connectors.v1 import connectors_pb2
 from nexuscrm.controlplane.v1 import controlplane_pb2
 from nexuscrm.integration.v1 import integration_pb2
 from nexuscrm.schemacatalog.v1 import schema_catalog_pb2
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration as connectors_registration
 from nexuscrm_controlplane.fences import arm_fence
 from nexuscrm_controlplane.servicer import registration as controlplane_registration

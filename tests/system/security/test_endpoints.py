@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration as connectors_registration
 from nexuscrm_controlplane.dashboard.access import token_middleware
 from nexuscrm_controlplane.dashboard.app import create_app

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from nexuscrm_connectors.service import Connectors
+from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime.authorization import Policy, token_digest
 from nexuscrm_runtime.config import ConfigError

@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors import payload_contract
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries.rows import EventRow
 from nexuscrm_connectors.queries.work_items import GENERATION_COLUMNS, Generation, identity_generation
 from nexuscrm_runtime.bulk import insert_many
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
@@ -102,7 +103,7 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
     WorkId and PrunedAt come from the tombstone of an input that retention pruned (NULL for a
     retained Event); its ProjectionKey from the pruned generation's record, NULL when that
     record expired with the duplicate window first (decision 127): the tombstone still counts.
-    A retained Event also carries its identity's newest generation (``newest_generation``),
+    A retained Event also carries its identity's newest generation (``carried_newest``),
     which holds most duplicates' inputs, so verifying them needs no further statement
     (decision 132).
 
@@ -114,7 +115,7 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
     return {row.ReceiptKey: row for row in map(AdmittedInput._make, rows)}
 
 
-def newest_generation(event: AdmittedInput) -> Generation | None:
+def carried_newest(event: AdmittedInput) -> Generation | None:
     """The newest generation of a retained Event's identity as ``events_by_receipt`` read it; None for a tombstone."""
     if event.NewestWorkId is None or event.NewestLaneOrdinal is None or event.NewestStatus is None:
         return None
@@ -186,7 +187,7 @@ def work_items_covering(
     }
 
 
-def events_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+def events_insert(connection: Connection, rows: Sequence[EventRow] | Sequence[Mapping[str, Any]]) -> None:
     """Insert new Events and their payloads (two multi-row INSERTs: Event, then EventPayload).
 
     Each row carries its payload as ``Payload``: it goes to EventPayload, written once and

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow
-from nexuscrm_connectors.queries import pauses as pauses_sql
+from nexuscrm_connectors.queries import claim_pauses as pauses_sql
 from nexuscrm_connectors.queries.work_items import Instant
 from nexuscrm_schema import relations
 from nexuscrm_schema.tables import OrderPolicy, SkippedWork, WorkItem, WorkTypeOrderPolicy

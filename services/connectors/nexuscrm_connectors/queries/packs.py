@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.errors import OrdinalCollision, UnknownPack
 from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries.rows import EventRow
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.tables import (
     NAMESPACE_SCOPE,
@@ -125,7 +126,9 @@ def ordinals_allocate(connection: Connection, pack: LockedPack, count: int) -> r
     return range(first, first + count)
 
 
-def events_insert(connection: Connection, pack_install_id: str, rows: Sequence[dict[str, Any]]) -> None:
+def allocated_events_insert(
+    connection: Connection, pack_install_id: str, rows: Sequence[EventRow] | Sequence[Mapping[str, Any]]
+) -> None:
     """Insert the new Events of ``ordinals_allocate``'s ordinals (``events_sql.events_insert``).
 
     An Event that appeared at one of those ordinals after the counter was checked (a writer

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries.rows import ReceiptRow
 from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.tables import (
     Event,
@@ -48,7 +49,7 @@ def receipts_get(connection: Connection, pack_install_id: str, keys: Sequence[st
     return {row.ReceiptKey: row for row in map(StoredReceipt._make, rows)}
 
 
-def receipts_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+def receipts_insert(connection: Connection, rows: Sequence[ReceiptRow] | Sequence[Mapping[str, Any]]) -> None:
     """Insert new receipts (one multi-row INSERT)."""
     if rows:
         connection.execute(sa.insert(IngressReceipt), list(rows))

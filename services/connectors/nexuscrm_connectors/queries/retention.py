@@ -1,4 +1,4 @@
-"""The statements of retention (``nexuscrm_connectors.retention``): policy, candidates, pruning, tombstones.
+"""The statements of retention (``nexuscrm_connectors.operating.retention``): policy, candidates, pruning, tombstones.
 
 Every statement is bounded: candidates come from ``ix_workitem_retention`` by keyset, members
 from ``ix_event_source_lane`` within one generation's range and a limit, everything else by

@@ -1,4 +1,4 @@
-"""The statements of the retry policy (``nexuscrm_connectors.retry_policy``): a work type's row, read and written.
+"""The statements of the retry policy (``operating.retry_policy``): a work type's row, read and written.
 
 Every statement reads or writes ``WorkTypeRetryPolicy`` by its primary key (or its
 PackInstallId prefix); each is built once (decision 139).

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries.rows import GenerationRow
 from nexuscrm_runtime.bulk import insert_many
 from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
 from nexuscrm_schema.relations import PREDECESSOR_STATUS
@@ -248,8 +249,11 @@ def work_item_statuses(connection: Connection, work_ids: Sequence[str]) -> dict[
     return {row.WorkId: row.Status for row in rows}
 
 
-def work_items_insert(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert new generations (one multi-row INSERT; every row has the first row's columns, in any order)."""
+def work_items_insert(connection: Connection, rows: Sequence[GenerationRow] | Sequence[Mapping[str, Any]]) -> None:
+    """Insert new generations (one multi-row INSERT; every row has the first row's columns, in any order).
+
+    Admission and replay pass ``GenerationRow``s; seeds of history pass rows with more columns.
+    """
     if rows:
         # The table's column order, which the INSERT's parameters follow (``insert_many``).
         insert_many(connection, WorkItem, tuple(name for name in WorkItem.c.keys() if name in rows[0]), rows)

@@ -1,0 +1,1 @@
+"""Operator features: pauses, order and retry policies, dead letters, coverage, retention and the operator's reads."""

@@ -1,0 +1,437 @@
+"""Retention: a per-pack policy, and the pruner that deletes what it lets go (decisions 123 and 127).
+
+Only terminal native generations the policy no longer keeps go, with their Events,
+receipts and attempt history (WorkAttempt, decision 175); tombstones answer later
+duplicates, and every pass is bounded. ``prune`` says what is kept and how a pruning stays
+right on a multi-primary engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from nexuscrm_connectors.context import Context
+from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack
+from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import retention as retention_sql
+from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
+from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_connectors.settings import Settings
+from nexuscrm_runtime.clock import DatabaseClock
+from nexuscrm_runtime.database import run_transaction
+from workqueue import WorkStatus
+from workqueue.errors import InvalidArgument
+from workqueue.statuses import TERMINAL_WORK_STATUSES
+from workqueue.values import PruneReport, RetentionPolicy
+
+Cursor = tuple[dt.datetime, str]  # (FinishedAt, WorkId) of the last candidate read
+EXPIRE_BATCHES_PER_PASS = 20  # expiring transactions per pack and pass (each up to prune_batch_events tombstones)
+
+
+def policy_from_row(pack_install_id: str, row: Any) -> RetentionPolicy:
+    """The policy of a ``RetentionPolicy`` row; the default (off) when there is none."""
+    if row is None:
+        return RetentionPolicy(pack_install_id=pack_install_id)
+    return RetentionPolicy(
+        pack_install_id=pack_install_id,
+        keep_generations=row.KeepGenerations,
+        keep_seconds=row.KeepSeconds,
+        duplicate_window_seconds=row.DuplicateWindowSeconds,
+        horizon_ordinal=int(row.HorizonOrdinal),
+        horizon_source_time=row.HorizonSourceTime,
+        expired_receipts=int(row.ExpiredReceipts),
+        pruned_generations=int(row.PrunedGenerations),
+        last_pruned_at=row.LastPrunedAt,
+    )
+
+
+def set_policy(
+    context: Context,
+    pack_install_id: str,
+    *,
+    keep_generations: int | None,
+    keep_seconds: int | None,
+    duplicate_window_seconds: int | None = None,
+) -> RetentionPolicy:
+    """Set the pack's policy (both limits None turns pruning off; the horizons stay).
+
+    ``duplicate_window_seconds`` (None: tombstones kept forever) makes tombstones expire and
+    every delivery's SourceTime required (decision 127). Refuses ``keep_generations`` below 1,
+    negative ``keep_seconds`` or a window below one second (INVALID_ARGUMENT), an unknown
+    pack (``UnknownPack``) and a pack without a protocol row (``ProtocolMissing``).
+    """
+    engine, clock = context.engine, context.clock
+    if not pack_install_id:
+        raise InvalidArgument("pack_install_id is required", field="pack_install_id")
+    if keep_generations is not None and keep_generations < 1:
+        raise InvalidArgument(
+            f"keep_generations must be at least 1 (the newest generation of an identity is always kept), "
+            f"got {keep_generations}",
+            field="keep_generations",
+        )
+    if keep_seconds is not None and keep_seconds < 0:
+        raise InvalidArgument(f"keep_seconds must not be negative, got {keep_seconds}", field="keep_seconds")
+    if duplicate_window_seconds is not None and duplicate_window_seconds < 1:
+        raise InvalidArgument(
+            f"duplicate_window_seconds must be at least 1, got {duplicate_window_seconds}",
+            field="duplicate_window_seconds",
+        )
+
+    def run(connection: Connection) -> RetentionPolicy:
+        pack = packs_sql.pack_lock(connection, pack_install_id, clock)
+        if packs_sql.protocol_get(connection, pack_install_id) is None:
+            raise ProtocolMissing(
+                f"pack {pack_install_id} has no projection protocol row: retention is refused, because the "
+                "cutover audit of a pack that is not cut over reads its whole retained history",
+                field="pack_install_id",
+            )
+        retention_sql.policy_upsert(
+            connection,
+            pack_install_id,
+            keep_generations=keep_generations,
+            keep_seconds=keep_seconds,
+            duplicate_window_seconds=duplicate_window_seconds,
+            now=pack.now,
+        )
+        return policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
+
+    return run_transaction(engine, run, name="retention policy")
+
+
+def get_policy(engine: Engine, pack_install_id: str) -> RetentionPolicy:
+    """The pack's policy and horizon (off when none was set); raises ``UnknownPack``."""
+    with engine.connect() as connection:
+        if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
+            raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
+        return policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
+
+
+def prune(
+    context: Context,
+    pack_install_id: str,
+    *,
+    dry_run: bool = False,
+    max_generations: int = 0,
+    after: Cursor | None = None,
+) -> tuple[PruneReport, Cursor | None]:
+    """One bounded pass over a pack; returns the report and the cursor to continue from (None at the end).
+
+    Reads up to ``max_generations`` (0: the per-pass setting) candidates after ``after`` and
+    prunes those the policy lets go, then expires what the duplicate window lets go (up to
+    ``EXPIRE_BATCHES_PER_PASS`` transactions); ``dry_run`` counts them and changes nothing.
+
+    Never pruned: a generation that is not terminal (so never a member of one), the newest
+    ``KeepGenerations`` of each identity, one finished less than ``KeepSeconds`` ago, one whose
+    successor is still blocked, a dead letter (failed, never replayed nor skipped) whose work
+    type or pack is under the "block" order policy (decision 165: pruning it would release the
+    successor it holds), a generation whose inputs a live replay runs again (decision 173),
+    old-protocol work, and anything of a pack without a protocol row.
+    What goes leaves a ``PrunedWork`` record and a ``PrunedReceipt`` tombstone per receipt;
+    the ordinal counter is never touched, HorizonOrdinal never moves back. One transaction
+    deletes at most ``prune_batch_events`` members (a larger generation in several, its
+    WorkItem with the last), so each retained Event stays in its generation.
+
+    Multi-primary (decision 107): each transaction re-reads the policy and the generation and
+    decides only from facts no concurrent writer undoes (terminal is final, a generation never
+    becomes the newest again, a terminal one's members are frozen, a blocked successor is
+    only unblocked), and writes the policy row (LastPrunedAt), so a policy change conflicts
+    with a pruning that read the old policy. Tombstones older than the duplicate window expire
+    oldest first; each expiring transaction raises HorizonSourceTime (never back) and bumps
+    the pack row admission writes, so an admission that read the old horizon cannot commit.
+    """
+    engine, settings, clock = context.engine, context.settings, context.clock
+    limit = max_generations or settings.prune_generations_per_pass
+    if not 1 <= limit <= settings.prune_generations_per_pass:
+        raise InvalidArgument(
+            f"max_generations must be between 1 and {settings.prune_generations_per_pass}, got {max_generations}",
+            field="max_generations",
+        )
+    policy = get_policy(engine, pack_install_id)
+    if not policy.active:
+        expired = _expire(context, policy, dry_run=dry_run)
+        return dataclasses.replace(expired, horizon_ordinal=policy.horizon_ordinal), None
+    with engine.connect() as connection:
+        now = clock.read(connection)  # ages on the database's clock, as FinishedAt was (decision 118)
+        candidates = retention_sql.work_items_retention_candidates(
+            connection, pack_install_id, finished_before=policy.finished_before(now), after=after, limit=limit
+        )
+        if dry_run:
+            report = _dry_run(connection, policy, candidates, now)
+    if not dry_run:
+        pruned = _Tally()
+        waiting = [candidate.WorkId for candidate in candidates]
+        while waiting:  # each transaction settles at least the first waiting generation's next chunk
+            batch = functools.partial(
+                _prune_batch, settings=settings, clock=clock, pack_install_id=pack_install_id, work_ids=waiting
+            )
+            tally, settled = run_transaction(engine, batch, name="retention prune")
+            pruned.add(tally)
+            waiting = waiting[settled:]
+        report = PruneReport(
+            pack_install_id=pack_install_id,
+            dry_run=False,
+            generations=pruned.generations,
+            events=pruned.events,
+            receipts=pruned.receipts,
+            kept=pruned.kept,
+        )
+    expired = _expire(context, policy, dry_run=dry_run)
+    report = dataclasses.replace(
+        report,
+        expired_receipts=expired.expired_receipts,
+        expired_generations=expired.expired_generations,
+        horizon_source_time=expired.horizon_source_time,
+        horizon_ordinal=report.horizon_ordinal if dry_run else get_policy(engine, pack_install_id).horizon_ordinal,
+    )
+    cursor = (candidates[-1].FinishedAt, candidates[-1].WorkId) if len(candidates) == limit else None
+    return report, cursor
+
+
+def _expire(context: Context, policy: RetentionPolicy, *, dry_run: bool) -> PruneReport:
+    """Expire what the duplicate window lets go, in bounded transactions; the report's expiry fields.
+
+    A dry run counts the tombstones that would expire now, up to one batch.
+    """
+    engine, settings, clock = context.engine, context.settings, context.clock
+    report = PruneReport(
+        pack_install_id=policy.pack_install_id, dry_run=dry_run, horizon_source_time=policy.horizon_source_time
+    )
+    if policy.duplicate_window_seconds is None:
+        return report
+    if dry_run:
+        with engine.connect() as connection:
+            before = clock.read(connection) - dt.timedelta(seconds=policy.duplicate_window_seconds)
+            due = retention_sql.tombstones_expiring(
+                connection, policy.pack_install_id, before, settings.prune_batch_events
+            )
+        return dataclasses.replace(report, expired_receipts=len(due))
+    receipts = generations = 0
+    for _ in range(EXPIRE_BATCHES_PER_PASS):
+        batch = functools.partial(_expire_batch, settings=settings, clock=clock, pack_install_id=policy.pack_install_id)
+        tombstones, records, more = run_transaction(engine, batch, name="retention expire")
+        receipts, generations = receipts + tombstones, generations + records
+        if not more:
+            break
+    return dataclasses.replace(
+        report,
+        expired_receipts=receipts,
+        expired_generations=generations,
+        horizon_source_time=get_policy(engine, policy.pack_install_id).horizon_source_time,
+    )
+
+
+def _expire_batch(
+    connection: Connection, settings: Settings, clock: DatabaseClock, pack_install_id: str
+) -> tuple[int, int, bool]:
+    """One expiring transaction: up to ``prune_batch_events`` tombstones, oldest SourceTime first.
+
+    Raises the horizon over every SourceTime it deletes, and bumps the pack row admission
+    writes (decision 107): an admission that read the old horizon cannot commit an admission
+    of a key whose tombstone this deletes. Once no tombstone below the cutoff is left, records
+    of pruned generations below it go too (their tombstones are gone). Returns the tombstones
+    and records deleted, and whether more may be due.
+    """
+    now = clock.read(connection)
+    policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
+    before = policy.expire_before(now)
+    if before is None:
+        return 0, 0, False
+    limit = settings.prune_batch_events
+    due = retention_sql.tombstones_expiring(connection, pack_install_id, before, limit)
+    records = (
+        [] if len(due) == limit else retention_sql.pruned_work_expiring(connection, pack_install_id, before, limit)
+    )
+    if not due and not records:
+        return 0, 0, False
+    retention_sql.pack_control_version_bump(connection, pack_install_id)  # the pack row first, as admission locks it
+    tombstones = retention_sql.tombstones_delete(connection, pack_install_id, [row.ReceiptKey for row in due], before)
+    expired = retention_sql.pruned_work_delete(connection, records)
+    horizon = max((row.SourceTime for row in due), default=None)
+    recorded = retention_sql.policy_record_expiry(
+        connection, pack_install_id, horizon=horizon, expired=tombstones, now=now
+    )
+    if recorded != 1:
+        raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
+    return tombstones, expired, len(due) == limit or len(records) == limit
+
+
+def _dry_run(connection: Connection, policy: RetentionPolicy, candidates: list[Any], now: dt.datetime) -> PruneReport:
+    generations = events = receipts = kept = 0
+    for row in candidates:
+        if _keeps(connection, policy, row, now):
+            kept += 1
+            continue
+        members, with_receipt = retention_sql.events_member_counts(
+            connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
+        )
+        generations, events, receipts = generations + 1, events + members, receipts + with_receipt
+    return PruneReport(
+        pack_install_id=policy.pack_install_id,
+        dry_run=True,
+        generations=generations,
+        events=events,
+        receipts=receipts,
+        kept=kept,
+        horizon_ordinal=policy.horizon_ordinal,
+    )
+
+
+def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.datetime) -> bool:
+    """Whether the policy (or a rule above every policy) keeps generation ``row``."""
+    if row.InputStartOrdinal is None or WorkStatus(row.Status) not in TERMINAL_WORK_STATUSES:
+        return True
+    if row.FinishedAt is None or row.FinishedAt > policy.finished_before(now):
+        return True
+    keep = policy.keep_generations or 1  # the newest generation of an identity always stays
+    if retention_sql.work_items_newer(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal, keep) < keep:
+        return True
+    if row.Status == WorkStatus.FAILED and retention_sql.work_item_holds_order(connection, row.WorkId):
+        return True  # a dead letter under "block": pruning it would release the successor it holds
+    if _replayed_by_live_work(connection, row.WorkId):
+        return True  # a live replay hands its Flow this generation's inputs again (decision 173)
+    return (
+        row.SuccessorWorkId is not None
+        and retention_sql.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED
+    )
+
+
+def _replayed_by_live_work(connection: Connection, work_id: str) -> bool:
+    """Whether a nonterminal replay runs ``work_id``'s inputs again, directly or as a replay of its replay."""
+    replay = work_items_sql.work_item_replay_newest(connection, work_id)
+    while replay is not None:
+        if WorkStatus(replay.Status) not in TERMINAL_WORK_STATUSES:
+            return True
+        replay = work_items_sql.work_item_replay_newest(connection, replay.WorkId)
+    return False
+
+
+@dataclasses.dataclass
+class _Tally:
+    generations: int = 0
+    events: int = 0
+    receipts: int = 0
+    kept: int = 0
+
+    def add(self, other: _Tally) -> None:
+        self.generations += other.generations
+        self.events += other.events
+        self.receipts += other.receipts
+        self.kept += other.kept
+
+
+def _prune_batch(
+    connection: Connection, settings: Settings, clock: DatabaseClock, pack_install_id: str, work_ids: list[str]
+) -> tuple[_Tally, int]:
+    """One pruning transaction over the first of ``work_ids``, up to ``prune_batch_events`` members.
+
+    Whole generations go together while they fit; the first one that does not fit goes alone,
+    in chunks (its lowest members first, its WorkItem with the last chunk). Each generation is
+    decided on its own; the writes of the whole transaction go in one statement each at the
+    end (tombstones, receipts, Events, WorkItems and their attempts, records). Returns what
+    went and how many of ``work_ids`` are settled (pruned or kept); an unsettled one comes
+    first in the next transaction.
+    """
+    now = clock.read(connection)
+    policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
+    budget = settings.prune_batch_events
+    tally, settled, horizon = _Tally(), 0, None
+    tombstones: list[dict[str, Any]] = []
+    ordinals: list[int] = []
+    pruned: list[tuple[Any, dt.datetime | None]] = []  # generations and their records' SourceTime
+    for work_id in work_ids:
+        # Keeping needs no lock; the row lock is taken only to delete (admission locks an
+        # identity's newest generation, which the policy always keeps), then decided again.
+        row = work_items_sql.work_item_get(connection, work_id)
+        if row is not None and policy.active and not _keeps(connection, policy, row, now):
+            row = work_items_sql.work_item_get(connection, work_id, lock=True)
+        # _keeps keeps old-protocol work (no InputStartOrdinal); said again for the type checker.
+        if row is None or not policy.active or _keeps(connection, policy, row, now) or row.InputStartOrdinal is None:
+            tally.kept += row is not None
+            settled += 1
+            continue
+        members = retention_sql.events_members_page(
+            connection, pack_install_id, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal, budget + 1
+        )
+        done = len(members) <= budget
+        if not done and budget < settings.prune_batch_events:
+            break  # too large to share this transaction: it starts the next one
+        chunk = members[:budget]
+        own = [
+            {
+                "PackInstallId": pack_install_id,
+                "ReceiptKey": member.ReceiptKey,
+                "EnqueueOrdinal": member.EnqueueOrdinal,
+                "PayloadHash": member.PayloadHash,
+                "WorkId": work_id,
+                "PrunedAt": now,
+                "SourceTime": member.SourceTime,  # the duplicate window expires it by this (decision 127)
+            }
+            for member in chunk
+            if member.ReceiptKey is not None  # a replay Event has no receipt
+        ]
+        tombstones += own
+        ordinals += [member.EnqueueOrdinal for member in chunk]
+        budget -= len(chunk)
+        if not done:
+            break
+        pruned.append((row, _newest_source_time(own)))
+        settled += 1
+        horizon = max(horizon or 0, row.LaneOrdinal)
+        if budget <= 0:
+            break
+    retention_sql.receipts_prune(connection, tombstones)
+    tally.receipts = len(tombstones)
+    tally.events = retention_sql.events_delete(connection, pack_install_id, ordinals)
+    tally.generations = retention_sql.work_items_prune(connection, pruned, now)
+    if tally.generations != len(pruned):
+        raise RuntimeError(f"a terminal generation of pack {pack_install_id} changed under its row lock")
+    work_attempts_sql.work_attempts_delete(connection, [row.WorkId for row, _ in pruned])  # their history goes too
+    if tally.events or tally.generations:
+        recorded = retention_sql.policy_record_pruning(
+            connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now
+        )
+        if recorded != 1:
+            raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
+    return tally, settled
+
+
+def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:
+    """The newest SourceTime of a generation's last chunk of tombstones; None if one has none (or there are none).
+
+    The record expires with the window by it. A generation pruned in several chunks may have
+    earlier tombstones newer than this: they outlive the record, and still answer duplicates
+    (``events_sql.events_by_receipt`` reads tombstones without their record too).
+    """
+    times: list[dt.datetime | None] = [t["SourceTime"] for t in tombstones]
+    if not times or None in times:
+        return None
+    return max(time for time in times if time is not None)
+
+
+class Pruner:
+    """The background retention pass: every pack with an active policy, bounded per pack.
+
+    Keeps a keyset cursor per pack, so consecutive passes walk each pack's old generations
+    instead of rereading the same kept ones, and start over at the end.
+    """
+
+    def __init__(self) -> None:
+        self._after: dict[str, Cursor | None] = {}
+
+    def run(self, context: Context) -> list[PruneReport]:
+        """One pass; returns a report per pack with an active policy."""
+        with context.engine.connect() as connection:
+            packs_with_policy = [row.PackInstallId for row in retention_sql.policies_active(connection)]
+        reports = []
+        for pack_install_id in packs_with_policy:
+            report, self._after[pack_install_id] = prune(
+                context, pack_install_id, after=self._after.get(pack_install_id)
+            )
+            reports.append(report)
+        return reports

@@ -1,0 +1,1 @@
+"""The queue's hot path: admission, its duplicates and rows, replay, claims, payload reads and the background passes."""
