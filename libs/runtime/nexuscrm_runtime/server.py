@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_runtime.authorization import AuthorizationInterceptor, Rule
-from nexuscrm_runtime.config import ServiceConfig, dsn_backend, refusing_bad_configuration
+from nexuscrm_runtime.config import ServiceConfig, check_address, dsn_backend, refusing_bad_configuration
 from nexuscrm_runtime.database import DatabaseUnavailable, create_engine
 from nexuscrm_runtime.database_check import DatabaseUnusable, check_database
 from nexuscrm_runtime.exit_codes import ExitCode
@@ -289,6 +289,7 @@ def run_service(
     on_stop: Callable[[], None] | None = None,
     on_serving: Callable[[RunningServer], None] | None = None,
     before_serving: Callable[[Engine], None] | None = None,
+    side_addresses: Mapping[str, str] | None = None,
 ) -> None:
     """Run one service: the body of every service's ``main``.
 
@@ -297,8 +298,10 @@ def run_service(
     until SIGTERM, then disposes the engine. The gates, in order: the database URL connects
     (``database_check``), the server meets the prerequisites (``prerequisites``), then
     ``before_serving`` (the service's schema gate, ``nexuscrm_schema.support``), which raises
-    ``StartRefused`` to refuse. Before them, the listen and metrics addresses must be free
-    (``listening``: a second instance on the same port). A refusal is one log line and exit
+    ``StartRefused`` to refuse. Before them, the listen and metrics addresses, and those of
+    the service's side servers (``side_addresses``: variable name -> host:port, "" when not
+    configured, such as Controlplane's dashboard), must be free (``listening``: a second
+    instance on the same port). A refusal is one log line and exit
     ``EXIT_NOT_STARTED`` before ``build`` runs: nothing is registered, no port is bound, nothing
     reports SERVING.
     ``on_serving`` gets the started server (to report the health of a background part, for
@@ -309,7 +312,8 @@ def run_service(
         config = ServiceConfig.from_env(env_name, default_port)
         security = Security.from_env()
         signals = Signals(deadline=config.grace_seconds + SHUTDOWN_MARGIN, security=security)
-        _serve(env_name, config, security, signals, build, on_stop, on_serving, before_serving)
+        sides = [check_address(name, address) for name, address in (side_addresses or {}).items() if address]
+        _serve(env_name, config, security, signals, build, on_stop, on_serving, before_serving, sides)
 
 
 def _serve(
@@ -321,9 +325,10 @@ def _serve(
     on_stop: Callable[[], None] | None,
     on_serving: Callable[[RunningServer], None] | None,
     before_serving: Callable[[Engine], None] | None,
+    side_addresses: Sequence[str],
 ) -> None:
     with refusing_to_start():  # a second instance on the same ports, before it touches anything
-        refuse_if_in_use(config.address, config.metrics_address)
+        refuse_if_in_use(config.address, config.metrics_address, *side_addresses)
     with observability(env_name, config, security) as tracing:
         with refusing_to_start():
             check_database(config.dsn)

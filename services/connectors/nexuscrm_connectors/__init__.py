@@ -14,7 +14,7 @@ the SQL it runs (``queries.<module>``):
   ``queue.duplicates.verify_duplicates``) -> ``queries.packs``, ``receipts``, ``events``, ``work_items``
 - Replay: ``queue.replay.replay`` -> ``queries.packs``, ``work_items``
 - Claim: ``queue.claims.complete_all`` (its completions), then ``queue.claims.claim`` ->
-  ``queue.claims.claim_transaction`` (rows reserved by ``queue.reservations.Reservations``; inline inputs:
+  ``queue.claims.claim_transaction`` (rows reserved by ``reservations.Reservations``; inline inputs:
   ``queue.payloads.whole_pages``) -> ``queries.claims``, ``work_items``, ``events``
 - Heartbeat, Complete, Fail: ``queue.claims.heartbeat``, ``queue.claims.complete``, ``queue.claims.fail`` (its
   work type's ``queue.retries.effective``) -> ``queries.claims``, ``work_items``, ``events``,

@@ -29,7 +29,7 @@ from nexuscrm_controlplane.dashboard.server import DashboardServer
 from nexuscrm_controlplane.dashboard.workers import TARGETS_VARIABLE, integration_hosts, integration_targets
 from nexuscrm_controlplane.release import RELEASE
 from nexuscrm_controlplane.servicer import registration
-from nexuscrm_runtime.config import ServiceConfig, check_address, env_str
+from nexuscrm_runtime.config import ServiceConfig, env_str
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.server import Registration, publish_side_port, run_service
 from nexuscrm_runtime.targets import Targets
@@ -49,7 +49,6 @@ def main() -> None:
         if config.metrics_address:
             REGISTRY.register(QueueCollector(engine))
         if dashboard_address:
-            check_address("NEXUSCRM_DASHBOARD_ADDRESS", dashboard_address)
             tls = security.tls if security else None
             targets = Targets.from_env()
             hosts = integration_targets(env_str(TARGETS_VARIABLE, ""), targets.integration)
@@ -79,6 +78,7 @@ def main() -> None:
         build=build,
         on_stop=stop,
         before_serving=start_gate(RELEASE, log),
+        side_addresses={"NEXUSCRM_DASHBOARD_ADDRESS": dashboard_address},
     )
 
 

@@ -134,7 +134,7 @@ def test_a_pool_that_names_its_pack_is_served_once_the_name_resolves(
     with pytest.raises(LaunchError, match="exited with 3"):
         start_services((INTEGRATION,), env=env, workdir=tmp_path)
     log = (tmp_path / "integration.log").read_text()
-    assert f"pack: acme/{demo.PACK_NAME} {demo.PACK_VERSION} is not installed" in log
+    assert f"pack acme/{demo.PACK_NAME}@{demo.PACK_VERSION} is not installed; `nexuscrm packs list" in log
 
     waiting = start_service(INTEGRATION, env={**env, "NEXUSCRM_ACTIVATION_WAIT_SECONDS": "forever"}, workdir=tmp_path)
     try:
