@@ -109,7 +109,7 @@ deps: setup
 	$(BIN)/python -m tests.architecture.packages
 
 typecheck: setup
-	$(BIN)/mypy libs services tools tests bench examples protos/generate.py
+	$(BIN)/mypy libs services tools tests bench examples protos/generate.py protos/python/nexuscrm_wire
 
 fmt: setup
 	$(BIN)/ruff format .

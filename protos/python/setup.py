@@ -1,5 +1,9 @@
 """Build hook of nexuscrm-protos: the ``nexuscrm`` package is generated from the contract at build time.
 
+The distribution also ships ``nexuscrm_wire``, the hand-written conversions between the
+messages and workqueue values (decision 184): a source package of this directory, never
+generated, carried by the sdist as it is (MANIFEST.in).
+
 Every build (wheel, sdist-to-wheel, ``pip install``, ``pip install -e``) runs ``build_py``, which
 first calls ``generate`` of the contract's ``generate.py`` (the same code ``make protos`` runs)
 and then packages what it wrote. A build that cannot generate stops with the reason; it never
@@ -64,7 +68,8 @@ class GenerateThenBuildPy(build_py):
     def get_source_files(self) -> list[str]:
         """None: generated modules are no sources (the sdist carries the contract instead).
 
-        The manifest asks for them before anything is generated, when they do not exist yet.
+        The manifest asks for them before anything is generated, when they do not exist yet;
+        MANIFEST.in names ``nexuscrm_wire``, the one package written by hand.
         """
         return []
 
@@ -94,7 +99,9 @@ def contract_packages(root: Path) -> list[str]:
     return sorted({".".join(d.parts[:n]) for d in directories for n in range(1, len(d.parts) + 1)})
 
 
+HAND_WRITTEN = ["nexuscrm_wire"]
+
 setup(
-    packages=contract_packages(contract_root()),
+    packages=contract_packages(contract_root()) + HAND_WRITTEN,
     cmdclass={"build_py": GenerateThenBuildPy, "sdist": SdistWithContract},
 )

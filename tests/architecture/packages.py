@@ -29,8 +29,9 @@ PACKAGE_DIRS = (
     "services/integration",
     "tools",
 )
-# nexuscrm-protos lists its packages in its setup.py: they are generated from the contract when it is built.
-GENERATED_MODULES = {"protos/python": ("nexuscrm",)}
+# nexuscrm-protos lists its packages in its setup.py: nexuscrm is generated from the contract when
+# it is built, nexuscrm_wire is written by hand.
+GENERATED_MODULES = {"protos/python": ("nexuscrm", "nexuscrm_wire")}
 SERVICES = ("nexuscrm-schema-catalog", "nexuscrm-controlplane", "nexuscrm-connectors", "nexuscrm-integration")
 FIRST_PARTY_PREFIX = "nexuscrm-"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

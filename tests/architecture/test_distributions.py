@@ -3,9 +3,9 @@
 The ten wheels are built once, from a copy of the working tree without ignored files (so
 without the generated ``protos/python/nexuscrm``), with this environment's setuptools and
 grpcio-tools. Each carries its modules with py.typed, the licence file and the metadata of a
-published package; the protos wheel carries the code its build generated, and declares the
-runtimes that code checks for. The protos sdist carries the contract and builds the same wheel
-on its own; a protos build that cannot generate fails naming why
+published package; the protos wheel carries the code its build generated and the hand-written
+``nexuscrm_wire``, and declares the runtimes that code checks for. The protos sdist carries the
+contract and builds the same wheel on its own; a protos build that cannot generate fails naming why
 (docs/decisions/143-owners-versions-and-ranges.md).
 """
 
@@ -70,8 +70,9 @@ def metadata_of(wheel: Path) -> email.message.Message:
 
 
 def generated_files(tree: Path) -> list[str]:
-    """What the protos wheel must hold for the tree's .proto files."""
-    expected = {"nexuscrm/py.typed"}
+    """What the protos wheel must hold: the code generated for the tree's .proto files, and nexuscrm_wire as written."""
+    wire = tree / "protos" / "python" / "nexuscrm_wire"
+    expected = {"nexuscrm/py.typed", *(f"nexuscrm_wire/{p.name}" for p in wire.iterdir() if p.is_file())}
     for proto in (tree / "protos").glob("nexuscrm/**/*.proto"):
         relative = proto.relative_to(tree / "protos")
         stem = relative.with_suffix("").as_posix()

@@ -22,7 +22,7 @@ from tests.architecture.packages import REPO_ROOT, load_packages
 LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
 LAYERS = "Layers: each package imports only those below it"
 SERVICES = "Services: the four services are independent"
-FLOW_AUTHOR = "Flow author: the SDK and workqueue need no runtime nor SQL stack"
+FLOW_AUTHOR = "Flow author: the SDK, its wire conversions and workqueue need no runtime nor SQL stack"
 TOOLS = "Operator tools: nexuscrm_tools imports no service package"
 CONTRACTS = (LAYERS, SERVICES, FLOW_AUTHOR, TOOLS)
 TIMEOUT = 120  # seconds for one lint-imports run
@@ -119,8 +119,11 @@ def test_planted_violations_break_the_contract_they_violate(tree_copy: Path) -> 
     plant(source / "nexuscrm_integration" / "host.py", "import nexuscrm_connectors.queue.admission  # planted")
     # A library importing one above it: the layers contract.
     plant(source / "nexuscrm_runtime" / "database.py", "import nexuscrm_schema  # planted")
-    # The SDK and workqueue importing the runtime or a SQL driver: the Flow-author contract.
+    # The wire conversions importing the SDK they sit below: the layers contract.
+    plant(source / "nexuscrm_wire" / "convert.py", "import nexuscrm_sdk.client  # planted")
+    # The SDK, its wire conversions and workqueue importing the runtime or a SQL driver: the Flow-author contract.
     plant(source / "nexuscrm_sdk" / "client.py", "import nexuscrm_runtime.database  # planted")
+    plant(source / "nexuscrm_wire" / "timestamps.py", "import sqlalchemy  # planted")
     plant(source / "workqueue" / "values.py", "import pymysql  # planted")
     # The operator tools importing a service (allowed by the layers: the tools are on top): the tools contract.
     plant(source / "nexuscrm_tools" / "cli.py", "import nexuscrm_controlplane.cutover  # planted")
@@ -138,9 +141,11 @@ def test_planted_violations_break_the_contract_they_violate(tree_copy: Path) -> 
     layers = broken_section(output, LAYERS)
     assert "nexuscrm_integration.host -> nexuscrm_connectors.queue.admission" in layers
     assert "nexuscrm_runtime.database -> nexuscrm_schema" in layers
+    assert "nexuscrm_wire.convert -> nexuscrm_sdk.client" in layers
     flow_author = broken_section(output, FLOW_AUTHOR)
     assert "nexuscrm_sdk.client -> nexuscrm_runtime.database" in flow_author
     assert "workqueue.values -> pymysql" in flow_author
+    assert "nexuscrm_wire.timestamps -> sqlalchemy" in flow_author
     assert "nexuscrm_tools.cli -> nexuscrm_controlplane.cutover" in broken_section(output, TOOLS)
     assert "nexuscrm_tools.cli" not in layers
     assert "workqueue.statuses" not in output  # its import of sqlalchemy is for type checkers only

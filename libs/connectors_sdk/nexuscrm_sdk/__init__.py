@@ -15,10 +15,10 @@ A Flow author imports from here (``__all__``, decision 154); the modules say mor
 - ``nexuscrm_sdk.client``: ``ConnectorsClient``, the gRPC client of every ConnectorsService RPC.
 - ``nexuscrm_sdk.pipeline``: ``PipelinedIngest``, which keeps several Ingest batches of a pack in
   flight and answers them in order, retrying as ``IngestRetry`` says (decision 163).
-- Internal, for the modules above and this repository's services, not for Flow authors:
-  ``nexuscrm_sdk.convert`` (protobuf conversions), ``nexuscrm_sdk.timestamps`` (UTC
-  datetimes), ``nexuscrm_sdk.draining`` (waiting for a drained queue), ``nexuscrm_sdk.lookups``
-  (what a lookup of a WorkId or a receipt key answers when it finds neither).
+The wire conversions the client shares with the services (protobuf messages to and from
+workqueue values, protobuf Timestamps, the words of a lookup that finds nothing) are
+``nexuscrm_wire``, shipped with the generated messages in nexuscrm-protos (decision 184); the
+loop that waits for a drained queue is ``workqueue.draining``.
 
 The shared values (``ProjectionIdentity``, ``WorkStatus``, ``InputRow``) come from ``workqueue``.
 A Flow must read every input of its generation; raising fails the attempt, which is retried,

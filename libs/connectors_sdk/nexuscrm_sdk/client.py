@@ -12,12 +12,12 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 
 import grpc
+from nexuscrm_wire import convert
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
-from nexuscrm_sdk import convert
-from nexuscrm_sdk.draining import wait_until_drained
 from workqueue import WorkStatus
+from workqueue.draining import wait_until_drained
 from workqueue.values import (
     Claim,
     ClaimAnswer,
@@ -225,7 +225,7 @@ class ConnectorsClient:
 
         Check ``QueueState.drained``: the deadline is an answer, not an error. Each
         WaitQueueDrained call waits at most the server's bound; this calls it again until
-        ``timeout`` (``nexuscrm_sdk.draining``).
+        ``timeout`` (``workqueue.draining``).
         """
 
         def step(wait: dt.timedelta) -> QueueState:

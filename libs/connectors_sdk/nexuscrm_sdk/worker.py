@@ -62,8 +62,9 @@ from collections.abc import Callable, Iterator, Sequence
 from traceback import format_exc
 from typing import Protocol
 
+from nexuscrm_wire.timestamps import aware_utc
+
 from nexuscrm_sdk.flows import Flow, Generation, PermanentFailure, RetryLater
-from nexuscrm_sdk.timestamps import aware_utc
 from workqueue.limits import TRACEBACK_MAX_BYTES
 from workqueue.logcontext import log_context
 from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, WorkItemRow
@@ -84,7 +85,7 @@ class WorkSource(Protocol):
     ``nexuscrm_sdk.testing.InMemoryWorkSource`` provide it, with the same signatures. The
     datetimes they return are UTC: aware from the client and the in-memory source, naive from
     the facade (the services' own convention). A Flow sees aware ones whichever the source (the
-    worker converts them, with the internal ``nexuscrm_sdk.timestamps.aware_utc``).
+    worker converts them, with ``nexuscrm_wire.timestamps.aware_utc``).
     """
 
     def complete_and_claim(

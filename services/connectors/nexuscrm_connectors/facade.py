@@ -38,8 +38,8 @@ from nexuscrm_connectors.reservations import Reservations
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
-from nexuscrm_sdk.draining import wait_until_drained
 from workqueue import WorkStatus
+from workqueue.draining import wait_until_drained
 from workqueue.values import (
     Claim,
     ClaimAnswer,

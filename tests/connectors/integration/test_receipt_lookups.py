@@ -2,7 +2,7 @@
 
 An unknown pack is "not installed", as every other operation says; a WorkId given as the key,
 retained or pruned, is named as one with where to look instead; any other key is "no WorkId
-or receipt key", the words of the dashboard's search (``nexuscrm_sdk.lookups``). Each is
+or receipt key", the words of the dashboard's search (``nexuscrm_wire.lookups``). Each is
 NOT_FOUND, naming the field at fault, and changes nothing.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from nexuscrm_wire import lookups
 
 from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
 from nexuscrm_connectors.facade import Connectors
-from nexuscrm_sdk import lookups
 from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from nexuscrm_sdk.draining import PAUSE, wait_until_drained
+from workqueue.draining import PAUSE, wait_until_drained
 from workqueue.errors import InvalidArgument
 from workqueue.values import QueueState
 

@@ -1,4 +1,5 @@
-"""``nexuscrm_sdk``'s public surface: ``__all__`` names what exists; the docstring's Flow and test run as written."""
+"""``nexuscrm_sdk``'s public surface: ``__all__`` names what exists, every module is public and no
+module outside the SDK imports a private one; the docstring's Flow and test run as written."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pkgutil
 import textwrap
 from typing import Any
 
+import grimp
 import sqlalchemy as sa
 
 import nexuscrm_sdk
@@ -25,7 +27,18 @@ PUBLIC = {
     **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure", "RetryLater"), "flows"),
     **dict.fromkeys(("WorkSource", "Worker"), "worker"),
 }
-INTERNAL_MODULES = {"convert", "draining", "timestamps"}
+# The first-party packages whose imports of the SDK are checked (tests/architecture/packages.py
+# lists them by distribution; these are their import names above workqueue and the contract).
+IMPORTERS = (
+    "nexuscrm_wire",
+    "nexuscrm_runtime",
+    "nexuscrm_schema",
+    "nexuscrm_schema_catalog",
+    "nexuscrm_controlplane",
+    "nexuscrm_connectors",
+    "nexuscrm_integration",
+    "nexuscrm_tools",
+)
 
 
 def docstring_example(docstring: str, marker: str) -> str:
@@ -46,16 +59,29 @@ def test_the_public_surface_is_what_a_flow_author_uses_and_each_name_exists() ->
     assert set(namespace) - {"__builtins__"} == set(PUBLIC)
 
 
-def test_the_internal_modules_say_so_and_the_code_map_lists_them_as_internal() -> None:
-    modules = {info.name for info in pkgutil.iter_modules(nexuscrm_sdk.__path__)}
-    assert modules >= INTERNAL_MODULES
-    for name in INTERNAL_MODULES:
-        module = importlib.import_module(f"nexuscrm_sdk.{name}")
-        assert (module.__doc__ or "").startswith("Internal:"), name
-        assert f"``nexuscrm_sdk.{name}``" in (nexuscrm_sdk.__doc__ or "").split("Internal,", 1)[1], name
-    for name in modules - INTERNAL_MODULES:  # every other module is documented as public
+def test_every_module_is_public_and_in_the_code_map() -> None:
+    # The wire conversions the services share with the client are nexuscrm_wire (decision 184):
+    # what the SDK ships is its users' to import.
+    public = {info.name for info in pkgutil.iter_modules(nexuscrm_sdk.__path__) if not info.name.startswith("_")}
+    assert public >= set(PUBLIC.values())
+    for name in public:
         module = importlib.import_module(f"nexuscrm_sdk.{name}")
         assert not (module.__doc__ or "").startswith("Internal"), name
+        assert f"``nexuscrm_sdk.{name}``" in (nexuscrm_sdk.__doc__ or ""), name
+
+
+def test_no_package_outside_the_sdk_imports_a_private_module_of_it() -> None:
+    graph = grimp.build_graph("nexuscrm_sdk", *IMPORTERS, cache_dir=None)
+    private = [m for m in graph.find_descendants("nexuscrm_sdk") if m.rsplit(".", 1)[1].startswith("_")]
+    outside = {
+        (importer, module)
+        for module in private
+        for importer in graph.find_modules_that_directly_import(module)
+        if not importer.startswith("nexuscrm_sdk.")
+    }
+    assert not outside, sorted(outside)
+    # The check reads the services' imports of the SDK (grimp found the packages).
+    assert "nexuscrm_sdk.client" in graph.find_modules_directly_imported_by("nexuscrm_integration.main")
 
 
 def test_the_flow_and_its_test_in_the_package_docstring_pass() -> None:

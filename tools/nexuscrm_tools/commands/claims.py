@@ -6,9 +6,10 @@ import argparse
 import datetime as dt
 from typing import Any
 
+from nexuscrm_wire import convert
+
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm_runtime.durations import parse_duration
-from nexuscrm_sdk import convert
 from nexuscrm_tools.clients import Clients
 from nexuscrm_tools.commands.shared import (
     IDENTITY_FLAGS,

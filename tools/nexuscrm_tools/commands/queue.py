@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nexuscrm_wire import convert
 from rich.table import Table
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_runtime.durations import parse_duration
-from nexuscrm_sdk import convert
 from nexuscrm_tools.clients import Clients
 from nexuscrm_tools.commands.claims import pause_row
 from nexuscrm_tools.commands.shared import RPC_TIMEOUT, Outcome, fields, leaf

@@ -15,10 +15,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nexuscrm_wire import convert
 from rich.table import Table
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
-from nexuscrm_sdk import convert
 from nexuscrm_tools import identities, tables
 from nexuscrm_tools.clients import Clients
 from nexuscrm_tools.exits import ExitCode, help_epilog

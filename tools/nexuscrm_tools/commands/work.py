@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nexuscrm_wire import convert
 from rich.text import Text
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
-from nexuscrm_sdk import convert
 from nexuscrm_tools import payload_view
 from nexuscrm_tools.clients import Clients
 from nexuscrm_tools.commands.generations import attempts_text, listed_status, range_text, skip_text, status_text

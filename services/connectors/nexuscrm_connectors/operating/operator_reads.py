@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 from typing import NoReturn
 
+from nexuscrm_wire import lookups
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import page_tokens, pruned
@@ -26,7 +27,6 @@ from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queue import retries
 from nexuscrm_connectors.queue.duplicates import verify_duplicates
 from nexuscrm_runtime.clock import iso_utc
-from nexuscrm_sdk import lookups
 from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import AttemptOutcome
@@ -133,7 +133,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
 def _refuse_unknown_receipt(connection: Connection, pack_install_id: str, receipt_key: str) -> NoReturn:
     """Raise why the pack has no receipt ``receipt_key``: no such pack, a WorkId given as the key, or neither.
 
-    Said in the words of the dashboard's search (``nexuscrm_sdk.lookups``, decision 177).
+    Said in the words of the dashboard's search (``nexuscrm_wire.lookups``, decision 177).
     """
     if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
         raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")

@@ -18,6 +18,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from nexuscrm_wire import lookups
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_controlplane import drain, fences
@@ -28,7 +29,6 @@ from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, PrunedWo
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.clock import iso_utc as iso
 from nexuscrm_schema.tables import NAMESPACE_SCOPE, WORK_ID_LENGTH
-from nexuscrm_sdk import lookups
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES as NONTERMINAL
@@ -288,7 +288,7 @@ def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[
 
     A WorkId match names its range, member count and what it waits for; a receipt match
     names its ordinal, the generation covering it, or why there is none; no match is one
-    ``none`` entry saying so in the words ``nexuscrm why`` uses (``nexuscrm_sdk.lookups``). One
+    ``none`` entry saying so in the words ``nexuscrm why`` uses (``nexuscrm_wire.lookups``). One
     GetWork and one ExplainReceipt per listed pack (primary-key reads in Connectors); the pack
     list, and what operators decided of each generation found (held, replayed, skipped, as the
     timeline shows it), are read here.

@@ -1,4 +1,4 @@
-"""What a lookup of a WorkId or a receipt key says when the text is not what it looked for (internal).
+"""What a lookup of a WorkId or a receipt key says when the text is not what it looked for.
 
 Operators paste ids where they find them: the dashboard's search takes either and
 ExplainReceipt (``nexuscrm why``) takes a receipt key. Both say it in these words, so that the

@@ -1,7 +1,4 @@
-"""Internal: UTC datetimes and protobuf Timestamps, both directions.
-
-Not part of the SDK's public surface (``nexuscrm_sdk.__all__``, decision 154): the SDK's
-modules and this repository's services use it, and it changes with them.
+"""UTC datetimes and protobuf Timestamps, both directions.
 
 The services store naive UTC datetimes; the SDK hands its users timezone-aware UTC ones
 (docs/decisions/104-connectors-sdk.md). A naive datetime given to the SDK is read as UTC.

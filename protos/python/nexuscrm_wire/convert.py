@@ -1,7 +1,6 @@
-"""Internal: conversions between Connectors protobuf messages and domain values (both directions).
+"""Conversions between Connectors protobuf messages and workqueue values (both directions).
 
-Not part of the SDK's public surface (``nexuscrm_sdk.__all__``, decision 154): the client and
-this repository's services use it, and it changes with them.
+The client SDK and the services use the same functions, so a field is read as it was written.
 
 The ``*_from_proto`` functions the client uses return timezone-aware UTC datetimes;
 ``item_from_proto``, which only the server uses, returns the naive UTC the services store.
@@ -14,7 +13,7 @@ import datetime as dt
 import grpc
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
-from nexuscrm_sdk.timestamps import from_timestamp, naive_utc, to_timestamp
+from nexuscrm_wire.timestamps import from_timestamp, naive_utc, to_timestamp
 from workqueue import WorkStatus, decode_projection_key
 from workqueue.errors import DomainError, ErrorKind
 from workqueue.statuses import AttemptOutcome

@@ -1,7 +1,7 @@
-"""Internal: waiting until a pack's native queue is drained, the loop the client and the in-process facade share.
+"""Waiting until a pack's native queue is drained: the loop the client and the in-process facade share.
 
-Not part of the SDK's public surface (``nexuscrm_sdk.__all__``, decision 154); a caller waits
-with ``ConnectorsClient.wait_queue_drained``.
+Callers wait with ``ConnectorsClient.wait_queue_drained`` or ``Connectors.wait_queue_drained``,
+which both run it; it needs nothing but workqueue values, so it sits below both.
 
 WaitQueueDrained waits at most the server's bound per call (a waiting call holds a handler
 thread), so a caller's deadline is reached by calling it again: ``wait_until_drained`` does
