@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _named_packs(clients: Clients, args: argparse.Namespace) -> None:
-    """Put the PackInstallId in place of each pack argument given as ``NAMESPACE/NAME[@VERSION]`` (decision 178).
+    """Put the PackInstallId in place of each pack argument given as ``NAMESPACE/NAME[@VERSION]``.
 
     The arguments are ``pack`` unless the command says otherwise (``fences arm --scope``);
     each name resolved is said on stderr.

@@ -129,9 +129,9 @@ def work_item_failures(connection: Connection, pack_install_id: str) -> list[tup
 def work_items_held(connection: Connection, pack_install_id: str) -> list[tuple[str, str]]:
     """(WorkId, the dead letter's WorkId) of each pending generation of the pack that a dead letter holds under "block".
 
-    What Connectors' claim refuses (decision 165): only a replay or skip of the dead letter, or
+    What Connectors' claim refuses: only a replay or skip of the dead letter, or
     a policy change, releases it, so a runner waiting for it waits for nothing. One held behind
-    a replay that runs first (decision 174) is not listed: that replay releases it. Oldest first.
+    a replay that runs first is not listed: that replay releases it. Oldest first.
     """
     behind = held_behind().label("Behind")
     held = (

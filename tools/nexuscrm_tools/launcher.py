@@ -284,8 +284,8 @@ def reserved_ports(specs: Sequence[ServiceSpec]) -> Iterator[dict[ServiceSpec, i
 
     Each port is held by a socket bound with SO_REUSEADDR and never listening: the OS hands it
     out to no one else, while the service, whose gRPC server binds with SO_REUSEADDR too, can
-    bind and listen (a bound socket that does not listen is no conflict: ``nexuscrm_runtime.listening``,
-    decision 177); connections reach only the service, the one listener. Start the services
+    bind and listen (a bound socket that does not listen is no conflict: ``nexuscrm_runtime.listening``);
+    connections reach only the service, the one listener. Start the services
     within the block (``start_services(..., ports=...)``).
     """
     holders: dict[ServiceSpec, socket.socket] = {}

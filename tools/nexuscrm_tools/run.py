@@ -179,7 +179,7 @@ def start_host(
 ) -> ServiceProcess:
     """Start the Integration host serving ``flow`` (with its pool ``settings``) on the pack, wired to ``core``.
 
-    ``complete_in_claim``: the pool field of that name (decision 131).
+    ``complete_in_claim``: the pool field of that name.
     ``ports``: the host's port when ``reserved_ports`` holds one for it (the others were told it).
     """
     pools = demo_pools(pack_install_id, workers, flow, batch_size, settings, complete_in_claim)
@@ -208,9 +208,9 @@ def start_system(
     (NEXUSCRM_INTEGRATION_TARGET: the dashboard's worker list asks the host).
     ``worker_connectors``: the host's workers call a Connectors replica of their own (a second
     process on the same database, started before the host), so their Claims and Completes do
-    not share one interpreter with admission (decision 135). The first Connectors in the list
+    not share one interpreter with admission. The first Connectors in the list
     is the one clients ingest through. ``complete_in_claim``: the host's pool field of that
-    name (decision 131). Returns the running services (stop them with ``stop_services``) and
+    name. Returns the running services (stop them with ``stop_services``) and
     the pack id.
     """
     with reserved_ports((INTEGRATION,)) as host_port:
@@ -285,7 +285,7 @@ def read_wait_state(engine: Engine, pack_install_id: str, *, held: bool) -> Wait
 
     Read statement by statement at READ COMMITTED, a generation that completes (or completes
     and is pruned into tombstones) between the reads counts neither as finished nor as open,
-    and the wait ended "stuck" on a database where every input was applied (decision 172).
+    and the wait ended "stuck" on a database where every input was applied.
     """
     with snapshot(engine) as connection:
         return WaitState(

@@ -158,7 +158,7 @@ class Simulator:
 
     Up to ``in_flight`` batches are unanswered at once (``PipelinedIngest``). The default is 1,
     one after the other: the demo's projection folds each lane in the order it was sent, and
-    batches in flight together may be admitted in either order (decision 163). A batch that
+    batches in flight together may be admitted in either order. A batch that
     still fails after the pipeline's retries ends the run with its error.
     """
 

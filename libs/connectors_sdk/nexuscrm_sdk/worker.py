@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 
 TRACEBACK_CUT = "[the traceback's start is cut to fit its bound]\n"
 
-# Of a failed Flow's message in the log line (docs/security.md, decision 152): enough to say what
+# Of a failed Flow's message in the log line (docs/security.md): enough to say what
 # went wrong, too little to carry an input; LastError keeps the whole message.
 FLOW_MESSAGE_LOG_CHARS = 200
 
@@ -174,7 +174,7 @@ class Worker:
     ``wall_clock``: this host's clock (timezone-aware), read only to measure its skew.
     ``complete_in_claim``: complete finished generations in the next claim (one call for the
     batch, lower lag) instead of one ``complete`` each as they finish (more time for new
-    inputs to coalesce into pending generations: fewer Flow executions; decision 131).
+    inputs to coalesce into pending generations: fewer Flow executions).
     """
 
     def __init__(

@@ -111,7 +111,7 @@ def iso_utc(value: dt.datetime | None) -> str | None:
 
     RFC 3339 in UTC with ``Z``, always to the millisecond (truncated, never rounded up): the
     one format of the command lines, their JSON, the dashboard and the services' messages
-    (docs/output-conventions.md, decision 179). Naive values are UTC (the stored form); aware
+    (docs/output-conventions.md). Naive values are UTC (the stored form); aware
     ones are converted to UTC first.
     """
     if value is None:

@@ -69,7 +69,7 @@ def is_tidb(version: str) -> bool:
 
     ``version`` is ``VERSION()`` or the connection handshake's server version, which TiDB
     reports alike (``8.0.11-TiDB-v8.5.0``). ``database.create_engine`` asks it on the first
-    connection (the database clock then reads PD's timestamps, decision 118); this module asks
+    connection (the database clock then reads PD's timestamps); this module asks
     it of every session (``session_statements``) and at start (``problems``).
     """
     return "TiDB" in version

@@ -116,7 +116,7 @@ def snapshot(engine: sa.Engine) -> Iterator[sa.Connection]:
 
 
 # Each EventPayload row's size, and whether its Event keeps a copy in Event.Payload that
-# differs from it (a copy is allowed until the payload contract empties it: decision 130).
+# differs from it (a copy is allowed until the payload contract empties it).
 _PAYLOAD_SIZES = sa.select(
     EventPayload.c.PackInstallId,
     EventPayload.c.EnqueueOrdinal,
@@ -192,7 +192,7 @@ def check_invariants(engine: sa.Engine) -> list[str]:
     problems += _execution(generations, _replays_run_first(work, skipped))
     problems += _duplicates(cutoffs, events, receipts)
     problems += _retention(packs, policies, events, receipts, generations, pruned_work, tombstones)
-    # Attempt history goes with its generation (decision 175): none outlives a pruned one.
+    # Attempt history goes with its generation: none outlives a pruned one.
     orphans = sorted(attempted - {w.WorkId for w in work})
     problems += [f"R: attempts of {work_id} remain without their generation" for work_id in orphans]
     return problems
@@ -203,7 +203,7 @@ def window_violations(engine: sa.Engine, acknowledged: Mapping[tuple[str, str], 
 
     An input is retained as an Event or a tombstone; one that is neither must have expired with
     its pack's duplicate window, so its SourceTime is at or below HorizonSourceTime: a
-    redelivery of it is then answered expired, never admitted again (decision 127).
+    redelivery of it is then answered expired, never admitted again.
     """
     with snapshot(engine) as connection:
         events = {
@@ -278,7 +278,7 @@ def _retention(
         owner = pruned.get(t.WorkId)
         policy = policies.get(t.PackInstallId)
         if owner is None and policy is not None and policy.HorizonSourceTime is not None:
-            # Its record expired first (decision 127): the horizon still bounds what was pruned.
+            # Its record expired first: the horizon still bounds what was pruned.
             if t.EnqueueOrdinal > policy.HorizonOrdinal:
                 problems.append(
                     f"R: tombstone {key} (input {t.EnqueueOrdinal}) outlived its record {t.WorkId} "
@@ -356,7 +356,7 @@ def _bounds_and_payload(events: Iterable[DbRow], generations: Generations) -> li
 
 
 def _admitted_counts(events: Iterable[DbRow], work: Iterable[DbRow]) -> list[str]:
-    """P: a generation whose admitted member count is known (decision 149) has exactly that many members.
+    """P: a generation whose admitted member count is known has exactly that many members.
 
     A generation without its first or selected member is named for that (``_bounds_and_payload``)
     and not again here: this finds the loss of a member between them.
@@ -403,7 +403,7 @@ def _payload_rows(events: Iterable[DbRow], payloads: Iterable[DbRow]) -> list[st
 
 
 def _replays_run_first(work: Iterable[DbRow], skipped: set[str]) -> dict[str, tuple[str, bool]]:
-    """Each replay that runs before a held generation (decision 174): the held WorkId, and whether it is unfinished.
+    """Each replay that runs before a held generation: the held WorkId, and whether it is unfinished.
 
     Unfinished: not completed, and not replayed or skipped after failing for good.
     """
@@ -423,7 +423,7 @@ def _execution(generations: Generations, run_first: Mapping[str, tuple[str, bool
     """X: one generation of an identity processing at a time, in LaneOrdinal order.
 
     A replay run first (``run_first``) stands in its dead letter's place: it runs once every
-    generation below the one it holds is terminal, and that one runs after it (decision 174).
+    generation below the one it holds is terminal, and that one runs after it.
     """
     problems = []
     for ranges in generations.values():

@@ -68,7 +68,7 @@ EVENT_PAYLOAD: sa.ColumnElement[bytes] = sa.func.coalesce(EventPayload.c.Payload
 
 BLOCK = "block"
 CONTINUE = "continue"
-DEFAULT_ORDER_POLICY = CONTINUE  # decision 160
+DEFAULT_ORDER_POLICY = CONTINUE  # a dead letter holds nothing until an operator asks for "block"
 
 _REPLAYS = WorkItem.alias("Replays")  # a replay of a failed generation (ix_workitem_replay_of)
 
@@ -90,7 +90,7 @@ def dead_letter(table: Any) -> sa.ColumnElement[bool]:
 
 
 def effective_block(pack: sa.ColumnElement[str], work_type: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
-    """Whether a generation of ``work_type`` in ``pack`` is under "block" (decision 165).
+    """Whether a generation of ``work_type`` in ``pack`` is under "block".
 
     Its work type's policy if set, else its pack's, else the default: one primary-key probe
     of WorkTypeOrderPolicy (per row when ``work_type`` is the row's column) and one of

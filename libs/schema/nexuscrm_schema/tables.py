@@ -41,7 +41,7 @@ STATUS_LENGTH = 16
 
 # Every primary key is TiDB's clustered index: rows are stored in key order, so a table read by
 # its key prefix (a pack's Events by ordinal) is one range and keyset orders ending in the key
-# need no sort, and WorkItem's random WorkIds spread its writes (decision 121). TiDB's comment
+# need no sort, and WorkItem's random WorkIds spread its writes. TiDB's comment
 # syntax: MariaDB and MySQL ignore it (InnoDB clusters by the primary key anyway).
 TIDB_CLUSTERED = "/*T![clustered_index] CLUSTERED */"
 
@@ -157,7 +157,7 @@ Event = sa.Table(
     sa.Column("ReceiptKey", sa.String(RECEIPT_KEY_LENGTH), nullable=True),
     sa.Column("PayloadHash", sa.String(64), nullable=False),
     # Empty for an Event whose payload is in EventPayload (PayloadBytes set): from schema v8 a
-    # status change writes a small row, never the payload (decision 126). Kept NOT NULL, and
+    # status change writes a small row, never the payload. Kept NOT NULL, and
     # holding the payload of Events admitted before v8 was copied (PayloadBytes NULL): a
     # release older than v8 still reads and writes it while the schema moves.
     sa.Column("Payload", Payload(), nullable=False),
@@ -219,13 +219,13 @@ WorkItem = sa.Table(
     sa.Column("SuccessorWorkId", sa.String(WORK_ID_LENGTH), nullable=True),
     # Added by schema v5. The number of Events of the identity in [InputStartOrdinal,
     # LaneOrdinal] when the generation was first claimed (its range is frozen from then on),
-    # written by the claim's lease UPDATE; LoadInputs answers DATA_LOSS when fewer remain
-    # (decision 110). NULL until claimed, and for rows claimed before v5.
+    # written by the claim's lease UPDATE; LoadInputs answers DATA_LOSS when fewer remain.
+    # NULL until claimed, and for rows claimed before v5.
     sa.Column("ClaimedMemberCount", sa.BigInteger, nullable=True),
     # Added by schema v11. The number of members the admissions that created and extended the
     # generation gave it, and the pack ordinal that number counts through (the last ordinal of
     # the admission that wrote it): written by the admission's (or replay's) own INSERT and
-    # extension UPDATE, so a member lost before the first claim is seen (decision 149). The
+    # extension UPDATE, so a member lost before the first claim is seen. The
     # count is trusted only while LaneOrdinal <= AdmittedThroughOrdinal (``member_counts``): a
     # release that knows only v10 extends the range without touching either column. NULL for
     # rows from before v11.
@@ -246,10 +246,10 @@ WorkItem = sa.Table(
     sa.Index("ix_workitem_claim", "PackInstallId", "Status", "ClaimableAt"),
     # Replay conflict fence: the replays of one WorkId. On SQLite partial since schema v13: with
     # the NULLs of every generation that is not a replay in it, SQLite's ANALYZE rates a seek as
-    # reading the whole table and walks the primary key instead (decision 167).
+    # reading the whole table and walks the primary key instead.
     sa.Index("ix_workitem_replay_of", "ReplayOfWorkId", sqlite_where=sa.column("ReplayOfWorkId").is_not(None)),
     # Added by schema v7. Retention candidates: a pack's terminal generations of one status,
-    # oldest finished first (decision 123).
+    # oldest finished first.
     sa.Index("ix_workitem_retention", "PackInstallId", "Status", "FinishedAt"),
     # Added by schema v14. The replays that run before a held generation (decision 174);
     # partial on SQLite for the reason of ix_workitem_replay_of.
@@ -302,7 +302,7 @@ RetentionPolicy = sa.Table(
 )
 
 # Added by schema v7: the compact record of a pruned generation, so that replay and GetWork
-# of its WorkId answer "pruned at ..." instead of "unknown" (decision 123).
+# of its WorkId answer "pruned at ..." instead of "unknown".
 PrunedWork = sa.Table(
     "PrunedWork",
     metadata,
@@ -328,7 +328,7 @@ PrunedWork = sa.Table(
 
 # Added by schema v7: the tombstone of a pruned input's receipt (no payload), so that a
 # duplicate delivery of it is acknowledged as pruned: never admitted again, never
-# coverage_missing (decision 123). Written in the transaction that deletes the receipt.
+# coverage_missing. Written in the transaction that deletes the receipt.
 PrunedReceipt = sa.Table(
     "PrunedReceipt",
     metadata,
@@ -339,7 +339,7 @@ PrunedReceipt = sa.Table(
     sa.Column("WorkId", sa.String(WORK_ID_LENGTH), nullable=False),  # the PrunedWork it was a member of
     sa.Column("PrunedAt", Timestamp(), nullable=False),
     # Added by schema v9: the input's SourceTime, copied from its Event; tombstones expire by it,
-    # oldest first, along this index (decision 127).
+    # oldest first, along this index.
     sa.Column("SourceTime", Timestamp(), nullable=True),
     sa.Index("ix_prunedreceipt_source_time", "PackInstallId", "SourceTime"),
     **MYSQL_TABLE_OPTIONS,

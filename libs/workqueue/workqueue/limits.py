@@ -19,7 +19,7 @@ NAMESPACE_LENGTH = 64  # characters
 PACK_NAME_LENGTH = 128  # characters
 PACK_VERSION_LENGTH = 64  # characters
 WORKER_ID_LENGTH = 128  # characters: WorkItem.LeaseOwner
-# A Flow's traceback sent with Fail, in bytes of UTF-8 (decision 175): within a MySQL TEXT
+# A Flow's traceback sent with Fail, in bytes of UTF-8: within a MySQL TEXT
 # column, and 50 of them (GetWork's attempts) well within gRPC's 4 MiB message.
 TRACEBACK_MAX_BYTES = 16 * 1024
 

@@ -23,7 +23,7 @@ NONTERMINAL_WORK_STATUSES = (WorkStatus.PENDING, WorkStatus.BLOCKED, WorkStatus.
 
 
 class AttemptOutcome(enum.StrEnum):
-    """How an attempt that did not complete its generation ended (``WorkAttempt.Outcome``, decision 175)."""
+    """How an attempt that did not complete its generation ended (``WorkAttempt.Outcome``)."""
 
     FAILED = "failed"  # failed for good: not retryable, or attempts ran out
     RETRY = "retry"  # failed; another attempt follows after the backoff

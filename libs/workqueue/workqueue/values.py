@@ -64,7 +64,7 @@ class Outcome(enum.StrEnum):
     COVERAGE_MISSING = "coverage_missing"  # an explicit error: never acknowledged
     REJECTED = "rejected"  # nothing written for this item
     # An unknown key whose SourceTime is at or below the pack's duplicate-window horizon: it may be
-    # a duplicate whose tombstone expired, so it is acknowledged and never admitted (decision 127).
+    # a duplicate whose tombstone expired, so it is acknowledged and never admitted.
     EXPIRED = "expired"
 
 
@@ -117,7 +117,7 @@ class Claim:
     """A claimed generation and the fencing token every later call must present.
 
     ``inputs``: the generation's whole membership when the claim asked for it inline and it
-    fitted (decision 129); None: read it with LoadInputs.
+    fitted; None: read it with LoadInputs.
     """
 
     work: WorkItemRow
@@ -213,7 +213,7 @@ class InputPage:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkAttemptRow:
-    """One attempt of a generation that did not complete it (decision 175).
+    """One attempt of a generation that did not complete it.
 
     ``attempt`` counts from 1 and counts every attempt (a RetryLater one too); ``started_at``
     is None for a lease taken by a release before it was recorded; ``finished_at`` is Fail's
@@ -236,7 +236,7 @@ class WorkDescription:
 
     ``work.max_attempts`` is the effective one (its work type's retry policy, else what admission
     recorded). ``attempts``: the newest attempts that did not complete it, oldest first;
-    ``attempt_count``: how many there are in all (decision 175).
+    ``attempt_count``: how many there are in all.
     """
 
     work: WorkItemRow
@@ -266,10 +266,10 @@ class QueueState:
     oldest_waiting_age: dt.timedelta | None
     read_at: dt.datetime
     # Pending generations the "block" order policy holds behind a dead letter (counted in
-    # pending too), up to 10 000; GetQueueState only (decision 165).
+    # pending too), up to 10 000; GetQueueState only.
     held: int = 0
     # Generations that failed for good, among the 100 000 oldest failures, and the dead letters
-    # among them (neither replayed nor skipped); GetQueueState only (decision 173).
+    # among them (neither replayed nor skipped); GetQueueState only.
     failed: int = 0
     dead_letters: int = 0
 

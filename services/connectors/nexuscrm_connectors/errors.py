@@ -48,8 +48,7 @@ class ReplayRefused(ConnectorsError):
 class WorkPruned(ConnectorsError):
     """The WorkId named a generation that the pack's retention policy pruned: its inputs are gone.
 
-    FAILED_PRECONDITION, not NOT_FOUND: the WorkId is known, and the answer says when it went
-    (decision 124).
+    FAILED_PRECONDITION, not NOT_FOUND: the WorkId is known, and the answer says when it went.
     """
 
     kind = ErrorKind.FAILED_PRECONDITION

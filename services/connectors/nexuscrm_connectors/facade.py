@@ -194,7 +194,7 @@ class Connectors:
     ) -> ClaimAnswer:
         """Complete ``completions`` (each answered on its own, one transaction), then claim as ``claim``.
 
-        See ``claims.complete_all`` and ``claims.claim`` (decision 131).
+        See ``claims.complete_all`` and ``claims.claim``.
         """
         claims.validate_completions(completions, self.settings.max_claim_items)
         self._refresh_payload_contract()

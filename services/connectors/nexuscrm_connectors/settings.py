@@ -114,6 +114,6 @@ class Settings:
 def exponential_backoff(base_seconds: int, max_seconds: int, attempt: int) -> int:
     """Seconds to wait after ``attempt`` failed attempts: ``base_seconds`` doubled per later one, up to ``max_seconds``.
 
-    One formula for Connectors' settings and every work type's retry policy (decision 175).
+    One formula for Connectors' settings and every work type's retry policy.
     """
     return int(min(max_seconds, base_seconds * 2 ** max(0, attempt - 1)))

@@ -40,7 +40,7 @@ _VERDICTS = {
     dead_letters.Verdict.WOULD_SKIP: pb.DEAD_LETTER_VERDICT_WOULD_SKIP,
     dead_letters.Verdict.REFUSED: pb.DEAD_LETTER_VERDICT_REFUSED,
 }
-# ReplayDeadLetters and SkipDeadLetters answer alike (decision 176).
+# ReplayDeadLetters and SkipDeadLetters answer alike.
 BulkResponse = TypeVar("BulkResponse", pb.ReplayDeadLettersResponse, pb.SkipDeadLettersResponse)
 
 

@@ -65,7 +65,7 @@ SPECIFICATION_PIECES = frozenset(
         )
     ]
 )
-SCHEMA_FIX = "nexuscrm-schema migrate"  # the command that applies the newest schema (decision 145)
+SCHEMA_FIX = "nexuscrm-schema migrate"  # the command that applies the newest schema
 
 
 class Outcome(enum.StrEnum):

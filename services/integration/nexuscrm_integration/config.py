@@ -90,7 +90,7 @@ class PoolConfig:
     ``poll_interval_seconds``: the least time between two claims that both came back empty.
     ``complete_in_claim``: a worker completes its finished generations in its next claim, one
     call for the batch (lower lag, fewer calls), instead of one Complete each as they finish
-    (more coalescing: fewer Flow executions); decision 131.
+    (more coalescing: fewer Flow executions).
     ``settings``: strings the Flow factory gets as ``FlowContext.settings`` (the Flow's own
     configuration, such as the URL of a read-model database of its own).
     """

@@ -13,9 +13,9 @@ from nexuscrm_integration.host import HostStatus
 class WorkerClockCollector(Collector):
     """``nexuscrm_worker_clock_skew_seconds`` per worker: this host's wall clock minus the database's.
 
-    Leases, retries and fences are judged on the database's clock (decision 118), so a skewed
+    Leases, retries and fences are judged on the database's clock, so a skewed
     host breaks nothing; the gauge shows the skew so that operators fix the host's time sync
-    before its own logs and Flows' timestamps mislead (decision 119). One sample per worker
+    before its own logs and Flows' timestamps mislead. One sample per worker
     that has measured it; the label set is bounded by the configured pool sizes.
     """
 

@@ -191,7 +191,7 @@ def add_commands(commands: Any) -> None:
         ("skip", dead_letters_skip, "skip one, or --pack those the filters keep; recorded (it stays failed)"),
     ):
         sub = leaf(dead, name, handler, text)
-        if name == "skip":  # one WorkId, or a pack's dead letters by the filters below (decision 176)
+        if name == "skip":  # one WorkId, or a pack's dead letters by the filters below
             target = sub.add_mutually_exclusive_group(required=True)
             target.add_argument("work_id", nargs="?", help="the dead letter to skip")
             target.add_argument("--pack", help="skip the dead letters of PACK the filters keep")

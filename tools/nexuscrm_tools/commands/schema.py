@@ -11,7 +11,7 @@ from nexuscrm_tools.commands.shared import Outcome, fields, leaf
 
 
 def schema_contract_payloads(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """Set the payload contract once no v7 Connectors runs, then move payloads out of Event.Payload (decision 150).
+    """Set the payload contract once no v7 Connectors runs, then move payloads out of Event.Payload.
 
     Idempotent and resumable (``nexuscrm_tools.payload_contract``); refused below schema v10.
     ``--dry-run`` counts what it would move and changes nothing (the contract included).

@@ -69,9 +69,9 @@ class LegacyRuntime:
     ) -> None:
         self.engine = engine
         self.clock = clock
-        # The byte limits of native Ingest and LoadInputs (decision 122); the rest is not used.
+        # The byte limits of native Ingest and LoadInputs; the rest is not used.
         self.settings = settings or Settings()
-        # Read at start only: an unset flag keeps the dual write (the safe side, decision 130).
+        # Read at start only: an unset flag keeps the dual write (the safe side).
         payload_contract.refresh(engine)
 
     def record_work_item_handoff(self, pack_install_id: str) -> dt.datetime:
@@ -99,7 +99,7 @@ class LegacyRuntime:
         (``duplicate_legacy``); with a different payload it is ``rejected``. Raises
         ``UnknownPack``, ``LegacyRefused`` and ``InvalidArgument`` (malformed item, a payload
         above ``max_payload_bytes``, or more payload than ``max_transaction_bytes``: native
-        Ingest's limits, decision 122), for the whole call before anything is written.
+        Ingest's limits), for the whole call before anything is written.
         """
         check_call_bytes(self.settings, items)
         deliveries = [self._validate(self.settings, pack_install_id, item) for item in items]

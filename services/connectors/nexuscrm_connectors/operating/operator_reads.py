@@ -42,7 +42,7 @@ def get_work(context: Context, work_id: str) -> WorkDescription:
     """Describe one WorkItem; raises ``WorkNotFound``, or ``WorkPruned`` saying when retention pruned it.
 
     Its max attempts are the effective ones (``retries.effective``), and it comes with its
-    newest ``ATTEMPTS_SHOWN`` attempts that did not complete it, oldest first (decision 175).
+    newest ``ATTEMPTS_SHOWN`` attempts that did not complete it, oldest first.
     """
     engine, settings = context.engine, context.settings
     if not work_id:
@@ -133,7 +133,7 @@ def explain_receipt(engine: Engine, pack_install_id: str, receipt_key: str) -> R
 def _refuse_unknown_receipt(connection: Connection, pack_install_id: str, receipt_key: str) -> NoReturn:
     """Raise why the pack has no receipt ``receipt_key``: no such pack, a WorkId given as the key, or neither.
 
-    Said in the words of the dashboard's search (``nexuscrm_wire.lookups``, decision 177).
+    Said in the words of the dashboard's search (``nexuscrm_wire.lookups``).
     """
     if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
         raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
@@ -149,7 +149,7 @@ def _refuse_unknown_receipt(connection: Connection, pack_install_id: str, receip
 
 
 def _expired_hint(connection: Connection, pack_install_id: str) -> str:
-    """What an unknown key may be in a pack whose duplicate window expired tombstones (decision 127)."""
+    """What an unknown key may be in a pack whose duplicate window expired tombstones."""
     protocol = packs_sql.protocol_get(connection, pack_install_id)
     if protocol is None or protocol.horizon_source_time is None:
         return ""

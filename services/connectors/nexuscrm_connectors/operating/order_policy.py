@@ -60,7 +60,7 @@ class UnknownWorkType(ConnectorsError):
 
 
 class HoldInProgress(ConnectorsError):
-    """The policy "continue" asked while a replay runs before the generation it holds (decision 174)."""
+    """The policy "continue" asked while a replay runs before the generation it holds."""
 
     kind = ErrorKind.FAILED_PRECONDITION
 
@@ -173,7 +173,7 @@ def set_policy(
 
 
 def _refuse_releasing_a_replay_run_first(connection: Connection, pack_install_id: str, work_type: str) -> None:
-    """Refuse "continue" where a replay runs before a held generation (decision 174): both could run at once.
+    """Refuse "continue" where a replay runs before a held generation: both could run at once.
 
     A pack-wide "continue" leaves a work type with its own "block" policy held; ``work_type``
     set: only that type's replays count. Raises ``HoldInProgress`` naming the first such replay.
@@ -246,8 +246,7 @@ def hold_reason(behind: str, *, dead_letter: bool) -> str:
     """Why a generation the "block" policy holds waits, as an operator reads it.
 
     ``behind`` is a dead letter (its predecessor, or a replay standing in the predecessor's
-    place that failed for good in turn), or a replay of its predecessor that runs first
-    (decision 174).
+    place that failed for good in turn), or a replay of its predecessor that runs first.
     """
     if dead_letter:
         return f"held by order policy block: predecessor {behind} failed for good; replay or skip it"

@@ -35,7 +35,7 @@ def queue_state(context: Context, pack_install_id: str) -> QueueState:
         waiting = operator_reads_sql.receipt_count_capped(
             connection, pack_install_id, ReceiptState.STORED, RECEIPTS_WAITING_CAP
         )
-        now = clock.read(connection)  # ages on the database's clock, as CreatedAt was (decision 118)
+        now = clock.read(connection)  # ages on the database's clock, as CreatedAt was
     return QueueState(
         pack_install_id=pack_install_id,
         pending=counts.get(WorkStatus.PENDING, 0),

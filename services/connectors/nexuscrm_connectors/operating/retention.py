@@ -62,7 +62,7 @@ def set_policy(
     """Set the pack's policy (both limits None turns pruning off; the horizons stay).
 
     ``duplicate_window_seconds`` (None: tombstones kept forever) makes tombstones expire and
-    every delivery's SourceTime required (decision 127). Refuses ``keep_generations`` below 1,
+    every delivery's SourceTime required. Refuses ``keep_generations`` below 1,
     negative ``keep_seconds`` or a window below one second (INVALID_ARGUMENT), an unknown
     pack (``UnknownPack``) and a pack without a protocol row (``ProtocolMissing``).
     """
@@ -129,8 +129,8 @@ def prune(
     Never pruned: a generation that is not terminal (so never a member of one), the newest
     ``KeepGenerations`` of each identity, one finished less than ``KeepSeconds`` ago, one whose
     successor is still blocked, a dead letter (failed, never replayed nor skipped) whose work
-    type or pack is under the "block" order policy (decision 165: pruning it would release the
-    successor it holds), a generation whose inputs a live replay runs again (decision 173),
+    type or pack is under the "block" order policy (pruning it would release the
+    successor it holds), a generation whose inputs a live replay runs again,
     old-protocol work, and anything of a pack without a protocol row.
     What goes leaves a ``PrunedWork`` record and a ``PrunedReceipt`` tombstone per receipt;
     the ordinal counter is never touched, HorizonOrdinal never moves back. One transaction
@@ -157,7 +157,7 @@ def prune(
         expired = _expire(context, policy, dry_run=dry_run)
         return dataclasses.replace(expired, horizon_ordinal=policy.horizon_ordinal), None
     with engine.connect() as connection:
-        now = clock.read(connection)  # ages on the database's clock, as FinishedAt was (decision 118)
+        now = clock.read(connection)  # ages on the database's clock, as FinishedAt was
         candidates = retention_sql.work_items_retention_candidates(
             connection, pack_install_id, finished_before=policy.finished_before(now), after=after, limit=limit
         )
@@ -294,7 +294,7 @@ def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.da
     if row.Status == WorkStatus.FAILED and retention_sql.work_item_holds_order(connection, row.WorkId):
         return True  # a dead letter under "block": pruning it would release the successor it holds
     if _replayed_by_live_work(connection, row.WorkId):
-        return True  # a live replay hands its Flow this generation's inputs again (decision 173)
+        return True  # a live replay hands its Flow this generation's inputs again
     return (
         row.SuccessorWorkId is not None
         and retention_sql.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED
@@ -370,7 +370,7 @@ def _prune_batch(
                 "PayloadHash": member.PayloadHash,
                 "WorkId": work_id,
                 "PrunedAt": now,
-                "SourceTime": member.SourceTime,  # the duplicate window expires it by this (decision 127)
+                "SourceTime": member.SourceTime,  # the duplicate window expires it by this
             }
             for member in chunk
             if member.ReceiptKey is not None  # a replay Event has no receipt

@@ -277,7 +277,7 @@ def work_items_record_member_count(connection: Connection, work_ids: Sequence[st
 
     ``ClaimedMemberCount`` is the number of the identity's Events in the generation's range,
     counted on ix_event_source_lane; the range is frozen from the first claim, so LoadInputs
-    can detect a lost member (decision 110); later claims keep the first count. A statement
+    can detect a lost member; later claims keep the first count. A statement
     of its own, after the lease UPDATE: an UPDATE that waited for the row lock of an
     admission extending the generation re-reads the row, but on MySQL-protocol servers its
     subqueries keep the read view taken before the wait and would miss the extension's

@@ -28,13 +28,13 @@ from workqueue.values import InputRow
 
 # The Payload of an Event admitted under the payload contract: its payload is in EventPayload
 # (the column is NOT NULL; Event.PayloadBytes set says where the payload is). Before the
-# contract is set, admission also copies it into Event.Payload (decision 130).
+# contract is set, admission also copies it into Event.Payload.
 EVENT_PAYLOAD_ELSEWHERE = b""
 
 
 # What a status change leaves in Event.Payload under the contract: emptied once the payload is
 # in EventPayload, so the new row version never carries payload bytes; kept when it is the only
-# copy (decision 126). Before the contract, a status change leaves Event.Payload alone.
+# copy. Before the contract, a status change leaves Event.Payload alone.
 _PAYLOAD_AFTER_STATUS: dict[str, sa.ColumnElement[bytes]] = {
     "Payload": sa.case((Event.c.PayloadBytes.is_not(None), EVENT_PAYLOAD_ELSEWHERE), else_=Event.c.Payload)
 }
@@ -102,14 +102,13 @@ def events_by_receipt(connection: Connection, pack_install_id: str, keys: Sequen
 
     WorkId and PrunedAt come from the tombstone of an input that retention pruned (NULL for a
     retained Event); its ProjectionKey from the pruned generation's record, NULL when that
-    record expired with the duplicate window first (decision 127): the tombstone still counts.
+    record expired with the duplicate window first: the tombstone still counts.
     A retained Event also carries its identity's newest generation (``carried_newest``),
-    which holds most duplicates' inputs, so verifying them needs no further statement
-    (decision 132).
+    which holds most duplicates' inputs, so verifying them needs no further statement.
 
     One statement (uq_event_receipt, a top-of-range seek of ix_workitem_projection_order per
     Event and column, and PrunedReceipt's primary key): it reads one snapshot, so an input
-    pruned concurrently shows up exactly once, as Event or as tombstone (decision 123).
+    pruned concurrently shows up exactly once, as Event or as tombstone.
     """
     rows = connection.execute(_EVENTS_BY_RECEIPT, {"pack_install_id": pack_install_id, "keys": list(keys)})
     return {row.ReceiptKey: row for row in map(AdmittedInput._make, rows)}
@@ -192,9 +191,9 @@ def events_insert(connection: Connection, rows: Sequence[EventRow] | Sequence[Ma
 
     Each row carries its payload as ``Payload``: it goes to EventPayload, written once and
     never updated, and the Event row keeps its length and an empty payload, so a status
-    change writes a small row (decision 126). Until the payload contract is set (the
+    change writes a small row. Until the payload contract is set (the
     engine's cached flag, ``payload_contract``), the Event row keeps a copy too, for a v7
-    Connectors serving the same database (decision 130).
+    Connectors serving the same database.
     """
     if rows:
         dual_write = not payload_contract.held(connection.engine)
@@ -233,7 +232,7 @@ class EventRange(NamedTuple):
 
 
 # The bytes of an Event's payload: its PayloadBytes, or for an Event whose payload is still in
-# Event.Payload (admitted by a release older than schema v8, decision 126) that payload's length.
+# Event.Payload (admitted by a release older than schema v8) that payload's length.
 _PAYLOAD_BYTES = sa.func.coalesce(Event.c.PayloadBytes, sa.func.length(Event.c.Payload))
 
 
@@ -410,7 +409,7 @@ def event_range_page(
 
     The first ``limit`` members are the candidates; the page is their longest prefix whose
     payloads add up to at most ``max_bytes`` (at least one member; ``within_bytes``'
-    semantics, decision 122). Each row carries EnqueueOrdinal, ReceiptKey, Payload,
+    semantics). Each row carries EnqueueOrdinal, ReceiptKey, Payload,
     SourceTime, IsReplay and ``Candidates``: fewer candidates than ``limit``, all in the page,
     means no member follows.
 

@@ -22,7 +22,7 @@ from workqueue import WorkStatus
 
 BLOCK = relations.BLOCK
 CONTINUE = relations.CONTINUE
-DEFAULT_POLICY = relations.DEFAULT_ORDER_POLICY  # decision 160
+DEFAULT_POLICY = relations.DEFAULT_ORDER_POLICY
 unresolved = relations.unresolved
 effective_block = relations.effective_block
 
@@ -30,7 +30,7 @@ effective_block = relations.effective_block
 def candidate_not_held(pack: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
     """The claim's candidate condition: not held back under the "block" policy.
 
-    Held: behind a dead letter, or behind a replay that runs before it (decision 174).
+    Held: behind a dead letter, or behind a replay that runs before it.
     ``pack`` is the candidate read's bound pack parameter. The effective policy
     (``effective_block``) is a primary-key probe of the work type's row per candidate and one
     of the pack's per read. Under "block" each candidate row costs the seeks of

@@ -50,7 +50,7 @@ class Protocol:
 
     ``duplicate_window_seconds`` (None: tombstones kept forever) and ``horizon_source_time``
     (None before a tombstone expired) come from the pack's RetentionPolicy row, read in the
-    same statement so admission checks the window without a statement of its own (decision 127).
+    same statement so admission checks the window without a statement of its own.
     """
 
     pack_install_id: str

@@ -156,7 +156,7 @@ _HOLDS_ORDER = sa.select(WorkItem.c.WorkId).where(
 
 
 def work_item_holds_order(connection: Connection, work_id: str) -> bool:
-    """Whether ``work_id`` is a dead letter whose work type (or pack) is under "block" (decision 165).
+    """Whether ``work_id`` is a dead letter whose work type (or pack) is under "block".
 
     Pruning it would release the successor it holds: one primary-key read of WorkItem, the
     replay and skip probes, and the two policy probes.
@@ -276,7 +276,7 @@ def events_member_counts(
 def pack_control_version_bump(connection: Connection, pack_install_id: str) -> int:
     """Bump the pack row's ControlVersion, the row every admitting transaction writes (decision 107).
 
-    Expiring tombstones changes what admission decides from (decision 127): on a multi-primary
+    Expiring tombstones changes what admission decides from: on a multi-primary
     engine an admission that read the old horizon and admits anything then conflicts with the
     expiry at commit; on one server the row lock orders them.
     """
@@ -343,7 +343,7 @@ def policy_record_expiry(
     Returns the rows updated (1).
 
     Like every pruning transaction it writes the policy row, so a concurrent policy change
-    conflicts with it (decision 123).
+    conflicts with it.
     """
     values: dict[str, Any] = {"LastPrunedAt": now, "ExpiredReceipts": RetentionPolicy.c.ExpiredReceipts + expired}
     if horizon is not None:

@@ -105,7 +105,7 @@ class Positioned(Protocol):
 class NewestGeneration(NamedTuple):
     """The newest generation of an identity, locked, with what admission decides on (``work_items_newest``).
 
-    ``RunsBeforeWorkId`` set: a replay that runs before a held generation (decision 174),
+    ``RunsBeforeWorkId`` set: a replay that runs before a held generation,
     never extended and never linked behind: admission goes on from ``work_items_tail``.
     """
 
@@ -201,7 +201,7 @@ def work_items_newest(
 def work_items_tail(
     connection: Connection, pack_install_id: str, projection_keys: Iterable[str]
 ) -> dict[str, NewestGeneration]:
-    """The newest generation of each identity that is not a replay run first (decision 174), locked.
+    """The newest generation of each identity that is not a replay run first, locked.
 
     Read only for the identities whose newest generation is such a replay (rare): per identity
     one seek down ix_workitem_projection_order past those replays, then the rows FOR UPDATE.
@@ -268,7 +268,7 @@ def _extend_statement(size: int) -> sa.Update:
     docs/performance.md, "Tuning notes formerly in docs/decisions").
 
     The admitted count grows by the members added only while it is trusted (LaneOrdinal at or
-    below AdmittedThroughOrdinal, decision 149), and then counts through the batch's last
+    below AdmittedThroughOrdinal), and then counts through the batch's last
     ordinal (one parameter for every row: no third CASE); otherwise a release that knows only
     schema v10 extended the range and both count columns become NULL (unknown). The
     assignments are ordered so that each reads only columns not yet assigned: MySQL and

@@ -65,7 +65,7 @@ NEWEST_CACHE_SIZE = 65_536  # identities whose newest generation one engine's ad
 
 
 def check_call_bytes(settings: Settings, items: Sequence[IngestItem]) -> None:
-    """Refuse a call whose payloads add up to more than one admission transaction may write (decision 122).
+    """Refuse a call whose payloads add up to more than one admission transaction may write.
 
     A call is always admitted in one transaction, so it is refused whole (``InvalidArgument``
     on ``items``), before anything is written. Native and legacy Ingest both call it.
@@ -208,7 +208,7 @@ class Admission:
                     receipt_key=item.receipt_key, outcome=Outcome.REJECTED, message=str(error)
                 )
         first = first_of_each_key(validated.values())
-        with sqlite_writer.urgent():  # a client waits on this transaction; the workers' can wait (decision 136)
+        with sqlite_writer.urgent():  # a client waits on this transaction; the workers' can wait
             grouped = self.groups.submit(
                 pack_install_id,
                 list(first.values()),
@@ -321,7 +321,7 @@ def _outside_window(
 
     A pack with a window needs every delivery's SourceTime (rejected without one). One at or
     below the horizon may repeat an input whose tombstone expired: it is acknowledged as
-    expired and never admitted (decision 127). A key already stored as a receipt (fenced) was
+    expired and never admitted. A key already stored as a receipt (fenced) was
     received inside the window and is admitted whatever its SourceTime.
     """
     window, horizon = protocol.duplicate_window_seconds, protocol.horizon_source_time
@@ -437,7 +437,7 @@ def _new_generations(
     known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
     newest = work_items_sql.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
     run_first = [key for key, row in newest.items() if row.RunsBeforeWorkId]
-    # Behind a replay run first: a new generation, linked behind the identity's tail (decision 174).
+    # Behind a replay run first: a new generation, linked behind the identity's tail.
     tails = work_items_sql.work_items_tail(connection, pack.pack_install_id, run_first) if run_first else {}
     new_generations: list[GenerationRow] = []
     extended: dict[str, tuple[int, int]] = {}  # WorkId -> (new LaneOrdinal, members added)

@@ -243,7 +243,7 @@ def claim_transaction(
         batch.lost = len(open_ids)  # claims that started after the read took them: read again
         return batch
     token = new_lease_token(now)  # one fresh token per claim: fencing checks it together with the WorkId
-    # ClaimedAt in the lease UPDATE itself: the attempt's start in its history (decision 175).
+    # ClaimedAt in the lease UPDATE itself: the attempt's start in its history.
     grant = {**lease_grant(request.worker_id, token, now + request.lease), "ClaimedAt": now}
     work_ids = [candidate.WorkId for candidate in chosen]
     if claims_sql.work_items_claim(connection, work_ids, now, grant) == 0:
@@ -296,8 +296,8 @@ def _damage(row: LeasedWork) -> str | None:
     """Why a generation this claim leased cannot be executed, or None when it can.
 
     ``ClaimedMemberCount`` is the count the first claim recorded (this claim's statement
-    before, for a first claim); it must equal the count admission recorded when that is known
-    (decision 149): a member lost before the first claim is damage the claim sees.
+    before, for a first claim); it must equal the count admission recorded when that is known:
+    a member lost before the first claim is damage the claim sees.
     """
     if row.SelectedOrdinal is None:
         return f"its selected Event (ordinal {row.LaneOrdinal}) is missing"
@@ -385,7 +385,7 @@ def _fail_damaged(connection: Connection, row: LeasedWork, token: str, reason: s
 
     Claiming it again can never succeed (its membership cannot be recovered), and leaving it
     claimable would hold the candidate window for ever: failed is terminal, the reason is in
-    LastError, the damage stays visible to the invariant checker (decision 110).
+    LastError, the damage stays visible to the invariant checker.
     """
     log.error("failing %s: %s", row.WorkId, reason)
     error = f"damaged: {reason}"
@@ -504,7 +504,7 @@ def finish(connection: Connection, rows: Sequence[Positioned], event_status: Eve
     (``SuccessorWorkId``, written by the admission or replay that created it blocked: decision
     106), else found by its ordinals, all such rows in one statement (rows linked by no
     admission: those of schema v2, and generations with no successor yet; decision 131 says
-    why those still look). A replay run first (decision 174) has no successor: the generation
+    why those still look). A replay run first has no successor: the generation
     above it waits for the one it holds, which the claim releases once the replay is finished.
     """
     if not rows:
@@ -673,8 +673,8 @@ def fail(
     """Record a failed attempt: retry after backoff (both bounds kept), or failed for good; and its history.
 
     Attempts and backoff are the work type's retry policy, else Connectors' settings
-    (``retries.effective``, decision 175). ``retry_after``: the Flow asked to run later
-    (decision 173): retry after that delay, the attempt not counted. ``InvalidArgument`` unless
+    (``retries.effective``). ``retry_after``: the Flow asked to run later:
+    retry after that delay, the attempt not counted. ``InvalidArgument`` unless
     it is positive, at most ``MAX_RETRY_AFTER``, and ``retryable``; and for a ``traceback`` over
     ``TRACEBACK_MAX_BYTES``. The attempt (worker, start, end, outcome, message, traceback) is
     recorded in WorkAttempt in the same transaction; neither message nor traceback is logged.

@@ -32,8 +32,8 @@ def verify_duplicates(
     ``events`` maps receipt keys to rows of ``events_sql.events_by_receipt``, which carry their
     identity's newest generation: when it holds the input, it is the covering generation
     (generations never overlap). Only the other inputs (older than their identity's newest
-    generation) cost a statement, one however many they are: ``events_sql.work_items_covering``
-    (decision 132). Inputs that no generation covers then cost one more, read again in case
+    generation) cost a statement, one however many they are: ``events_sql.work_items_covering``.
+    Inputs that no generation covers then cost one more, read again in case
     retention pruned them in between.
     """
     candidates: dict[str, Generation | None] = {}

@@ -40,7 +40,7 @@ def replay(context: Context, work_id: str) -> ReplayResult:
     work whose earlier replay is not terminal yet, failed work replayed before
     (``ReplayRefused``: one dead letter is replayed at most once, whoever asks; its replay is
     what to replay next) or skipped (``ReplayRefused``: replayed once or skipped once, never
-    both, decision 176), and old-protocol work (``ProtocolMissing``). The check runs under
+    both), and old-protocol work (``ProtocolMissing``). The check runs under
     the pack's row lock, which every replay of the pack writes, so concurrent replays (bulk or
     single, any replica or primary) see each other's; a skip takes the same lock.
     """
@@ -63,7 +63,7 @@ def replay(context: Context, work_id: str) -> ReplayResult:
         earlier = work_items_sql.work_item_replay_newest(connection, work_id)
         if earlier is not None and WorkStatus(earlier.Status) not in TERMINAL_WORK_STATUSES:
             raise ReplayRefused(f"work {work_id} already has a live replay {earlier.WorkId} ({earlier.Status})")
-        if earlier is not None and target.Status == WorkStatus.FAILED:  # decision 173: a dead letter once
+        if earlier is not None and target.Status == WorkStatus.FAILED:  # a dead letter is replayed once
             raise ReplayRefused(
                 f"work {work_id} failed and was replayed already by {earlier.WorkId} ({earlier.Status}): "
                 f"it is no longer a dead letter; replay {earlier.WorkId} to run its inputs again"
@@ -118,7 +118,7 @@ def replay(context: Context, work_id: str) -> ReplayResult:
             ],
         )
         if blocked and newest and work_items_sql.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
-            raise RuntimeError("the newest generation changed under its row lock")  # decision 106
+            raise RuntimeError("the newest generation changed under its row lock")  # multi-primary: decision 106
         created = work_items_sql.work_item_get(connection, new_id)
         if created is None:
             raise RuntimeError(f"replay {new_id} vanished inside the transaction that inserted it")
@@ -128,7 +128,7 @@ def replay(context: Context, work_id: str) -> ReplayResult:
 
 
 def _held_by(connection: Connection, target: WorkRow) -> str | None:
-    """The generation a replay of ``target`` runs before, under "block" (decision 174); None: it queues last.
+    """The generation a replay of ``target`` runs before, under "block"; None: it queues last.
 
     A dead letter under "block" holds the generation above it: its replay runs first, in its
     place, and that generation stays held until the replay completes (``relations``). A

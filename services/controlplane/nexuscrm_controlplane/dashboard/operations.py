@@ -96,7 +96,7 @@ def _policy(policy: pb.OrderPolicy) -> dict[str, Any]:
 
 
 def _policies(answer: pb.GetOrderPolicyResponse | None) -> dict[str, Any] | None:
-    """The pack's policy, with its work types' own policies (decision 165) under ``work_types``."""
+    """The pack's policy, with its work types' own policies under ``work_types``."""
     if answer is None:
         return None
     types = {policy.work_type: _policy(policy) for policy in answer.work_type_policies}

@@ -257,7 +257,7 @@ def _work(work: WorkItemRow, member_count: int | None) -> dict[str, Any]:
 
 
 def _attempts(described: WorkDescription) -> dict[str, Any]:
-    """A generation's attempts that did not complete it, oldest first, and the newest traceback (decision 175).
+    """A generation's attempts that did not complete it, oldest first, and the newest traceback.
 
     The Flow's messages and traceback, shown as LastError is: to operators, never logged.
     """
@@ -297,7 +297,7 @@ def search(engine: Engine, connectors: ConnectorsReads, text: str) -> list[dict[
     if not text or len(text) > SEARCH_MAX_LENGTH:
         raise InvalidArgument(f"search for a WorkId or a ReceiptKey of 1 to {SEARCH_MAX_LENGTH} characters", field="q")
     found: list[dict[str, Any]] = []
-    # Connectors refuses a WorkId longer than its column (decision 109): no such work exists.
+    # Connectors refuses a WorkId longer than its column: no such work exists.
     described = connectors.get_work(text) if len(text) <= WORK_ID_LENGTH else None
     if isinstance(described, PrunedWork):
         found.append({"kind": "pruned", "work_id": described.work_id, "explanation": described.explanation})

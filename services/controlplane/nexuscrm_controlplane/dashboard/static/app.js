@@ -360,7 +360,7 @@ function workDetails(w) {
     ${w.replay_of ? `<dt>replay of</dt><dd class="mono">${esc(w.replay_of)}</dd>` : ""}`;
 }
 
-// Each attempt that did not complete the generation, and the newest traceback (decision 175).
+// Each attempt that did not complete the generation, and the newest traceback.
 function attemptHistory(r) {
   if (!r.attempts.length) return "";
   const listed = r.attempt_count > r.attempts.length ? `<p class="muted">the newest ${r.attempts.length} of ${r.attempt_count} attempts</p>` : "";
