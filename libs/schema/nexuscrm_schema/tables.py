@@ -239,6 +239,14 @@ WorkItem = sa.Table(
     # Added by schema v14 (decision 175). When the current (or last) attempt's lease was
     # taken, written by the claim's lease UPDATE: an attempt's start in its history.
     sa.Column("ClaimedAt", Timestamp(), nullable=True),
+    # Added by schema v15 (decision 185). A generation of a Flow version's track
+    # (FlowVersionTrack): the companion version it runs, and the projection key of its members,
+    # the inputs as they were delivered (its own ProjectionKey names the version). NULL for a
+    # generation of the inputs' own key. BuildRun true: it runs in a build, where the Flow writes
+    # its read model only, no side effects (the inputs ran live in another version).
+    sa.Column("FlowVersion", sa.String(FIELD_MAX_LENGTHS["companion_version"]), nullable=True),
+    sa.Column("InputKey", sa.String(PROJECTION_KEY_MAX_LENGTH), nullable=True),
+    sa.Column("BuildRun", sa.Boolean, nullable=True),  # NULL: live
     # The projection-order index: newest generation of an identity, coverage probes,
     # successor lookup on completion.
     sa.Index("ix_workitem_projection_order", "PackInstallId", "ProjectionKey", "LaneOrdinal"),
@@ -464,6 +472,53 @@ WorkAttempt = sa.Table(
     sa.Column("Outcome", sa.String(16), nullable=False),  # failed, retry, retry_later, expired
     sa.Column("Error", sa.Text, nullable=False),
     sa.Column("Traceback", sa.Text, nullable=True),
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v15 (decision 185): one Flow version of one work type of a pack, a track of
+# generations over the inputs delivered with SourceVersion. The inputs' own version is a track
+# too, once any other exists. A track receives every input admitted while CoverThroughOrdinal is
+# NULL and covers each identity's inputs from CoverFromOrdinal; CatchUpThroughOrdinal is the
+# pack counter its last catch-up covered from history. Live: the track whose Flow acts (at most
+# one per work type). RetiredAt: ended, history kept.
+FlowVersionTrack = sa.Table(
+    "FlowVersionTrack",
+    metadata,
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), primary_key=True),
+    sa.Column("WorkType", sa.String(FIELD_MAX_LENGTHS["work_type"]), primary_key=True),
+    sa.Column("Version", sa.String(FIELD_MAX_LENGTHS["companion_version"]), primary_key=True),
+    sa.Column("SourceVersion", sa.String(FIELD_MAX_LENGTHS["companion_version"]), nullable=False),
+    sa.Column("Live", sa.Boolean, nullable=False),
+    sa.Column("CoverFromOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("CoverThroughOrdinal", sa.BigInteger, nullable=True),
+    sa.Column("CatchUpThroughOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("MaxInputsPerSecond", sa.Integer, nullable=True),  # NULL: unbounded
+    sa.Column("VerifiedAgainst", sa.String(FIELD_MAX_LENGTHS["companion_version"]), nullable=True),
+    sa.Column("VerifiedThroughOrdinal", sa.BigInteger, nullable=True),
+    sa.Column("VerifyOutcome", sa.String(16), nullable=True),  # equal, coverage_only, different
+    sa.Column("VerifiedAt", Timestamp(), nullable=True),
+    sa.Column("RetiredAt", Timestamp(), nullable=True),
+    sa.Column("CreatedAt", Timestamp(), nullable=False),  # the database clock
+    **MYSQL_TABLE_OPTIONS,
+)
+
+# Added by schema v15 (decision 185): every recorded step of a work type's versions (build,
+# verify, switch, rollback, retire), with who, why and the pack counter at the step.
+FlowVersionChange = sa.Table(
+    "FlowVersionChange",
+    metadata,
+    sa.Column("ChangeId", sa.String(WORK_ID_LENGTH), primary_key=True),
+    sa.Column("PackInstallId", sa.String(PACK_ID_LENGTH), nullable=False),
+    sa.Column("WorkType", sa.String(FIELD_MAX_LENGTHS["work_type"]), nullable=False),
+    sa.Column("Version", sa.String(FIELD_MAX_LENGTHS["companion_version"]), nullable=False),
+    sa.Column("Action", sa.String(16), nullable=False),
+    sa.Column("Actor", sa.String(255), nullable=False),
+    sa.Column("Reason", sa.Text, nullable=False),
+    sa.Column("Forced", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("AtOrdinal", sa.BigInteger, nullable=False),
+    sa.Column("ChangedAt", Timestamp(), nullable=False),  # the database clock
+    # A work type's history in order.
+    sa.Index("ix_flowversionchange_work_type", "PackInstallId", "WorkType", "ChangedAt"),
     **MYSQL_TABLE_OPTIONS,
 )
 

@@ -15,7 +15,7 @@ from nexuscrm_runtime.database import DatabaseUnavailable, is_unavailable
 from nexuscrm_schema import tables
 from workqueue.errors import InvalidArgument
 
-NEWEST_VERSION = 14  # the schema-catalog service's migrations reach exactly this version
+NEWEST_VERSION = 15  # the schema-catalog service's migrations reach exactly this version
 NATIVE_PROJECTION = "native_projection"
 # Native projection needs the complete canonical schema, including WorkItem.ReplayOfWorkId:
 # it does not inherit the ordinary WorkItem path's optional-column rolling compatibility.

@@ -110,6 +110,10 @@ class WorkItemRow:
     last_error: str | None
     created_at: dt.datetime
     finished_at: dt.datetime | None
+    # A Flow version's generation (decision 185): its version, and whether it runs in a build
+    # (its inputs ran live in another version: the Flow writes its read model only).
+    flow_version: str | None = None
+    build_run: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

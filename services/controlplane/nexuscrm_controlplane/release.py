@@ -14,5 +14,5 @@ from nexuscrm_runtime.release import Release, SchemaSupport
 RELEASE = Release(
     owner="controlplane",
     distribution="nexuscrm-controlplane",
-    schema=SchemaSupport(minimum=6, newest=14, forward_window=1),
+    schema=SchemaSupport(minimum=6, newest=15, forward_window=1),
 )

@@ -15,5 +15,5 @@ from nexuscrm_runtime.release import Release, SchemaSupport
 RELEASE = Release(
     owner="integration",
     distribution="nexuscrm-integration",
-    schema=SchemaSupport(minimum=10, newest=14, forward_window=1),
+    schema=SchemaSupport(minimum=10, newest=15, forward_window=1),
 )

@@ -17,7 +17,8 @@ PrunedWork index ix_prunedwork_identity (decision 161), version 13 the WorkTypeO
 table (decision 165) and, on SQLite only, WorkItem(ix_workitem_replay_of) rebuilt as a partial
 index of the replays (decision 167), version 14 WorkItem.RunsBeforeWorkId with its index
 ix_workitem_runs_before (decision 174), WorkItem.ClaimedAt and the WorkTypeRetryPolicy and
-WorkAttempt tables (decision 175).
+WorkAttempt tables (decision 175), version 15 the Flow version tracks: the FlowVersionTrack and
+FlowVersionChange tables and WorkItem.FlowVersion, InputKey and BuildRun (decision 185).
 Steps only create tables, indexes and nullable columns (v13's rebuild of one SQLite index
 aside: it writes no row), each guarded so a repeated or concurrent run is a no-op, so the
 previous release keeps running while the schema moves. No step writes an existing row (decision
@@ -65,6 +66,9 @@ V13_TABLES = (tables.WorkTypeOrderPolicy,)
 V14_TABLES = (tables.WorkTypeRetryPolicy, tables.WorkAttempt)
 V14_COLUMNS = ("RunsBeforeWorkId", "ClaimedAt")
 V14_INDEX = next(index for index in tables.WorkItem.indexes if index.name == "ix_workitem_runs_before")
+V15_TABLES = (tables.FlowVersionTrack, tables.FlowVersionChange)
+V15_COLUMNS = ("FlowVersion", "InputKey", "BuildRun")
+LATER_TABLES = V12_TABLES + V13_TABLES + V14_TABLES + V15_TABLES
 V13_INDEX = next(index for index in tables.WorkItem.indexes if index.name == "ix_workitem_replay_of")  # SQLite: partial
 V12_INDEX = next(index for index in tables.PrunedWork.indexes if index.name == "ix_prunedwork_identity")
 # Who set the payload contract on a database that ApplySchema created from nothing.
@@ -80,7 +84,7 @@ def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + V12_TABLES + V13_TABLES + V14_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + LATER_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(
@@ -89,7 +93,7 @@ def _v1_metadata() -> sa.MetaData:
                 *(
                     column._copy()
                     for column in table.columns
-                    if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN, *V11_COLUMNS, *V14_COLUMNS)
+                    if column.name not in (V2_COLUMN, V3_COLUMN, V5_COLUMN, *V11_COLUMNS, *V14_COLUMNS, *V15_COLUMNS)
                 ),
                 *(
                     sa.Index(index.name, *index.columns.keys(), unique=index.unique)
@@ -226,6 +230,11 @@ def _apply_v14(connection: Connection) -> None:
         V14_INDEX.create(connection)
 
 
+def _apply_v15(connection: Connection) -> None:
+    tables.metadata.create_all(connection, tables=list(V15_TABLES), checkfirst=True)
+    _add_work_item_columns(connection, V15_COLUMNS)
+
+
 def _contract_empty_database(connection: Connection) -> None:
     set_contract(connection, SET_BY_EMPTY_DATABASE)
 
@@ -256,6 +265,7 @@ STEPS = (
     Step(12, "v12_operating_projections", _apply_v12),
     Step(13, "v13_work_type_order_policy", _apply_v13),
     Step(14, "v14_recovery", _apply_v14),
+    Step(15, "v15_flow_versions", _apply_v15),
 )
 if STEPS[-1].version != NEWEST_VERSION:  # the library defines the schema, the steps reach it
     raise RuntimeError(f"migrations end at version {STEPS[-1].version}, the schema library is at {NEWEST_VERSION}")

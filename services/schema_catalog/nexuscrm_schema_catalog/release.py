@@ -12,5 +12,5 @@ from nexuscrm_runtime.release import Release, SchemaSupport
 RELEASE = Release(
     owner="schema-catalog",
     distribution="nexuscrm-schema-catalog",
-    schema=SchemaSupport(minimum=0, newest=14, forward_window=0),
+    schema=SchemaSupport(minimum=0, newest=15, forward_window=0),
 )

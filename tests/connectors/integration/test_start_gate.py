@@ -1,6 +1,6 @@
 """Connectors' start-up schema gate, as a real process on each backend (decision 144).
 
-Connectors serves schema 14..14 with a forward window of 1 (``nexuscrm_connectors.release``):
+Connectors serves schema 15..15 with a forward window of 1 (``nexuscrm_connectors.release``):
 an empty database, one at v7 and one two versions past the newest are refused (one line,
 exit 3, no port ever published, so nothing ever answers SERVING); the newest serves; one
 version past it serves with one warning. A database that cannot be reached is refused alike.
@@ -47,7 +47,7 @@ def test_a_database_it_cannot_serve_is_refused_in_one_line_before_anything_serve
     assert not ended.port_file.exists()  # never bound: no health service, nothing SERVING
     (refusal,) = ended.lines("ERROR")
     assert found in refusal
-    assert f"{WHO} serves schema 14..14 +1" in refusal or f"{WHO} serves (14..14 +1)" in refusal
+    assert f"{WHO} serves schema 15..15 +1" in refusal or f"{WHO} serves (15..15 +1)" in refusal
     assert "nexuscrm-schema " in refusal  # what to run: migrate, or status for a newer schema
     assert "Traceback" not in ended.log and "materializer" not in ended.log
     engine = create_engine(empty_dsn)
@@ -62,7 +62,7 @@ def test_a_database_at_the_newest_version_serves(empty_dsn: str, tmp_path: Path)
     with serving(CONNECTORS, dsn=empty_dsn, workdir=tmp_path) as (started, address):
         assert health(address) == "SERVING"
         assert started.lines("WARNING") == []
-        assert f"{WHO} (contract {RELEASE.contract_version}, schema 14..14 +1, database at 14)" in started.log
+        assert f"{WHO} (contract {RELEASE.contract_version}, schema 15..15 +1, database at 15)" in started.log
         with grpc.insecure_channel(address) as channel:
             build = (
                 connectors_pb2_grpc.ConnectorsServiceStub(channel)
@@ -71,8 +71,8 @@ def test_a_database_at_the_newest_version_serves(empty_dsn: str, tmp_path: Path)
             )
     assert (build.owner, build.package, build.package_version) == ("connectors", "nexuscrm-connectors", RELEASE.version)
     assert (build.schema_support.minimum, build.schema_support.newest, build.schema_support.forward_window) == (
-        14,
-        14,
+        15,
+        15,
         1,
     )
     assert build.database_schema_version == NEWEST_VERSION
@@ -83,7 +83,7 @@ def test_a_newer_database_inside_the_forward_window_serves_with_one_warning(empt
     with serving(CONNECTORS, dsn=empty_dsn, workdir=tmp_path) as (started, address):
         assert health(address) == "SERVING"
         (warning,) = started.lines("WARNING")
-        assert f"the database is at schema {NEWEST_VERSION + 1}, newer than {WHO} knows (14)" in warning
+        assert f"the database is at schema {NEWEST_VERSION + 1}, newer than {WHO} knows (15)" in warning
         assert f"database at {NEWEST_VERSION + 1})" in started.log
 
 

@@ -1,6 +1,6 @@
 """Controlplane's start-up schema gate, as a real process on each backend (decision 144).
 
-Controlplane serves schema 6..14 with a forward window of 1 (``nexuscrm_controlplane.release``).
+Controlplane serves schema 6..15 with a forward window of 1 (``nexuscrm_controlplane.release``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_an_empty_database_is_refused_in_one_line_before_anything_serves(empty_d
     assert not ended.port_file.exists()  # never bound: no health service, nothing SERVING
     (refusal,) = ended.lines("ERROR")
     assert "the database has no canonical schema (version 0)" in refusal
-    assert f"nexuscrm-controlplane {RELEASE.version} serves schema 6..14 +1" in refusal
+    assert f"nexuscrm-controlplane {RELEASE.version} serves schema 6..15 +1" in refusal
     assert 'nexuscrm-schema migrate --dsn "$NEXUSCRM_DSN"' in refusal
 
 
@@ -33,4 +33,4 @@ def test_its_minimum_serves(empty_dsn: str, tmp_path: Path) -> None:
     schema_at(empty_dsn, 6)
     with serving(CONTROLPLANE, dsn=empty_dsn, workdir=tmp_path) as (started, address):
         assert health(address) == "SERVING"
-        assert "schema 6..14 +1, database at 6)" in started.log
+        assert "schema 6..15 +1, database at 6)" in started.log

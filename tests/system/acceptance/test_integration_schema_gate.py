@@ -1,7 +1,7 @@
 """The Integration host's activation gate checks the schema version the schema catalog reports (decision 144).
 
 A database at v7: the schema catalog (applying nothing) and Controlplane (minimum 6) serve it,
-the host, which serves 10..14 +1, refuses in its gate's one line and exits 3.
+the host, which serves 10..15 +1, refuses in its gate's one line and exits 3.
 """
 
 from __future__ import annotations
@@ -50,5 +50,5 @@ def test_the_host_refuses_a_database_older_than_its_minimum(empty_dsn: str, tmp_
         assert set(stop_services(services).values()) == {0}
     (refusal,) = [line for line in (tmp_path / "integration.log").read_text().splitlines() if " ERROR " in line]
     assert "NOT_SERVING: activation refused; missing: schema: the database is at schema 7" in refusal
-    assert f"nexuscrm-integration {RELEASE.version} serves schema 10..14 +1" in refusal
+    assert f"nexuscrm-integration {RELEASE.version} serves schema 10..15 +1" in refusal
     assert 'nexuscrm-schema migrate --dsn "$NEXUSCRM_DSN"' in refusal

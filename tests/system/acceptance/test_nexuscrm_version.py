@@ -39,7 +39,7 @@ def test_version_shows_the_four_side_by_side_and_names_a_silent_one(empty_dsn: s
         answered = _version(env, "--json")
         assert answered.returncode == 0, answered.stderr
         data = json.loads(answered.stdout)
-        assert data["database_schema_version"] == 14
+        assert data["database_schema_version"] == 15
         assert data["problems"] == []
         contract = importlib.metadata.version("nexuscrm-protos")
         by_service = {entry["service"]: entry for entry in data["services"]}
@@ -50,9 +50,9 @@ def test_version_shows_the_four_side_by_side_and_names_a_silent_one(empty_dsn: s
             assert (entry["owner"], entry["package"]) == (service, package)
             assert entry["package_version"] == importlib.metadata.version(package)
             assert entry["contract_version"] == contract
-            assert entry["database_schema_version"] == 14
+            assert entry["database_schema_version"] == 15
             assert entry["fit"] == "supported"
-        assert by_service["connectors"]["schema_support"] == {"minimum": 14, "newest": 14, "forward_window": 1}
+        assert by_service["connectors"]["schema_support"] == {"minimum": 15, "newest": 15, "forward_window": 1}
 
         table = _version(env)
         assert table.returncode == 0, table.stderr
