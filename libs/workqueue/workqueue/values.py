@@ -91,7 +91,13 @@ class IngestResult:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkItemRow:
-    """One WorkItem (a generation, or old-protocol work when ``input_start_ordinal`` is None)."""
+    """One WorkItem (a generation, or old-protocol work when ``input_start_ordinal`` is None).
+
+    ``flow_version``: the Flow version whose track the generation belongs to; empty for the
+    inputs' own version. ``build_run``: it runs in a version build (its inputs ran, or run,
+    live in another version), so its Flow writes its read model and causes no side effect
+    (decision 185).
+    """
 
     work_id: str
     pack_install_id: str
@@ -110,6 +116,8 @@ class WorkItemRow:
     last_error: str | None
     created_at: dt.datetime
     finished_at: dt.datetime | None
+    flow_version: str = ""
+    build_run: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

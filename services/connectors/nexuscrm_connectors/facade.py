@@ -40,6 +40,7 @@ from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
 from nexuscrm_sdk.draining import wait_until_drained
 from workqueue import WorkStatus
+from workqueue.errors import InvalidArgument
 from workqueue.values import (
     Claim,
     ClaimAnswer,
@@ -167,6 +168,7 @@ class Connectors:
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> list[Claim]:
         """See ``claims.claim``; ``inline_inputs``: claims carry inputs that fit (``payloads.whole_pages``)."""
         return self.complete_and_claim(
@@ -178,6 +180,7 @@ class Connectors:
             lease=lease,
             wait=wait,
             inline_inputs=inline_inputs,
+            flow_versions=flow_versions,
         ).claims
 
     def complete_and_claim(
@@ -191,11 +194,15 @@ class Connectors:
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> ClaimAnswer:
         """Complete ``completions`` (each answered on its own, one transaction), then claim as ``claim``.
 
-        See ``claims.complete_all`` and ``claims.claim`` (decision 131).
+        See ``claims.complete_all`` and ``claims.claim`` (decision 131). ``flow_versions``:
+        refused until Connectors keeps version tracks (decision 185's server side).
         """
+        if flow_versions:
+            raise InvalidArgument("claims by Flow version are not served yet", field="flow_versions")
         claims.validate_completions(completions, self.settings.max_claim_items)
         self._refresh_payload_contract()
         batch = claims.claim(

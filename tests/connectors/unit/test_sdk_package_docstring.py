@@ -22,7 +22,9 @@ PUBLIC = {
     "ConnectorsClient": "client",
     "InMemoryWorkSource": "testing",
     **dict.fromkeys(("IngestRetry", "PipelinedIngest"), "pipeline"),
-    **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure", "RetryLater"), "flows"),
+    **dict.fromkeys(
+        ("DigestingFlow", "Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure", "RetryLater"), "flows"
+    ),
     **dict.fromkeys(("WorkSource", "Worker"), "worker"),
 }
 INTERNAL_MODULES = {"convert", "draining", "timestamps"}

@@ -67,6 +67,9 @@ class WorkRow:
     AdmittedThroughOrdinal: int | None
     RunsBeforeWorkId: str | None
     ClaimedAt: dt.datetime | None
+    FlowVersion: str | None
+    InputKey: str | None
+    BuildRun: bool | None
 
 
 if tuple(field.name for field in dataclasses.fields(WorkRow)) != tuple(WorkItem.c.keys()):
@@ -422,6 +425,8 @@ def work_item_value(row: WorkRow) -> WorkItemRow:
         last_error=row.LastError,
         created_at=row.CreatedAt,
         finished_at=row.FinishedAt,
+        flow_version=row.FlowVersion or "",
+        build_run=bool(row.BuildRun),
     )
 
 
