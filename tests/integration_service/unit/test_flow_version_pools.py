@@ -1,7 +1,8 @@
-"""A pool with ``flow_version`` claims only that Flow version's generations; one without, the inputs' own (decision 185)."""
+"""A pool with ``flow_version`` claims only that Flow version's generations; one without, the inputs' own."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -39,14 +40,17 @@ def recording(context: FlowContext) -> Flow:
 
 
 def test_pools_of_one_work_type_differ_by_flow_version_and_a_bad_version_is_refused() -> None:
-    live = {"pack_install_id": "pk-a", "work_type": "t", "flow": "m:f"}
-    config = HostConfig(pools=(PoolConfig(**live), PoolConfig(**live, flow_version="2")))
+    live = PoolConfig(pack_install_id="pk-a", work_type="t", flow="m:f")
+    built = dataclasses.replace(live, flow_version="2")
+    config = HostConfig(pools=(live, built))
     assert [pool.name for pool in config.pools] == ["pk-a/t", "pk-a/t@2"]
     with pytest.raises(HostConfigError, match="more than one pool"):
-        HostConfig(pools=(PoolConfig(**live, flow_version="2"),) * 2)
+        HostConfig(pools=(built, built))
     for bad in (" 2", 2):
         with pytest.raises(HostConfigError) as refused:
-            PoolConfig.from_mapping({**live, "flow_version": bad}, "test")
+            PoolConfig.from_mapping(
+                {"pack_install_id": "pk-a", "work_type": "t", "flow": "m:f", "flow_version": bad}, "t"
+            )
         assert refused.value.field == "flow_version"
 
 
