@@ -154,7 +154,6 @@ def watch(
     read: Callable[[], list[cn_pb.FlowVersion]],
     done: Callable[[list[cn_pb.FlowVersion]], bool],
     timeout: dt.timedelta | None,
-    interval: float = POLL_INTERVAL,
 ) -> tuple[list[cn_pb.FlowVersion], bool]:
     """Read and draw the versions until ``done`` says so or ``timeout`` passes; the last read, and whether done."""
     deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
@@ -166,7 +165,7 @@ def watch(
                 return versions, True
             if deadline is not None and time.monotonic() >= deadline:
                 return versions, False
-            time.sleep(interval)
+            time.sleep(POLL_INTERVAL)
 
 
 def _building(versions: list[cn_pb.FlowVersion]) -> bool:
