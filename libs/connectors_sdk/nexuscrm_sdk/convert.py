@@ -153,7 +153,7 @@ def work_to_proto(work: WorkItemRow) -> pb.WorkItem:
         last_error=work.last_error or "",
         created_at=to_timestamp(work.created_at),
         finished_at=to_timestamp(work.finished_at),
-        flow_version=work.flow_version,
+        flow_version=work.flow_version or "",
         build_run=work.build_run,
     )
 
@@ -179,7 +179,7 @@ def work_from_proto(message: pb.WorkItem) -> WorkItemRow:
         last_error=message.last_error or None,
         created_at=from_timestamp(message, "created_at") or dt.datetime.min.replace(tzinfo=dt.UTC),
         finished_at=from_timestamp(message, "finished_at"),
-        flow_version=message.flow_version,
+        flow_version=message.flow_version or None,
         build_run=message.build_run,
     )
 

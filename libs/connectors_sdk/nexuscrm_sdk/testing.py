@@ -333,7 +333,7 @@ class InMemoryWorkSource:
         ``flow_versions``: claim those versions' generations (``build_version``); empty: the
         inputs' own version's.
         """
-        versions = tuple(flow_versions) or ("",)
+        versions: set[str | None] = set(flow_versions) or {None}  # None: the inputs' own version
         if max_items < 1:
             raise InvalidArgument(f"max_items must be at least 1, got {max_items}", field="max_items")
         length = dt.timedelta(seconds=lease_seconds(lease)) if lease is not None else DEFAULT_LEASE

@@ -62,6 +62,12 @@ OFFSET_PARAMETER = "clock_offset_us"
 NOW_PARAMETER: sa.ColumnElement[dt.datetime] = _DatabaseNow(sa.bindparam(OFFSET_PARAMETER, type_=sa.BigInteger()))
 
 
+def now_parameter_shifted(shift: dt.timedelta) -> sa.ColumnElement[dt.datetime]:
+    """``NOW_PARAMETER`` moved by ``shift`` (a window's start, say), with the same parameter."""
+    microseconds = shift // dt.timedelta(microseconds=1)
+    return _DatabaseNow(sa.bindparam(OFFSET_PARAMETER, type_=sa.BigInteger()) + microseconds)
+
+
 @dataclasses.dataclass
 class DatabaseClock:
     """The database's clock, as SQL that the server evaluates in the statement holding it.

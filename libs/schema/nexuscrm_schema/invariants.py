@@ -35,6 +35,7 @@ from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
     Event,
     EventPayload,
+    FlowVersionTrack,
     IngressReceipt,
     PackInstall,
     PrunedReceipt,
@@ -44,7 +45,7 @@ from nexuscrm_schema.tables import (
     WorkAttempt,
     WorkItem,
 )
-from workqueue import ReceiptState, WorkStatus
+from workqueue import ReceiptState, WorkStatus, decode_projection_key
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
@@ -172,21 +173,24 @@ def check_invariants(engine: sa.Engine) -> list[str]:
         skipped = set(connection.execute(sa.select(SkippedWork.c.WorkId)).scalars())
         tombstones = connection.execute(sa.select(PrunedReceipt)).all()
         attempted = set(connection.execute(sa.select(WorkAttempt.c.WorkId).distinct()).scalars())
+        tracks = connection.execute(sa.select(FlowVersionTrack)).all()
     cutoffs = {r.PackInstallId: r.LegacyMaxOrdinal for r in protocols}
     greenfield = {r.PackInstallId for r in protocols if r.Origin == GREENFIELD}
     problems: list[str] = []
     problems += _ordinals(packs, greenfield, events)
     generations: Generations = defaultdict(list)
+    member_keys: dict[tuple[str, str], str] = {}  # a generation key -> its members' key (a version's: InputKey)
     for w in work:
         if w.InputStartOrdinal is not None:
             generations[(w.PackInstallId, w.ProjectionKey)].append(
                 (w.InputStartOrdinal, w.LaneOrdinal, w.WorkId, w.Status)
             )
+            member_keys[(w.PackInstallId, w.ProjectionKey)] = w.InputKey or w.ProjectionKey
     for ranges in generations.values():
         ranges.sort(key=lambda g: g[1])
-    problems += _membership(cutoffs, events, generations)
+    problems += _membership(cutoffs, events, generations, tracks)
     problems += _old_protocol_work(cutoffs, work)
-    problems += _bounds_and_payload(events, generations)
+    problems += _bounds_and_payload(events, generations, member_keys)
     problems += _admitted_counts(events, work)
     problems += _payload_rows(events, payloads)
     problems += _execution(generations, _replays_run_first(work, skipped))
@@ -308,18 +312,53 @@ def _ordinals(packs: dict[str, int], greenfield: set[str], events: Iterable[DbRo
     return problems
 
 
-def _membership(cutoffs: dict[str, int], events: Iterable[DbRow], generations: Generations) -> list[str]:
+def _tracks_of(tracks: Iterable[DbRow], pack: str, key: str) -> list[tuple[str, int, int | None]]:
+    """The generation keys an input of ``key`` must be a member in, with the ordinals each covers (decision 185).
+
+    Without Flow versions of its work type: its own key, everywhere. With them: each track over
+    its delivered version, the own version's by its own key, another's by the identity with that
+    version, from CoverFromOrdinal through CoverThroughOrdinal (open while it receives).
+    """
+    identity = decode_projection_key(key)
+    mine = [
+        t
+        for t in tracks
+        if t.PackInstallId == pack
+        and t.WorkType == identity.work_type
+        and t.SourceVersion == identity.companion_version
+    ]
+    if not mine:
+        return [(key, 0, None)]
+    return [
+        (
+            key if t.Version == t.SourceVersion else dataclasses.replace(identity, companion_version=t.Version).key,
+            t.CoverFromOrdinal,
+            t.CoverThroughOrdinal,
+        )
+        for t in mine
+    ]
+
+
+def _membership(
+    cutoffs: dict[str, int], events: Iterable[DbRow], generations: Generations, tracks: Iterable[DbRow] = ()
+) -> list[str]:
+    """M: each input above the cutoff is a member of exactly one generation of each track covering it; no overlaps."""
     problems = []
+    tracks = list(tracks)
     for e in events:
         if e.PackInstallId not in cutoffs or e.EnqueueOrdinal <= cutoffs[e.PackInstallId]:
             continue
-        owners = [
-            g[2] for g in generations.get((e.PackInstallId, e.ProjectionKey), []) if g[0] <= e.EnqueueOrdinal <= g[1]
-        ]
-        if len(owners) != 1:
-            problems.append(
-                f"M: Event {e.PackInstallId}/{e.EnqueueOrdinal} is a member of {len(owners)} generations {owners}"
-            )
+        covering = _tracks_of(tracks, e.PackInstallId, e.ProjectionKey) if tracks else [(e.ProjectionKey, 0, None)]
+        for key, low, high in covering:
+            if e.EnqueueOrdinal < low or (high is not None and e.EnqueueOrdinal > high):
+                continue
+            owners = [g[2] for g in generations.get((e.PackInstallId, key), []) if g[0] <= e.EnqueueOrdinal <= g[1]]
+            if len(owners) != 1:
+                track = "" if key == e.ProjectionKey else f" of the Flow version track {key}"
+                problems.append(
+                    f"M: Event {e.PackInstallId}/{e.EnqueueOrdinal} is a member of {len(owners)} generations{track} "
+                    f"{owners}"
+                )
     for (pack, _key), ranges in generations.items():
         for (s1, l1, w1, _), (s2, l2, w2, _) in itertools.pairwise(ranges):
             if s2 <= l1:
@@ -341,10 +380,13 @@ def _old_protocol_work(cutoffs: dict[str, int], work: Iterable[DbRow]) -> list[s
     ]
 
 
-def _bounds_and_payload(events: Iterable[DbRow], generations: Generations) -> list[str]:
+def _bounds_and_payload(
+    events: Iterable[DbRow], generations: Generations, member_keys: Mapping[tuple[str, str], str]
+) -> list[str]:
     present = {(e.PackInstallId, e.ProjectionKey, e.EnqueueOrdinal) for e in events}
     problems = []
-    for (pack, key), ranges in generations.items():
+    for (pack, generation_key), ranges in generations.items():
+        key = member_keys.get((pack, generation_key), generation_key)
         for start, end, work_id, _status in ranges:
             if start > end:
                 problems.append(f"B: {work_id} has InputStartOrdinal {start} > LaneOrdinal {end}")
@@ -371,7 +413,7 @@ def _admitted_counts(events: Iterable[DbRow], work: Iterable[DbRow]) -> list[str
         admitted = admitted_count(w)
         if w.InputStartOrdinal is None or admitted is None:
             continue
-        ordinals = members.get((w.PackInstallId, w.ProjectionKey), [])
+        ordinals = members.get((w.PackInstallId, w.InputKey or w.ProjectionKey), [])
         low, high = bisect.bisect_left(ordinals, w.InputStartOrdinal), bisect.bisect_right(ordinals, w.LaneOrdinal)
         found = high - low
         ends = found > 0 and ordinals[low] == w.InputStartOrdinal and ordinals[high - 1] == w.LaneOrdinal

@@ -91,13 +91,7 @@ class IngestResult:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkItemRow:
-    """One WorkItem (a generation, or old-protocol work when ``input_start_ordinal`` is None).
-
-    ``flow_version``: the Flow version whose track the generation belongs to; empty for the
-    inputs' own version. ``build_run``: it runs in a version build (its inputs ran, or run,
-    live in another version), so its Flow writes its read model and causes no side effect
-    (decision 185).
-    """
+    """One WorkItem (a generation, or old-protocol work when ``input_start_ordinal`` is None)."""
 
     work_id: str
     pack_install_id: str
@@ -116,7 +110,9 @@ class WorkItemRow:
     last_error: str | None
     created_at: dt.datetime
     finished_at: dt.datetime | None
-    flow_version: str = ""
+    # A Flow version's generation (decision 185): its version, and whether it runs in a build
+    # (its inputs ran live in another version: the Flow writes its read model only).
+    flow_version: str | None = None
     build_run: bool = False
 
 

@@ -113,5 +113,11 @@ def rules(engine: Engine) -> dict[str, Rule]:
         "GetRetryPolicy": by_pack,
         "RetryNow": by_work,
         "ListIdentities": by_pack,
+        "BuildFlowVersion": by_pack,
+        "ListFlowVersions": by_pack,
+        "SwitchFlowVersion": by_pack,
+        "RollbackFlowVersion": by_pack,
+        "RetireFlowVersion": by_pack,
+        "RecordFlowVersionVerification": by_pack,
     }
     return {SERVICE + name: rule for name, rule in by_method.items()}

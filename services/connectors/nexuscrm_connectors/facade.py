@@ -40,7 +40,6 @@ from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.database import follow_up
 from nexuscrm_sdk.draining import wait_until_drained
 from workqueue import WorkStatus
-from workqueue.errors import InvalidArgument
 from workqueue.values import (
     Claim,
     ClaimAnswer,
@@ -164,11 +163,11 @@ class Connectors:
         *,
         pack_install_ids: Sequence[str] = (),
         work_types: Sequence[str] = (),
+        flow_versions: Sequence[str] = (),
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
-        flow_versions: Sequence[str] = (),
     ) -> list[Claim]:
         """See ``claims.claim``; ``inline_inputs``: claims carry inputs that fit (``payloads.whole_pages``)."""
         return self.complete_and_claim(
@@ -176,11 +175,11 @@ class Connectors:
             completions=(),
             pack_install_ids=pack_install_ids,
             work_types=work_types,
+            flow_versions=flow_versions,
             max_items=max_items,
             lease=lease,
             wait=wait,
             inline_inputs=inline_inputs,
-            flow_versions=flow_versions,
         ).claims
 
     def complete_and_claim(
@@ -190,19 +189,16 @@ class Connectors:
         completions: Sequence[Completion],
         pack_install_ids: Sequence[str] = (),
         work_types: Sequence[str] = (),
+        flow_versions: Sequence[str] = (),
         max_items: int = 1,
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
-        flow_versions: Sequence[str] = (),
     ) -> ClaimAnswer:
         """Complete ``completions`` (each answered on its own, one transaction), then claim as ``claim``.
 
-        See ``claims.complete_all`` and ``claims.claim`` (decision 131). ``flow_versions``:
-        refused until Connectors keeps version tracks (decision 185's server side).
+        See ``claims.complete_all`` and ``claims.claim`` (decision 131).
         """
-        if flow_versions:
-            raise InvalidArgument("claims by Flow version are not served yet", field="flow_versions")
         claims.validate_completions(completions, self.settings.max_claim_items)
         self._refresh_payload_contract()
         batch = claims.claim(
@@ -210,6 +206,7 @@ class Connectors:
             worker_id=worker_id,
             pack_install_ids=pack_install_ids,
             work_types=work_types,
+            flow_versions=flow_versions,
             max_items=max_items,
             lease_seconds=lease_seconds(lease),
             wait=wait,

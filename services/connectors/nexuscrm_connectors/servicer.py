@@ -16,6 +16,7 @@ from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors import authorization, wire
 from nexuscrm_connectors.errors import LimitExceeded
 from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating import flow_versions
 from nexuscrm_connectors.queue.deliveries import RefusedItem
 from nexuscrm_connectors.release import RELEASE
 from nexuscrm_runtime.authorization import recorded_operator
@@ -64,6 +65,7 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             completions=[convert.completion_from_proto(c) for c in request.completions],
             pack_install_ids=list(request.pack_install_ids),
             work_types=list(request.work_types),
+            flow_versions=list(request.flow_versions),
             max_items=request.max_items if request.HasField("max_items") else 1,  # 0 is refused, unset is 1
             lease=_lease(request.lease_seconds),
             wait=dt.timedelta(milliseconds=request.wait_ms),
@@ -362,6 +364,95 @@ class ConnectorsServicer(pb_grpc.ConnectorsServiceServicer):
             request.work_id, retried_by=recorded_operator(request.retried_by), reason=request.reason
         )
         return pb.RetryNowResponse(work=convert.work_to_proto(work))
+
+    def BuildFlowVersion(
+        self, request: pb.BuildFlowVersionRequest, context: grpc.ServicerContext
+    ) -> pb.BuildFlowVersionResponse:
+        view, made = flow_versions.build(
+            self._connectors.context,
+            request.pack_install_id,
+            request.work_type,
+            request.version,
+            from_retained=request.from_retained,
+            max_inputs_per_second=request.max_inputs_per_second,
+            started_by=recorded_operator(request.started_by),
+            reason=request.reason,
+        )
+        self._connectors.reservations.notify()  # the catch-up's first generations are claimable
+        return pb.BuildFlowVersionResponse(
+            version=wire.flow_version_to_proto(view),
+            catch_up_generations=made.generations,
+            catch_up_inputs=made.inputs,
+        )
+
+    def ListFlowVersions(
+        self, request: pb.ListFlowVersionsRequest, context: grpc.ServicerContext
+    ) -> pb.ListFlowVersionsResponse:
+        views = flow_versions.list_versions(self._connectors.context, request.pack_install_id, request.work_type)
+        return pb.ListFlowVersionsResponse(versions=[wire.flow_version_to_proto(view) for view in views])
+
+    def SwitchFlowVersion(
+        self, request: pb.SwitchFlowVersionRequest, context: grpc.ServicerContext
+    ) -> pb.SwitchFlowVersionResponse:
+        live, previous = flow_versions.switch(
+            self._connectors.context,
+            request.pack_install_id,
+            request.work_type,
+            request.version,
+            switched_by=recorded_operator(request.switched_by),
+            reason=request.reason,
+            force=request.force,
+        )
+        return pb.SwitchFlowVersionResponse(
+            live=wire.flow_version_to_proto(live), previous=wire.flow_version_to_proto(previous)
+        )
+
+    def RollbackFlowVersion(
+        self, request: pb.RollbackFlowVersionRequest, context: grpc.ServicerContext
+    ) -> pb.RollbackFlowVersionResponse:
+        live, previous, made = flow_versions.rollback(
+            self._connectors.context,
+            request.pack_install_id,
+            request.work_type,
+            rolled_back_by=recorded_operator(request.rolled_back_by),
+            reason=request.reason,
+        )
+        self._connectors.reservations.notify()
+        return pb.RollbackFlowVersionResponse(
+            live=wire.flow_version_to_proto(live),
+            previous=wire.flow_version_to_proto(previous),
+            catch_up_generations=made.generations,
+            catch_up_inputs=made.inputs,
+        )
+
+    def RetireFlowVersion(
+        self, request: pb.RetireFlowVersionRequest, context: grpc.ServicerContext
+    ) -> pb.RetireFlowVersionResponse:
+        view = flow_versions.retire(
+            self._connectors.context,
+            request.pack_install_id,
+            request.work_type,
+            request.version,
+            retired_by=recorded_operator(request.retired_by),
+            reason=request.reason,
+        )
+        return pb.RetireFlowVersionResponse(version=wire.flow_version_to_proto(view))
+
+    def RecordFlowVersionVerification(
+        self, request: pb.RecordFlowVersionVerificationRequest, context: grpc.ServicerContext
+    ) -> pb.RecordFlowVersionVerificationResponse:
+        view = flow_versions.record_verification(
+            self._connectors.context,
+            request.pack_install_id,
+            request.work_type,
+            request.version,
+            against=request.against_version,
+            through_ordinal=request.through_ordinal,
+            verdict=wire.verdict_from_proto(request.verdict),
+            differing=list(request.differing_projection_keys),
+            verified_by=recorded_operator(request.verified_by),
+        )
+        return pb.RecordFlowVersionVerificationResponse(version=wire.flow_version_to_proto(view))
 
     def ListIdentities(
         self, request: pb.ListIdentitiesRequest, context: grpc.ServicerContext

@@ -13,7 +13,7 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
-from nexuscrm_connectors.operating import claim_pauses, coverage, dead_letters, identities, order_policy
+from nexuscrm_connectors.operating import claim_pauses, coverage, dead_letters, flow_versions, identities, order_policy
 from nexuscrm_connectors.operating.claim_pauses import ClaimPause, PauseScope
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_connectors.queue import retries
@@ -273,3 +273,69 @@ def identities_page_to_proto(page: identities.IdentityPage) -> pb.ListIdentities
                 )
             )
     return response
+
+
+_VERSION_STATES = {
+    "building": pb.FLOW_VERSION_STATE_BUILDING,
+    "standby": pb.FLOW_VERSION_STATE_STANDBY,
+    "live": pb.FLOW_VERSION_STATE_LIVE,
+    "stopped": pb.FLOW_VERSION_STATE_STOPPED,
+    "retired": pb.FLOW_VERSION_STATE_RETIRED,
+}
+VERDICTS = {
+    "equal": pb.FLOW_VERSION_VERDICT_EQUAL,
+    "coverage_only": pb.FLOW_VERSION_VERDICT_COVERAGE_ONLY,
+    "different": pb.FLOW_VERSION_VERDICT_DIFFERENT,
+}
+VERDICTS_BACK: dict[int, str] = {value: name for name, value in VERDICTS.items()}
+
+
+def verdict_from_proto(verdict: int) -> str:
+    """A FlowVersionVerdict -> its stored name; INVALID_ARGUMENT for UNSPECIFIED or unknown."""
+    if verdict not in VERDICTS_BACK:
+        raise InvalidArgument("verdict is required: EQUAL, COVERAGE_ONLY or DIFFERENT", field="verdict")
+    return VERDICTS_BACK[verdict]
+
+
+def flow_version_to_proto(view: flow_versions.VersionView) -> pb.FlowVersion:
+    """A version with its progress -> proto; rate and time left from the inputs completed in the last minute."""
+    track, progress = view.track, view.progress
+    rate = progress.inputs_last_minute / 60
+    left = progress.inputs_total - progress.inputs_done
+    return pb.FlowVersion(
+        pack_install_id=track.pack_install_id,
+        work_type=track.work_type,
+        version=track.version,
+        source_version=track.source_version,
+        state=_VERSION_STATES[view.state],
+        cover_from_ordinal=track.cover_from_ordinal,
+        cover_through_ordinal=track.cover_through_ordinal or 0,
+        catch_up_through_ordinal=track.catch_up_through_ordinal,
+        high_water_ordinal=view.high_water_ordinal,
+        inputs_total=progress.inputs_total,
+        inputs_done=progress.inputs_done,
+        generations_total=progress.generations_total,
+        generations_done=progress.generations_done,
+        generations_failed=progress.generations_failed,
+        inputs_per_second=rate,
+        seconds_left=round(left / rate) if rate and left > 0 else 0,
+        max_inputs_per_second=track.max_inputs_per_second or 0,
+        verified_against=track.verified_against or "",
+        verified_through_ordinal=track.verified_through_ordinal or 0,
+        verdict=VERDICTS.get(track.verify_outcome or "", pb.FLOW_VERSION_VERDICT_UNSPECIFIED),
+        verified_at=to_timestamp(track.verified_at),
+        created_at=to_timestamp(track.created_at),
+        retired_at=to_timestamp(track.retired_at),
+        changes=[
+            pb.FlowVersionChange(
+                version=change.version,
+                action=change.action,
+                actor=change.actor,
+                reason=change.reason,
+                forced=change.forced,
+                at_ordinal=change.at_ordinal,
+                changed_at=to_timestamp(change.changed_at),
+            )
+            for change in view.changes
+        ],
+    )

@@ -68,6 +68,7 @@ V14_COLUMNS = ("RunsBeforeWorkId", "ClaimedAt")
 V14_INDEX = next(index for index in tables.WorkItem.indexes if index.name == "ix_workitem_runs_before")
 V15_TABLES = (tables.FlowVersionTrack, tables.FlowVersionChange)
 V15_COLUMNS = ("FlowVersion", "InputKey", "BuildRun")
+LATER_TABLES = V12_TABLES + V13_TABLES + V14_TABLES + V15_TABLES
 V13_INDEX = next(index for index in tables.WorkItem.indexes if index.name == "ix_workitem_replay_of")  # SQLite: partial
 V12_INDEX = next(index for index in tables.PrunedWork.indexes if index.name == "ix_prunedwork_identity")
 # Who set the payload contract on a database that ApplySchema created from nothing.
@@ -83,7 +84,7 @@ def _v1_metadata() -> sa.MetaData:
     """The canonical tables as they were at version 1."""
     v1 = sa.MetaData()
     for table in tables.metadata.sorted_tables:
-        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + V12_TABLES + V13_TABLES + V14_TABLES + V15_TABLES:
+        if table in V2_TABLES + V6_TABLES + V7_TABLES + V8_TABLES + V10_TABLES + LATER_TABLES:
             continue
         if table is tables.WorkItem:
             sa.Table(

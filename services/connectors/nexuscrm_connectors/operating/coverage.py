@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+from collections.abc import Sequence
 
 from sqlalchemy.engine import Connection
 
@@ -30,9 +31,12 @@ from nexuscrm_connectors.context import Context
 from nexuscrm_connectors.errors import ProtocolMissing, UnknownPack
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import coverage as coverage_sql
+from nexuscrm_connectors.queries import flow_versions as flow_versions_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries.dead_letters import Filter
+from nexuscrm_connectors.queries.flow_versions import Track
+from nexuscrm_connectors.queue import tracks as version_tracks
 from workqueue import WorkStatus
 from workqueue.identity import decode_projection_key
 from workqueue.values import Route
@@ -168,12 +172,22 @@ def _gaps(ranges: list[CoveredRange], inputs: list[int]) -> list[CoverageExcepti
 
 
 def identity_coverage(
-    connection: Connection, pack_install_id: str, projection_key: str, legacy_max_ordinal: int
+    connection: Connection,
+    pack_install_id: str,
+    projection_key: str,
+    legacy_max_ordinal: int,
+    tracks: Sequence[Track] = (),
 ) -> IdentityCoverage:
-    """One identity's proof, from its generations, pruned records and retained inputs."""
+    """One identity's proof, from its generations, pruned records and retained inputs.
+
+    A Flow version's identity (``tracks``) is proven over the inputs its track covers.
+    """
     generations = coverage_sql.identity_generations(connection, pack_install_id, projection_key)
     pruned = coverage_sql.identity_pruned(connection, pack_install_id, projection_key)
-    inputs = coverage_sql.identity_inputs(connection, pack_install_id, projection_key, legacy_max_ordinal)
+    member_key, above, through = version_tracks.member_window(tracks, projection_key, legacy_max_ordinal)
+    inputs = coverage_sql.identity_inputs(connection, pack_install_id, member_key, above)
+    if through is not None:
+        inputs = [ordinal for ordinal in inputs if ordinal <= through]
     ranges = sorted(
         [_generation_range(row) for row in generations]
         + [
@@ -236,8 +250,9 @@ def get_coverage(
                 if len(keys) == size:
                     break
                 key = coverage_sql.identity_next(connection, pack_install_id, key)
+        tracks = flow_versions_sql.tracks_of(connection, pack_install_id)
         kept = [
-            identity_coverage(connection, pack_install_id, key, cutoff)
+            identity_coverage(connection, pack_install_id, key, cutoff, tracks)
             for key in keys
             if not wanted.work_type or Route.of(decode_projection_key(key)).work_type == wanted.work_type
         ]

@@ -88,11 +88,11 @@ def list_members(context: Context, work_id: str, page_size: int = 0, page_token:
                 f"work {work_id} is old-protocol work: its coverage was inferred, it has no member range",
                 field="work_id",
             )
-        count = events_sql.event_range_count(connection, row.PackInstallId, row.ProjectionKey, start, end)
+        count = events_sql.event_range_count(connection, row.PackInstallId, row.member_key, start, end)
         rows = events_sql.event_range_page(
             connection,
             row.PackInstallId,
-            row.ProjectionKey,
+            row.member_key,
             max(start - 1, after or 0),
             end,
             size,

@@ -25,6 +25,7 @@ from nexuscrm_connectors.context import Context
 from nexuscrm_connectors.errors import UnknownPack
 from nexuscrm_connectors.operating import coverage
 from nexuscrm_connectors.queries import coverage as coverage_sql
+from nexuscrm_connectors.queries import flow_versions as flow_versions_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
@@ -82,6 +83,7 @@ def list_identities(
         if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
         protocol = packs_sql.protocol_get(connection, pack_install_id)
+        tracks = flow_versions_sql.tracks_of(connection, pack_install_id)
         while examined < scan and len(kept) < size:
             key = coverage_sql.identity_next(connection, pack_install_id, key)
             if key is None:
@@ -91,7 +93,7 @@ def list_identities(
             if any(getattr(route, field) != value for field, value in wanted.items()):
                 continue
             proof = (
-                coverage.identity_coverage(connection, pack_install_id, key, protocol.legacy_max_ordinal)
+                coverage.identity_coverage(connection, pack_install_id, key, protocol.legacy_max_ordinal, tracks)
                 if protocol is not None
                 else None
             )

@@ -54,7 +54,7 @@ def get_work(context: Context, work_id: str) -> WorkDescription:
         members = 0
         if row.InputStartOrdinal is not None:
             members = events_sql.event_range_count(
-                connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
+                connection, row.PackInstallId, row.member_key, row.InputStartOrdinal, row.LaneOrdinal
             )
         policy = retries.effective(connection, settings, row)
         attempts = work_attempts_sql.work_attempts_newest(connection, work_id, ATTEMPTS_SHOWN)

@@ -12,11 +12,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
-from nexuscrm_connectors.queries.work_items import HeldWork, WorkRow
-from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock
+from nexuscrm_connectors.queries.work_items import MEMBER_KEY, HeldWork, WorkRow
+from nexuscrm_runtime.clock import NOW_PARAMETER, DatabaseClock, now_parameter_shifted
 from nexuscrm_schema.tables import (
     ConnectorProjectionProtocol,
     Event,
+    FlowVersionTrack,
     PackInstall,
     WorkItem,
 )
@@ -40,7 +41,14 @@ class ClaimCandidate(NamedTuple):
     LaneOrdinal: int
     SuccessorWorkId: str | None
     RunsBeforeWorkId: str | None
+    InputKey: str | None
+    BuildRun: bool | None
     Now: dt.datetime
+
+    @property
+    def member_key(self) -> str:
+        """As ``WorkRow.member_key``."""
+        return self.InputKey or self.ProjectionKey
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,13 +129,53 @@ def work_items_complete(connection: Connection, held: Sequence[HeldWork], now: d
     return connection.execute(_complete_statement(size), parameters).rowcount
 
 
+# A build's generation (BuildRun) yields to the live work of its pack that is due now, and to its
+# version's rate bound: the inputs of the version's generations claimed in the last second
+# (decision 185). Only claims that name Flow versions carry these conditions.
+_LIVE_DUE = sa.alias(WorkItem, "live_due")
+_BUILD_YIELDS = sa.and_(
+    WorkItem.c.BuildRun.is_(True),
+    sa.select(_LIVE_DUE.c.WorkId)
+    .where(
+        _LIVE_DUE.c.PackInstallId == WorkItem.c.PackInstallId,
+        _LIVE_DUE.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY]),
+        _LIVE_DUE.c.ClaimableAt <= NOW_PARAMETER,
+        sa.or_(_LIVE_DUE.c.BuildRun.is_(None), _LIVE_DUE.c.BuildRun.is_(False)),
+    )
+    .limit(1)
+    .exists(),
+)
+_RECENT = sa.alias(WorkItem, "recent")
+_BUILD_RATE_REACHED = sa.and_(
+    WorkItem.c.BuildRun.is_(True),
+    sa.select(FlowVersionTrack.c.Version)
+    .where(
+        FlowVersionTrack.c.PackInstallId == WorkItem.c.PackInstallId,
+        FlowVersionTrack.c.WorkType == WorkItem.c.WorkType,
+        FlowVersionTrack.c.Version == WorkItem.c.FlowVersion,
+        FlowVersionTrack.c.MaxInputsPerSecond
+        <= sa.select(sa.func.coalesce(sa.func.sum(_RECENT.c.AdmittedMemberCount), 0))
+        .where(
+            _RECENT.c.PackInstallId == WorkItem.c.PackInstallId,
+            _RECENT.c.WorkType == WorkItem.c.WorkType,
+            _RECENT.c.FlowVersion == WorkItem.c.FlowVersion,
+            _RECENT.c.ClaimedAt > now_parameter_shifted(-dt.timedelta(seconds=1)),
+        )
+        .scalar_subquery(),
+    )
+    .exists(),
+)
+
+
 @functools.lru_cache(maxsize=64)
-def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool) -> sa.CompoundSelect[Any]:
+def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool, versions: bool) -> sa.CompoundSelect[Any]:
     """The candidate read of ``work_items_claimable`` for one pack per item of ``operated``; built once per shape.
 
     Parameters: ``pack_<n>`` for each pack, ``limit``, the clock's offset
-    (``DatabaseClock.parameters``) and, if ``by_work_type``, ``work_types``. A pack whose item
-    is True carries the operator's conditions (pauses, order policy).
+    (``DatabaseClock.parameters``), if ``by_work_type`` ``work_types`` and if ``versions``
+    ``flow_versions``. A pack whose item is True carries the operator's conditions (pauses,
+    order policy). Without ``versions`` only the generations of the inputs' own keys are
+    candidates; with them only those versions' tracks', a build's yielding to live work.
     """
     selects = []
     for n, decided in enumerate(operated):
@@ -148,6 +196,8 @@ def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool) -> sa.C
                     WorkItem.c.LaneOrdinal,
                     WorkItem.c.SuccessorWorkId,
                     WorkItem.c.RunsBeforeWorkId,
+                    WorkItem.c.InputKey,
+                    WorkItem.c.BuildRun,
                     NOW_PARAMETER.label("Now"),
                 )
                 .where(
@@ -160,6 +210,14 @@ def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool) -> sa.C
             )
             if by_work_type:
                 statement = statement.where(WorkItem.c.WorkType.in_(sa.bindparam("work_types", expanding=True)))
+            if versions:
+                statement = statement.where(
+                    WorkItem.c.FlowVersion.in_(sa.bindparam("flow_versions", expanding=True)),
+                    ~_BUILD_YIELDS,
+                    ~_BUILD_RATE_REACHED,
+                )
+            else:
+                statement = statement.where(WorkItem.c.FlowVersion.is_(None))
             if decided:
                 statement = statement.where(
                     order_policy_sql.candidate_operable(sa.bindparam(f"pack_{n}"), NOW_PARAMETER)
@@ -175,6 +233,7 @@ def work_items_claimable(
     clock: DatabaseClock,
     limit: int,
     operated: Collection[str] | None = None,
+    flow_versions: Sequence[str] = (),
 ) -> list[ClaimCandidate]:
     """The ``limit`` oldest claim candidates: pending, due retry and lease-expired processing work.
 
@@ -196,8 +255,10 @@ def work_items_claimable(
     parameters |= {f"pack_{n}": pack_install_id for n, pack_install_id in enumerate(pack_install_ids)}
     if work_types:
         parameters["work_types"] = list(work_types)
+    if flow_versions:
+        parameters["flow_versions"] = list(flow_versions)
     decided = tuple(operated is None or pack in operated for pack in pack_install_ids)
-    statement = _claimable_statement(decided, bool(work_types))
+    statement = _claimable_statement(decided, bool(work_types), bool(flow_versions))
     rows = map(ClaimCandidate._make, connection.execute(statement, parameters))
     return sorted(rows, key=lambda row: row.ClaimableAt)[:limit]
 
@@ -262,7 +323,7 @@ _MEMBER_COUNT_RECORD = (
         .select_from(Event)
         .where(
             Event.c.PackInstallId == WorkItem.c.PackInstallId,
-            Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            Event.c.ProjectionKey == MEMBER_KEY,
             Event.c.EnqueueOrdinal.between(WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal),
         )
         .with_hint(Event, "FORCE INDEX (ix_event_source_lane)", dialect_name="mysql")
@@ -297,7 +358,7 @@ _LEASED = (
             sa.and_(
                 Event.c.PackInstallId == WorkItem.c.PackInstallId,
                 Event.c.EnqueueOrdinal == WorkItem.c.LaneOrdinal,
-                Event.c.ProjectionKey == WorkItem.c.ProjectionKey,
+                Event.c.ProjectionKey == MEMBER_KEY,
             ),
         )
     )

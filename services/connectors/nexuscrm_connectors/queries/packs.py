@@ -24,6 +24,7 @@ from nexuscrm_schema.tables import (
     AdmissionFenceOverride,
     ConnectorProjectionProtocol,
     Event,
+    FlowVersionTrack,
     PackInstall,
     RetentionPolicy,
 )
@@ -62,21 +63,20 @@ class Protocol:
 
 # Admission's statements are built once; values are parameters (the rule: docs/performance.md,
 # "Tuning notes formerly in docs/decisions").
-_PACK_LOCK = (
-    sa.select(
-        PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal, NOW_PARAMETER.label("Now")
-    )
-    .where(PackInstall.c.PackInstallId == sa.bindparam("pack_install_id"))
-    .with_for_update()
-)
+_PACK_READ = sa.select(
+    PackInstall.c.PackInstallId, PackInstall.c.Namespace, PackInstall.c.LastOrdinal, NOW_PARAMETER.label("Now")
+).where(PackInstall.c.PackInstallId == sa.bindparam("pack_install_id"))
+_PACK_LOCK = _PACK_READ.with_for_update()
 
 
-def pack_lock(connection: Connection, pack_install_id: str, clock: DatabaseClock) -> LockedPack:
+def pack_lock(connection: Connection, pack_install_id: str, clock: DatabaseClock, *, lock: bool = True) -> LockedPack:
     """Lock the PackInstall row: serializes admission and replay of one pack; read the database clock with it.
 
-    Raises ``UnknownPack``. On SQLite the transaction already holds the write lock.
+    Raises ``UnknownPack``. On SQLite the transaction already holds the write lock. ``lock``
+    False only reads the row (a report's counter and instant).
     """
-    row = connection.execute(_PACK_LOCK, {"pack_install_id": pack_install_id, **clock.parameters()}).first()
+    statement = _PACK_LOCK if lock else _PACK_READ
+    row = connection.execute(statement, {"pack_install_id": pack_install_id, **clock.parameters()}).first()
     if row is None:
         raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
     return LockedPack(
@@ -246,12 +246,21 @@ class AdmissionGuard:
 
     fenced: bool
     protocol: Protocol | None
+    has_versions: bool = False  # a work type of the pack has Flow versions (``queue.tracks``)
 
 
 # ``fence_active`` and ``protocol_get`` of a locked pack in one statement: the PackInstall row
 # by primary key, the protocol row and its policy joined by theirs, the fence check a subquery.
 _ADMISSION_GUARD = (
-    sa.select(_FENCE.scalar_subquery().label("FenceId"), *_PROTOCOL_COLUMNS)
+    sa.select(
+        _FENCE.scalar_subquery().label("FenceId"),
+        sa.select(FlowVersionTrack.c.Version)
+        .where(FlowVersionTrack.c.PackInstallId == PackInstall.c.PackInstallId, FlowVersionTrack.c.RetiredAt.is_(None))
+        .limit(1)
+        .scalar_subquery()
+        .label("FlowVersion"),
+        *_PROTOCOL_COLUMNS,
+    )
     .select_from(
         PackInstall.outerjoin(
             ConnectorProjectionProtocol, ConnectorProjectionProtocol.c.PackInstallId == PackInstall.c.PackInstallId
@@ -268,4 +277,8 @@ def admission_guard(connection: Connection, pack: LockedPack) -> AdmissionGuard:
     before the lock wait ends, and miss a fence committed meanwhile (decision 140).
     """
     row = connection.execute(_ADMISSION_GUARD, _fence_parameters(pack, pack.now)).one()
-    return AdmissionGuard(fenced=row.FenceId is not None, protocol=_protocol(pack.pack_install_id, row))
+    return AdmissionGuard(
+        fenced=row.FenceId is not None,
+        protocol=_protocol(pack.pack_install_id, row),
+        has_versions=row.FlowVersion is not None,
+    )

@@ -20,6 +20,7 @@ from nexuscrm_connectors.queries.operator_reads import after_keyset
 from nexuscrm_schema.tables import (
     Event,
     EventPayload,
+    FlowVersionTrack,
     IngressReceipt,
     PackInstall,
     PrunedReceipt,
@@ -100,6 +101,17 @@ def policy_record_pruning(
     )
 
 
+# A work type with Flow versions keeps its history: its tracks share the inputs, and pruning
+# one track's generation would take members another still reads (decision 185).
+WITH_FLOW_VERSIONS = (
+    sa.select(FlowVersionTrack.c.Version)
+    .where(
+        FlowVersionTrack.c.PackInstallId == WorkItem.c.PackInstallId, FlowVersionTrack.c.WorkType == WorkItem.c.WorkType
+    )
+    .exists()
+)
+
+
 def work_items_retention_candidates(
     connection: Connection,
     pack_install_id: str,
@@ -120,6 +132,7 @@ def work_items_retention_candidates(
             WorkItem.c.Status == status,
             WorkItem.c.FinishedAt <= finished_before,
             WorkItem.c.InputStartOrdinal.is_not(None),  # old-protocol work is never pruned
+            ~WITH_FLOW_VERSIONS,
         )
         if after is not None:
             statement = statement.where(after_keyset((WorkItem.c.FinishedAt, WorkItem.c.WorkId), after))

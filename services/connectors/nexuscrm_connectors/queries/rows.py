@@ -57,3 +57,7 @@ class GenerationRow(TypedDict):
     AdmittedMemberCount: int
     AdmittedThroughOrdinal: int
     RunsBeforeWorkId: NotRequired[str]
+    # A generation of a Flow version's track (decision 185): all three, or none.
+    FlowVersion: NotRequired[str | None]
+    InputKey: NotRequired[str | None]
+    BuildRun: NotRequired[bool]

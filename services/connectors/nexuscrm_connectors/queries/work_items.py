@@ -71,6 +71,15 @@ class WorkRow:
     InputKey: str | None
     BuildRun: bool | None
 
+    @property
+    def member_key(self) -> str:
+        """The projection key of its members: a Flow version's generation reads its inputs' key (decision 185)."""
+        return self.InputKey or self.ProjectionKey
+
+
+# The projection key of a WorkItem's members, in SQL (``WorkRow.member_key``).
+MEMBER_KEY = sa.func.coalesce(WorkItem.c.InputKey, WorkItem.c.ProjectionKey)
+
 
 if tuple(field.name for field in dataclasses.fields(WorkRow)) != tuple(WorkItem.c.keys()):
     raise RuntimeError("WorkRow's fields are not WorkItem's columns in table order")
@@ -102,6 +111,12 @@ class Positioned(Protocol):
     def SuccessorWorkId(self) -> str | None: ...
 
     @property
+    def BuildRun(self) -> bool | None: ...
+
+    @property
+    def member_key(self) -> str: ...
+
+    @property
     def RunsBeforeWorkId(self) -> str | None: ...
 
 
@@ -117,6 +132,7 @@ class NewestGeneration(NamedTuple):
     Status: str
     Attempt: int
     RunsBeforeWorkId: str | None
+    BuildRun: bool | None = None
 
 
 GENERATION_COLUMNS = (WorkItem.c.WorkId, WorkItem.c.InputStartOrdinal, WorkItem.c.LaneOrdinal, WorkItem.c.Status)
@@ -158,9 +174,14 @@ _NEWEST_SEEK = (
 
 
 # Locks the newest generations by primary key and reads what admission decides on.
-_NEWEST_LOCK = (
+NEWEST_LOCK = (
     sa.select(
-        WorkItem.c.WorkId, WorkItem.c.ProjectionKey, WorkItem.c.Status, WorkItem.c.Attempt, WorkItem.c.RunsBeforeWorkId
+        WorkItem.c.WorkId,
+        WorkItem.c.ProjectionKey,
+        WorkItem.c.Status,
+        WorkItem.c.Attempt,
+        WorkItem.c.RunsBeforeWorkId,
+        WorkItem.c.BuildRun,
     )
     .where(WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
     .with_for_update()
@@ -197,7 +218,7 @@ def work_items_newest(
         work_ids += (work_id for work_id in connection.execute(_NEWEST_SEEK, parameters).scalars() if work_id)
     if not work_ids:
         return {}
-    rows = connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})
+    rows = connection.execute(NEWEST_LOCK, {"work_ids": work_ids})
     return {row.ProjectionKey: row for row in map(NewestGeneration._make, rows)}
 
 
@@ -224,7 +245,7 @@ def work_items_tail(
     ]
     if not work_ids:
         return {}
-    rows = connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})
+    rows = connection.execute(NEWEST_LOCK, {"work_ids": work_ids})
     return {row.ProjectionKey: row for row in map(NewestGeneration._make, rows)}
 
 
@@ -253,13 +274,17 @@ def work_item_statuses(connection: Connection, work_ids: Sequence[str]) -> dict[
 
 
 def work_items_insert(connection: Connection, rows: Sequence[GenerationRow] | Sequence[Mapping[str, Any]]) -> None:
-    """Insert new generations (one multi-row INSERT; every row has the first row's columns, in any order).
+    """Insert new generations: one multi-row INSERT per set of columns the rows have, in any order.
 
-    Admission and replay pass ``GenerationRow``s; seeds of history pass rows with more columns.
+    Admission and replay pass ``GenerationRow``s (a Flow version's carry three more columns);
+    seeds of history pass rows with more columns.
     """
-    if rows:
+    groups: dict[frozenset[str], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(frozenset(row), []).append(row)
+    for columns, same in groups.items():
         # The table's column order, which the INSERT's parameters follow (``insert_many``).
-        insert_many(connection, WorkItem, tuple(name for name in WorkItem.c.keys() if name in rows[0]), rows)
+        insert_many(connection, WorkItem, tuple(name for name in WorkItem.c.keys() if name in columns), same)
 
 
 @functools.lru_cache(maxsize=16)
@@ -425,7 +450,7 @@ def work_item_value(row: WorkRow) -> WorkItemRow:
         last_error=row.LastError,
         created_at=row.CreatedAt,
         finished_at=row.FinishedAt,
-        flow_version=row.FlowVersion or "",
+        flow_version=row.FlowVersion,
         build_run=bool(row.BuildRun),
     )
 

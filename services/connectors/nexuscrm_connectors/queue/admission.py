@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_connectors import metrics
 from nexuscrm_connectors.errors import LimitExceeded, ProtocolMissing
 from nexuscrm_connectors.queries import events as events_sql
+from nexuscrm_connectors.queries import flow_versions as flow_versions_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import receipts as receipts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
@@ -28,6 +29,7 @@ from nexuscrm_connectors.queries.events import AdmittedInput
 from nexuscrm_connectors.queries.receipts import StoredReceipt
 from nexuscrm_connectors.queries.rows import GenerationRow, ReceiptRow
 from nexuscrm_connectors.queries.work_items import NewestGeneration
+from nexuscrm_connectors.queue import tracks as version_tracks
 from nexuscrm_connectors.queue.deliveries import (
     Delivery,
     RefusedItem,
@@ -40,6 +42,7 @@ from nexuscrm_connectors.queue.deliveries import (
 )
 from nexuscrm_connectors.queue.duplicates import verify_duplicates
 from nexuscrm_connectors.queue.grouping import GroupCommit
+from nexuscrm_connectors.queue.tracks import Target, track_row
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
@@ -294,15 +297,20 @@ def _batch_transaction(
                 del events[delivery.item.receipt_key]
         results.update(verify_duplicates(connection, protocol, events))
         results.update(_outside_window(protocol, [d for d in accepted if d.item.receipt_key not in results], stored))
+    tracks = flow_versions_sql.tracks_of(connection, pack_install_id) if guard.has_versions else []
     fresh: list[Delivery] = []
     for delivery in accepted:
         if delivery.item.receipt_key in results:
             continue  # a duplicate, verified
-        if fenced:
+        if tracks and (refused := version_tracks.refusal(tracks, delivery.projection_key)):
+            results[delivery.item.receipt_key] = IngestResult(
+                receipt_key=delivery.item.receipt_key, outcome=Outcome.REJECTED, message=refused
+            )
+        elif fenced:
             results[delivery.item.receipt_key] = _fenced(delivery)
         else:
             fresh.append(delivery)
-    admitted = _new_generations(connection, settings, newest, pack, fresh, now) if fresh else _Admitted({})
+    admitted = _new_generations(connection, settings, newest, pack, fresh, now, tracks) if fresh else _Admitted({})
     results.update(admitted.results)
     _record_receipts(connection, pack_install_id, accepted, stored, results, admitted.ordinals, now)
     return dataclasses.replace(admitted, results=results)
@@ -421,21 +429,42 @@ def _new_generations(
     pack: packs_sql.LockedPack,
     fresh: Sequence[Delivery],
     now: dt.datetime,
+    tracks: Sequence[flow_versions_sql.Track] = (),
 ) -> _Admitted:
-    """Allocate ordinals in arrival order, insert Events, and cover every new input once.
+    """Allocate ordinals in arrival order, insert Events, and cover every new input once per track.
 
     Every identity of the batch gets exactly one generation covering its new inputs
-    (invariant M): its newest one extended, or a successor.
+    (invariant M): its newest one extended, or a successor; with Flow versions, one in each
+    track that receives inputs (``tracks``).
     """
     ordinals = packs_sql.ordinals_allocate(connection, pack, len(fresh))
     packs_sql.allocated_events_insert(
         connection, pack.pack_install_id, event_rows(pack.pack_install_id, ordinals, fresh, now)
     )
-    by_identity: dict[str, list[tuple[int, Delivery]]] = {}
+    by_identity: dict[str, list[tuple[int, Delivery]]] = {}  # generation key -> its new members
+    versioned: dict[str, Target] = {}  # the generation keys of versions' tracks
+    answered: dict[str, str] = {}  # inputs' key -> the generation key their result names (the live track's)
     for ordinal, delivery in zip(ordinals, fresh, strict=True):
-        by_identity.setdefault(delivery.projection_key, []).append((ordinal, delivery))
+        own = delivery.projection_key
+        joined = version_tracks.targets(tracks, own) if tracks else None
+        if joined is None:
+            by_identity.setdefault(own, []).append((ordinal, delivery))
+            continue
+        for target in joined:
+            by_identity.setdefault(target.key, []).append((ordinal, delivery))
+            versioned[target.key] = target
+            if target.live or own not in answered:
+                answered[own] = target.key
+    plain = [key for key in by_identity if key not in versioned or versioned[key].input_key is None]
     known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
-    newest = work_items_sql.work_items_newest(connection, pack.pack_install_id, ordinals, by_identity, known)
+    newest = work_items_sql.work_items_newest(
+        connection, pack.pack_install_id, ordinals, plain, {k: v for k, v in known.items() if k in plain}
+    )
+    for key, target in versioned.items():
+        if target.input_key is not None and (
+            found := flow_versions_sql.newest_of_key(connection, pack.pack_install_id, key)
+        ):
+            newest[key] = found
     run_first = [key for key, row in newest.items() if row.RunsBeforeWorkId]
     # Behind a replay run first: a new generation, linked behind the identity's tail (decision 174).
     tails = work_items_sql.work_items_tail(connection, pack.pack_install_id, run_first) if run_first else {}
@@ -446,8 +475,10 @@ def _new_generations(
     starts: set[int] = set()  # first ordinals of the generations this batch creates
     for projection_key, members in by_identity.items():
         low, high = members[0][0], members[-1][0]  # arrival order = ordinal order
+        track_target = versioned.get(projection_key)
+        build_run = track_target is not None and track_target.build_run
         current = newest.get(projection_key)
-        if current is not None and _extendable(current):
+        if current is not None and _extendable(current) and bool(current.BuildRun) == build_run:
             extended[current.WorkId] = (high, len(members))
             work_ids[projection_key] = current.WorkId
             continue
@@ -459,19 +490,18 @@ def _new_generations(
         blocked = current is not None and WorkStatus(current.Status) not in TERMINAL_WORK_STATUSES
         if current is not None and blocked:
             linked[current.WorkId] = work_id
-        new_generations.append(
-            generation_row(
-                work_id=work_id,
-                pack_install_id=pack.pack_install_id,
-                projection_key=projection_key,
-                start=low,
-                end=high,
-                members=len(members),
-                blocked=blocked,
-                now=now,
-                max_attempts=settings.max_attempts,
-            )
+        row = generation_row(
+            work_id=work_id,
+            pack_install_id=pack.pack_install_id,
+            projection_key=projection_key,
+            start=low,
+            end=high,
+            members=len(members),
+            blocked=blocked,
+            now=now,
+            max_attempts=settings.max_attempts,
         )
+        new_generations.append(track_row(row, track_target) if track_target is not None else row)
     changed = work_items_sql.work_items_extend(connection, pack.pack_install_id, extended, ordinals[0], ordinals[-1])
     if changed != len(extended):
         raise RuntimeError("a generation of this batch changed under its row lock")
@@ -484,12 +514,13 @@ def _new_generations(
             receipt_key=delivery.item.receipt_key,
             outcome=Outcome.ADMITTED,
             enqueue_ordinal=ordinal,
-            work_id=work_ids[delivery.projection_key],
+            work_id=work_ids[answered.get(delivery.projection_key, delivery.projection_key)],
             starts_generation=ordinal in starts,
         )
         for ordinal, delivery in zip(ordinals, fresh, strict=True)
+        if delivery.projection_key in answered or delivery.projection_key in work_ids
     }
-    return _Admitted(results, ordinals, work_ids)
+    return _Admitted(results, ordinals, {key: work_ids[key] for key in plain})
 
 
 def _extendable(row: NewestGeneration) -> bool:

@@ -18,7 +18,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
@@ -114,6 +114,7 @@ class _Request:
     worker_id: str
     pack_install_ids: tuple[str, ...]
     work_types: tuple[str, ...]
+    flow_versions: tuple[str, ...]
     max_items: int
     lease: dt.timedelta
     read_inputs: InputReader | None
@@ -126,6 +127,7 @@ def claim(
     worker_id: str,
     pack_install_ids: Sequence[str] = (),
     work_types: Sequence[str] = (),
+    flow_versions: Sequence[str] = (),
     max_items: int = 1,
     lease_seconds: int = 0,
     wait: dt.timedelta = dt.timedelta(0),
@@ -135,7 +137,9 @@ def claim(
     """Lease up to ``max_items`` claimable native generations to ``worker_id``.
 
     Claimable: pending; retry whose time has come; processing whose lease expired (a failed
-    attempt: it fails for good when attempts run out). Only packs with a protocol row are
+    attempt: it fails for good when attempts run out). ``flow_versions``: claim those Flow
+    versions' generations (a build's yield to live work and to its rate bound); none: the
+    generations of the inputs' own keys only. Only packs with a protocol row are
     served; naming a pack without one raises ``ProtocolMissing``. A generation whose selected
     Event is missing, or whose members differ from the count its admission recorded (a
     DATA_LOSS naming the WorkId and both counts), is damaged: it is failed for good with that
@@ -173,10 +177,13 @@ def claim(
         )
     for work_type in work_types:
         validate_text("work_types", work_type, FIELD_MAX_LENGTHS["work_type"])
+    for version in flow_versions:
+        validate_text("flow_versions", version, FIELD_MAX_LENGTHS["companion_version"])
     request = _Request(
         worker_id=worker_id,
         pack_install_ids=tuple(pack_install_ids),
         work_types=tuple(work_types),
+        flow_versions=tuple(flow_versions),
         max_items=max_items,
         lease=dt.timedelta(seconds=check_lease_seconds(settings, lease_seconds)),
         read_inputs=read_inputs,
@@ -262,7 +269,7 @@ def claim_transaction(
             batch.failed_damaged += _fail_damaged(connection, leased.pop(work_id), token, reason, now)
         if not leased:
             return batch
-    selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in leased.values()]
+    selected = _selected(leased.values())
     if events_sql.selected_events_set_status(connection, selected, EventStatus.PROCESSING) != len(selected):
         raise MembershipMissing(f"a selected Event of {sorted(leased)} disappeared during the claim")
     batch.leased = [leased[candidate.WorkId] for candidate in chosen if candidate.WorkId in leased]  # oldest first
@@ -328,7 +335,9 @@ def _live_candidates(
     """
     now: dt.datetime | None = None
     for _ in range(CLAIM_PASSES):
-        candidates = claims_sql.work_items_claimable(connection, served, request.work_types, clock, window, operated)
+        candidates = claims_sql.work_items_claimable(
+            connection, served, request.work_types, clock, window, operated, request.flow_versions
+        )
         now = candidates[0].Now if candidates else now
         exhausted = {c.WorkId for c in candidates if _last_attempt_expired(c)}
         for candidate in candidates:
@@ -509,13 +518,17 @@ def finish(connection: Connection, rows: Sequence[Positioned], event_status: Eve
     """
     if not rows:
         return
-    selected = [(row.PackInstallId, row.LaneOrdinal, row.ProjectionKey) for row in rows]
-    events_sql.selected_events_set_status(connection, selected, event_status)
+    events_sql.selected_events_set_status(connection, _selected(rows), event_status)
     successors = [row.SuccessorWorkId for row in rows if row.SuccessorWorkId is not None]
     successors += work_items_sql.work_items_successors(
         connection, [row for row in rows if row.SuccessorWorkId is None and row.RunsBeforeWorkId is None]
     ).values()
     work_items_sql.work_items_unblock(connection, successors, now)
+
+
+def _selected(rows: Iterable[Positioned]) -> list[tuple[str, int, str]]:
+    """The selected Events whose status the runs of ``rows`` move: a build's run moves none (decision 185)."""
+    return [(row.PackInstallId, row.LaneOrdinal, row.member_key) for row in rows if not row.BuildRun]
 
 
 def current_lease(connection: Connection, work_id: str, lease_token: str, clock: DatabaseClock) -> HeldWork:

@@ -117,7 +117,7 @@ def _start(row: WorkRow) -> int:
 
 def _member_count(connection: Connection, row: WorkRow) -> int:
     """How many Events ``row``'s range holds now."""
-    return events_sql.event_range_count(connection, row.PackInstallId, row.ProjectionKey, _start(row), row.LaneOrdinal)
+    return events_sql.event_range_count(connection, row.PackInstallId, row.member_key, _start(row), row.LaneOrdinal)
 
 
 class _Pages:
@@ -175,7 +175,7 @@ def _page(
     One statement (``event_range_page``): a page's sizes come from Event.PayloadBytes.
     """
     rows = events_sql.event_range_page(
-        connection, work.PackInstallId, work.ProjectionKey, after, end, size, settings.max_page_bytes
+        connection, work.PackInstallId, work.member_key, after, end, size, settings.max_page_bytes
     )
     return rows, not rows or (rows[0].Candidates < size and len(rows) == rows[0].Candidates)
 
@@ -197,7 +197,7 @@ def whole_pages(connection: Connection, settings: Settings, works: Sequence[Leas
     room = size = settings.page_size(0)
     budget = settings.max_page_bytes
     ranges = [
-        events_sql.EventRange(w.PackInstallId, w.ProjectionKey, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
+        events_sql.EventRange(w.PackInstallId, w.member_key, w.InputStartOrdinal - 1, w.LaneOrdinal) for w in works
     ]
     fitting: list[tuple[WorkRow, events_sql.EventRange, int]] = []
     for work, members, sizes in zip(

@@ -58,6 +58,11 @@ def replay(context: Context, work_id: str) -> ReplayResult:
             raise RuntimeError(f"work {work_id} vanished between its read and its row lock")
         if target.InputStartOrdinal is None or packs_sql.protocol_get(connection, target.PackInstallId) is None:
             raise ProtocolMissing(f"work {work_id} is old-protocol work; replay needs native range work")
+        if target.FlowVersion is not None:  # its replay Event would carry the inputs' key, not the version's
+            raise ReplayRefused(
+                f"work {work_id} is a generation of Flow version {target.FlowVersion!r}: a version's generations are "
+                "not replayed; skip it, or retire the version and build it again"
+            )
         if WorkStatus(target.Status) not in TERMINAL_WORK_STATUSES:
             raise ReplayRefused(f"work {work_id} is {target.Status}; only terminal work can be replayed")
         earlier = work_items_sql.work_item_replay_newest(connection, work_id)

@@ -1,0 +1,89 @@
+"""Where an admitted input goes when its work type has Flow versions: one generation per receiving track.
+
+A work type without versions has one implicit track, its inputs' own key, and admission never
+reads this module's rows. Once a version is built, each track (``queries.flow_versions.Track``)
+that receives inputs gets its own generation of every admitted input: the inputs' own key for
+the track of their delivered companion version, else the same identity with the track's version
+as its companion version, whose members are the inputs' key (``WorkItem.InputKey``) (decision 185).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+from nexuscrm_connectors.queries.flow_versions import Track
+from nexuscrm_connectors.queries.rows import GenerationRow
+from workqueue.identity import decode_projection_key
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The generation key one track gives an input, with what its generations record."""
+
+    key: str
+    flow_version: str | None  # None: the inputs' own key
+    input_key: str | None
+    build_run: bool
+    live: bool
+
+
+@functools.lru_cache(maxsize=4096)
+def version_key(projection_key: str, version: str) -> str:
+    """The identity of ``projection_key`` with ``version`` as its companion version."""
+    identity = decode_projection_key(projection_key)
+    return dataclasses.replace(identity, companion_version=version).key
+
+
+def target_of(track: Track, projection_key: str) -> Target:
+    """The generation key ``track`` gives the inputs of ``projection_key`` (one of its source version)."""
+    if track.own:
+        return Target(projection_key, None, None, build_run=not track.live, live=track.live)
+    key = version_key(projection_key, track.version)
+    return Target(key, track.version, projection_key, build_run=not track.live, live=track.live)
+
+
+def refusal(tracks: Sequence[Track], projection_key: str) -> str | None:
+    """Why an input may not be admitted with this key: it names a Flow version's track as its companion version."""
+    identity = decode_projection_key(projection_key)
+    for track in tracks:
+        if track.work_type == identity.work_type and not track.own and track.version == identity.companion_version:
+            return (
+                f"companion_version {track.version!r} is a Flow version built over work type {track.work_type!r}'s "
+                f"inputs delivered with {track.source_version!r}: deliver them with {track.source_version!r}"
+            )
+    return None
+
+
+def targets(tracks: Sequence[Track], projection_key: str) -> list[Target] | None:
+    """The generations an input of ``projection_key`` joins: one per receiving track; None without versions."""
+    identity = decode_projection_key(projection_key)
+    mine = [
+        track
+        for track in tracks
+        if track.work_type == identity.work_type and track.source_version == identity.companion_version
+    ]
+    if not mine:
+        return None
+    return [target_of(track, projection_key) for track in mine if track.receiving]
+
+
+def track_row(row: GenerationRow, target: Target) -> GenerationRow:
+    """``row`` as a generation of ``target``'s track: its version, its members' key and how it runs."""
+    return {**row, "FlowVersion": target.flow_version, "InputKey": target.input_key, "BuildRun": target.build_run}
+
+
+def member_window(tracks: Sequence[Track], projection_key: str, cutoff: int) -> tuple[str, int, int | None]:
+    """The inputs a generation key covers: their key, and the ordinals above and through which (None: open).
+
+    Without versions of its work type: its own inputs above the pack's legacy cutoff. A track's
+    key (its own version's or another's) covers its source identity's inputs from its
+    CoverFromOrdinal through its CoverThroughOrdinal.
+    """
+    identity = decode_projection_key(projection_key)
+    for track in tracks:
+        if track.work_type == identity.work_type and track.version == identity.companion_version:
+            source = dataclasses.replace(identity, companion_version=track.source_version).key
+            return source, max(cutoff, track.cover_from_ordinal - 1), track.cover_through_ordinal
+    return projection_key, cutoff, None

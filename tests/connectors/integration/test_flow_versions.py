@@ -1,0 +1,240 @@
+"""Flow versions built from history beside the live one, switched, rolled back and retired (decision 185).
+
+Each scenario runs every generation it claims over the members LoadInputs streams, and checks
+which inputs each version ran, live or in a build, against what was admitted, then the
+invariants (M per track) on the final database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+import sqlalchemy as sa
+
+from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating import flow_versions
+from nexuscrm_schema.tables import WorkItem
+from tests.support.checksums import database_digest
+from tests.support.factories import install_pack, route
+from tests.support.invariants import assert_invariants
+from workqueue.errors import DomainError, ErrorKind
+from workqueue.values import IngestItem, Outcome
+
+pytestmark = pytest.mark.database
+
+V1, V2 = "crm-1.0", "crm-2.0"  # the companion version deliveries carry (tests.support.factories.route), and the new
+
+
+def _items(start: int, count: int, lanes: int = 3) -> list[IngestItem]:
+    return [
+        IngestItem(receipt_key=f"r-{n}", route=route(f"lane-{n % lanes}"), payload=f"input {n}".encode())
+        for n in range(start, start + count)
+    ]
+
+
+@dataclasses.dataclass
+class Runs:
+    """The ordinals each (version, build) ran, as many times as run."""
+
+    ran: Counter[tuple[str, bool, int]] = dataclasses.field(default_factory=Counter)
+
+    def of(self, version: str, *, build: bool) -> list[int]:
+        return sorted(o for (v, b, o), n in self.ran.items() for _ in range(n) if v == version and b == build)
+
+
+def _drain(connectors: Connectors, pack: str, runs: Runs, versions: Sequence[str] = (), limit: int = 1000) -> int:
+    """Claim (as a pool of ``versions``), load and complete until nothing is claimable; generations run."""
+    done = 0
+    while done < limit:
+        claims = connectors.claim("w", pack_install_ids=[pack], flow_versions=versions, max_items=10)
+        if not claims:
+            return done
+        for claim in claims:
+            version = claim.work.flow_version or V1
+            for page in connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token):
+                for member in page.inputs:
+                    runs.ran[(version, claim.work.build_run, member.enqueue_ordinal)] += 1
+            connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
+            done += 1
+    raise AssertionError("the queue did not drain")
+
+
+def _build(
+    connectors: Connectors, pack: str, **options: object
+) -> tuple[flow_versions.VersionView, flow_versions.CatchUp]:
+    arguments: dict[str, object] = {
+        "from_retained": False,
+        "max_inputs_per_second": 0,
+        "started_by": "ops",
+        "reason": "v2",
+    }
+    return flow_versions.build(connectors.context, pack, "project", V2, **(arguments | options))  # type: ignore[arg-type]
+
+
+def _states(connectors: Connectors, pack: str) -> dict[str, str]:
+    return {view.track.version: view.state for view in flow_versions.list_versions(connectors.context, pack, "project")}
+
+
+def test_a_version_is_built_from_history_switched_rolled_back_switched_again_and_the_old_one_retired(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    runs = Runs()
+    for start in range(1, 1201, 400):
+        connectors.ingest(pack, items=_items(start, 400))
+    assert _drain(connectors, pack, runs) > 0
+    view, made = _build(connectors, pack)
+    # 1200 inputs on three lanes: 400 each, one catch-up generation per lane (500 members at most).
+    assert (made.generations, made.inputs, view.state, view.track.catch_up_through_ordinal) == (
+        3,
+        1200,
+        "building",
+        1200,
+    )
+    assert _states(connectors, pack) == {V1: "live", V2: "building"}
+
+    # While the build catches up, new inputs (and a duplicate) go to both versions; the answer names V1's.
+    results = connectors.ingest(pack, items=[*_items(1201, 30), _items(5, 1)[0]])
+    assert [r.outcome for r in results].count(Outcome.ADMITTED) == 30
+    assert results[-1].outcome is Outcome.DUPLICATE_COVERED
+    with engine.connect() as connection:
+        answered = {r.work_id for r in results[:30]}
+        versions = set(
+            connection.execute(sa.select(WorkItem.c.FlowVersion).where(WorkItem.c.WorkId.in_(answered))).scalars()
+        )
+    assert versions == {None}
+
+    with pytest.raises(DomainError) as behind:
+        flow_versions.switch(connectors.context, pack, "project", V2, switched_by="ops", reason="too early")
+    assert behind.value.kind is ErrorKind.FAILED_PRECONDITION and "is behind" in str(behind.value)
+
+    _drain(connectors, pack, runs)  # V1's new inputs, live
+    _drain(connectors, pack, runs, [V2])  # V2's catch-up and new inputs, as builds
+    assert runs.of(V2, build=True) == list(range(1, 1231))
+    assert runs.of(V1, build=False) == list(range(1, 1231))
+    assert _states(connectors, pack) == {V1: "live", V2: "standby"}
+    assert_invariants(engine)
+
+    live, previous = flow_versions.switch(connectors.context, pack, "project", V2, switched_by="ops", reason="ship")
+    assert (live.state, previous.state, previous.track.cover_through_ordinal) == ("live", "stopped", 1230)
+    connectors.ingest(pack, items=_items(1231, 9))
+    assert _drain(connectors, pack, runs) == 0  # V1 receives nothing any more
+    _drain(connectors, pack, runs, [V2])
+    assert runs.of(V2, build=False) == list(range(1231, 1240))  # after the switch, V2 runs live
+    assert_invariants(engine)
+
+    back, was_live, missed = flow_versions.rollback(
+        connectors.context, pack, "project", rolled_back_by="ops", reason="v2 writes wrong totals"
+    )
+    assert (back.track.version, back.state, was_live.track.version, missed.inputs) == (V1, "live", V2, 9)
+    connectors.ingest(pack, items=_items(1240, 3))
+    _drain(connectors, pack, runs)
+    _drain(connectors, pack, runs, [V2])
+    assert runs.of(V1, build=True) == list(range(1231, 1240))  # what it missed, caught up as a build
+    assert runs.of(V1, build=False) == [*range(1, 1231), *range(1240, 1243)]
+    assert runs.of(V2, build=True) == [*range(1, 1231), *range(1240, 1243)]
+    assert_invariants(engine)
+
+    flow_versions.switch(connectors.context, pack, "project", V2, switched_by="ops", reason="fixed")
+    retired = flow_versions.retire(connectors.context, pack, "project", V1, retired_by="ops", reason="done")
+    assert (retired.state, [c.action for c in retired.changes]) == ("retired", ["rollback", "retire"])
+    connectors.ingest(pack, items=_items(1243, 2))
+    _drain(connectors, pack, runs, [V2])
+    # Every input ran live exactly once, in the version live when it was admitted.
+    live_runs = Counter(runs.of(V1, build=False) + runs.of(V2, build=False))
+    assert live_runs == Counter(range(1, 1245))
+    assert _states(connectors, pack) == {V1: "retired", V2: "live"}
+    assert [c.action for c in flow_versions.list_versions(connectors.context, pack, "project")[1].changes] == [
+        "build",
+        "switch",
+        "switch",
+    ]
+    assert_invariants(engine)
+
+
+def test_a_build_yields_to_live_work_and_to_its_rate_bound(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=_items(1, 40, lanes=4))
+    _build(connectors, pack, max_inputs_per_second=10)
+    assert connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) == []  # V1's live work is due
+    runs = Runs()
+    _drain(connectors, pack, runs)
+    (first,) = connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2])
+    assert first.work.build_run and first.work.flow_version == V2
+    # One claimed generation holds 10 inputs: the bound of 10 per second is reached for this second.
+    assert connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) == []
+    connectors.complete(first.work.work_id, lease_token=first.lease_token)
+    assert_invariants(engine)
+
+
+def test_refused_builds_and_steps_change_nothing(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    other = IngestItem(receipt_key="other", route=route("lane-0", work_type="other"), payload=b"o")
+    connectors.ingest(pack, items=[*_items(1, 6), other])
+    _build(connectors, pack)
+    cases: list[tuple[ErrorKind, str, dict[str, object]]] = [
+        (ErrorKind.ALREADY_EXISTS, "already has Flow version", {}),
+        (ErrorKind.INVALID_ARGUMENT, "version", {"version": "v" * 65}),
+        (ErrorKind.FAILED_PRECONDITION, "already building", {"version": "crm-3.0"}),
+        (ErrorKind.ALREADY_EXISTS, "is the version", {"version": V1, "work_type": "other"}),
+    ]
+    without_protocol = install_pack(engine, legacy_max_ordinal=None)
+    before = database_digest(engine)
+    for kind, words, options in cases:
+        arguments: dict[str, object] = {
+            "from_retained": False,
+            "max_inputs_per_second": 0,
+            "started_by": "ops",
+            "reason": "r",
+        }
+        version = str(options.pop("version", V2))
+        work_type = str(options.pop("work_type", "project"))
+        with pytest.raises(DomainError) as refused:
+            flow_versions.build(connectors.context, pack, work_type, version, **arguments)  # type: ignore[arg-type]
+        assert refused.value.kind is kind and words in str(refused.value), (words, str(refused.value))
+    with pytest.raises(DomainError) as unknown_work_type:
+        flow_versions.build(
+            connectors.context,
+            pack,
+            "nothing",
+            V2,
+            from_retained=False,
+            max_inputs_per_second=0,
+            started_by="o",
+            reason="r",
+        )
+    assert unknown_work_type.value.kind is ErrorKind.NOT_FOUND
+    with pytest.raises(DomainError) as no_protocol:
+        flow_versions.build(
+            connectors.context,
+            without_protocol,
+            "project",
+            V2,
+            from_retained=False,
+            max_inputs_per_second=0,
+            started_by="o",
+            reason="r",
+        )
+    assert no_protocol.value.kind is ErrorKind.FAILED_PRECONDITION
+    for step in (
+        lambda: flow_versions.switch(connectors.context, pack, "project", "crm-9", switched_by="o", reason="r"),
+        lambda: flow_versions.retire(connectors.context, pack, "project", V1, retired_by="o", reason="r"),
+        lambda: flow_versions.rollback(connectors.context, pack, "project", rolled_back_by="o", reason="r"),
+    ):
+        with pytest.raises(DomainError):
+            step()
+    # A delivery that names the version as its companion version is refused: its key is V2's track's.
+    (refused_item,) = connectors.ingest(
+        pack,
+        items=[
+            IngestItem(
+                receipt_key="v2-direct", route=dataclasses.replace(route("lane-0"), companion_version=V2), payload=b"x"
+            )
+        ],
+    )
+    assert refused_item.outcome is Outcome.REJECTED and "is a Flow version" in refused_item.message
+    assert database_digest(engine) == before
+    assert_invariants(engine)
