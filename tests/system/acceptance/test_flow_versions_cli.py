@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -25,12 +24,13 @@ from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime.server import create_server
 from nexuscrm_sdk import FlowContext, Worker
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_tools import cli
 from nexuscrm_tools.clients import CONNECTORS, SERVICES
 from nexuscrm_tools.commands import flow_versions
 from tests.support.checksums import database_digest
 from tests.support.factories import install_pack, route
 from tests.support.invariants import assert_invariants
+from tests.system.acceptance.test_cli_discovery_and_exit_codes import run
+from tests.system.acceptance.test_operating_cli import refused
 from workqueue.values import IngestItem
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
@@ -52,18 +52,6 @@ def client(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Conne
     with grpc.insecure_channel(target) as channel:
         yield ConnectorsClient(channel)
     running.stop(0)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> Any:
-    capsys.readouterr()
-    assert cli.main(["--json", *argv]) == code, argv
-    return json.loads(capsys.readouterr().out)
-
-
-def refused(capsys: pytest.CaptureFixture[str], *argv: str, code: int) -> str:
-    capsys.readouterr()
-    assert cli.main(list(argv)) == code, argv
-    return capsys.readouterr().err
 
 
 def deals(start: int, count: int) -> list[IngestItem]:

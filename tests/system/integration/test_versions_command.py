@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,12 @@ from nexuscrm_sdk import Flow, FlowContext, Generation, InMemoryWorkSource, Work
 from nexuscrm_tools import cli
 from nexuscrm_tools.clients import CONNECTORS, SERVICES
 from nexuscrm_tools.commands import flow_versions
+from tests.connectors.unit.test_example_deal_alerts import RoundedAmounts
+from tests.system.acceptance.test_cli_discovery_and_exit_codes import run
+from tests.system.acceptance.test_operating_cli import refused
 from workqueue import ProjectionIdentity
 from workqueue.errors import DomainError, ErrorKind
-from workqueue.values import InputRow, Route
+from workqueue.values import Route
 
 INVARIANTS_NOT_CHECKED = "a stand-in Connectors in memory and the example Flow's SQLite read models"
 
@@ -38,23 +40,15 @@ WORK_TYPE = "deal-alerts"
 LANES = ("a", "b")
 
 
-def identity(lane: str, version: str = "1") -> ProjectionIdentity:
+def identity(lane: str) -> ProjectionIdentity:
     return ProjectionIdentity(
         pack_install_id=PACK,
         event_kind="deal.update",
         route_version="1",
-        companion_version=version,
+        companion_version="1",
         work_type=WORK_TYPE,
         source_lane=lane,
     )
-
-
-class RoundedAmounts(deal_alerts.DealAlerts):
-    """A deliberately different version: amounts rounded to whole units."""
-
-    def derive(self, row: InputRow) -> tuple[str, str, Decimal]:
-        deal, stage, amount = super().derive(row)
-        return deal, stage, amount.quantize(Decimal(1))
 
 
 def rounded(context: FlowContext) -> RoundedAmounts:
@@ -178,18 +172,6 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn]:
     monkeypatch.setattr(flow_versions, "POLL_INTERVAL", 0.0)
     yield servicer
     running.stop(0)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> Any:
-    capsys.readouterr()
-    assert cli.main(["--json", *argv]) == code, argv
-    return json.loads(capsys.readouterr().out)
-
-
-def refused(capsys: pytest.CaptureFixture[str], *argv: str, code: int) -> str:
-    capsys.readouterr()
-    assert cli.main(list(argv)) == code, argv
-    return capsys.readouterr().err
 
 
 def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
