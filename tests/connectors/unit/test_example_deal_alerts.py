@@ -22,7 +22,7 @@ from workqueue.values import InputRow
 
 INVARIANTS_NOT_CHECKED = "the example Flow's own SQLite read models, not the canonical database"
 
-PACK = "pk-deals"
+PACK = "pk-0123456789ab"  # a pack id as the CLI takes it (tests/system/integration/test_versions_command.py)
 WORK_TYPE = "deal-alerts"
 
 

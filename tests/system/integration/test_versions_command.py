@@ -26,29 +26,15 @@ from nexuscrm_sdk import Flow, FlowContext, Generation, InMemoryWorkSource, Work
 from nexuscrm_tools import cli
 from nexuscrm_tools.clients import CONNECTORS, SERVICES
 from nexuscrm_tools.commands import flow_versions
-from tests.connectors.unit.test_example_deal_alerts import RoundedAmounts
+from tests.connectors.unit.test_example_deal_alerts import PACK, WORK_TYPE, RoundedAmounts, identity
 from tests.system.acceptance.test_cli_discovery_and_exit_codes import run
 from tests.system.acceptance.test_operating_cli import refused
-from workqueue import ProjectionIdentity
 from workqueue.errors import DomainError, ErrorKind
 from workqueue.values import Route
 
 INVARIANTS_NOT_CHECKED = "a stand-in Connectors in memory and the example Flow's SQLite read models"
 
-PACK = "pk-0123456789ab"
-WORK_TYPE = "deal-alerts"
 LANES = ("a", "b")
-
-
-def identity(lane: str) -> ProjectionIdentity:
-    return ProjectionIdentity(
-        pack_install_id=PACK,
-        event_kind="deal.update",
-        route_version="1",
-        companion_version="1",
-        work_type=WORK_TYPE,
-        source_lane=lane,
-    )
 
 
 def rounded(context: FlowContext) -> RoundedAmounts:
