@@ -327,6 +327,9 @@ def versions_verify(clients: Clients, args: argparse.Namespace) -> Outcome:
     def read() -> list[cn_pb.FlowVersion]:
         versions = [v for v in list_versions(clients, args.pack, args.work_type) if v.version in pair]
         ready = {v.version for v in versions if _receives_through(v, through)}
+        # Every generation of a version completed: no identity of it needs a look of its own.
+        done = {v.version for v in versions if v.version in ready and v.generations_done == v.generations_total}
+        pending.difference_update({(route, name) for route, name in pending if name in done})
         for route, name in sorted(pending, key=str):
             if name in ready:
                 reached = flow_digests.reach(clients.connectors, args.pack, route, name, through)
