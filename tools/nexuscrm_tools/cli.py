@@ -5,7 +5,8 @@ Subcommands: ``packs list|install|activate|protocol|show|find``,
 ``cutover audit|run``, ``work show|list|members``, ``receipts list|missing``,
 ``retention set|show|prune``, ``schema contract-payloads``, ``why``, ``activation``,
 ``workers``, ``version``, ``health``, ``claims pause|resume|list``, ``dead-letters list|count|replay|skip``
-``order-policy set|show``, ``retry-policy set|show``, ``work retry-now``, ``coverage``, ``identities`` and ``send``.
+``order-policy set|show``, ``retry-policy set|show``, ``work retry-now``, ``coverage``, ``identities``, ``send``
+and ``versions build|list|switch|rollback|retire|verify`` (Flow versions, decision 185).
 A pack is named by its id or as ``NAMESPACE/NAME[@VERSION]``, and an identity by the identity
 flags that name exactly one of the pack's (decision 178).
 Tables by default, ``--json`` for scripts (docs/output-conventions.md).
@@ -50,6 +51,7 @@ from nexuscrm_tools.commands import (
     deployment,
     drain,
     fences,
+    flow_versions,
     order_policy,
     pack_identities,
     packs,
@@ -84,6 +86,7 @@ COMMAND_GROUPS = (
     coverage.add_commands,
     pack_identities.add_commands,
     send.add_commands,
+    flow_versions.add_commands,
 )
 
 

@@ -74,6 +74,7 @@ from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_sdk.flows import FlowNotFound, resolve_flow
 from nexuscrm_tools import demo, demo_tables, tables
 from nexuscrm_tools import demo_queries as queries
+from nexuscrm_tools.commands.shared import setting
 from nexuscrm_tools.exits import ExitCode, help_epilog
 from nexuscrm_tools.launcher import (
     CONNECTORS,
@@ -507,7 +508,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--setting",
         action="append",
-        type=_setting,
+        type=setting,
         default=[],
         metavar="KEY=VALUE",
         help="a setting of the Flow's pool (FlowContext.settings); repeatable",
@@ -556,13 +557,6 @@ def _share(raw: str) -> float:
     if value >= 1:
         raise argparse.ArgumentTypeError(f"must be below 1, got {raw}")
     return value
-
-
-def _setting(raw: str) -> tuple[str, str]:
-    key, equals, value = raw.partition("=")
-    if not equals or not key:
-        raise argparse.ArgumentTypeError(f"a setting is KEY=VALUE, got {raw!r}")
-    return key, value
 
 
 def fresh_run_state(workdir: Path) -> None:

@@ -6,7 +6,10 @@ A Flow author imports from here (``__all__``, decision 154); the modules say mor
   ``identity``, ``route``, and ``inputs``: every member as a ``workqueue.InputRow``, in ordinal
   order), ``Flow``, ``FlowContext`` (the pool, the host's engine, the pool's settings),
   ``FlowFactory`` and ``resolve_flow``, which finds the factory a pool names
-  (``module:function`` or an entry point of the group ``nexuscrm.flows``).
+  (``module:function`` or an entry point of the group ``nexuscrm.flows``); Flow versions
+  (decision 185): ``Generation.live`` / ``build_run`` (a Flow causes side effects only when
+  live) and ``Generation.flow_version``, and ``DigestingFlow``, a Flow with a digest of its read
+  model that ``nexuscrm versions verify`` compares between two versions.
 - ``nexuscrm_sdk.worker``: ``Worker``, which claims, loads, heartbeats and completes or fails
   over any ``WorkSource``.
 - ``nexuscrm_sdk.applied``: ``AppliedInputs``, the ledger that applies each input once however
@@ -55,7 +58,7 @@ is a complete Flow with a read model of its own, tested in ``tests/connectors/un
 
 from nexuscrm_sdk.applied import AppliedInputs
 from nexuscrm_sdk.client import ConnectorsClient
-from nexuscrm_sdk.flows import Flow, FlowContext, FlowFactory, Generation, PermanentFailure, RetryLater
+from nexuscrm_sdk.flows import DigestingFlow, Flow, FlowContext, FlowFactory, Generation, PermanentFailure, RetryLater
 from nexuscrm_sdk.pipeline import IngestRetry, PipelinedIngest
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from nexuscrm_sdk.worker import Worker, WorkSource
@@ -63,6 +66,7 @@ from nexuscrm_sdk.worker import Worker, WorkSource
 __all__ = [
     "AppliedInputs",
     "ConnectorsClient",
+    "DigestingFlow",
     "Flow",
     "FlowContext",
     "FlowFactory",

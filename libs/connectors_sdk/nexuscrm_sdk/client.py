@@ -69,12 +69,14 @@ class ConnectorsClient:
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> list[Claim]:
         """Claim up to ``max_items`` generations, waiting up to ``wait`` for work when there is none.
 
         ``lease``: how long each claim is held before a heartbeat (None: the server's default).
         ``inline_inputs``: ask for small generations' inputs in the answer (``Claim.inputs``); a
-        server that predates it answers without them.
+        server that predates it answers without them. ``flow_versions``: claim these Flow
+        versions' generations; empty: those of the inputs' own version (contract 1.7.0).
         """
         return self.complete_and_claim(
             worker_id,
@@ -85,6 +87,7 @@ class ConnectorsClient:
             lease=lease,
             wait=wait,
             inline_inputs=inline_inputs,
+            flow_versions=flow_versions,
         ).claims
 
     def complete_and_claim(
@@ -98,6 +101,7 @@ class ConnectorsClient:
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> ClaimAnswer:
         """Complete ``completions`` and claim as ``claim``, in one call; each completion is answered on its own.
 
@@ -116,6 +120,7 @@ class ConnectorsClient:
                 wait_ms=wait // dt.timedelta(milliseconds=1),
                 inline_inputs=inline_inputs,
                 completions=[convert.completion_to_proto(c) for c in completions],
+                flow_versions=list(flow_versions),
             ),
             timeout=self._timeout + wait.total_seconds(),  # the server's wait is not its processing time
         )

@@ -20,6 +20,11 @@ finished attempt is recorded (``attempts``), retries included::
 and a generation that starts with it, whose worker is handed the replayed generation's inputs
 again (``load_replayed_inputs``) before its own; a failed generation is replayed at most once.
 
+``build_version`` builds a Flow version of a work type from history as Connectors does, at a
+simple level: one generation per identity over every input it has so far, in the version's
+track (``WorkItemRow.flow_version``), run in a build (``build_run``); a worker claims them only
+when it names the version (``flow_versions``). Later inputs go to the inputs' own version only.
+
 It does not model: admission fences and pack installs (any pack id is accepted); duplicate
 deliveries (a receipt key seen before raises ``ValueError``); leases across processes (a
 lease never expires, so nothing is reclaimed; heartbeats only move the recorded expiry);
@@ -148,6 +153,7 @@ class InMemoryWorkSource:
         self._receipts: set[tuple[str, str]] = set()
         self._events: dict[str, list[_Event]] = {}  # pack -> Events in ordinal order
         self._work: dict[str, WorkItemRow] = {}  # WorkId -> generation, in creation order
+        self._input_keys: dict[str, str] = {}  # WorkId of a version track's generation -> its inputs' key
         self._attempts: list[AttemptRecord] = []
         self._receipt_numbers = itertools.count(1)
 
@@ -247,6 +253,30 @@ class InMemoryWorkSource:
         )
         return work_id
 
+    def build_version(self, pack_install_id: str, *, work_type: str, version: str) -> list[WorkItemRow]:
+        """Build Flow version ``version`` of ``work_type``: one build generation per identity over its inputs so far.
+
+        Its projection key is the identity's with companion version ``version``; its members
+        are the inputs of the identity they were delivered to. Returns the generations made.
+        """
+        with self._lock:
+            now = self._now()
+            built = []
+            keys = dict.fromkeys(e.projection_key for e in self._events.get(pack_install_id, []) if not e.is_replay)
+            for key in keys:
+                identity = decode_projection_key(key)
+                if identity.work_type != work_type:
+                    continue
+                ordinals = [e.ordinal for e in self._events[pack_install_id] if e.projection_key == key]
+                own_key = dataclasses.replace(identity, companion_version=version).key
+                work_id = self._successor(
+                    pack_install_id, own_key, ordinals[0], ordinals[-1], now, replay_of_work_id=None
+                )
+                self._work[work_id] = dataclasses.replace(self._work[work_id], flow_version=version, build_run=True)
+                self._input_keys[work_id] = key
+                built.append(self._work[work_id])
+            return built
+
     def replay(self, work_id: str) -> ReplayResult:
         """Replay terminal ``work_id``: a replay Event at the next ordinal o and a generation [o, o] from it.
 
@@ -295,12 +325,16 @@ class InMemoryWorkSource:
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> list[Claim]:
         """Lease up to ``max_items`` claimable generations (pending, or retry whose time has come), oldest first.
 
         ``wait`` is ignored: the answer comes at once. ``inline_inputs`` is ignored too: the
         claims carry no inputs (as from a server that predates them); ``load_inputs`` reads them.
+        ``flow_versions``: claim those versions' generations (``build_version``); empty: the
+        inputs' own version's.
         """
+        versions: set[str | None] = set(flow_versions) or {None}  # None: the inputs' own version
         if max_items < 1:
             raise InvalidArgument(f"max_items must be at least 1, got {max_items}", field="max_items")
         length = dt.timedelta(seconds=lease_seconds(lease)) if lease is not None else DEFAULT_LEASE
@@ -315,6 +349,7 @@ class InMemoryWorkSource:
                     if _claimable(w, now)
                     and (not pack_install_ids or w.pack_install_id in pack_install_ids)
                     and (not work_types or w.work_type in work_types)
+                    and w.flow_version in versions
                 ),
                 key=lambda w: w.claimable_at or now,  # stable: ties in creation order
             )
@@ -344,6 +379,7 @@ class InMemoryWorkSource:
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> ClaimAnswer:
         """``complete`` each of ``completions`` (a refusal is its result's ``error``), then ``claim``."""
         if len({c.work_id for c in completions}) != len(completions):
@@ -364,6 +400,7 @@ class InMemoryWorkSource:
             lease=lease,
             wait=wait,
             inline_inputs=inline_inputs,
+            flow_versions=flow_versions,
         )
         return ClaimAnswer(claims=claims, completed=completed)
 
@@ -488,6 +525,7 @@ class InMemoryWorkSource:
 
     def _members(self, work: WorkItemRow) -> list[InputRow]:
         start = work.input_start_ordinal or work.lane_ordinal
+        key = self._input_keys.get(work.work_id, work.projection_key)
         return [
             InputRow(
                 enqueue_ordinal=e.ordinal,
@@ -497,7 +535,7 @@ class InMemoryWorkSource:
                 is_replay=e.is_replay,
             )
             for e in self._events.get(work.pack_install_id, [])
-            if e.projection_key == work.projection_key and start <= e.ordinal <= work.lane_ordinal
+            if e.projection_key == key and start <= e.ordinal <= work.lane_ordinal
         ]
 
     def _finish(self, work: WorkItemRow, *, status: WorkStatus, attempt: int, error: str | None) -> WorkItemRow:

@@ -99,6 +99,7 @@ class WorkSource(Protocol):
         lease: dt.timedelta | None = None,
         wait: dt.timedelta = dt.timedelta(0),
         inline_inputs: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> ClaimAnswer:
         """Complete ``completions`` (each answered on its own, in order), then lease up to ``max_items`` generations.
 
@@ -106,7 +107,8 @@ class WorkSource(Protocol):
         for each generation's inputs in its ``Claim`` when they fit; a source may answer without
         them (``Claim.inputs`` None: read them with ``load_inputs``). A source may answer fewer
         completions than asked (a server that predates them answers none): the worker completes
-        the unanswered ones with ``complete``.
+        the unanswered ones with ``complete``. ``flow_versions``: claim the generations of
+        these Flow versions' tracks; empty: only those of the inputs' own version (decision 185).
         """
         ...
 
@@ -175,6 +177,8 @@ class Worker:
     ``complete_in_claim``: complete finished generations in the next claim (one call for the
     batch, lower lag) instead of one ``complete`` each as they finish (more time for new
     inputs to coalesce into pending generations: fewer Flow executions).
+    ``flow_versions``: the Flow versions whose generations it claims; empty: those of the
+    inputs' own version, as before versions existed (decision 185).
     """
 
     def __init__(
@@ -192,12 +196,14 @@ class Worker:
         poll_interval: dt.timedelta = dt.timedelta(milliseconds=200),
         wall_clock: Callable[[], dt.datetime] = host_clock,
         complete_in_claim: bool = False,
+        flow_versions: Sequence[str] = (),
     ) -> None:
         self._source = source
         self._flow = flow
         self.worker_id = worker_id
         self._packs = tuple(pack_install_ids)
         self._work_types = tuple(work_types)
+        self._flow_versions = tuple(flow_versions)
         self._lease = lease
         self._page_size = page_size
         self._batch_size = batch_size
@@ -229,6 +235,7 @@ class Worker:
             lease=self._lease,
             wait=wait,
             inline_inputs=True,
+            flow_versions=self._flow_versions,
         )
         self._settle_finished({result.work_id: result for result in answer.completed})
         claims = answer.claims

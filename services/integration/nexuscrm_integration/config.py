@@ -28,6 +28,12 @@ Example file::
     pack = "acme/contacts@1.0"      # or { namespace = "acme", name = "contacts", version = "1.0" }
     work_type = "project-contacts"  # resolved through Controlplane (ListPacks) at start
     flow = "demo-contacts"          # (nexuscrm_runtime.pack_names; without a version: any)
+
+    [[pool]]                        # a Flow version built beside the live one (decision 185):
+    pack_install_id = "pk-0123456789ab"
+    work_type = "project-contacts"
+    flow = "contacts_v2:factory"    # the new version's Flow
+    flow_version = "2"              # claims only version 2's generations (nexuscrm versions build)
 """
 
 from __future__ import annotations
@@ -93,6 +99,10 @@ class PoolConfig:
     (more coalescing: fewer Flow executions).
     ``settings``: strings the Flow factory gets as ``FlowContext.settings`` (the Flow's own
     configuration, such as the URL of a read-model database of its own).
+    ``flow_version``: the pool claims only the generations of this Flow version's track (one
+    ``nexuscrm versions build`` started), and its Flow factory gets it as
+    ``FlowContext.flow_version``; empty (the default): the generations of the inputs' own
+    version, as before versions existed (decision 185). One pool per pack, work type and version.
     """
 
     work_type: str
@@ -107,6 +117,7 @@ class PoolConfig:
     poll_interval_seconds: float = DEFAULT_POLL_INTERVAL
     complete_in_claim: bool = False
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flow_version: str = ""
 
     def __post_init__(self) -> None:
         if self.pack is not None:
@@ -137,11 +148,21 @@ class PoolConfig:
             isinstance(key, str) and isinstance(value, str) for key, value in self.settings.items()
         ):
             raise HostConfigError(f"pool settings must map strings to strings, got {self.settings!r}", field="settings")
+        if not isinstance(self.flow_version, str) or self.flow_version != self.flow_version.strip():
+            raise HostConfigError(
+                f"pool flow_version must be a version string without surrounding spaces, got {self.flow_version!r}",
+                field="flow_version",
+            )
 
     @property
     def name(self) -> str:
-        """``<pack>/<work type>``: unique within a host (the pack by id, or by name until resolved)."""
-        return f"{self.pack_install_id or self.pack}/{self.work_type}"
+        """``<pack>/<served>``: unique within a host (the pack by id, or by name until resolved)."""
+        return f"{self.pack_install_id or self.pack}/{self.served}"
+
+    @property
+    def served(self) -> str:
+        """What the pool claims of its pack: ``<work type>``, or ``<work type>@<flow version>``."""
+        return f"{self.work_type}@{self.flow_version}" if self.flow_version else self.work_type
 
     def with_pack_install_id(self, pack_install_id: str) -> PoolConfig:
         """This pool serving ``pack_install_id``, which its ``pack`` name resolved to."""

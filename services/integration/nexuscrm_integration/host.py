@@ -62,12 +62,14 @@ def standalone_worker(
     poll_interval: dt.timedelta = dt.timedelta(seconds=DEFAULT_POLL_INTERVAL),
     wall_clock: Callable[[], dt.datetime] = host_clock,
     complete_in_claim: bool = False,
+    flow_version: str = "",
 ) -> Worker:
     """One worker of one pack and work type, for library consumers that host it themselves.
 
     Raises ``NotGranted`` unless ``grant`` (from the activation gate) covers the pack. The
     worker claims nothing until its owner calls ``start`` or ``run_once``. ``wall_clock``:
     this host's clock, read only to measure its skew, and ``complete_in_claim`` as ``Worker``'s.
+    ``flow_version``: claim that Flow version's generations only; empty: the inputs' own version's.
     """
     if not isinstance(grant, ActivationGrant) or not grant.covers(pack_install_id):
         raise NotGranted(
@@ -87,6 +89,7 @@ def standalone_worker(
         poll_interval=poll_interval,
         wall_clock=wall_clock,
         complete_in_claim=complete_in_claim,
+        flow_versions=[flow_version] if flow_version else [],
     )
 
 
@@ -123,7 +126,11 @@ class WorkerHost:
         for pool in pools:
             factory = resolve_flow(pool.flow)
             context = FlowContext(
-                pack_install_id=pool.pack_install_id, work_type=pool.work_type, engine=engine, settings=pool.settings
+                pack_install_id=pool.pack_install_id,
+                work_type=pool.work_type,
+                engine=engine,
+                settings=pool.settings,
+                flow_version=pool.flow_version,
             )
             flow = factory(context)
             for index in range(pool.size):
@@ -131,7 +138,7 @@ class WorkerHost:
                     grant,
                     source,
                     flow,
-                    worker_id=f"{host_id}/{pool.work_type}/{index + 1}",
+                    worker_id=f"{host_id}/{pool.served}/{index + 1}",
                     pack_install_id=pool.pack_install_id,
                     work_type=pool.work_type,
                     lease=dt.timedelta(seconds=pool.lease_seconds),
@@ -141,6 +148,7 @@ class WorkerHost:
                     poll_interval=dt.timedelta(seconds=pool.poll_interval_seconds),
                     wall_clock=wall_clock,
                     complete_in_claim=pool.complete_in_claim,
+                    flow_version=pool.flow_version,
                 )
                 self._members.append(_Member(pool=pool, worker=worker))
 

@@ -24,7 +24,9 @@ PUBLIC = {
     "ConnectorsClient": "client",
     "InMemoryWorkSource": "testing",
     **dict.fromkeys(("IngestRetry", "PipelinedIngest"), "pipeline"),
-    **dict.fromkeys(("Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure", "RetryLater"), "flows"),
+    **dict.fromkeys(
+        ("DigestingFlow", "Flow", "FlowContext", "FlowFactory", "Generation", "PermanentFailure", "RetryLater"), "flows"
+    ),
     **dict.fromkeys(("WorkSource", "Worker"), "worker"),
 }
 # The first-party packages whose imports of the SDK are checked (tests/architecture/packages.py

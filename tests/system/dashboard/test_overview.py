@@ -270,6 +270,7 @@ def test_without_connectors_or_integration_search_and_receipts_answer_503_and_th
         "/api/dead-letters",
         f"/api/dead-letters?pack={pack}",
         f"/api/packs/{pack}/coverage",
+        "/api/flow-versions",
     ):
         status, body = _get(port, path)
         assert status == 503, (path, body)

@@ -126,3 +126,11 @@ def _instant(text: str) -> dt.datetime:
     """An ISO 8601 instant (``2026-12-03T05:00:00Z``); one without a zone is UTC."""
     value = dt.datetime.fromisoformat(text)
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def setting(raw: str) -> tuple[str, str]:
+    """A Flow's pool setting given as ``KEY=VALUE`` (an argparse type: its error names the flag)."""
+    key, equals, value = raw.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"a setting is KEY=VALUE, got {raw!r}")
+    return key, value

@@ -21,8 +21,9 @@ host (``dashboard.workers``) and always answers 200, a host that does not answer
 | ``/api/claim-pauses`` | ``operations.claim_pauses`` |
 | ``/api/dead-letters?pack=`` | ``operations.dead_letters`` |
 | ``/api/packs/{pack}/coverage?page_token=`` | ``operations.coverage`` |
+| ``/api/flow-versions`` | ``operations.flow_versions`` |
 
-The three operating panels (``operations``) ask Connectors too, so they answer 503 while it is
+The four operating panels (``operations``) ask Connectors too, so they answer 503 while it is
 down; none of them changes anything: the page names the CLI commands that act.
 """
 
@@ -117,6 +118,7 @@ def create_app(
             Route("/api/claim-pauses", _json(lambda request: operations.claim_pauses(engine, connectors))),
             Route("/api/dead-letters", _json(dead_letters)),
             Route("/api/packs/{pack}/coverage", _json(coverage)),
+            Route("/api/flow-versions", _json(lambda request: operations.flow_versions(engine, connectors))),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[security_headers_middleware(https=https), *middleware],

@@ -2,7 +2,8 @@
 
 GetWork, ExplainReceipt and ListReceipts answer through the Connectors SDK client
 (``nexuscrm_sdk.client.ConnectorsClient``); the operating reads of issue 37 (ListClaimPauses,
-GetOrderPolicy, CountDeadLetters, ListDeadLetters, GetCoverage) through the generated stub, as
+GetOrderPolicy, CountDeadLetters, ListDeadLetters, GetCoverage) and ListFlowVersions (decision
+185) through the generated stub, as
 the CLI calls them, because their answers have no shared value type the client could return
 with the facade's signature (docs/decisions/164-dashboard-operating-panels.md). This module is
 the ONE place where their status codes become what the dashboard answers:
@@ -143,6 +144,12 @@ class ConnectorsReads:
             filter=pb.DeadLetterFilter(pack_install_id=pack_install_id), page_size=limit
         )
         return _call(lambda: self._stub.ListDeadLetters(request, timeout=self._timeout), "pack")
+
+    def list_flow_versions(self, pack_install_id: str) -> list[pb.FlowVersion] | None:
+        """The pack's Flow versions of every work type, with progress (ListFlowVersions); None for an unknown pack."""
+        request = pb.ListFlowVersionsRequest(pack_install_id=pack_install_id)
+        answer = _call(lambda: self._stub.ListFlowVersions(request, timeout=self._timeout), "pack")
+        return None if answer is None else list(answer.versions)
 
     def get_coverage(
         self, pack_install_id: str, page_token: str, limit: int

@@ -1,7 +1,7 @@
-"""The operating panels of the dashboard (issue 37): claim pauses, dead letters, coverage; read-only.
+"""The operating panels of the dashboard (issue 37): claim pauses, dead letters, coverage, Flow versions; read-only.
 
 Each reads Connectors over its RPCs (``dashboard.connectors``: ListClaimPauses and
-GetOrderPolicy, CountDeadLetters and ListDeadLetters, GetCoverage), so each raises
+GetOrderPolicy, CountDeadLetters and ListDeadLetters, GetCoverage, ListFlowVersions), so each raises
 ``ConnectorsUnavailable`` while it is down; the pack list comes from the database
 (``dashboard.queries``). Nothing here pauses, replays or skips: the page names the CLI
 commands that do (docs/decisions/164-dashboard-operating-panels.md).
@@ -11,6 +11,8 @@ commands that do (docs/decisions/164-dashboard-operating-panels.md).
   identity and the first ``DEAD_LETTER_PAGE`` dead letters, oldest finished first.
 - ``coverage``: one GetCoverage page of one pack, the identities that are not tiled first,
   and the token of the next page.
+- ``flow_versions``: per listed pack, each work type's Flow versions (decision 185) with their
+  state, inputs done of the total, rate, time left, verification and recorded steps.
 """
 
 from __future__ import annotations
@@ -216,3 +218,57 @@ def coverage(connectors: ConnectorsReads, pack_install_id: str, page_token: str 
         "identities": identities,
         "next": answer.next_page_token,
     }
+
+
+def _flow_version_change(change: pb.FlowVersionChange) -> dict[str, Any]:
+    return {
+        "version": change.version,
+        "action": change.action,
+        "actor": change.actor,
+        "reason": change.reason,
+        "forced": change.forced,
+        "at_ordinal": change.at_ordinal,
+        "changed_at": _when(change, "changed_at"),
+    }
+
+
+def _flow_version(version: pb.FlowVersion) -> dict[str, Any]:
+    """One version as the panel shows it: state and progress, its verification, its recorded steps."""
+    verification = None
+    if version.verdict:
+        verification = {
+            "verdict": _word(pb.FlowVersionVerdict, version.verdict, "FLOW_VERSION_VERDICT_"),
+            "against": version.verified_against,
+            "through_ordinal": version.verified_through_ordinal,
+            "verified_at": _when(version, "verified_at"),
+        }
+    return {
+        "version": version.version,
+        "state": _word(pb.FlowVersionState, version.state, "FLOW_VERSION_STATE_"),
+        "source_version": version.source_version,
+        "inputs_done": version.inputs_done,
+        "inputs_total": version.inputs_total,
+        "high_water_ordinal": version.high_water_ordinal,
+        "generations_done": version.generations_done,
+        "generations_total": version.generations_total,
+        "generations_failed": version.generations_failed,
+        "inputs_per_second": version.inputs_per_second,
+        "seconds_left": version.seconds_left,
+        "max_inputs_per_second": version.max_inputs_per_second,
+        "verification": verification,
+        "created_at": _when(version, "created_at"),
+        "retired_at": _when(version, "retired_at"),
+        "changes": [_flow_version_change(change) for change in version.changes],
+    }
+
+
+def flow_versions(engine: Engine, connectors: ConnectorsReads) -> dict[str, Any]:
+    """Every listed pack's Flow versions by work type, with state and progress: one RPC per pack."""
+    packs = []
+    for pack_install_id, label in _packs(engine):
+        by_work_type: dict[str, list[dict[str, Any]]] = {}
+        for version in connectors.list_flow_versions(pack_install_id) or ():
+            by_work_type.setdefault(version.work_type, []).append(_flow_version(version))
+        work_types = [{"work_type": name, "versions": found} for name, found in sorted(by_work_type.items())]
+        packs.append({"pack_install_id": pack_install_id, "pack": label, "work_types": work_types})
+    return {"packs": packs}

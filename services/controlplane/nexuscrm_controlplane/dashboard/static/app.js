@@ -274,6 +274,39 @@ async function renderPauses() {
   }
 }
 
+function duration(seconds) {
+  if (!seconds) return "-";
+  const h = Math.floor(seconds / 3600), m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
+  return h ? `${h} h ${m} min` : m ? `${m} min ${s} s` : `${s} s`;
+}
+
+function flowVersionRow(workType, v) {
+  const share = v.inputs_total ? Math.floor((100 * v.inputs_done) / v.inputs_total) : 100;
+  const verified = v.verification ? `${esc(v.verification.verdict)} against ${esc(v.verification.against)} at ${esc(v.verification.through_ordinal)}`
+    : `<span class="muted">not verified</span>`;
+  const failed = v.generations_failed ? ` <span class="badge bad">${esc(v.generations_failed)} failed</span>` : "";
+  const state = `<span class="badge ${v.state === "live" ? "" : v.state === "building" ? "warn" : "muted"}">${esc(v.state)}</span>`;
+  return `<tr data-flow-version="${esc(workType)}/${esc(v.version)}" data-state="${esc(v.state)}"><td>${esc(workType)}</td><td class="mono">${esc(v.version)}</td>
+    <td>${state}${failed}</td><td><progress max="100" value="${share}"></progress> ${esc(v.inputs_done)} of ${esc(v.inputs_total)}</td>
+    <td>${esc(v.inputs_per_second.toFixed(1))}/s</td><td>${esc(duration(v.seconds_left))}</td><td>${verified}</td></tr>`;
+}
+
+function flowVersionsBlock(pack) {
+  const rows = pack.work_types.flatMap((t) => t.versions.map((v) => flowVersionRow(t.work_type, v)));
+  const table = rows.length ? `<table><tr><th>work type</th><th>version</th><th>state</th><th>inputs done</th><th>rate</th><th>left</th><th>verified</th></tr>${rows.join("")}</table>`
+    : `<p class="muted">One version per work type: no version was built.</p>`;
+  return `<div data-flow-versions-pack="${esc(pack.pack_install_id)}"><h3>${esc(pack.pack)} <code>${esc(pack.pack_install_id)}</code></h3>${table}</div>`;
+}
+
+async function renderFlowVersions() {
+  try {
+    const data = await getJSON("/api/flow-versions");
+    update($("flow-versions"), data.packs.length ? data.packs.map(flowVersionsBlock).join("") : `<p class="muted">No pack is installed yet.</p>`);
+  } catch (error) {
+    update($("flow-versions"), `<p class="muted" data-error>${esc(error.message)}</p>`);
+  }
+}
+
 function deadLettersBlock(pack, pageSize) {
   const counted = pack.complete ? "" : ` <span class="muted">(counted among the ${esc(pack.examined)} oldest failed generations)</span>`;
   const identities = pack.identities.map((i) => `<tr><td>${identityCell(i.identity)}</td><td>${esc(i.dead_letters)}</td></tr>`).join("");
@@ -399,7 +432,7 @@ async function refresh() {
     renderPacks(overview);
     deadLettersFilter(overview.packs);
     renderCoverage(); // not awaited: a proof that takes seconds must not hold back the rest of the page
-    await Promise.all([renderTimeline(), renderReceipts(), renderWorkers(), renderPauses(), renderDeadLetters()]);
+    await Promise.all([renderTimeline(), renderReceipts(), renderWorkers(), renderPauses(), renderDeadLetters(), renderFlowVersions()]);
     view.refreshes += 1;
     $("refreshed").textContent = `refreshed ${when(overview.now)}`;
     $("refreshed").dataset.count = String(view.refreshes);
