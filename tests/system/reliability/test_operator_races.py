@@ -12,22 +12,17 @@ The answers are the rows of docs/reliability.md's race table.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
 import sqlalchemy as sa
-from google.protobuf.message import Message
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp
-from nexuscrm_connectors.facade import Connectors
-from nexuscrm_connectors.settings import Settings
 from nexuscrm_controlplane import fences, lifecycle
-from nexuscrm_runtime.database import create_engine
 from nexuscrm_schema.tables import (
     AdmissionFence,
     AdmissionFenceOverride,
@@ -36,41 +31,27 @@ from nexuscrm_schema.tables import (
     SkippedWork,
     WorkItem,
 )
-from nexuscrm_tools.launcher import CONNECTORS, CONTROLPLANE, SCHEMA_CATALOG, start_services, stop_services, target_env
 from tests.conftest import BACKENDS, _migrated, _mysql_database
 from tests.connectors.integration.test_dead_letters import fail_all
 from tests.connectors.replays import replays_per_work
 from tests.support.factories import delivery, install_pack, record_work_item_handoff
 from tests.support.invariants import assert_invariants
 from tests.system.reliability.conftest import FULL, record_figures
-from tests.system.reliability.operator_races import CALL_TIMEOUT, Answer, Replica, Tally, race
+from tests.system.reliability.operator_races import (
+    CALL_TIMEOUT,
+    Answer,
+    Operators,
+    Replica,
+    Tally,
+    race,
+    serving_operators,
+)
 
 pytestmark = [pytest.mark.database, pytest.mark.acceptance]
 
 ROUNDS = 24 if FULL else 6
 DEAD_LETTERS = 6  # per round of the bulk races: one per lane
 PAGE_SIZES = (2, 3)  # each bulk call's pages: overlapping windows of the same dead letters
-QUIET = {"NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS": "0", "NEXUSCRM_PRUNE_INTERVAL_SECONDS": "0"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Operators:
-    """The two replicas' stubs, an engine on their database and a Connectors facade for setup."""
-
-    replicas: tuple[Replica, Replica]
-    engine: sa.Engine
-    connectors: Connectors
-    backend: str
-
-    def both(self, method: Callable[[Replica], Callable[..., Any]], *requests: Message) -> list[Answer]:
-        """``method`` of each replica called at once: with ``requests`` one each, or one request for both."""
-        sent = requests * 2 if len(requests) == 1 else requests
-        return race(
-            [
-                functools.partial(method(replica), request, timeout=CALL_TIMEOUT)
-                for replica, request in zip(self.replicas, sent, strict=True)
-            ]
-        )
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -83,28 +64,10 @@ def operators(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         else _mysql_database(request.getfixturevalue("mysql_server_dsn"))
     )
     dsn = _migrated(next(databases))
-    engine = create_engine(dsn)
-    (catalog,) = start_services([SCHEMA_CATALOG], env={"NEXUSCRM_DSN": dsn}, workdir=workdir / "catalog")
-    services = [catalog]
-    channels: list[grpc.Channel] = []
-    try:
-        for n in (1, 2):
-            services += start_services(
-                [CONNECTORS, CONTROLPLANE],
-                env={"NEXUSCRM_DSN": dsn, **target_env([catalog]), **QUIET},
-                workdir=workdir / f"replica-{n}",
-            )
-        channels = [grpc.insecure_channel(service.address) for service in services[1:]]
-        replicas = (Replica.on(channels[0], channels[1]), Replica.on(channels[2], channels[3]))
-        yield Operators(replicas, engine, Connectors(engine, Settings()), request.param)
-    finally:
-        for channel in channels:
-            channel.close()
-        codes = stop_services(services)
-        engine.dispose()
-        for _ in databases:  # drops the MariaDB database
-            pass
-    assert set(codes.values()) == {0}, codes
+    with serving_operators((dsn, dsn), workdir, request.param) as operators:
+        yield operators
+    for _ in databases:  # drops the MariaDB database
+        pass
 
 
 def _dead_letters(operators: Operators, count: int) -> tuple[str, list[str]]:
