@@ -30,6 +30,7 @@ from tests.system.reliability.test_operator_races import (  # the same races, co
     test_retention_set_and_prune,
     test_retry_now,
     test_skip,
+    test_skip_against_replay,
 )
 
 pytestmark = pytest.mark.slow
@@ -43,6 +44,7 @@ __all__ = [
     "test_retention_set_and_prune",
     "test_retry_now",
     "test_skip",
+    "test_skip_against_replay",
 ]
 
 

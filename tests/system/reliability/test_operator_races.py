@@ -186,6 +186,33 @@ def test_skip(operators: Operators) -> None:
     _finish(operators, "SkipDeadLetter", tally)
 
 
+def test_skip_against_replay(operators: Operators) -> None:
+    """One operator replays a dead letter while the other skips it: one act wins, the other is refused naming it."""
+    tally = Tally()
+    for _ in range(ROUNDS):
+        pack, (dead,) = _dead_letters(operators, 1)
+        first, second = operators.replicas
+        answers = race(
+            [
+                functools.partial(first.connectors.Replay, pb.ReplayRequest(work_id=dead), timeout=CALL_TIMEOUT),
+                functools.partial(
+                    second.connectors.SkipDeadLetter,
+                    pb.SkipDeadLetterRequest(work_id=dead, skipped_by="ops", reason="race"),
+                    timeout=CALL_TIMEOUT,
+                ),
+            ]
+        )
+        tally.add(answers)
+        assert _codes(answers) == ["FAILED_PRECONDITION", "OK"], answers
+        replayed, skipped = answers[0].code == "OK", answers[1].code == "OK"
+        with operators.engine.connect() as connection:
+            assert replays_per_work(connection, pack) == ({dead: 1} if replayed else {})
+        assert list(operators.connectors.skips([dead])) == ([dead] if skipped else [])
+        loser = answers[1] if replayed else answers[0]
+        assert ("was replayed as" if replayed else "was skipped at") in loser.message, loser
+    _finish(operators, "Replay against SkipDeadLetter", tally)
+
+
 def _pack_scope(pack: str) -> pb.ClaimScope:
     return pb.ClaimScope(pack_install_id=pack, scope=pb.PAUSE_SCOPE_PACK)
 
