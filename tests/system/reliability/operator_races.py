@@ -126,7 +126,7 @@ def serving_operators(dsns: tuple[str, str], workdir: Path, backend: str) -> Ite
     """A schema catalog, then replica n (a Connectors and a Controlplane process) on ``dsns[n]``; stopped after.
 
     The materializer and the retention pass stay idle (their interval 0): only the raced calls
-    write. Every process must stop with exit code 0.
+    write. Every process must stop with exit code 0 and log no unhandled error (an INTERNAL answer).
     """
     quiet = {"NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS": "0"}
     engine = create_engine(dsns[0])
@@ -149,6 +149,8 @@ def serving_operators(dsns: tuple[str, str], workdir: Path, backend: str) -> Ite
         codes = stop_services(services)
         engine.dispose()
     assert set(codes.values()) == {0}, codes
+    unhandled = [service.log_path.read_text() for service in services]
+    assert not any("unhandled error" in log for log in unhandled), "\n".join(unhandled)
 
 
 @dataclasses.dataclass
