@@ -385,9 +385,10 @@ def run_transaction(
     commit applied is then unknown, so only the caller (retrying an idempotent request) can
     resolve it. A server limit (``TOO_LARGE``) raises ``DatabaseLimitExceeded`` naming it,
     not retried; so does SQLite's full disk, and its read-only or unreadable file raises
-    ``DatabaseUnavailable`` naming the cause (``storage_fault``). ``work`` must be safe to run again: it may only touch the database. With
-    ``unique_keys_conflict`` a duplicate-key error is a conflict too (``DUPLICATE_KEY_CODES``):
-    the next attempt reads the row another primary committed first.
+    ``DatabaseUnavailable`` naming the cause (``storage_fault``). ``work`` must be safe to
+    run again: it may only touch the database. With ``unique_keys_conflict`` a duplicate-key
+    error is a conflict too (``DUPLICATE_KEY_CODES``): the next attempt reads the row another
+    primary committed first.
 
     Each attempt may run ``max_seconds`` (seconds on ``retry``'s clock; None: unbounded, for a
     caller with its own deadline): a statement that would start, or a commit, after that
