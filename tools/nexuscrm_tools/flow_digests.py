@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 
-from nexuscrm_wire import convert
 from sqlalchemy.engine import Engine
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as cn_grpc
 from nexuscrm_sdk.flows import FlowContext, flow_digest, resolve_flow
+from nexuscrm_wire import convert
 from workqueue.values import Route
 
 RPC_TIMEOUT = 30.0  # seconds per call

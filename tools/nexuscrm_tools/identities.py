@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from nexuscrm_wire import convert
-
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as cn_grpc
+from nexuscrm_wire import convert
 from workqueue.values import Route
 
 # The flags and the Route fields they set, in the identity's order.

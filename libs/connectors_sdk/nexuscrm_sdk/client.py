@@ -12,10 +12,10 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 
 import grpc
-from nexuscrm_wire import convert
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
+from nexuscrm_wire import convert
 from workqueue import WorkStatus
 from workqueue.draining import wait_until_drained
 from workqueue.values import (

@@ -43,7 +43,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 
 from nexuscrm_wire.timestamps import aware_utc
-
 from workqueue import TERMINAL_WORK_STATUSES, ProjectionIdentity, WorkStatus, decode_projection_key
 from workqueue.errors import DomainError, ErrorKind, InvalidArgument
 from workqueue.values import (

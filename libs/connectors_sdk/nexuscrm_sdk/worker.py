@@ -62,9 +62,8 @@ from collections.abc import Callable, Iterator, Sequence
 from traceback import format_exc
 from typing import Protocol
 
-from nexuscrm_wire.timestamps import aware_utc
-
 from nexuscrm_sdk.flows import Flow, Generation, PermanentFailure, RetryLater
+from nexuscrm_wire.timestamps import aware_utc
 from workqueue.limits import TRACEBACK_MAX_BYTES
 from workqueue.logcontext import log_context
 from workqueue.values import Claim, ClaimAnswer, Completion, CompletionResult, InputPage, InputRow, WorkItemRow

@@ -28,7 +28,14 @@ from sqlalchemy.pool import PoolResetState
 
 from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
-from nexuscrm_runtime.engine_errors import DUPLICATE_KEY_CODES, ErrorClass, engine_error, error_class
+from nexuscrm_runtime.engine_errors import (
+    DUPLICATE_KEY_CODES,
+    SQLITE_STORAGE_ERRORS,
+    EngineError,
+    ErrorClass,
+    engine_error,
+    error_class,
+)
 from nexuscrm_runtime.faults import fault_point
 from nexuscrm_runtime.mysql_conversions import CONVERSIONS
 from nexuscrm_runtime.prerequisites import install_session_settings, is_tidb
@@ -209,11 +216,45 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.close()
 
+    event.listen(engine, "handle_error", _reopen_after_storage_fault)
     # A connection back in the pool, or dropped, never keeps the writer (its transaction ended).
     for ended in ("checkin", "invalidate"):
         event.listen(engine, ended, lambda dbapi_connection, *_: dialect.release(dbapi_connection))
     event.listen(engine, "before_cursor_execute", _check_transaction_deadline)
     return engine
+
+
+def _reopen_after_storage_fault(context: sa.engine.ExceptionContext) -> None:
+    """Drop the pool's SQLite connections after a file that could not be written or read (UNAVAILABLE).
+
+    SQLite decides at open whether a file is writable: a connection opened while the file was
+    read-only stays read-only. Marked as a disconnect, the pool opens new connections, so the
+    service writes again as soon as the file does, without a restart. A full disk keeps its
+    connections: they write again once space returns.
+    """
+    entry = _sqlite_storage_error(context.sqlalchemy_exception)
+    if entry is not None and entry.error_class is ErrorClass.UNAVAILABLE and not context.is_pre_ping:
+        context.is_disconnect = True
+
+
+def _sqlite_storage_error(error: BaseException | None) -> EngineError | None:
+    """The storage-fault entry of a sqlite3 error (``SQLITE_STORAGE_ERRORS``); None for any other error."""
+    code = getattr(getattr(error, "orig", None), "sqlite_errorcode", None)
+    return SQLITE_STORAGE_ERRORS.get(code & 0xFF) if isinstance(code, int) else None
+
+
+def storage_fault(error: BaseException, what: str) -> DomainError | None:
+    """The refusal for an embedded SQLite storage fault during ``what``, naming its cause; None otherwise.
+
+    A full disk is RESOURCE_EXHAUSTED (``DatabaseLimitExceeded``), a file that cannot be
+    written or read UNAVAILABLE (``DatabaseUnavailable``); either way the transaction rolled
+    back and nothing of it was committed, so the same request is safe to send again.
+    """
+    entry = _sqlite_storage_error(error)
+    if entry is None:
+        return None
+    refusal = DatabaseLimitExceeded if entry.error_class is ErrorClass.TOO_LARGE else DatabaseUnavailable
+    return refusal(f"{what} failed: {entry.meaning}; nothing was committed, retry the request then")
 
 
 def _check_transaction_deadline(*_args: Any) -> None:
@@ -279,6 +320,9 @@ def domain_error(error: BaseException) -> DomainError | None:
         return error
     if not isinstance(error, sa.exc.DBAPIError):
         return None
+    fault = storage_fault(error, "a statement")
+    if fault is not None:
+        return fault
     if is_unavailable(error):
         return DatabaseUnavailable("database unavailable; retry the request")
     if is_retryable(error):
@@ -340,9 +384,11 @@ def run_transaction(
     of ``work`` committed. A lost connection raises ``DatabaseUnavailable``: whether a
     commit applied is then unknown, so only the caller (retrying an idempotent request) can
     resolve it. A server limit (``TOO_LARGE``) raises ``DatabaseLimitExceeded`` naming it,
-    not retried. ``work`` must be safe to run again: it may only touch the database. With
-    ``unique_keys_conflict`` a duplicate-key error is a conflict too (``DUPLICATE_KEY_CODES``):
-    the next attempt reads the row another primary committed first.
+    not retried; so does SQLite's full disk, and its read-only or unreadable file raises
+    ``DatabaseUnavailable`` naming the cause (``storage_fault``). ``work`` must be safe to
+    run again: it may only touch the database. With ``unique_keys_conflict`` a duplicate-key
+    error is a conflict too (``DUPLICATE_KEY_CODES``): the next attempt reads the row another
+    primary committed first.
 
     Each attempt may run ``max_seconds`` (seconds on ``retry``'s clock; None: unbounded, for a
     caller with its own deadline): a statement that would start, or a commit, after that
@@ -371,6 +417,9 @@ def run_transaction(
         except DatabaseLimitExceeded as error:  # raised by _unavailable_on_connection_loss
             raise DatabaseLimitExceeded(f"{name}: {error}") from error
         except sa.exc.DBAPIError as error:
+            fault = storage_fault(error, name)
+            if fault is not None:
+                raise fault from error
             if is_unavailable(error):
                 raise DatabaseUnavailable(f"database unavailable during {name}; retry the request") from error
             refusal = limit_exceeded(error, name)  # an error that did not pass the engine's hook

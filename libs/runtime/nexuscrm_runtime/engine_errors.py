@@ -130,3 +130,28 @@ def error_class(code: int | None) -> ErrorClass:
     """The class of ``code``: the table's, or ``PERMANENT`` for every code it does not list."""
     entry = engine_error(code)
     return ErrorClass.PERMANENT if entry is None else entry.error_class
+
+
+# The embedded SQLite default's storage faults, by primary result code (the low byte of
+# ``sqlite3.Error.sqlite_errorcode``): a full disk answers RESOURCE_EXHAUSTED, a file that
+# cannot be written or read UNAVAILABLE; each names its cause (decision 183). Every other
+# SQLite error is a bug, as above (``database is locked`` is a conflict, ``is_retryable``).
+SQLITE_STORAGE_ERRORS: dict[int, EngineError] = {
+    entry.code: entry
+    for entry in (
+        EngineError(
+            13,
+            "SQLite",
+            ErrorClass.TOO_LARGE,
+            "the disk holding the database file is full (SQLITE_FULL); free space on it",
+        ),
+        EngineError(
+            8,
+            "SQLite",
+            ErrorClass.UNAVAILABLE,
+            "the database file is read-only (SQLITE_READONLY: its permissions or a read-only mount); make it writable",
+        ),
+        EngineError(10, "SQLite", ErrorClass.UNAVAILABLE, "a disk I/O error on the database file (SQLITE_IOERR)"),
+        EngineError(14, "SQLite", ErrorClass.UNAVAILABLE, "the database file cannot be opened (SQLITE_CANTOPEN)"),
+    )
+}

@@ -10,8 +10,6 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 
 import grpc
-from nexuscrm_wire import convert
-from nexuscrm_wire.timestamps import to_timestamp
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
@@ -26,6 +24,8 @@ from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.requests import item_refusals
 from nexuscrm_runtime.server import Registration
 from nexuscrm_schema.support import read_version
+from nexuscrm_wire import convert
+from nexuscrm_wire.timestamps import to_timestamp
 from workqueue.limits import REQUEST_FIELD_LIMITS
 
 SERVICE_NAME = "nexuscrm.connectors.v1.ConnectorsService"

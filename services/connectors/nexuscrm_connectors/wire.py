@@ -11,8 +11,6 @@ import datetime as dt
 from typing import TypeVar
 
 from google.protobuf.message import Message
-from nexuscrm_wire import convert
-from nexuscrm_wire.timestamps import from_timestamp, naive_utc, to_timestamp
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm_connectors.operating import claim_pauses, coverage, dead_letters, flow_versions, identities, order_policy
@@ -20,6 +18,8 @@ from nexuscrm_connectors.operating.claim_pauses import ClaimPause, PauseScope
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_connectors.queue import retries
 from nexuscrm_runtime.status import STATUS_CODES
+from nexuscrm_wire import convert
+from nexuscrm_wire.timestamps import from_timestamp, naive_utc, to_timestamp
 from workqueue.errors import ErrorKind, InvalidArgument
 
 _SCOPES = {

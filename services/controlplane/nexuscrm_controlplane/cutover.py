@@ -298,6 +298,7 @@ def run_cutover(
             connection, pack_install_id, dry_run=dry_run, deadline=deadline, progress=progress, clock=clock
         ),
         name="cutover",
+        unique_keys_conflict=True,  # another node's checkpoint committed first: the next attempt returns it
         max_seconds=None,  # bounded by its own deadline (CutoverTimeout), which the operator chose
     )
 

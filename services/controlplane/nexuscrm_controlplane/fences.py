@@ -303,7 +303,8 @@ def add_override(
         queries.packs_control_version_bump(connection, pack_install_ids=[pack.pack_install_id])
         return _fence_reread(connection, fence.FenceId)
 
-    return run_transaction(engine, add, name="add fence override")
+    # Through another node, a racing release of the same pack may insert first: the next attempt replaces it.
+    return run_transaction(engine, add, name="add fence override", unique_keys_conflict=True)
 
 
 def remove_override(engine: Engine, fence_id: str, pack_install_id: str) -> None:

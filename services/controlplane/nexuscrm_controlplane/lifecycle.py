@@ -14,7 +14,6 @@ import datetime as dt
 import uuid
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_controlplane import queries
@@ -156,9 +155,13 @@ def protocol_write(
 ) -> tuple[ProtocolRow, bool]:
     """Insert the pack's protocol row; return (the row, True) or (the existing row, False).
 
-    Callers hold the pack lock, so a competing insert is not expected; should one commit
-    anyway, the primary key refuses ours and the winner's row is returned unchanged, inside a
-    savepoint so the caller's transaction survives. The cutoff is never advanced.
+    Callers hold the pack lock, so on one server a competing insert cannot commit first. On a
+    multi-primary engine the lock holds on its own node only: the other node's insert, applied
+    here, either aborts this transaction (a deadlock error) or makes the primary key refuse
+    ours; callers run with ``unique_keys_conflict`` so ``run_transaction`` runs either again,
+    and the next attempt returns the winner's row unchanged. No savepoint: a transaction that
+    Galera aborted has none left to roll back to (error 1305 would hide the conflict; decision
+    183). The cutoff is never advanced.
 
     A written row also bumps the pack's ``ControlVersion``: the cutoff is the pack's
     LastOrdinal as this transaction read it, and every admission that allocates an ordinal
@@ -168,24 +171,17 @@ def protocol_write(
     existing = protocol_read(connection, pack_install_id)
     if existing is not None:
         return existing, False
-    try:
-        with connection.begin_nested():
-            queries.protocol_insert(
-                connection,
-                {
-                    "PackInstallId": pack_install_id,
-                    "ProtocolVersion": PROTOCOL_VERSION,
-                    "LegacyMaxOrdinal": legacy_max_ordinal,
-                    "Origin": origin,
-                    "AuditReport": audit_report,
-                    "CreatedAt": now,
-                },
-            )
-    except sa.exc.IntegrityError:
-        winner = protocol_read(connection, pack_install_id)
-        if winner is None:
-            raise
-        return winner, False
+    queries.protocol_insert(
+        connection,
+        {
+            "PackInstallId": pack_install_id,
+            "ProtocolVersion": PROTOCOL_VERSION,
+            "LegacyMaxOrdinal": legacy_max_ordinal,
+            "Origin": origin,
+            "AuditReport": audit_report,
+            "CreatedAt": now,
+        },
+    )
     if queries.packs_control_version_bump(connection, pack_install_ids=[pack_install_id]) != 1:
         raise RuntimeError(f"pack {pack_install_id} changed under its row lock")
     written = protocol_read(connection, pack_install_id)
@@ -226,7 +222,7 @@ def activate_pack(
         )
         return row, not written
 
-    return run_transaction(engine, activate, name="activate pack")
+    return run_transaction(engine, activate, name="activate pack", unique_keys_conflict=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

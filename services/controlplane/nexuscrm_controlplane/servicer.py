@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 
 import grpc
-from nexuscrm_wire.timestamps import to_timestamp
 from sqlalchemy.engine import Engine
 
 from nexuscrm.controlplane.v1 import controlplane_pb2 as pb
@@ -20,6 +19,7 @@ from nexuscrm_runtime.build_info import build_info
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock
 from nexuscrm_runtime.server import Registration
 from nexuscrm_schema.support import read_version
+from nexuscrm_wire.timestamps import to_timestamp
 from workqueue.errors import InvalidArgument
 
 SERVICE_NAME = "nexuscrm.controlplane.v1.ControlplaneService"

@@ -14,7 +14,6 @@ from collections.abc import Callable
 import grpc
 import pytest
 import sqlalchemy as sa
-from nexuscrm_wire import convert
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
@@ -22,6 +21,7 @@ from nexuscrm_connectors.errors import ReplayRefused
 from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.operating.dead_letters import BulkCall, NothingMatches, Verdict, filter_of
 from nexuscrm_schema.tables import SkippedWork
+from nexuscrm_wire import convert
 from tests.connectors.integration.test_dead_letters import fail_all
 from tests.connectors.integration.test_queue_and_generation_reads import channel, client, server
 from tests.connectors.replays import replays_per_work

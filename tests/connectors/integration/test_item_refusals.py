@@ -10,12 +10,12 @@ from __future__ import annotations
 import grpc
 import pytest
 import sqlalchemy as sa
-from nexuscrm_wire import convert
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as pb_grpc
 from nexuscrm_connectors.facade import Connectors
 from nexuscrm_schema.tables import Event, IngressReceipt
+from nexuscrm_wire import convert
 from tests.connectors.integration.test_queue_and_generation_reads import channel, client, server
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from nexuscrm_wire import lookups
 
 from nexuscrm_connectors.errors import UnknownPack, WorkNotFound
 from nexuscrm_connectors.facade import Connectors
+from nexuscrm_wire import lookups
 from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

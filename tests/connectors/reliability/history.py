@@ -32,12 +32,12 @@ from typing import Any, TypeVar
 
 import grpc
 import sqlalchemy as sa
-from nexuscrm_wire.timestamps import naive_utc
 
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.database import DatabaseUnavailable, TransactionConflict
 from nexuscrm_schema.relations import EVENT_PAYLOAD, EVENT_WITH_PAYLOAD
 from nexuscrm_schema.tables import ConnectorProjectionProtocol, Event, PrunedReceipt, PrunedWork, WorkItem
+from nexuscrm_wire.timestamps import naive_utc
 from workqueue import WorkStatus
 from workqueue.errors import DomainError
 from workqueue.values import ACKNOWLEDGED_OUTCOMES, Claim

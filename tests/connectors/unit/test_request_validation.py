@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from nexuscrm_wire import convert
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn
 from nexuscrm_runtime.requests import MAX_NANOS, MAX_TIMESTAMP_SECONDS, item_refusals, validate_request
+from nexuscrm_wire import convert
 from tests.support.factories import delivery
 from workqueue.errors import InvalidArgument
 from workqueue.limits import REQUEST_FIELD_LIMITS

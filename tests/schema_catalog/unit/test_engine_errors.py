@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 import pymysql
@@ -162,3 +163,44 @@ def test_the_documented_table_is_the_code_s_table() -> None:
         code: (entry.error_class.value, entry.status.value if entry.status else "INTERNAL")
         for code, entry in ENGINE_ERRORS.items()
     }
+
+
+def sqlite_error(extended_code: int) -> sa.exc.OperationalError:
+    """A sqlite3 error as the driver raises it: its (extended) result code on the exception."""
+    error = sqlite3.OperationalError(f"forged sqlite {extended_code}")
+    error.sqlite_errorcode = extended_code  # the driver sets it from the C result code
+    return sa.exc.OperationalError("INSERT ...", {}, error)
+
+
+@pytest.mark.parametrize(
+    ("extended_code", "kind", "cause"),
+    [
+        (13, ErrorKind.RESOURCE_EXHAUSTED, "disk holding the database file is full (SQLITE_FULL)"),
+        (8, ErrorKind.UNAVAILABLE, "read-only (SQLITE_READONLY"),
+        (8 | (1 << 8), ErrorKind.UNAVAILABLE, "read-only (SQLITE_READONLY"),  # SQLITE_READONLY_RECOVERY
+        (10 | (3 << 8), ErrorKind.UNAVAILABLE, "disk I/O error"),  # SQLITE_IOERR_WRITE
+        (14, ErrorKind.UNAVAILABLE, "cannot be opened (SQLITE_CANTOPEN)"),
+    ],
+)
+def test_a_sqlite_storage_fault_names_its_cause_and_is_not_retried(
+    engine: sa.Engine, extended_code: int, kind: ErrorKind, cause: str
+) -> None:
+    calls = []
+
+    def work(connection: sa.Connection) -> None:
+        calls.append(1)
+        raise sqlite_error(extended_code)
+
+    with pytest.raises((DatabaseLimitExceeded, DatabaseUnavailable)) as caught:
+        run_transaction(engine, work, name="admission", retry=NO_SLEEP)
+    assert len(calls) == 1
+    assert caught.value.kind is kind
+    assert str(caught.value).startswith("admission failed: ")
+    assert cause in str(caught.value) and "nothing was committed" in str(caught.value)
+    outside = domain_error(sqlite_error(extended_code))  # a read outside run_transaction
+    assert outside is not None and outside.kind is kind and cause in str(outside)
+
+
+def test_any_other_sqlite_error_stays_a_bug() -> None:
+    assert domain_error(sqlite_error(1)) is None  # SQLITE_ERROR (a bad statement): INTERNAL, logged
+    assert domain_error(sqlite_error(19)) is None  # SQLITE_CONSTRAINT

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nexuscrm_wire import convert
 
 from examples import deal_alerts
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
@@ -27,6 +26,7 @@ from nexuscrm_sdk import Flow, FlowContext, Generation, InMemoryWorkSource, Work
 from nexuscrm_tools import cli
 from nexuscrm_tools.clients import CONNECTORS, SERVICES
 from nexuscrm_tools.commands import flow_versions
+from nexuscrm_wire import convert
 from tests.connectors.unit.test_example_deal_alerts import PACK, WORK_TYPE, RoundedAmounts, identity
 from tests.system.acceptance.test_cli_discovery_and_exit_codes import run
 from tests.system.acceptance.test_operating_cli import refused

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from nexuscrm_wire.timestamps import naive_utc
 
 from nexuscrm_runtime.clock import utcnow
 from nexuscrm_schema.tables import WorkItem
 from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_wire.timestamps import naive_utc
 from tests.connectors.reliability.history import (
     History,
     OpOutcome,

@@ -14,7 +14,6 @@ import grpc
 import pytest
 import sqlalchemy as sa
 from google.protobuf.message import Message
-from nexuscrm_wire import convert
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn
 from nexuscrm.controlplane.v1 import controlplane_pb2 as cp
@@ -30,6 +29,7 @@ from nexuscrm_runtime.server import RunningServer, create_server
 from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema import tables
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
+from nexuscrm_wire import convert
 from tests.support.checksums import database_checksums
 from tests.support.factories import delivery, install_pack, route
 from tests.support.invariants import assert_invariants

@@ -16,7 +16,6 @@ import pytest
 import sqlalchemy as sa
 from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
-from nexuscrm_wire import convert
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn
 from nexuscrm.connectors.v1 import connectors_pb2_grpc as cn_grpc
@@ -31,6 +30,7 @@ from nexuscrm_integration.servicer import registration as integration_registrati
 from nexuscrm_runtime.server import create_server
 from nexuscrm_runtime.tls import open_channel
 from nexuscrm_schema_catalog.servicer import registration as schema_catalog_registration
+from nexuscrm_wire import convert
 from tests.support.checksums import database_digest
 from tests.support.factories import delivery, install_pack
 from tests.support.invariants import assert_invariants

@@ -6,8 +6,6 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from nexuscrm_wire import convert
-
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm_runtime.durations import parse_duration
 from nexuscrm_tools.clients import Clients
@@ -22,6 +20,7 @@ from nexuscrm_tools.commands.shared import (
 )
 from nexuscrm_tools.json_view import enum_word, message_data, timestamp_text
 from nexuscrm_tools.tables import listing
+from nexuscrm_wire import convert
 
 PAUSE_SCOPES = {
     "pack": cn_pb.PAUSE_SCOPE_PACK,

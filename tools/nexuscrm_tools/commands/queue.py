@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nexuscrm_wire import convert
 from rich.table import Table
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
@@ -16,6 +15,7 @@ from nexuscrm_tools.commands.claims import pause_row
 from nexuscrm_tools.commands.shared import RPC_TIMEOUT, Outcome, fields, leaf
 from nexuscrm_tools.exits import ExitCode
 from nexuscrm_tools.json_view import message_data
+from nexuscrm_wire import convert
 from workqueue.values import QueueState
 
 

@@ -15,7 +15,6 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nexuscrm_wire import convert
 from rich.table import Table
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
@@ -23,6 +22,7 @@ from nexuscrm_tools import identities, tables
 from nexuscrm_tools.clients import Clients
 from nexuscrm_tools.exits import ExitCode, help_epilog
 from nexuscrm_tools.tables import plural
+from nexuscrm_wire import convert
 from workqueue.values import Route
 
 RPC_TIMEOUT = 30.0  # seconds per call

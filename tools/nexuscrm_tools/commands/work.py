@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nexuscrm_wire import convert
 from rich.text import Text
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
@@ -25,6 +24,7 @@ from nexuscrm_tools.commands.shared import (
 )
 from nexuscrm_tools.json_view import enum_word, message_data, timestamp_text
 from nexuscrm_tools.tables import listing
+from nexuscrm_wire import convert
 from workqueue import WorkStatus
 
 

@@ -4,8 +4,9 @@ Admission goes on while a scope is paused; claims lease nothing of it (the candi
 condition, ``pauses_sql.candidate_not_paused``), and leases already granted finish
 normally. A pause is a ClaimPause row: durable, seen by every replica, judged on the
 database's clock (its optional expiry too), recorded with who paused it, when and why, and
-who resumed it and when (decision 158). Pause and resume run under the PackInstall row lock,
-so two operators never both pause, or both resume, one scope.
+who resumed it and when (decision 158). Pause and resume run under the PackInstall row lock
+and write that row, so two operators never both pause, or both resume, one scope: on a
+multi-primary engine too, where the lock holds on one node only (decision 183).
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ def pause(
                 f"{_described(scope)} is already paused (pause {active.PauseId} by {active.PausedBy}: {active.Reason})",
                 field="scope",
             )
+        packs_sql.pack_control_version_bump(connection, scope.pack_install_id)
         pause_id = str(uuid.uuid4())
         row = {
             "PauseId": pause_id,
@@ -227,6 +229,7 @@ def resume(context: Context, scope: Scope, *, resumed_by: str) -> ClaimPause:
         active = pauses_sql.claim_pause_active(connection, scope.pack_install_id, scope.scope, scope.value, pack.now)
         if active is None:
             raise NotPaused(f"{_described(scope)} is not paused", field="scope")
+        packs_sql.pack_control_version_bump(connection, scope.pack_install_id)
         if pauses_sql.claim_pause_resume(connection, active.PauseId, resumed_by, pack.now) != 1:
             raise RuntimeError(f"pause {active.PauseId} changed under the pack's row lock")
         return dataclasses.replace(ClaimPause.from_row(active), resumed_at=pack.now, resumed_by=resumed_by)

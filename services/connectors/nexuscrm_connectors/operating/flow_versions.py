@@ -9,7 +9,9 @@ version is not live run as builds (``WorkItem.BuildRun``): their inputs ran live
 version, so the Flow writes its read model only. A switch makes another version live and
 stops the old one receiving; a rollback catches the old one up on what it missed and makes
 it live again; a retire ends a track that has nothing left to run. Every step is recorded
-(``FlowVersionChange``) with who, why and the pack counter.
+(``FlowVersionChange``) with who, why and the pack counter. Each step writes the pack row
+(``packs.pack_control_version_bump``), so on a multi-primary engine two steps taken at once
+through two nodes conflict and the later one runs again on the earlier one's result.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ def build(
                 "before building a Flow version",
                 field="pack_install_id",
             )
+        packs_sql.pack_control_version_bump(connection, pack_install_id)  # on Galera too, one step at a time
         tracks = flow_versions_sql.tracks_of(connection, pack_install_id, work_type)
         if any(track.version == version for track in tracks):
             raise VersionExists(f"work type {work_type!r} already has Flow version {version!r}", field="version")
@@ -297,6 +300,7 @@ def _locked(
     connection: Connection, context: Context, pack_install_id: str, work_type: str
 ) -> tuple[packs_sql.LockedPack, list[Track]]:
     pack = packs_sql.pack_lock(connection, pack_install_id, context.clock)
+    packs_sql.pack_control_version_bump(connection, pack_install_id)  # on Galera too, one step at a time
     tracks = flow_versions_sql.tracks_of(connection, pack_install_id, work_type)
     if not tracks:
         raise VersionNotFound(

@@ -10,7 +10,6 @@ import dataclasses
 import datetime as dt
 from typing import NoReturn
 
-from nexuscrm_wire import lookups
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import page_tokens, pruned
@@ -27,6 +26,7 @@ from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queue import retries
 from nexuscrm_connectors.queue.duplicates import verify_duplicates
 from nexuscrm_runtime.clock import iso_utc
+from nexuscrm_wire import lookups
 from workqueue import ReceiptState, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import AttemptOutcome

@@ -151,6 +151,7 @@ def set_policy(
             require_work_type(connection, pack_install_id, work_type)
         if policy is Policy.CONTINUE:
             _refuse_releasing_a_replay_run_first(connection, pack_install_id, work_type)
+        packs_sql.pack_control_version_bump(connection, pack_install_id)  # on Galera too, one decision at a time
         if work_type:
             found = order_policy_sql.work_type_policy_get(connection, pack_install_id, work_type)
             order_policy_sql.work_type_policy_set(
@@ -321,6 +322,7 @@ def skip(context: Context, work_id: str, *, skipped_by: str, reason: str) -> Ski
         skipped = order_policy_sql.skipped_work_get(connection, work_id)
         if skipped is not None:
             raise SkipRefused(f"work {work_id} was skipped at {iso_utc(skipped.SkippedAt)} by {skipped.SkippedBy}")
+        packs_sql.pack_control_version_bump(connection, found.PackInstallId)  # a racing skip or replay conflicts
         order_policy_sql.skipped_work_insert(connection, work_id, found.PackInstallId, skipped_by, reason, pack.now)
         return Skip(
             work_id=work_id,

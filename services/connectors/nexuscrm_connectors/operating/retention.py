@@ -91,6 +91,7 @@ def set_policy(
                 "cutover audit of a pack that is not cut over reads its whole retained history",
                 field="pack_install_id",
             )
+        packs_sql.pack_control_version_bump(connection, pack_install_id)
         retention_sql.policy_upsert(
             connection,
             pack_install_id,
@@ -249,7 +250,7 @@ def _expire_batch(
     )
     if not due and not records:
         return 0, 0, False
-    retention_sql.pack_control_version_bump(connection, pack_install_id)  # the pack row first, as admission locks it
+    packs_sql.pack_control_version_bump(connection, pack_install_id)  # the pack row first, as admission locks it
     tombstones = retention_sql.tombstones_delete(connection, pack_install_id, [row.ReceiptKey for row in due], before)
     expired = retention_sql.pruned_work_delete(connection, records)
     horizon = max((row.SourceTime for row in due), default=None)

@@ -94,6 +94,7 @@ def set_policy(
     def run(connection: Connection) -> retries.RetryPolicy:
         pack = packs_sql.pack_lock(connection, pack_install_id, clock)
         require_work_type(connection, pack_install_id, work_type)
+        packs_sql.pack_control_version_bump(connection, pack_install_id)  # on Galera too, one decision at a time
         found = retry_policy_sql.work_type_retry_policy_get(connection, pack_install_id, work_type)
         row = {
             "PackInstallId": pack_install_id,

@@ -84,6 +84,26 @@ def pack_lock(connection: Connection, pack_install_id: str, clock: DatabaseClock
     )
 
 
+def pack_control_version_bump(connection: Connection, pack_install_id: str) -> None:
+    """Write the locked pack's row (its ControlVersion, decision 107): a decision taken under its lock conflicts.
+
+    On one server the pack's row lock orders every decision taken under it. On a multi-primary
+    engine (Galera) a lock taken FOR UPDATE holds on its own node only, so two decisions read
+    the same state on two nodes; a write to the row both make is what conflicts at commit, and
+    the transaction that loses runs again and sees the winner's decision (an operator's pause,
+    skip or policy: "already done"; decision 183). Admission writes the row too, so an
+    admission that read a changed horizon or policy conflicts likewise (decision 127).
+    Raises ``RuntimeError`` when no row changed: the caller locked it, so that is a bug.
+    """
+    bumped = connection.execute(
+        sa.update(PackInstall)
+        .where(PackInstall.c.PackInstallId == pack_install_id)
+        .values(ControlVersion=sa.func.coalesce(PackInstall.c.ControlVersion, 0) + 1)
+    ).rowcount
+    if bumped != 1:
+        raise RuntimeError(f"pack {pack_install_id} vanished under its row lock")
+
+
 # Moves a locked pack's ordinal counter from ``last_ordinal`` to ``new_last`` unless a retained
 # Event sits above ``last_ordinal`` (``ordinals_allocate``).
 _ALLOCATE = (

@@ -22,7 +22,6 @@ from nexuscrm_schema.tables import (
     EventPayload,
     FlowVersionTrack,
     IngressReceipt,
-    PackInstall,
     PrunedReceipt,
     PrunedWork,
     RetentionPolicy,
@@ -284,22 +283,6 @@ def events_member_counts(
         )
     ).one()
     return int(row[0]), int(row[1])
-
-
-def pack_control_version_bump(connection: Connection, pack_install_id: str) -> int:
-    """Bump the pack row's ControlVersion, the row every admitting transaction writes (decision 107).
-
-    Expiring tombstones changes what admission decides from: on a multi-primary
-    engine an admission that read the old horizon and admits anything then conflicts with the
-    expiry at commit; on one server the row lock orders them.
-    """
-    return int(
-        connection.execute(
-            sa.update(PackInstall)
-            .where(PackInstall.c.PackInstallId == pack_install_id)
-            .values(ControlVersion=sa.func.coalesce(PackInstall.c.ControlVersion, 0) + 1)
-        ).rowcount
-    )
 
 
 def tombstones_expiring(connection: Connection, pack_install_id: str, before: dt.datetime, limit: int) -> list[DbRow]:

@@ -16,7 +16,6 @@ import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
-from nexuscrm_wire.timestamps import naive_utc
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_connectors import metrics
@@ -49,6 +48,7 @@ from nexuscrm_runtime import sqlite_writer
 from nexuscrm_runtime.clock import DatabaseClock, iso_utc
 from nexuscrm_runtime.database import follow_up, run_transaction
 from nexuscrm_schema.tables import RECEIPT_KEY_LENGTH
+from nexuscrm_wire.timestamps import naive_utc
 from workqueue import ReceiptState, WorkStatus
 from workqueue.errors import DomainError, InvalidArgument
 from workqueue.identity import FIELD_MAX_LENGTHS, validate_text

@@ -21,8 +21,6 @@ from collections import Counter
 from typing import Any
 
 from google.protobuf.message import Message
-from nexuscrm_wire import convert
-from nexuscrm_wire.timestamps import from_timestamp
 from sqlalchemy.engine import Engine
 
 from nexuscrm.connectors.v1 import connectors_pb2 as pb
@@ -30,6 +28,8 @@ from nexuscrm_controlplane.dashboard import queries
 from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, Unprovable
 from nexuscrm_controlplane.dashboard.overview import PACK_LIMIT
 from nexuscrm_runtime.clock import iso_utc as iso
+from nexuscrm_wire import convert
+from nexuscrm_wire.timestamps import from_timestamp
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 

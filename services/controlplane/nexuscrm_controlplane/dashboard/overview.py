@@ -18,7 +18,6 @@ import datetime as dt
 import json
 from typing import Any
 
-from nexuscrm_wire import lookups
 from sqlalchemy.engine import Connection, Engine
 
 from nexuscrm_controlplane import drain, fences
@@ -29,6 +28,7 @@ from nexuscrm_controlplane.dashboard.connectors import ConnectorsReads, PrunedWo
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.clock import iso_utc as iso
 from nexuscrm_schema.tables import NAMESPACE_SCOPE, WORK_ID_LENGTH
+from nexuscrm_wire import lookups
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES as NONTERMINAL
