@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.operating import flow_versions
+from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_schema.tables import WorkItem
 from tests.support.checksums import database_digest
 from tests.support.factories import install_pack, route
@@ -254,4 +255,35 @@ def test_refused_builds_and_steps_change_nothing(engine: sa.Engine, connectors: 
     )
     assert refused_item.outcome is Outcome.REJECTED and "is a Flow version" in refused_item.message
     assert database_digest(engine) == before
+    assert_invariants(engine)
+
+
+def test_pruned_history_refuses_a_build_unless_it_starts_from_the_retained_boundary(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    runs = Runs()
+    for start in (1, 11, 21):  # three generations per lane, each run before the next admission
+        connectors.ingest(pack, items=_items(start, 10, lanes=2))
+        _drain(connectors, pack, runs)
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=0)
+    pruned = connectors.prune(pack)
+    assert pruned.generations == 4  # two of each lane's three
+    before = database_digest(engine)
+    with pytest.raises(DomainError) as refused:
+        _build(connectors, pack)
+    assert refused.value.kind is ErrorKind.FAILED_PRECONDITION
+    assert "through ordinal 20" in str(refused.value) and "start from ordinal 21" in str(refused.value)
+    assert database_digest(engine) == before
+
+    view, made = _build(connectors, pack, from_retained=True)
+    assert (view.track.cover_from_ordinal, made.inputs) == (21, 10)
+    _drain(connectors, pack, runs, [V2])
+    assert runs.of(V2, build=True) == list(range(21, 31))
+    proof = connectors.get_coverage(pack, Filter(work_type="project"))
+    by_version: dict[str, list[str]] = {}
+    for identity in proof.identities:
+        assert identity.tiled, identity
+        by_version.setdefault(identity.route.companion_version, []).extend(r.state.value for r in identity.ranges)
+    assert "pruned" in by_version[V1] and "pruned" not in by_version[V2]
     assert_invariants(engine)
