@@ -134,9 +134,9 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "work_items_by_id": lambda c: retention_sql.work_items_by_id(c, [seeded.claimed_work_id, "h-1"], lock=True),
         "work_items_replays_newest": lambda c: retention_sql.work_items_replays_newest(c, [seeded.claimed_work_id]),
         "work_items_blocked": lambda c: retention_sql.work_items_blocked(c, [seeded.claimed_work_id, "h-1"]),
-        "events_members_of": lambda c: retention_sql.events_members_of(c, pack, [(key, seeded.start, seeded.end)], 500),
-        "events_members_of (several)": lambda c: retention_sql.events_members_of(
-            c, pack, [(key, seeded.start, seeded.end), (key, seeded.end + 1, seeded.end + 9)], 500
+        "events_members_of": lambda c: retention_sql.events_members_of(c, [seeded.claimed_work_id, "h-1"], 500),
+        "events_members_page": lambda c: retention_sql.events_members_page(
+            c, retention_sql.work_items_by_id(c, [seeded.claimed_work_id])[0], 500
         ),
         "retention_backlog": lambda c: retention_sql.retention_backlog(c, pack, finished_before=now, keep=1, cap=1000),
         "events_member_counts": lambda c: retention_sql.events_member_counts(c, pack, key, seeded.start, seeded.end),

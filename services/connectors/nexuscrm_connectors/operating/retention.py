@@ -400,21 +400,18 @@ def _prune_batch(
     }
     going = _letting_go(connection, policy, list(locked.values()), now)
     plan = [locked[row.WorkId] for row in plan if row.WorkId in going]
-    members = _members(connection, pack_install_id, plan, budget + 1)
+    members = _members(connection, plan, budget + 1)
     if len(plan) > 1 and len(members) > budget:  # a count was wrong: the first goes alone, maybe in chunks
         plan, settled = plan[:1], work_ids.index(plan[0].WorkId) + 1
-        members = _members(connection, pack_install_id, plan, budget + 1)
+        members = _members(connection, plan, budget + 1)
     chunked = len(members) > budget  # then ``plan`` is one generation, and this is not its last chunk
     if chunked:
         members, settled = members[:budget], work_ids.index(plan[0].WorkId)
-    ranges: dict[str, list[tuple[int, int, str]]] = {}
-    for row in plan:
-        ranges.setdefault(row.ProjectionKey, []).append((row.InputStartOrdinal, row.LaneOrdinal, row.WorkId))
     tombstones: dict[str, list[dict[str, Any]]] = {row.WorkId: [] for row in plan}
     for member in members:
         if member.ReceiptKey is None:  # a replay Event has no receipt
             continue
-        owner = next(w for start, end, w in ranges[member.ProjectionKey] if start <= member.EnqueueOrdinal <= end)
+        owner = member.WorkId
         tombstones[owner].append(
             {
                 "PackInstallId": pack_install_id,
@@ -448,14 +445,11 @@ def _prune_batch(
     return tally, settled
 
 
-def _members(connection: Connection, pack_install_id: str, plan: Sequence[Any], limit: int) -> list[Any]:
+def _members(connection: Connection, plan: Sequence[Any], limit: int) -> list[Any]:
     """Up to ``limit`` members of the planned generations in one statement (of one generation: lowest first)."""
-    return retention_sql.events_members_of(
-        connection,
-        pack_install_id,
-        [(row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal) for row in plan],
-        limit,
-    )
+    if len(plan) == 1:
+        return retention_sql.events_members_page(connection, plan[0], limit)
+    return retention_sql.events_members_of(connection, [row.WorkId for row in plan], limit)
 
 
 def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:

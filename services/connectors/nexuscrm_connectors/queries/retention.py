@@ -8,6 +8,7 @@ primary key (decision 123).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -139,20 +140,23 @@ def work_items_by_id(connection: Connection, work_ids: Sequence[str], *, lock: b
     return list(connection.execute(statement.with_for_update() if lock else statement))
 
 
-def _nth_newer(generation: sa.Table | sa.Alias, keep: int) -> sa.ScalarSelect[Any]:
-    """The LaneOrdinal of ``generation``'s ``keep``-th newer generation of its identity (NULL: fewer newer).
+_NEWER = WorkItem.alias("newer")
 
-    One seek of ix_workitem_projection_order per row, reading at most ``keep`` entries.
+
+@functools.lru_cache(maxsize=8)
+def _nth_newer(keep: int) -> sa.ScalarSelect[Any]:
+    """The LaneOrdinal of a WorkItem row's ``keep``-th newer generation of its identity (NULL: fewer newer).
+
+    One seek of ix_workitem_projection_order per row, reading at most ``keep`` entries; built once per ``keep``.
     """
-    newer = WorkItem.alias("newer")
     return (
-        sa.select(newer.c.LaneOrdinal)
+        sa.select(_NEWER.c.LaneOrdinal)
         .where(
-            newer.c.PackInstallId == generation.c.PackInstallId,
-            newer.c.ProjectionKey == generation.c.ProjectionKey,
-            newer.c.LaneOrdinal > generation.c.LaneOrdinal,
+            _NEWER.c.PackInstallId == WorkItem.c.PackInstallId,
+            _NEWER.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            _NEWER.c.LaneOrdinal > WorkItem.c.LaneOrdinal,
         )
-        .order_by(newer.c.LaneOrdinal)
+        .order_by(_NEWER.c.LaneOrdinal)
         .limit(1)
         .offset(keep - 1)
         .scalar_subquery()
@@ -165,9 +169,9 @@ def work_items_superseded(connection: Connection, work_ids: Sequence[str], keep:
         return set()
     return set(
         connection.execute(
-            sa.select(WorkItem.c.WorkId).where(
-                WorkItem.c.WorkId.in_(list(work_ids)), _nth_newer(WorkItem, keep).is_not(None)
-            )
+            sa.select(WorkItem.c.WorkId)
+            .where(WorkItem.c.WorkId.in_(list(work_ids)), _nth_newer(keep).is_not(None))
+            .with_hint(WorkItem, "FORCE INDEX (PRIMARY)", dialect_name="mysql")  # not a walk of the whole index
         ).scalars()
     )
 
@@ -191,6 +195,17 @@ def work_items_holding_order(connection: Connection, work_ids: Sequence[str]) ->
     return set(connection.execute(_HOLDING_ORDER, {"work_ids": list(work_ids)}).scalars())
 
 
+_REPLAY, _LATER = WorkItem.alias("replay"), WorkItem.alias("later")
+_REPLAYS_NEWEST = sa.select(_REPLAY.c.ReplayOfWorkId, _REPLAY.c.WorkId, _REPLAY.c.Status).where(
+    _REPLAY.c.ReplayOfWorkId.in_(sa.bindparam("work_ids", expanding=True)),
+    ~probe_exists(
+        sa.select(_LATER.c.WorkId).where(
+            _LATER.c.ReplayOfWorkId == _REPLAY.c.ReplayOfWorkId, _LATER.c.LaneOrdinal > _REPLAY.c.LaneOrdinal
+        )
+    ),
+)
+
+
 def work_items_replays_newest(connection: Connection, work_ids: Sequence[str]) -> list[DbRow]:
     """Of each of ``work_ids``, the newest replay: (ReplayOfWorkId, WorkId, Status) (ix_workitem_replay_of).
 
@@ -198,19 +213,7 @@ def work_items_replays_newest(connection: Connection, work_ids: Sequence[str]) -
     """
     if not work_ids:
         return []
-    replay, later = WorkItem.alias("replay"), WorkItem.alias("later")
-    return list(
-        connection.execute(
-            sa.select(replay.c.ReplayOfWorkId, replay.c.WorkId, replay.c.Status).where(
-                replay.c.ReplayOfWorkId.in_(list(work_ids)),
-                ~probe_exists(
-                    sa.select(later.c.WorkId).where(
-                        later.c.ReplayOfWorkId == replay.c.ReplayOfWorkId, later.c.LaneOrdinal > replay.c.LaneOrdinal
-                    )
-                ),
-            )
-        )
-    )
+    return list(connection.execute(_REPLAYS_NEWEST, {"work_ids": list(work_ids)}))
 
 
 def work_items_blocked(connection: Connection, work_ids: Sequence[str]) -> set[str]:
@@ -244,7 +247,7 @@ def retention_backlog(
             WorkItem.c.Status == status,
             WorkItem.c.FinishedAt <= finished_before,
             WorkItem.c.InputStartOrdinal.is_not(None),
-            _nth_newer(WorkItem, keep).is_not(None),
+            _nth_newer(keep).is_not(None),
         )
         capped = prunable.limit(cap).subquery()
         count += int(connection.execute(sa.select(sa.func.count()).select_from(capped)).scalar_one())
@@ -254,31 +257,54 @@ def retention_backlog(
     return min(count, cap), oldest
 
 
-def events_members_of(
-    connection: Connection, pack_install_id: str, ranges: Sequence[tuple[str, int, int]], limit: int
-) -> list[DbRow]:
-    """Up to ``limit`` members of generations, each (ProjectionKey, start, end): one ix_event_source_lane range each.
-
-    Of one generation the lowest first (the index's order); of several in no order (no sort).
-    """
-    if not ranges:
-        return []
-    statement = sa.select(
-        Event.c.ProjectionKey, Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash, Event.c.SourceTime
+_OWNER = WorkItem.alias("owner")
+_MEMBERS_OF = (
+    sa.select(_OWNER.c.WorkId, Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash, Event.c.SourceTime)
+    .select_from(_OWNER)
+    .join(
+        Event,
+        sa.and_(
+            Event.c.PackInstallId == _OWNER.c.PackInstallId,
+            Event.c.ProjectionKey == _OWNER.c.ProjectionKey,
+            Event.c.EnqueueOrdinal.between(_OWNER.c.InputStartOrdinal, _OWNER.c.LaneOrdinal),
+        ),
     )
-    if len(ranges) == 1:
-        statement = statement.order_by(Event.c.EnqueueOrdinal)
+    .where(_OWNER.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
+    # MariaDB would read the pack's Events by primary key prefix per generation: one range each.
+    .with_hint(_OWNER, "FORCE INDEX (PRIMARY)", dialect_name="mysql")
+    .with_hint(Event, "FORCE INDEX (ix_event_source_lane)", dialect_name="mysql")
+    .limit(sa.bindparam("limit"))
+)
+
+
+def events_members_of(connection: Connection, work_ids: Sequence[str], limit: int) -> list[DbRow]:
+    """Up to ``limit`` members of the generations ``work_ids``, each with its generation's WorkId, in no order.
+
+    Per generation a primary-key read of WorkItem and one ix_event_source_lane range.
+    """
+    if not work_ids:
+        return []
+    return list(connection.execute(_MEMBERS_OF, {"work_ids": list(work_ids), "limit": limit}))
+
+
+def events_members_page(connection: Connection, generation: Any, limit: int) -> list[DbRow]:
+    """Up to ``limit`` members of one generation (a WorkItem row), lowest first, with its WorkId."""
     return list(
         connection.execute(
-            statement.where(
-                Event.c.PackInstallId == pack_install_id,
-                sa.or_(
-                    *(
-                        sa.and_(Event.c.ProjectionKey == key, Event.c.EnqueueOrdinal.between(start, end))
-                        for key, start, end in ranges
-                    )
-                ),
-            ).limit(limit)
+            sa.select(
+                sa.literal(generation.WorkId).label("WorkId"),
+                Event.c.EnqueueOrdinal,
+                Event.c.ReceiptKey,
+                Event.c.PayloadHash,
+                Event.c.SourceTime,
+            )
+            .where(
+                Event.c.PackInstallId == generation.PackInstallId,
+                Event.c.ProjectionKey == generation.ProjectionKey,
+                Event.c.EnqueueOrdinal.between(generation.InputStartOrdinal, generation.LaneOrdinal),
+            )
+            .order_by(Event.c.EnqueueOrdinal)
+            .limit(limit)
         )
     )
 
