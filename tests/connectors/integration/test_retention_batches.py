@@ -84,31 +84,16 @@ def _history(connectors: Connectors, pack: str, keys: _Keys) -> tuple[set[str], 
 
 def _tombstones(engine: sa.Engine, pack: str) -> tuple[set[Any], set[Any], set[str]]:
     """The pack's PrunedWork records and PrunedReceipt tombstones by what they say (not when), and its WorkIds left."""
+    record = [PrunedWork.c[name] for name in ("WorkId", "ProjectionKey", "InputStartOrdinal", "LaneOrdinal")]
+    record += [PrunedWork.c.Status, PrunedWork.c.SourceTime]
+    tombstone = [PrunedReceipt.c[name] for name in ("ReceiptKey", "EnqueueOrdinal", "PayloadHash", "WorkId")]
+    tombstone += [PrunedReceipt.c.SourceTime]
     with engine.connect() as connection:
         records = {
-            tuple(row)
-            for row in connection.execute(
-                sa.select(
-                    PrunedWork.c.WorkId,
-                    PrunedWork.c.ProjectionKey,
-                    PrunedWork.c.InputStartOrdinal,
-                    PrunedWork.c.LaneOrdinal,
-                    PrunedWork.c.Status,
-                    PrunedWork.c.SourceTime,
-                ).where(PrunedWork.c.PackInstallId == pack)
-            )
+            tuple(row) for row in connection.execute(sa.select(*record).where(PrunedWork.c.PackInstallId == pack))
         }
         receipts = {
-            tuple(row)
-            for row in connection.execute(
-                sa.select(
-                    PrunedReceipt.c.ReceiptKey,
-                    PrunedReceipt.c.EnqueueOrdinal,
-                    PrunedReceipt.c.PayloadHash,
-                    PrunedReceipt.c.WorkId,
-                    PrunedReceipt.c.SourceTime,
-                ).where(PrunedReceipt.c.PackInstallId == pack)
-            )
+            tuple(row) for row in connection.execute(sa.select(*tombstone).where(PrunedReceipt.c.PackInstallId == pack))
         }
         left = set(connection.execute(sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack)).scalars())
     return records, receipts, left
