@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import admission, coverage, galera, history, probes, retention, versus, workers
+from bench import admission, coverage, galera, history, probes, retention, retention_load, versus, workers
 from bench.environment import DEFAULT_MYSQL_DSN, Backend, Report, database_settings, machine
 
 Section = Callable[[Backend, Report], None]
@@ -37,6 +37,7 @@ def sections(quick: bool) -> dict[str, Section]:
         "peer": lambda backend, report: versus.run(backend, report, quick=quick),
         "galera": lambda backend, report: galera.run(backend, report, quick=quick),
         "retention": lambda backend, report: retention.run(backend, report, quick=quick),
+        "retention-load": lambda backend, report: retention_load.run(backend, report, quick=quick),
         "coverage": lambda backend, report: coverage.run(backend, report, quick=quick),
     }
 

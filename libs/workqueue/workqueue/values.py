@@ -361,6 +361,10 @@ class RetentionPolicy:
     expired_receipts: int = 0
     pruned_generations: int = 0
     last_pruned_at: dt.datetime | None = None
+    # The pruner's backlog when read by GetRetentionPolicy (decision 181): generations the
+    # policy lets go that are still retained, and when the oldest of them finished.
+    backlog_generations: int = 0
+    backlog_oldest_finished_at: dt.datetime | None = None
 
     @property
     def active(self) -> bool:

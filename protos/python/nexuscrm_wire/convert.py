@@ -457,6 +457,8 @@ def policy_to_proto(policy: RetentionPolicy) -> pb.RetentionPolicy:
         expired_receipts=policy.expired_receipts,
         pruned_generations=policy.pruned_generations,
         last_pruned_at=to_timestamp(policy.last_pruned_at),
+        backlog_generations=policy.backlog_generations,
+        backlog_oldest_finished_at=to_timestamp(policy.backlog_oldest_finished_at),
     )
 
 
@@ -476,6 +478,8 @@ def policy_from_proto(message: pb.RetentionPolicy) -> RetentionPolicy:
         expired_receipts=message.expired_receipts,
         pruned_generations=message.pruned_generations,
         last_pruned_at=from_timestamp(message, "last_pruned_at"),
+        backlog_generations=message.backlog_generations,
+        backlog_oldest_finished_at=from_timestamp(message, "backlog_oldest_finished_at"),
     )
 
 

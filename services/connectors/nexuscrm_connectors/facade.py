@@ -119,7 +119,7 @@ class Connectors:
         """One background pass of ``retention.Pruner``, counted by ``nexuscrm_retention_*``."""
         with metrics.PRUNE_PASS_SECONDS.time():
             reports = self.pruner.run(self.context)
-        follow_up("retention", lambda: metrics.record_prune(reports))
+        follow_up("retention", lambda: metrics.record_prune(reports, self.pruner.backlog))
         return reports
 
     def prune(self, pack_install_id: str, *, dry_run: bool = False, max_generations: int = 0) -> PruneReport:
@@ -146,8 +146,8 @@ class Connectors:
         )
 
     def get_retention_policy(self, pack_install_id: str) -> RetentionPolicy:
-        """See ``retention.get_policy``."""
-        return retention.get_policy(self.engine, pack_install_id)
+        """See ``retention.describe_policy``: the policy, its horizons and the pruner's backlog."""
+        return retention.describe_policy(self.context, pack_install_id)
 
     def replay(self, work_id: str) -> ReplayResult:
         """See ``replay.replay``."""

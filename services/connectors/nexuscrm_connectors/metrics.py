@@ -23,6 +23,7 @@ from workqueue.values import IngestResult, InputPage, Outcome, PruneReport, Work
 
 if TYPE_CHECKING:  # metrics count what the wings return; only their types are named here
     from nexuscrm_connectors.operating.dead_letters import BulkCall
+    from nexuscrm_connectors.operating.retention import Backlog
     from nexuscrm_connectors.queue.claims import ClaimBatch
 
 INPUTS_ADMITTED = Counter("nexuscrm_inputs_admitted_total", "Inputs admitted: an Event in a generation.")
@@ -65,6 +66,16 @@ PRUNED = Counter(
 PRUNE_KEPT = Counter(
     "nexuscrm_retention_kept_total",
     "Old terminal generations a retention pass kept: among the newest of their identity, or a blocked successor.",
+)
+RETENTION_BACKLOG = Gauge(
+    "nexuscrm_retention_backlog_generations",
+    "Generations the retention policies let go (by their age and count limits) that are still retained, summed "
+    "over packs (each counted up to 10 000), as the last background pass left them: near zero while the pruner "
+    "keeps up (decision 181).",
+)
+RETENTION_BACKLOG_AGE = Gauge(
+    "nexuscrm_retention_backlog_age_seconds",
+    "Seconds since the oldest generation of nexuscrm_retention_backlog_generations finished (0 without one).",
 )
 PRUNE_PASS_SECONDS = Histogram(
     "nexuscrm_retention_pass_seconds",
@@ -175,8 +186,11 @@ def observed_pages(pages: Iterator[InputPage]) -> Iterator[InputPage]:
         yield page
 
 
-def record_prune(reports: Sequence[PruneReport]) -> None:
-    """Count what pruning passes deleted and kept (dry runs change nothing and count nothing)."""
+def record_prune(reports: Sequence[PruneReport], backlog: Backlog | None = None) -> None:
+    """Count what pruning passes deleted and kept (dry runs change nothing and count nothing); set the backlog."""
+    if backlog is not None:
+        RETENTION_BACKLOG.set(backlog.generations)
+        RETENTION_BACKLOG_AGE.set(backlog.oldest_seconds)
     for report in reports:
         if report.dry_run:
             continue

@@ -63,7 +63,7 @@ class Settings:
     max_page_size: int = 5000
     max_page_bytes: int = 3 * MIB
     materialize_interval_seconds: int = 2
-    prune_generations_per_pass: int = 200
+    prune_generations_per_pass: int = 1000
     prune_batch_events: int = 500
 
     def __post_init__(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import grpc
@@ -183,7 +184,13 @@ def test_the_sdk_client_sets_shows_and_runs_retention_like_the_facade(
     policy = client.set_retention_policy(pack, keep_generations=1, keep_seconds=None, duplicate_window_seconds=WINDOW)
 
     assert (policy.keep_generations, policy.keep_seconds, policy.duplicate_window_seconds) == (1, None, WINDOW)
-    assert client.get_retention_policy(pack) == connectors.get_retention_policy(pack) == policy
+    # GetRetentionPolicy adds the pruner's backlog (decision 181): the older generation, let go, not yet pruned.
+    shown = client.get_retention_policy(pack)
+    backlog = connectors.get_retention_policy(pack).backlog_oldest_finished_at
+    assert backlog is not None and shown.backlog_oldest_finished_at == backlog.replace(tzinfo=dt.UTC)
+    assert shown == dataclasses.replace(
+        policy, backlog_generations=1, backlog_oldest_finished_at=shown.backlog_oldest_finished_at
+    )
     dry = client.prune(pack, dry_run=True)
     assert dry == PruneReport(pack_install_id=pack, dry_run=True, generations=1, events=1, receipts=1, kept=1)
     done = client.prune(pack)

@@ -172,6 +172,10 @@ def _operator_sees_retention(
     assert int(shown["duplicate_window_seconds"]) == WINDOW_SECONDS and shown["horizon_source_time"]
     dry = run_cli("retention", "prune", pack, "--dry-run")
     assert int(dry.get("generations", 0)) == int(dry.get("expired_receipts", 0)) == 0
+    # Nothing left to let go: no backlog (decision 181), and the table says the pruner keeps up.
+    assert int(shown.get("backlog_generations", 0)) == 0 and "backlog_oldest_finished_at" not in shown
+    assert cli.main(["retention", "show", pack]) == ExitCode.OK
+    assert "none (the pruner keeps up)" in capsys.readouterr().out
     assert cli.main(["why", pack, "r-00000001"]) == ExitCode.USAGE  # expired: an unknown receipt now
     refusal = capsys.readouterr().err
     assert "NOT_FOUND" in refusal and "duplicate window has expired the records" in refusal

@@ -340,6 +340,7 @@ def test_operating_panels_show_pauses_dead_letters_and_coverage(
     )
     facade.set_order_policy(pack, Policy.BLOCK, set_by="ops", reason="keep per-contact order")
     facade.set_order_policy(pack, Policy.CONTINUE, set_by="ana", reason="projects may run on", work_type="project")
+    facade.set_retention_policy(pack, keep_generations=1, keep_seconds=None)  # lane c's completed one may go
 
     pauses = operations.claim_pauses(engine, connectors)
     paused = _pack_entry(pauses, pack)
@@ -361,7 +362,11 @@ def test_operating_panels_show_pauses_dead_letters_and_coverage(
     )
     (own,) = policy["work_types"].items()  # the work type's own policy overrides the pack's (decision 165)
     assert (own[0], own[1]["policy"], own[1]["set_by"], own[1]["default"]) == ("project", "continue", "ana", False)
+    retention = paused["retention"]  # the pruner has not run: its backlog (decision 181)
+    assert (retention["keep_generations"], retention["backlog_generations"]) == (1, 1)
+    assert retention["backlog_oldest_finished_at"].endswith("Z")
     unpaused = _pack_entry(pauses, quiet)
+    assert unpaused["retention"] is None  # no policy
     assert unpaused["order_policy"]["work_types"] == {}
     assert unpaused["pauses"] == [] and unpaused["order_policy"]["policy"] == "continue"
     assert unpaused["order_policy"]["default"] and unpaused["order_policy"]["set_at"] is None

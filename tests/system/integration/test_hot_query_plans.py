@@ -130,13 +130,20 @@ def hot_queries(seeded: Seeded) -> dict[str, Callable[[sa.Connection], object]]:
         "work_items_retention_candidates": lambda c: retention_sql.work_items_retention_candidates(
             c, pack, finished_before=now, after=(START, "h-1"), limit=50
         ),
-        "work_items_newer": lambda c: retention_sql.work_items_newer(c, pack, key, seeded.start, 2),
-        "events_members_page": lambda c: retention_sql.events_members_page(c, pack, key, seeded.start, seeded.end, 500),
+        "work_items_superseded": lambda c: retention_sql.work_items_superseded(c, [seeded.claimed_work_id, "h-1"], 2),
+        "work_items_by_id": lambda c: retention_sql.work_items_by_id(c, [seeded.claimed_work_id, "h-1"], lock=True),
+        "work_items_replays_newest": lambda c: retention_sql.work_items_replays_newest(c, [seeded.claimed_work_id]),
+        "work_items_blocked": lambda c: retention_sql.work_items_blocked(c, [seeded.claimed_work_id, "h-1"]),
+        "events_members_of": lambda c: retention_sql.events_members_of(c, [seeded.claimed_work_id, "h-1"], 500),
+        "events_members_page": lambda c: retention_sql.events_members_page(
+            c, retention_sql.work_items_by_id(c, [seeded.claimed_work_id])[0], 500
+        ),
+        "retention_backlog": lambda c: retention_sql.retention_backlog(c, pack, finished_before=now, keep=1, cap=1000),
         "events_member_counts": lambda c: retention_sql.events_member_counts(c, pack, key, seeded.start, seeded.end),
         "pruned_work_get": lambda c: retention_sql.pruned_work_get(c, seeded.claimed_work_id),
         # Connectors: the order policy's holds (decision 165): retention's check of a dead letter,
         # GetWork's and ListGenerations' marks, GetQueueState's count.
-        "work_item_holds_order": lambda c: retention_sql.work_item_holds_order(c, seeded.claimed_work_id),
+        "work_items_holding_order": lambda c: retention_sql.work_items_holding_order(c, [seeded.claimed_work_id]),
         "work_items_held": lambda c: order_policy_sql.work_items_held(c, [seeded.claimed_work_id, "no-such-work"]),
         "work_items_held_count": lambda c: order_policy_sql.work_items_held_count(c, pack, 10_000),
         # Connectors: the duplicate window's expiry (decision 127), oldest SourceTime first.
@@ -211,6 +218,11 @@ def test_hot_queries_use_index_ranges(engine: sa.Engine) -> None:
     # Every correlated [NOT] EXISTS over a growing table stays correlated on TiDB (a comment elsewhere).
     probes = {"receipts_insert_admitted", "legacy_dependency_waits", "legacy_work_orphaned", "identity_events_page"}
     probes.add("work_items_claimable")  # its ClaimPause probes (decision 158)
-    probes |= {"work_item_holds_order", "work_items_held", "work_items_held_count"}  # the holds' probes (decision 165)
+    probes.add("work_items_replays_newest")  # its newer-replay probe
+    probes |= {
+        "work_items_holding_order",
+        "work_items_held",
+        "work_items_held_count",
+    }  # the holds' probes (decision 165)
     assert hinted == (set() if is_sqlite(engine) else probes)
     assert_invariants(engine)

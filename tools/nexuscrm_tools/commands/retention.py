@@ -26,6 +26,13 @@ def _policy_outcome(policy: cn_pb.RetentionPolicy, title: str) -> Outcome:
         "generations pruned": policy.pruned_generations,
         "last pruned at": timestamp_text(policy.last_pruned_at) if policy.HasField("last_pruned_at") else "-",
     }
+    if policy.HasField("backlog_oldest_finished_at"):  # GetRetentionPolicy's; the pruner has not caught up
+        view["backlog"] = (
+            f"{policy.backlog_generations} generations let go but not pruned yet, the oldest finished at "
+            f"{timestamp_text(policy.backlog_oldest_finished_at)}"
+        )
+    elif policy.keep_generations or policy.HasField("keep_seconds"):
+        view["backlog"] = "none (the pruner keeps up)"
     return Outcome(data=message_data(policy), view=fields(title, view))
 
 

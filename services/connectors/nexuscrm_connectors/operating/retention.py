@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
@@ -21,7 +22,6 @@ from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import retention as retention_sql
 from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
-from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.settings import Settings
 from nexuscrm_runtime.clock import DatabaseClock
 from nexuscrm_runtime.database import run_transaction
@@ -31,7 +31,9 @@ from workqueue.statuses import TERMINAL_WORK_STATUSES
 from workqueue.values import PruneReport, RetentionPolicy
 
 Cursor = tuple[dt.datetime, str]  # (FinishedAt, WorkId) of the last candidate read
+DECIDED_PER_TRANSACTION = 200  # candidates one pruning transaction decides at most (fewer when budget is smaller)
 EXPIRE_BATCHES_PER_PASS = 20  # expiring transactions per pack and pass (each up to prune_batch_events tombstones)
+BACKLOG_CAP = 10_000  # prunable-but-retained generations counted per pack at most
 
 
 def policy_from_row(pack_install_id: str, row: Any) -> RetentionPolicy:
@@ -62,7 +64,7 @@ def set_policy(
     """Set the pack's policy (both limits None turns pruning off; the horizons stay).
 
     ``duplicate_window_seconds`` (None: tombstones kept forever) makes tombstones expire and
-    every delivery's SourceTime required. Refuses ``keep_generations`` below 1,
+    every delivery's SourceTime required (decision 127). Refuses ``keep_generations`` below 1,
     negative ``keep_seconds`` or a window below one second (INVALID_ARGUMENT), an unknown
     pack (``UnknownPack``) and a pack without a protocol row (``ProtocolMissing``).
     """
@@ -130,8 +132,8 @@ def prune(
     Never pruned: a generation that is not terminal (so never a member of one), the newest
     ``KeepGenerations`` of each identity, one finished less than ``KeepSeconds`` ago, one whose
     successor is still blocked, a dead letter (failed, never replayed nor skipped) whose work
-    type or pack is under the "block" order policy (pruning it would release the
-    successor it holds), a generation whose inputs a live replay runs again,
+    type or pack is under the "block" order policy (decision 165: pruning it would release the
+    successor it holds), a generation whose inputs a live replay runs again (decision 173),
     old-protocol work, and anything of a pack without a protocol row.
     What goes leaves a ``PrunedWork`` record and a ``PrunedReceipt`` tombstone per receipt;
     the ordinal counter is never touched, HorizonOrdinal never moves back. One transaction
@@ -158,7 +160,7 @@ def prune(
         expired = _expire(context, policy, dry_run=dry_run)
         return dataclasses.replace(expired, horizon_ordinal=policy.horizon_ordinal), None
     with engine.connect() as connection:
-        now = clock.read(connection)  # ages on the database's clock, as FinishedAt was
+        now = clock.read(connection)  # ages on the database's clock, as FinishedAt was (decision 118)
         candidates = retention_sql.work_items_retention_candidates(
             connection, pack_install_id, finished_before=policy.finished_before(now), after=after, limit=limit
         )
@@ -263,53 +265,66 @@ def _expire_batch(
 
 
 def _dry_run(connection: Connection, policy: RetentionPolicy, candidates: list[Any], now: dt.datetime) -> PruneReport:
-    generations = events = receipts = kept = 0
+    going = _letting_go(connection, policy, candidates, now)
+    generations = events = receipts = 0
     for row in candidates:
-        if _keeps(connection, policy, row, now):
-            kept += 1
-            continue
-        members, with_receipt = retention_sql.events_member_counts(
-            connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
-        )
-        generations, events, receipts = generations + 1, events + members, receipts + with_receipt
+        if row.WorkId in going:
+            members, with_receipt = retention_sql.events_member_counts(
+                connection, row.PackInstallId, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal
+            )
+            generations, events, receipts = generations + 1, events + members, receipts + with_receipt
     return PruneReport(
         pack_install_id=policy.pack_install_id,
         dry_run=True,
         generations=generations,
         events=events,
         receipts=receipts,
-        kept=kept,
+        kept=len(candidates) - generations,
         horizon_ordinal=policy.horizon_ordinal,
     )
 
 
-def _keeps(connection: Connection, policy: RetentionPolicy, row: Any, now: dt.datetime) -> bool:
-    """Whether the policy (or a rule above every policy) keeps generation ``row``."""
-    if row.InputStartOrdinal is None or WorkStatus(row.Status) not in TERMINAL_WORK_STATUSES:
-        return True
-    if row.FinishedAt is None or row.FinishedAt > policy.finished_before(now):
-        return True
+def _letting_go(connection: Connection, policy: RetentionPolicy, rows: Sequence[Any], now: dt.datetime) -> set[str]:
+    """The WorkIds of ``rows`` the policy lets go; every other one it (or a rule above every policy) keeps.
+
+    Set-based: one statement per rule for all of ``rows`` (and one per level of replays of replays).
+    """
+    if not policy.active:
+        return set()
+    cutoff = policy.finished_before(now)
+    old = [
+        row.WorkId
+        for row in rows
+        if row.InputStartOrdinal is not None  # old-protocol work stays
+        and WorkStatus(row.Status) in TERMINAL_WORK_STATUSES
+        and row.FinishedAt is not None
+        and row.FinishedAt <= cutoff
+    ]
     keep = policy.keep_generations or 1  # the newest generation of an identity always stays
-    if retention_sql.work_items_newer(connection, row.PackInstallId, row.ProjectionKey, row.LaneOrdinal, keep) < keep:
-        return True
-    if row.Status == WorkStatus.FAILED and retention_sql.work_item_holds_order(connection, row.WorkId):
-        return True  # a dead letter under "block": pruning it would release the successor it holds
-    if _replayed_by_live_work(connection, row.WorkId):
-        return True  # a live replay hands its Flow this generation's inputs again
-    return (
-        row.SuccessorWorkId is not None
-        and retention_sql.work_item_status(connection, row.SuccessorWorkId) == WorkStatus.BLOCKED
+    going = retention_sql.work_items_superseded(connection, old, keep)
+    # A dead letter under "block": pruning it would release the successor it holds.
+    going -= retention_sql.work_items_holding_order(
+        connection, [row.WorkId for row in rows if row.WorkId in going and row.Status == WorkStatus.FAILED]
     )
+    going -= _replayed_by_live_work(connection, going)  # a live replay runs these inputs again (decision 173)
+    successors = {row.SuccessorWorkId: row.WorkId for row in rows if row.WorkId in going and row.SuccessorWorkId}
+    going -= {successors[blocked] for blocked in retention_sql.work_items_blocked(connection, list(successors))}
+    return going
 
 
-def _replayed_by_live_work(connection: Connection, work_id: str) -> bool:
-    """Whether a nonterminal replay runs ``work_id``'s inputs again, directly or as a replay of its replay."""
-    replay = work_items_sql.work_item_replay_newest(connection, work_id)
-    while replay is not None:
-        if WorkStatus(replay.Status) not in TERMINAL_WORK_STATUSES:
-            return True
-        replay = work_items_sql.work_item_replay_newest(connection, replay.WorkId)
-    return False
+def _replayed_by_live_work(connection: Connection, work_ids: set[str]) -> set[str]:
+    """Of ``work_ids``, those a nonterminal replay runs again, directly or as a replay of its replay."""
+    live: set[str] = set()
+    roots = {work_id: {work_id} for work_id in work_ids}  # each replay reached, and whose chain it is in
+    while roots:
+        reached: dict[str, set[str]] = {}
+        for replay in retention_sql.work_items_replays_newest(connection, list(roots)):
+            if WorkStatus(replay.Status) not in TERMINAL_WORK_STATUSES:
+                live |= roots[replay.ReplayOfWorkId]
+            else:
+                reached.setdefault(replay.WorkId, set()).update(roots[replay.ReplayOfWorkId])
+        roots = reached
+    return live
 
 
 @dataclasses.dataclass
@@ -326,80 +341,116 @@ class _Tally:
         self.kept += other.kept
 
 
+def _member_hint(row: Any) -> int | None:
+    """The generation's member count as its admissions wrote it, when trusted (decision 149); None otherwise."""
+    through = row.AdmittedThroughOrdinal
+    if row.AdmittedMemberCount is None or through is None or row.LaneOrdinal > through:
+        return None
+    return int(row.AdmittedMemberCount)
+
+
+def _plan(work_ids: Sequence[str], rows: dict[str, Any], going: set[str], budget: int) -> tuple[list[Any], int]:
+    """The generations one transaction prunes whole, and how many of ``work_ids`` it settles.
+
+    In order, the kept ones are settled and those the policy lets go join while their member
+    counts fit ``budget``; the first that does not fit (or whose count is not trusted) ends
+    the plan, or when it is the first, is the plan alone (to go in chunks) with the kept ones
+    right behind it.
+    """
+    plan: list[Any] = []
+    for position, work_id in enumerate(work_ids):
+        if work_id not in going:
+            continue
+        hint = _member_hint(rows[work_id])
+        if plan and (hint is None or hint > budget):
+            return plan, position
+        if hint is None or hint > budget:  # alone; the kept ones right behind it are settled with it
+            after = position + 1
+            while after < len(work_ids) and work_ids[after] not in going:
+                after += 1
+            return [rows[work_id]], after
+        plan.append(rows[work_id])
+        budget -= hint
+    return plan, len(work_ids)
+
+
 def _prune_batch(
     connection: Connection, settings: Settings, clock: DatabaseClock, pack_install_id: str, work_ids: list[str]
 ) -> tuple[_Tally, int]:
     """One pruning transaction over the first of ``work_ids``, up to ``prune_batch_events`` members.
 
-    Whole generations go together while they fit; the first one that does not fit goes alone,
-    in chunks (its lowest members first, its WorkItem with the last chunk). Each generation is
-    decided on its own; the writes of the whole transaction go in one statement each at the
-    end (tombstones, receipts, Events, WorkItems and their attempts, records). Returns what
-    went and how many of ``work_ids`` are settled (pruned or kept); an unsettled one comes
-    first in the next transaction.
+    Decides the first ``DECIDED_PER_TRANSACTION`` of ``work_ids`` (at most ``prune_batch_events``)
+    together, set-based, without a lock; locks the generations that go (one statement) and decides them again. Whole
+    generations go together while their members fit (read in one statement, so a count that
+    was wrong only makes the transaction shorter); a generation that does not fit goes alone,
+    in chunks (its lowest members first, its WorkItem with the last chunk). The writes go in
+    one statement each (tombstones, receipts, Events, WorkItems and their attempts, records).
+    Returns what went and how many of ``work_ids`` are settled (pruned or kept); an unsettled
+    one comes first in the next transaction.
     """
     now = clock.read(connection)
     policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
     budget = settings.prune_batch_events
-    tally, settled, horizon = _Tally(), 0, None
-    tombstones: list[dict[str, Any]] = []
-    ordinals: list[int] = []
-    pruned: list[tuple[Any, dt.datetime | None]] = []  # generations and their records' SourceTime
-    for work_id in work_ids:
-        # Keeping needs no lock; the row lock is taken only to delete (admission locks an
-        # identity's newest generation, which the policy always keeps), then decided again.
-        row = work_items_sql.work_item_get(connection, work_id)
-        if row is not None and policy.active and not _keeps(connection, policy, row, now):
-            row = work_items_sql.work_item_get(connection, work_id, lock=True)
-        # _keeps keeps old-protocol work (no InputStartOrdinal); said again for the type checker.
-        if row is None or not policy.active or _keeps(connection, policy, row, now) or row.InputStartOrdinal is None:
-            tally.kept += row is not None
-            settled += 1
+    deciding = work_ids[: min(budget, DECIDED_PER_TRANSACTION)]
+    # Keeping needs no lock; the row lock is taken only to delete (admission locks an
+    # identity's newest generation, which the policy always keeps), then decided again.
+    rows = {row.WorkId: row for row in retention_sql.work_items_by_id(connection, deciding)}
+    plan, settled = _plan(deciding, rows, _letting_go(connection, policy, list(rows.values()), now), budget)
+    locked = {
+        row.WorkId: row for row in retention_sql.work_items_by_id(connection, [r.WorkId for r in plan], lock=True)
+    }
+    going = _letting_go(connection, policy, list(locked.values()), now)
+    plan = [locked[row.WorkId] for row in plan if row.WorkId in going]
+    members = _members(connection, plan, budget + 1)
+    if len(plan) > 1 and len(members) > budget:  # a count was wrong: the first goes alone, maybe in chunks
+        plan, settled = plan[:1], work_ids.index(plan[0].WorkId) + 1
+        members = _members(connection, plan, budget + 1)
+    chunked = len(members) > budget  # then ``plan`` is one generation, and this is not its last chunk
+    if chunked:
+        members, settled = members[:budget], work_ids.index(plan[0].WorkId)
+    tombstones: dict[str, list[dict[str, Any]]] = {row.WorkId: [] for row in plan}
+    for member in members:
+        if member.ReceiptKey is None:  # a replay Event has no receipt
             continue
-        members = retention_sql.events_members_page(
-            connection, pack_install_id, row.ProjectionKey, row.InputStartOrdinal, row.LaneOrdinal, budget + 1
-        )
-        done = len(members) <= budget
-        if not done and budget < settings.prune_batch_events:
-            break  # too large to share this transaction: it starts the next one
-        chunk = members[:budget]
-        own = [
+        owner = member.WorkId
+        tombstones[owner].append(
             {
                 "PackInstallId": pack_install_id,
                 "ReceiptKey": member.ReceiptKey,
                 "EnqueueOrdinal": member.EnqueueOrdinal,
                 "PayloadHash": member.PayloadHash,
-                "WorkId": work_id,
+                "WorkId": owner,
                 "PrunedAt": now,
-                "SourceTime": member.SourceTime,  # the duplicate window expires it by this
+                "SourceTime": member.SourceTime,  # the duplicate window expires it by this (decision 127)
             }
-            for member in chunk
-            if member.ReceiptKey is not None  # a replay Event has no receipt
-        ]
-        tombstones += own
-        ordinals += [member.EnqueueOrdinal for member in chunk]
-        budget -= len(chunk)
-        if not done:
-            break
-        pruned.append((row, _newest_source_time(own)))
-        settled += 1
-        horizon = max(horizon or 0, row.LaneOrdinal)
-        if budget <= 0:
-            break
-    retention_sql.receipts_prune(connection, tombstones)
-    tally.receipts = len(tombstones)
-    tally.events = retention_sql.events_delete(connection, pack_install_id, ordinals)
+        )
+    pruned = [] if chunked else [(row, _newest_source_time(tombstones[row.WorkId])) for row in plan]
+    tally = _Tally(kept=sum(1 for work_id in work_ids[:settled] if work_id in rows) - len(pruned))
+    written = [tombstone for own in tombstones.values() for tombstone in own]
+    retention_sql.receipts_prune(connection, written)
+    tally.receipts = len(written)
+    tally.events = retention_sql.events_delete(
+        connection, pack_install_id, [member.EnqueueOrdinal for member in members]
+    )
     tally.generations = retention_sql.work_items_prune(connection, pruned, now)
     if tally.generations != len(pruned):
         raise RuntimeError(f"a terminal generation of pack {pack_install_id} changed under its row lock")
     work_attempts_sql.work_attempts_delete(connection, [row.WorkId for row, _ in pruned])  # their history goes too
     if tally.events or tally.generations:
+        horizon = max((row.LaneOrdinal for row, _ in pruned), default=None)
         recorded = retention_sql.policy_record_pruning(
             connection, pack_install_id, horizon=horizon, generations=tally.generations, now=now
         )
         if recorded != 1:
             raise RuntimeError(f"the retention policy of pack {pack_install_id} vanished")
     return tally, settled
+
+
+def _members(connection: Connection, plan: Sequence[Any], limit: int) -> list[Any]:
+    """Up to ``limit`` members of the planned generations in one statement (of one generation: lowest first)."""
+    if len(plan) == 1:
+        return retention_sql.events_members_page(connection, plan[0], limit)
+    return retention_sql.events_members_of(connection, [row.WorkId for row in plan], limit)
 
 
 def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:
@@ -415,18 +466,56 @@ def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:
     return max(time for time in times if time is not None)
 
 
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """What the pruner has yet to do: generations let go but retained, summed over packs, and the oldest's age.
+
+    Each pack's count stops at ``BACKLOG_CAP``; both are near zero while the pruner keeps up (decision 181).
+    """
+
+    generations: int = 0
+    oldest_seconds: float = 0.0
+
+
+def backlog(connection: Connection, policy: RetentionPolicy, now: dt.datetime) -> tuple[int, dt.datetime | None]:
+    """The pack's prunable-but-retained generations (up to ``BACKLOG_CAP``) and when the oldest finished.
+
+    Counts by the policy's age and count limits only (``retention_sql.retention_backlog``).
+    """
+    if not policy.active:
+        return 0, None
+    return retention_sql.retention_backlog(
+        connection,
+        policy.pack_install_id,
+        finished_before=policy.finished_before(now),
+        keep=policy.keep_generations or 1,
+        cap=BACKLOG_CAP,
+    )
+
+
+def describe_policy(context: Context, pack_install_id: str) -> RetentionPolicy:
+    """``get_policy`` with the pruner's backlog (``backlog``); raises ``UnknownPack``."""
+    policy = get_policy(context.engine, pack_install_id)
+    with context.engine.connect() as connection:
+        count, oldest = backlog(connection, policy, context.clock.read(connection))
+    return dataclasses.replace(policy, backlog_generations=count, backlog_oldest_finished_at=oldest)
+
+
 class Pruner:
     """The background retention pass: every pack with an active policy, bounded per pack.
 
     Keeps a keyset cursor per pack, so consecutive passes walk each pack's old generations
-    instead of rereading the same kept ones, and start over at the end.
+    instead of rereading the same kept ones, and start over at the end. Each pass prunes up
+    to ``prune_generations_per_pass`` candidates per pack in transactions of at most
+    ``prune_batch_events`` Events, and then reads the backlog (``backlog``).
     """
 
     def __init__(self) -> None:
         self._after: dict[str, Cursor | None] = {}
+        self.backlog = Backlog()
 
     def run(self, context: Context) -> list[PruneReport]:
-        """One pass; returns a report per pack with an active policy."""
+        """One pass; returns a report per pack with an active policy, and sets ``backlog``."""
         with context.engine.connect() as connection:
             packs_with_policy = [row.PackInstallId for row in retention_sql.policies_active(connection)]
         reports = []
@@ -435,4 +524,14 @@ class Pruner:
                 context, pack_install_id, after=self._after.get(pack_install_id)
             )
             reports.append(report)
+        generations, oldest_seconds = 0, 0.0
+        for pack_install_id in packs_with_policy:
+            policy = get_policy(context.engine, pack_install_id)
+            with context.engine.connect() as connection:
+                now = context.clock.read(connection)
+                count, oldest = backlog(connection, policy, now)
+            generations += count
+            if oldest is not None:
+                oldest_seconds = max(oldest_seconds, (now - oldest).total_seconds())
+        self.backlog = Backlog(generations, oldest_seconds)
         return reports

@@ -8,6 +8,7 @@ primary key (decision 123).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Connection
 from nexuscrm_connectors.queries import DbRow
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries.operator_reads import after_keyset
+from nexuscrm_schema.hints import probe_exists
 from nexuscrm_schema.tables import (
     Event,
     EventPayload,
@@ -142,56 +144,177 @@ def work_items_retention_candidates(
     return sorted(rows, key=lambda r: (r.FinishedAt, r.WorkId))[:limit]
 
 
-def work_items_newer(
-    connection: Connection, pack_install_id: str, projection_key: str, lane_ordinal: int, limit: int
-) -> int:
-    """How many generations of the identity end above ``lane_ordinal``, counting up to ``limit`` (projection order)."""
-    newer = (
-        sa.select(WorkItem.c.WorkId)
+def work_items_by_id(connection: Connection, work_ids: Sequence[str], *, lock: bool = False) -> list[DbRow]:
+    """The WorkItems of ``work_ids`` by primary key (one statement), optionally locked; missing ones left out."""
+    if not work_ids:
+        return []
+    statement = sa.select(WorkItem).where(WorkItem.c.WorkId.in_(list(work_ids)))
+    return list(connection.execute(statement.with_for_update() if lock else statement))
+
+
+_NEWER = WorkItem.alias("newer")
+
+
+@functools.lru_cache(maxsize=8)
+def _nth_newer(keep: int) -> sa.ScalarSelect[Any]:
+    """The LaneOrdinal of a WorkItem row's ``keep``-th newer generation of its identity (NULL: fewer newer).
+
+    One seek of ix_workitem_projection_order per row, reading at most ``keep`` entries; built once per ``keep``.
+    """
+    return (
+        sa.select(_NEWER.c.LaneOrdinal)
         .where(
-            WorkItem.c.PackInstallId == pack_install_id,
-            WorkItem.c.ProjectionKey == projection_key,
-            WorkItem.c.LaneOrdinal > lane_ordinal,
+            _NEWER.c.PackInstallId == WorkItem.c.PackInstallId,
+            _NEWER.c.ProjectionKey == WorkItem.c.ProjectionKey,
+            _NEWER.c.LaneOrdinal > WorkItem.c.LaneOrdinal,
         )
-        .limit(limit)
-        .subquery()
+        .order_by(_NEWER.c.LaneOrdinal)
+        .limit(1)
+        .offset(keep - 1)
+        .scalar_subquery()
     )
-    return int(connection.execute(sa.select(sa.func.count()).select_from(newer)).scalar_one())
 
 
-_HOLDS_ORDER = sa.select(WorkItem.c.WorkId).where(
-    WorkItem.c.WorkId == sa.bindparam("work_id"),
+def work_items_superseded(connection: Connection, work_ids: Sequence[str], keep: int) -> set[str]:
+    """Of ``work_ids``, those with at least ``keep`` newer generations of their identity (projection order)."""
+    if not work_ids:
+        return set()
+    return set(
+        connection.execute(
+            sa.select(WorkItem.c.WorkId)
+            .where(WorkItem.c.WorkId.in_(list(work_ids)), _nth_newer(keep).is_not(None))
+            .with_hint(WorkItem, "FORCE INDEX (PRIMARY)", dialect_name="mysql")  # not a walk of the whole index
+        ).scalars()
+    )
+
+
+_HOLDING_ORDER = sa.select(WorkItem.c.WorkId).where(
+    WorkItem.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)),
     WorkItem.c.Status == WorkStatus.FAILED,
     order_policy_sql.unresolved(WorkItem),
     order_policy_sql.effective_block(WorkItem.c.PackInstallId, WorkItem.c.WorkType),
 )
 
 
-def work_item_holds_order(connection: Connection, work_id: str) -> bool:
-    """Whether ``work_id`` is a dead letter whose work type (or pack) is under "block".
+def work_items_holding_order(connection: Connection, work_ids: Sequence[str]) -> set[str]:
+    """Of ``work_ids``, the dead letters whose work type (or pack) is under "block" (decision 165).
 
-    Pruning it would release the successor it holds: one primary-key read of WorkItem, the
-    replay and skip probes, and the two policy probes.
+    Pruning one would release the successor it holds: per row a primary-key read of
+    WorkItem, the replay and skip probes, and the two policy probes.
     """
-    return connection.execute(_HOLDS_ORDER, {"work_id": work_id}).first() is not None
+    if not work_ids:
+        return set()
+    return set(connection.execute(_HOLDING_ORDER, {"work_ids": list(work_ids)}).scalars())
 
 
-def work_item_status(connection: Connection, work_id: str) -> str | None:
-    """One WorkItem's status by primary key."""
-    return connection.execute(sa.select(WorkItem.c.Status).where(WorkItem.c.WorkId == work_id)).scalar_one_or_none()
+_REPLAY, _LATER = WorkItem.alias("replay"), WorkItem.alias("later")
+_REPLAYS_NEWEST = sa.select(_REPLAY.c.ReplayOfWorkId, _REPLAY.c.WorkId, _REPLAY.c.Status).where(
+    _REPLAY.c.ReplayOfWorkId.in_(sa.bindparam("work_ids", expanding=True)),
+    ~probe_exists(
+        sa.select(_LATER.c.WorkId).where(
+            _LATER.c.ReplayOfWorkId == _REPLAY.c.ReplayOfWorkId, _LATER.c.LaneOrdinal > _REPLAY.c.LaneOrdinal
+        )
+    ),
+)
 
 
-def events_members_page(
-    connection: Connection, pack_install_id: str, projection_key: str, start: int, end: int, limit: int
-) -> list[DbRow]:
-    """Up to ``limit`` members of an identity in ``[start, end]``, lowest first (ix_event_source_lane)."""
+def work_items_replays_newest(connection: Connection, work_ids: Sequence[str]) -> list[DbRow]:
+    """Of each of ``work_ids``, the newest replay: (ReplayOfWorkId, WorkId, Status) (ix_workitem_replay_of).
+
+    Replays of one WorkId never overlap in time, so the newest is the only one that may be live.
+    """
+    if not work_ids:
+        return []
+    return list(connection.execute(_REPLAYS_NEWEST, {"work_ids": list(work_ids)}))
+
+
+def work_items_blocked(connection: Connection, work_ids: Sequence[str]) -> set[str]:
+    """Of ``work_ids``, the blocked ones (by primary key)."""
+    if not work_ids:
+        return set()
+    return set(
+        connection.execute(
+            sa.select(WorkItem.c.WorkId).where(
+                WorkItem.c.WorkId.in_(list(work_ids)), WorkItem.c.Status == WorkStatus.BLOCKED
+            )
+        ).scalars()
+    )
+
+
+def retention_backlog(
+    connection: Connection, pack_install_id: str, *, finished_before: dt.datetime, keep: int, cap: int
+) -> tuple[int, dt.datetime | None]:
+    """Generations the policy lets go that are still there, counted up to ``cap``, and the oldest one's FinishedAt.
+
+    Terminal native generations finished by ``finished_before`` with at least ``keep`` newer
+    generations of their identity: per terminal status one ``ix_workitem_retention`` range,
+    each row with one ``_nth_newer`` seek. The rarer rules that keep such a generation (a
+    blocked successor, a dead letter under "block", a live replay) are not applied: what they
+    keep is counted too.
+    """
+    count, oldest = 0, None
+    for status in sorted(TERMINAL_WORK_STATUSES):
+        prunable = sa.select(WorkItem.c.FinishedAt).where(
+            WorkItem.c.PackInstallId == pack_install_id,
+            WorkItem.c.Status == status,
+            WorkItem.c.FinishedAt <= finished_before,
+            WorkItem.c.InputStartOrdinal.is_not(None),
+            ~WITH_FLOW_VERSIONS,
+            _nth_newer(keep).is_not(None),
+        )
+        capped = prunable.limit(cap).subquery()
+        count += int(connection.execute(sa.select(sa.func.count()).select_from(capped)).scalar_one())
+        first = connection.execute(prunable.order_by(WorkItem.c.FinishedAt).limit(1)).scalar_one_or_none()
+        if first is not None and (oldest is None or first < oldest):
+            oldest = first
+    return min(count, cap), oldest
+
+
+_OWNER = WorkItem.alias("owner")
+_MEMBERS_OF = (
+    sa.select(_OWNER.c.WorkId, Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash, Event.c.SourceTime)
+    .select_from(_OWNER)
+    .join(
+        Event,
+        sa.and_(
+            Event.c.PackInstallId == _OWNER.c.PackInstallId,
+            Event.c.ProjectionKey == _OWNER.c.ProjectionKey,
+            Event.c.EnqueueOrdinal.between(_OWNER.c.InputStartOrdinal, _OWNER.c.LaneOrdinal),
+        ),
+    )
+    .where(_OWNER.c.WorkId.in_(sa.bindparam("work_ids", expanding=True)))
+    # MariaDB would read the pack's Events by primary key prefix per generation: one range each.
+    .with_hint(_OWNER, "FORCE INDEX (PRIMARY)", dialect_name="mysql")
+    .with_hint(Event, "FORCE INDEX (ix_event_source_lane)", dialect_name="mysql")
+    .limit(sa.bindparam("limit"))
+)
+
+
+def events_members_of(connection: Connection, work_ids: Sequence[str], limit: int) -> list[DbRow]:
+    """Up to ``limit`` members of the generations ``work_ids``, each with its generation's WorkId, in no order.
+
+    Per generation a primary-key read of WorkItem and one ix_event_source_lane range.
+    """
+    if not work_ids:
+        return []
+    return list(connection.execute(_MEMBERS_OF, {"work_ids": list(work_ids), "limit": limit}))
+
+
+def events_members_page(connection: Connection, generation: Any, limit: int) -> list[DbRow]:
+    """Up to ``limit`` members of one generation (a WorkItem row), lowest first, with its WorkId."""
     return list(
         connection.execute(
-            sa.select(Event.c.EnqueueOrdinal, Event.c.ReceiptKey, Event.c.PayloadHash, Event.c.SourceTime)
+            sa.select(
+                sa.literal(generation.WorkId).label("WorkId"),
+                Event.c.EnqueueOrdinal,
+                Event.c.ReceiptKey,
+                Event.c.PayloadHash,
+                Event.c.SourceTime,
+            )
             .where(
-                Event.c.PackInstallId == pack_install_id,
-                Event.c.ProjectionKey == projection_key,
-                Event.c.EnqueueOrdinal.between(start, end),
+                Event.c.PackInstallId == generation.PackInstallId,
+                Event.c.ProjectionKey == generation.ProjectionKey,
+                Event.c.EnqueueOrdinal.between(generation.InputStartOrdinal, generation.LaneOrdinal),
             )
             .order_by(Event.c.EnqueueOrdinal)
             .limit(limit)
@@ -339,7 +462,7 @@ def policy_record_expiry(
     Returns the rows updated (1).
 
     Like every pruning transaction it writes the policy row, so a concurrent policy change
-    conflicts with it.
+    conflicts with it (decision 123).
     """
     values: dict[str, Any] = {"LastPrunedAt": now, "ExpiredReceipts": RetentionPolicy.c.ExpiredReceipts + expired}
     if horizon is not None:

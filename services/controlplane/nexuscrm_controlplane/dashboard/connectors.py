@@ -2,8 +2,8 @@
 
 GetWork, ExplainReceipt and ListReceipts answer through the Connectors SDK client
 (``nexuscrm_sdk.client.ConnectorsClient``); the operating reads of issue 37 (ListClaimPauses,
-GetOrderPolicy, CountDeadLetters, ListDeadLetters, GetCoverage) and ListFlowVersions (decision
-185) through the generated stub, as
+GetOrderPolicy, GetRetentionPolicy, CountDeadLetters, ListDeadLetters, GetCoverage) and
+ListFlowVersions (decision 185) through the generated stub, as
 the CLI calls them, because their answers have no shared value type the client could return
 with the facade's signature (docs/decisions/164-dashboard-operating-panels.md). This module is
 the ONE place where their status codes become what the dashboard answers:
@@ -132,6 +132,11 @@ class ConnectorsReads:
         """The pack's order policy and its work types' own (GetOrderPolicy); None for an unknown pack."""
         request = pb.GetOrderPolicyRequest(pack_install_id=pack_install_id)
         return _call(lambda: self._stub.GetOrderPolicy(request, timeout=self._timeout), "pack")
+
+    def get_retention_policy(self, pack_install_id: str) -> pb.RetentionPolicy | None:
+        """The pack's retention policy and the pruner's backlog (GetRetentionPolicy); None for an unknown pack."""
+        request = pb.GetRetentionPolicyRequest(pack_install_id=pack_install_id)
+        return _call(lambda: self._stub.GetRetentionPolicy(request, timeout=self._timeout).policy, "pack")
 
     def count_dead_letters(self, pack_install_id: str) -> pb.CountDeadLettersResponse | None:
         """The pack's dead letters per identity (CountDeadLetters, unfiltered); None for an unknown pack."""

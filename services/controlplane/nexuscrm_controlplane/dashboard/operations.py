@@ -1,12 +1,14 @@
 """The operating panels of the dashboard (issue 37): claim pauses, dead letters, coverage, Flow versions; read-only.
 
 Each reads Connectors over its RPCs (``dashboard.connectors``: ListClaimPauses and
-GetOrderPolicy, CountDeadLetters and ListDeadLetters, GetCoverage, ListFlowVersions), so each raises
+GetOrderPolicy, GetRetentionPolicy, CountDeadLetters and ListDeadLetters, GetCoverage,
+ListFlowVersions), so each raises
 ``ConnectorsUnavailable`` while it is down; the pack list comes from the database
 (``dashboard.queries``). Nothing here pauses, replays or skips: the page names the CLI
 commands that do (docs/decisions/164-dashboard-operating-panels.md).
 
-- ``claim_pauses``: per listed pack, its active pauses and its order policy.
+- ``claim_pauses``: per listed pack, its active pauses, its order policy and its retention
+  (the limits and the pruner's backlog, decision 181).
 - ``dead_letters``: per pack with failed work (all listed packs, or one), the count by
   identity and the first ``DEAD_LETTER_PAGE`` dead letters, oldest finished first.
 - ``coverage``: one GetCoverage page of one pack, the identities that are not tiled first,
@@ -105,8 +107,20 @@ def _policies(answer: pb.GetOrderPolicyResponse | None) -> dict[str, Any] | None
     return {**_policy(answer.policy), "work_types": types}
 
 
+def _retention(policy: pb.RetentionPolicy | None) -> dict[str, Any] | None:
+    """The pack's retention limits and the pruner's backlog (None: no limit, or Connectors does not know the pack)."""
+    if policy is None or not (policy.HasField("keep_generations") or policy.HasField("keep_seconds")):
+        return None
+    return {
+        "keep_generations": policy.keep_generations if policy.HasField("keep_generations") else None,
+        "keep_seconds": policy.keep_seconds if policy.HasField("keep_seconds") else None,
+        "backlog_generations": policy.backlog_generations,
+        "backlog_oldest_finished_at": _when(policy, "backlog_oldest_finished_at"),
+    }
+
+
 def claim_pauses(engine: Engine, connectors: ConnectorsReads) -> dict[str, Any]:
-    """Every listed pack's active claim pauses and order policy: two RPCs per pack."""
+    """Every listed pack's active claim pauses, order policy and retention: three RPCs per pack."""
     packs = []
     for pack_install_id, label in _packs(engine):
         pauses = connectors.list_claim_pauses(pack_install_id)
@@ -116,6 +130,7 @@ def claim_pauses(engine: Engine, connectors: ConnectorsReads) -> dict[str, Any]:
                 "pack": label,
                 "pauses": [_pause(p, pack_install_id) for p in pauses or ()],
                 "order_policy": _policies(connectors.get_order_policy(pack_install_id)),
+                "retention": _retention(connectors.get_retention_policy(pack_install_id)),
             }
         )
     return {"packs": packs}

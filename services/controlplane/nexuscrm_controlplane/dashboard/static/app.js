@@ -255,6 +255,17 @@ function orderPolicy(policy) {
   return `<p data-order-policy="${esc(policy.policy)}">order policy ${badge} ${set}</p>${types ? `<ul>${types}</ul>` : ""}`;
 }
 
+// Retention's limits and the pruner's backlog (decision 181): a backlog that stays means it does not keep up.
+function retentionLine(retention) {
+  if (!retention) return "";
+  const limits = [retention.keep_generations !== null ? `keeps ${retention.keep_generations} generations per identity` : "",
+    retention.keep_seconds !== null ? `keeps ${retention.keep_seconds} s` : ""].filter(Boolean).join(", ");
+  const backlog = retention.backlog_oldest_finished_at
+    ? `<span class="badge warn">${esc(retention.backlog_generations)} generations not pruned yet</span> <span class="muted">the oldest finished at ${esc(when(retention.backlog_oldest_finished_at))}</span>`
+    : `<span class="muted">the pruner keeps up</span>`;
+  return `<p data-retention-backlog="${esc(retention.backlog_generations)}">retention ${esc(limits)}: ${backlog}</p>`;
+}
+
 function pausesBlock(pack) {
   const rows = pack.pauses.map((p) => `<tr data-pause="${esc(p.pause_id)}" data-scope="${esc(p.scope)}"><td>${pauseScope(p)}</td>
     <td>${esc(p.paused_by)}</td><td>${esc(p.reason)}</td><td>${esc(when(p.paused_at))}</td><td>${esc(p.expires_at ? when(p.expires_at) : "until resumed")}</td></tr>`);
@@ -262,7 +273,7 @@ function pausesBlock(pack) {
     : `<p class="muted">Claims are not paused.</p>`;
   const badge = rows.length ? ` <span class="badge bad">paused</span>` : "";
   return `<div data-pauses-pack="${esc(pack.pack_install_id)}" data-paused="${rows.length > 0}"><h3>${esc(pack.pack)} <code>${esc(pack.pack_install_id)}</code>${badge}</h3>
-    ${orderPolicy(pack.order_policy)}${table}</div>`;
+    ${orderPolicy(pack.order_policy)}${retentionLine(pack.retention)}${table}</div>`;
 }
 
 async function renderPauses() {
