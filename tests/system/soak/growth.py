@@ -1,0 +1,79 @@
+"""The soak's verdict: does a sampled resource grow without bound?
+
+Each resource is a series of (seconds since the start, value) samples. A snapshot (the last
+value against the first) mistakes start-up (caches filling, tables reaching the level
+retention holds them at) and noise for growth, so the verdict fits a least-squares line to
+the samples after a warm-up and compares its slope, per hour, with what the resource may
+gain in an hour: an absolute allowance plus a fraction of its median level. A bounded resource
+levels off and its slope after the warm-up is near zero; a leak keeps a positive slope however
+long the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping, Sequence
+
+HOUR = 3600.0  # seconds
+WARM_UP = 0.2  # the fraction of the samples (the first ones) left out of the fit
+MIN_SAMPLES = 4  # samples after the warm-up below which no slope is trusted
+
+
+@dataclasses.dataclass(frozen=True)
+class Allowance:
+    """What a resource may gain per hour and still count as bounded."""
+
+    per_hour: float  # in the resource's unit
+    of_level: float = 0.0  # plus this fraction of the series' median per hour
+
+
+@dataclasses.dataclass(frozen=True)
+class Growth:
+    """One resource's fit: its first and last sample, its slope and its allowance (per hour)."""
+
+    name: str
+    start: float
+    end: float
+    slope_per_hour: float
+    allowed_per_hour: float
+
+    @property
+    def unbounded(self) -> bool:
+        """True when the fitted slope exceeds the allowance."""
+        return self.slope_per_hour > self.allowed_per_hour
+
+
+def slope_per_hour(samples: Sequence[tuple[float, float]]) -> float:
+    """The least-squares slope of ``samples`` ((seconds, value) pairs), per hour."""
+    times = [t for t, _ in samples]
+    values = [v for _, v in samples]
+    if len(set(times)) < 2:
+        raise ValueError("a slope needs samples at two different times at least")
+    return statistics.linear_regression(times, values).slope * HOUR
+
+
+def growth(name: str, samples: Sequence[tuple[float, float]], allowance: Allowance) -> Growth:
+    """The fit of one resource's samples after the warm-up."""
+    fitted = samples[int(len(samples) * WARM_UP) :]
+    if len(fitted) < MIN_SAMPLES:
+        raise ValueError(f"{name}: {len(fitted)} samples after the warm-up, at least {MIN_SAMPLES} are needed")
+    level = statistics.median(v for _, v in fitted)
+    return Growth(
+        name=name,
+        start=samples[0][1],
+        end=samples[-1][1],
+        slope_per_hour=slope_per_hour(fitted),
+        allowed_per_hour=allowance.per_hour + allowance.of_level * abs(level),
+    )
+
+
+def verdict(series: Mapping[str, Sequence[tuple[float, float]]], allowances: Mapping[str, Allowance]) -> list[Growth]:
+    """Each resource's fit; a resource's allowance is that of the longest prefix of its name listed."""
+    fits = []
+    for name, samples in sorted(series.items()):
+        kind = max((key for key in allowances if name.startswith(key)), key=len, default=None)
+        if kind is None:
+            raise KeyError(f"no allowance for {name}")
+        fits.append(growth(name, samples, allowances[kind]))
+    return fits
