@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from tests.system.soak.growth import Allowance, growth, slope_per_hour, verdict
@@ -10,7 +12,7 @@ INVARIANTS_NOT_CHECKED = "arithmetic on sample series; no database"
 MINUTE = 60.0
 
 
-def _series(values: list[float]) -> list[tuple[float, float]]:
+def _series(values: Sequence[float]) -> list[tuple[float, float]]:
     return [(n * MINUTE, value) for n, value in enumerate(values)]
 
 
