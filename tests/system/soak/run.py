@@ -20,7 +20,7 @@ MariaDB, one on SQLite: the embedded backend is one process) and:
    the sample before is looked up: it must have its receipt or its tombstone (not lost);
 4. the drain, the invariant checker, and the verdict of ``tests.system.soak.growth`` on each
    series: the run fails when a fitted slope exceeds its allowance, when an acknowledged
-   input is lost, or when an RPC is answered INTERNAL.
+   input is lost or an input refused, or when an RPC is answered INTERNAL.
 
 The per-sample table and a summary go to stdout; ``--figures PATH`` appends the summary as
 one JSON line.
@@ -49,6 +49,7 @@ import grpc
 import sqlalchemy as sa
 
 from bench.environment import Backend, scratch_database
+from nexuscrm_runtime.clock import utcnow
 from nexuscrm_runtime.database import create_engine, is_sqlite, normalize_dsn
 from nexuscrm_schema.tables import IngressReceipt, PrunedReceipt, metadata
 from nexuscrm_sdk.client import ConnectorsClient
@@ -58,7 +59,7 @@ from tests.support.invariants import check_invariants
 from tests.system.reliability.workload import WORKLOAD_ENV, loaded_ordinals
 from tests.system.soak.growth import Allowance, Growth, verdict
 from workqueue import WorkStatus
-from workqueue.values import ACKNOWLEDGED_OUTCOMES, IngestItem
+from workqueue.values import ACKNOWLEDGED_OUTCOMES, IngestItem, Outcome
 
 T = TypeVar("T")
 
@@ -163,6 +164,7 @@ class Soak:
                         receipt_key=f"{self.phase}-c{client}-{n}-{i}",
                         route=route(f"lane-{rng.randrange(LANES)}"),
                         payload=f"soak client {client} batch {n} input {i}".encode(),
+                        source_time=utcnow(),  # the duplicate window needs it (decision 127)
                     )
                     for i in range(BATCH)
                 ]
@@ -182,6 +184,9 @@ class Soak:
                     with self.lock:
                         self.acknowledged.append(result.receipt_key)
                         self.counts["inputs_acknowledged"] += 1
+                elif result.outcome is not Outcome.FENCED:  # refused for good: the soak's own mistake
+                    del waiting[result.receipt_key]
+                    self.count(f"inputs_refused:{result.outcome.value}")
             if waiting:
                 self.stop.wait(RETRY_PAUSE)
         if again and not waiting:
@@ -429,10 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         args.figures.parent.mkdir(parents=True, exist_ok=True)
         with args.figures.open("a", encoding="utf-8") as sink:
             sink.write(json.dumps(figures, sort_keys=True) + "\n")
-    failed = figures["growing"] or counts.get("inputs_lost", 0) or internal or problems or not drained
+    refused = {name: n for name, n in counts.items() if name.startswith("inputs_refused:")}
+    failed = figures["growing"] or counts.get("inputs_lost", 0) or internal or problems or not drained or refused
     if failed:
         print(
-            f"soak failed: growing {figures['growing']}, lost {counts.get('inputs_lost', 0)}, "
+            f"soak failed: growing {figures['growing']}, lost {counts.get('inputs_lost', 0)}, refused {refused}, "
             f"INTERNAL {internal}, invariants {problems[:5]}, drained {drained}",
             file=sys.stderr,
         )
