@@ -56,7 +56,7 @@ from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools.launcher import CONNECTORS, ServiceProcess, start_service, start_services, stop_services
 from tests.support.factories import install_pack, route
 from tests.support.invariants import check_invariants
-from tests.system.reliability.workload import WORKLOAD_ENV, loaded_ordinals
+from tests.system.reliability.workload import WORKLOAD_ENV, guarded_thread, loaded_ordinals
 from tests.system.soak.growth import Allowance, Growth, verdict
 from workqueue import WorkStatus
 from workqueue.values import ACKNOWLEDGED_OUTCOMES, IngestItem, Outcome
@@ -234,18 +234,6 @@ class Soak:
         )
         self.count("restarts")
 
-    def guarded(self, body: Callable[..., None], *args: object) -> threading.Thread:
-        """A thread running ``body``; an error stops the run and is kept."""
-
-        def run() -> None:
-            try:
-                body(*args)
-            except BaseException as error:
-                self.errors.append(error)
-                self.stop.set()
-
-        return threading.Thread(target=run, daemon=True)
-
     def calibrate(self) -> float:
         """The maximum rate: the lower of inputs acknowledged and completed per second at full speed."""
         threads = self.load()
@@ -256,8 +244,8 @@ class Soak:
         return min(acknowledged, completed) / CALIBRATION
 
     def load(self) -> list[threading.Thread]:
-        threads = [self.guarded(self.ingester, n) for n in range(CLIENTS)]
-        threads += [self.guarded(self.worker, n) for n in range(WORKERS)]
+        threads = [guarded_thread(self.ingester, self.errors, self.stop, n) for n in range(CLIENTS)]
+        threads += [guarded_thread(self.worker, self.errors, self.stop, n) for n in range(WORKERS)]
         for thread in threads:
             thread.start()
         return threads
@@ -334,7 +322,7 @@ class Soak:
 
     def drain(self) -> bool:
         """Workers only, until the pack's queue is drained; True when it drained within ``DRAIN``."""
-        threads = [self.guarded(self.worker, n) for n in range(WORKERS)]
+        threads = [guarded_thread(self.worker, self.errors, self.stop, n) for n in range(WORKERS)]
         for thread in threads:
             thread.start()
         with self.client(0) as connectors:
