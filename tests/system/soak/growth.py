@@ -6,18 +6,23 @@ retention holds them at) and noise for growth, so the verdict fits a least-squar
 the samples after a warm-up and compares its slope, per hour, with what the resource may
 gain in an hour: an absolute allowance plus a fraction of its median level. A bounded resource
 levels off and its slope after the warm-up is near zero; a leak keeps a positive slope however
-long the run.
+long the run. A bounded resource may still swing (tombstones expiring in bursts, memory
+dropping at each restart), and over a short run a swing fits a steep line; so the slope
+counts only by what the samples make certain: its lower bound, the slope less ``CONFIDENCE``
+standard errors, must exceed the allowance.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 
 HOUR = 3600.0  # seconds
 WARM_UP = 0.2  # the fraction of the samples (the first ones) left out of the fit
 MIN_SAMPLES = 4  # samples after the warm-up below which no slope is trusted
+CONFIDENCE = 2.0  # standard errors taken off the slope before it is compared (about 97.5 % one-sided)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,21 +41,27 @@ class Growth:
     start: float
     end: float
     slope_per_hour: float
+    error_per_hour: float  # the slope's standard error
     allowed_per_hour: float
 
     @property
     def unbounded(self) -> bool:
-        """True when the fitted slope exceeds the allowance."""
-        return self.slope_per_hour > self.allowed_per_hour
+        """True when even the slope's lower bound exceeds the allowance."""
+        return self.slope_per_hour - CONFIDENCE * self.error_per_hour > self.allowed_per_hour
 
 
-def slope_per_hour(samples: Sequence[tuple[float, float]]) -> float:
-    """The least-squares slope of ``samples`` ((seconds, value) pairs), per hour."""
+def slope_per_hour(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The least-squares slope of ``samples`` ((seconds, value) pairs) and its standard error, per hour."""
     times = [t for t, _ in samples]
     values = [v for _, v in samples]
     if len(set(times)) < 2:
         raise ValueError("a slope needs samples at two different times at least")
-    return statistics.linear_regression(times, values).slope * HOUR
+    line = statistics.linear_regression(times, values)
+    mean = statistics.fmean(times)
+    spread = sum((t - mean) ** 2 for t in times)
+    residuals = sum((v - (line.slope * t + line.intercept)) ** 2 for t, v in samples)
+    error = math.sqrt(residuals / (len(samples) - 2) / spread) if len(samples) > 2 else 0.0
+    return line.slope * HOUR, error * HOUR
 
 
 def growth(name: str, samples: Sequence[tuple[float, float]], allowance: Allowance) -> Growth:
@@ -59,11 +70,13 @@ def growth(name: str, samples: Sequence[tuple[float, float]], allowance: Allowan
     if len(fitted) < MIN_SAMPLES:
         raise ValueError(f"{name}: {len(fitted)} samples after the warm-up, at least {MIN_SAMPLES} are needed")
     level = statistics.median(v for _, v in fitted)
+    slope, error = slope_per_hour(fitted)
     return Growth(
         name=name,
         start=samples[0][1],
         end=samples[-1][1],
-        slope_per_hour=slope_per_hour(fitted),
+        slope_per_hour=slope,
+        error_per_hour=error,
         allowed_per_hour=allowance.per_hour + allowance.of_level * abs(level),
     )
 

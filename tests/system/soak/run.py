@@ -10,7 +10,7 @@ MariaDB, one on SQLite: the embedded backend is one process) and:
    completed per second;
 2. the soak at half that rate, with a retention policy on the pack (the newest generation of
    each lane kept, the others pruned after ``keep`` seconds (a twentieth of the run, 15 s at
-   least), tombstones expired after twice that, so the tables level off within the warm-up),
+   least), tombstones expired after four times that, so the tables level off within the warm-up),
    one batch in ten sent again (a duplicate), one attempt in fifty failed (with two attempts
    some generations become dead letters), a dead letter replayed every sample, and
    a rolling restart of one replica every sixth of the run (ten minutes in an hour);
@@ -182,8 +182,10 @@ class Soak:
                 if result.outcome in ACKNOWLEDGED_OUTCOMES:
                     del waiting[result.receipt_key]
                     with self.lock:
-                        self.acknowledged.append(result.receipt_key)
                         self.counts["inputs_acknowledged"] += 1
+                        self.counts[f"first_answer:{result.outcome.value}"] += 1
+                        if result.outcome is not Outcome.EXPIRED:  # acknowledged, never stored (decision 127)
+                            self.acknowledged.append(result.receipt_key)
                 elif result.outcome is not Outcome.FENCED:  # refused for good: the soak's own mistake
                     del waiting[result.receipt_key]
                     self.count(f"inputs_refused:{result.outcome.value}")
@@ -265,7 +267,7 @@ class Soak:
                 self.pack,
                 keep_generations=1,
                 keep_seconds=self.plan.keep_seconds,
-                duplicate_window_seconds=2 * self.plan.keep_seconds,
+                duplicate_window_seconds=4 * self.plan.keep_seconds,
             )
         series: dict[str, list[tuple[float, float]]] = defaultdict(list)
         table: list[dict[str, float]] = []
@@ -367,9 +369,10 @@ def server_sockets(pid: int, port: int) -> set[str]:
 
 def summary(table: list[dict[str, float]], fits: list[Growth]) -> list[str]:
     """One line per series: start, end, fitted slope per hour, allowance, verdict."""
-    lines = [f"{'series':40} {'start':>10} {'end':>10} {'slope/h':>10} {'allowed/h':>10}"]
+    lines = [f"{'series':40} {'start':>10} {'end':>10} {'slope/h':>10} {'error/h':>10} {'allowed/h':>10}"]
     for fit in fits:
-        figures = f"{fit.start:10.1f} {fit.end:10.1f} {fit.slope_per_hour:10.1f} {fit.allowed_per_hour:10.1f}"
+        figures = f"{fit.start:10.1f} {fit.end:10.1f} {fit.slope_per_hour:10.1f} {fit.error_per_hour:10.1f}"
+        figures += f" {fit.allowed_per_hour:10.1f}"
         lines.append(f"{fit.name:40} {figures}{'  GROWS' if fit.unbounded else ''}")
     return lines
 
@@ -415,7 +418,15 @@ def main(argv: list[str] | None = None) -> int:
         "drained": drained,
         "invariant_violations": len(problems),
         "growing": [fit.name for fit in fits if fit.unbounded],
-        "series": {fit.name: [round(fit.start, 1), round(fit.end, 1), round(fit.slope_per_hour, 1)] for fit in fits},
+        "series": {
+            fit.name: [
+                round(fit.start, 1),
+                round(fit.end, 1),
+                round(fit.slope_per_hour, 1),
+                round(fit.error_per_hour, 1),
+            ]
+            for fit in fits
+        },
     }
     print(json.dumps(figures, sort_keys=True))
     if args.figures:

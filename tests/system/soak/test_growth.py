@@ -17,7 +17,9 @@ def _series(values: Sequence[float]) -> list[tuple[float, float]]:
 
 
 def test_a_steady_climb_is_fitted_per_hour() -> None:
-    assert slope_per_hour(_series([100 + n for n in range(10)])) == pytest.approx(60.0)
+    slope, error = slope_per_hour(_series([100 + n for n in range(10)]))
+    assert slope == pytest.approx(60.0)
+    assert error == pytest.approx(0.0, abs=1e-9)
 
 
 def test_a_leak_is_unbounded_and_a_plateau_after_start_up_is_not() -> None:
@@ -32,6 +34,13 @@ def test_a_leak_is_unbounded_and_a_plateau_after_start_up_is_not() -> None:
 def test_noise_around_a_level_is_bounded() -> None:
     noisy = [100 + (3 if n % 2 else -3) for n in range(20)]
     assert not growth("open_files", _series(noisy), Allowance(per_hour=10.0)).unbounded
+
+
+def test_a_sawtooth_is_bounded_however_steep_its_line_over_a_short_run() -> None:
+    """Tombstones expiring in bursts: the fitted line rises, but not by more than its error."""
+    sawtooth = [3201, 3934, 1288, 2154, 1044, 0, 441, 0, 200, 1782, 1200, 3264, 1856, 975, 52, 1409, 2955, 2567]
+    fit = growth("rows:PrunedReceipt", [(n * 10.0, v) for n, v in enumerate(sawtooth)], Allowance(per_hour=500.0))
+    assert fit.slope_per_hour > fit.allowed_per_hour and not fit.unbounded, fit
 
 
 def test_the_allowance_is_the_longest_listed_prefix() -> None:
