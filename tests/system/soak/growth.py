@@ -20,7 +20,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 HOUR = 3600.0  # seconds
-WARM_UP = 0.2  # the fraction of the samples (the first ones) left out of the fit
+# The fraction of the samples (the first ones) left out of the fit: start-up, and the time
+# retention needs to level the tables off (its age, then the tombstones' window, then the lag
+# of the passes; on a slow server the first five-minute MariaDB run took 2.5 minutes).
+WARM_UP = 0.5
 MIN_SAMPLES = 4  # samples after the warm-up below which no slope is trusted
 CONFIDENCE = 2.0  # standard errors taken off the slope before it is compared (about 97.5 % one-sided)
 

@@ -58,4 +58,4 @@ def test_the_allowance_is_the_longest_listed_prefix() -> None:
 
 def test_too_few_samples_are_refused() -> None:
     with pytest.raises(ValueError, match="3 samples after the warm-up, at least 4"):
-        growth("lag_seconds", _series([1, 2, 3]), Allowance(per_hour=60.0))
+        growth("lag_seconds", _series([1, 2, 3, 4, 5, 6]), Allowance(per_hour=60.0))
