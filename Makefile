@@ -15,7 +15,7 @@ PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip instal
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup runtime protos test test-some run lint typecheck fmt clean bench bench-quick reliability deps test-owner breaking
+.PHONY: setup runtime protos test test-some run lint typecheck fmt clean bench bench-quick reliability soak deps test-owner breaking
 
 # runtime: what running needs (every package editable, the protos generated); setup adds the
 # development and test tools of requirements/dev.txt.
@@ -54,6 +54,15 @@ reliability: setup
 	rm -f var/reliability-figures.jsonl
 	NEXUSCRM_FUZZ_CASES_PER_SERVICE=10000 NEXUSCRM_RELIABILITY_FULL=1 \
 	NEXUSCRM_RELIABILITY_FIGURES=var/reliability-figures.jsonl $(BIN)/pytest tests/connectors/reliability tests/system/reliability
+
+# The soak (tests/system/soak/run.py, decision 182): half the measured maximum rate for
+# SOAK_MINUTES (an hour by default) with retention, duplicates, failures, replays and a rolling
+# restart every sixth of the run; fails when a sampled resource's fitted slope exceeds its
+# allowance. SOAK_BACKEND=sqlite for the embedded backend; figures in var/soak-figures.jsonl.
+SOAK_MINUTES ?= 60
+SOAK_BACKEND ?= mariadb
+soak: setup
+	$(BIN)/python -m tests.system.soak.run --minutes $(SOAK_MINUTES) --backend $(SOAK_BACKEND) --figures var/soak-figures.jsonl
 
 # The whole N-1 compatibility tier (docs/decisions/147-n-1-compatibility-tier.md): each owner's
 # previous release (owners.toml) built from its commit into a virtualenv of its own, run against

@@ -235,6 +235,51 @@ class GaleraCluster:
                 os.killpg(process.pid, signal.SIGKILL)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def kill(self, node: GaleraNode) -> None:
+        """SIGKILL the node's ``mariadbd`` (no shutdown: a crash) and wait for it to exit."""
+        process, node.process = node.process, None
+        assert process is not None, f"node {node.number} is not running"
+        process.kill()
+        process.wait()
+
+    def restart(self, node: GaleraNode) -> str:
+        """Start a stopped node again and wait until it is ready; how it rejoined: "IST" or "SST".
+
+        It joins the running members (no bootstrap) and receives what it missed from a donor:
+        the write-sets from the donor's gcache (IST) when its position is known and still
+        cached, else a copy of the donor's datadir (SST).
+        """
+        logged = node.error_log.stat().st_size if node.error_log.exists() else 0
+        self._launch(node, bootstrap=False)
+        self._wait_ready()
+        with node.error_log.open(errors="replace") as log:
+            log.seek(logged)
+            text = log.read()
+        return "SST" if "SST received" in text else "IST" if "IST received" in text else "neither (nothing missed)"
+
+    def isolate(self, node: GaleraNode, isolated: bool) -> None:
+        """Cut the node's group communication off (``gmcast.isolate``), or restore it.
+
+        Cut off, the node keeps running and accepting connections but leaves the primary
+        component: its queries fail with 1047 until it is restored and has caught up by IST.
+        """
+        connection = pymysql.connect(host="127.0.0.1", port=node.port, user="root")
+        with contextlib.closing(connection):
+            connection.cursor().execute(f"SET GLOBAL wsrep_provider_options='gmcast.isolate={int(isolated)}'")
+
+    def wait_size(self, size: int, nodes: list[GaleraNode]) -> None:
+        """Wait until each of ``nodes`` reports a primary component of ``size`` members."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while any(node.status("wsrep_cluster_size") != str(size) for node in nodes):
+            if time.monotonic() > deadline:
+                raise GaleraError(f"the cluster did not reach size {size} in {READY_TIMEOUT:.0f}s")
+            time.sleep(POLL)
+
+    def failover_dsn(self, database: str, first: int) -> str:
+        """The DSN a replica beside node ``first`` (0-based) uses: that node, then the others in order."""
+        order = self.nodes[first:] + self.nodes[:first]
+        return f"mysql://root@/{database}?" + "&".join(f"host=127.0.0.1:{node.port}" for node in order)
+
     def create_database(self, name: str) -> list[str]:
         """Create database ``name`` (replicated to every node); its DSN on each node."""
         connection = pymysql.connect(host="127.0.0.1", port=self.nodes[0].port, user="root")

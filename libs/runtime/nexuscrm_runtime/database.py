@@ -26,7 +26,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import PoolResetState
 
-from nexuscrm_runtime import sqlite_writer
+from nexuscrm_runtime import failover, sqlite_writer
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
 from nexuscrm_runtime.engine_errors import (
     DUPLICATE_KEY_CODES,
@@ -134,6 +134,7 @@ def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | N
     url = normalize_dsn(dsn)
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
+    url, hosts = failover.split_hosts(url)
     engine = sa.create_engine(
         url,
         isolation_level="READ COMMITTED",
@@ -145,6 +146,7 @@ def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | N
         pool_reset_on_return=None,  # _reset_open_transaction instead
         connect_args={"conv": CONVERSIONS},
     )
+    failover.install(engine, hosts)
     event.listen(engine, "reset", _reset_open_transaction)
     event.listen(engine, "handle_error", _unavailable_on_connection_loss)
 

@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
+from nexuscrm_runtime import failover
 from nexuscrm_runtime.database import create_engine, mysql_error_code, normalize_dsn
 
 SUPPORTED_BACKENDS = ("sqlite", "mysql", "mariadb")
@@ -64,19 +65,24 @@ def check_database(dsn: str, *, named: str = "NEXUSCRM_DSN") -> None:
 
 def _server_engine(url: URL, named: str) -> Engine:
     """A bare engine (no reconnect handling, which would hide the cause) after the host resolves."""
-    try:
-        socket.getaddrinfo(url.host or "localhost", url.port or 3306)
-    except OSError:
-        raise DatabaseUnusable(f"unknown host {url.host!r} in {named}") from None
+    for host, port in failover.split_hosts(url)[1] or [(url.host or "localhost", url.port or 3306)]:
+        try:
+            socket.getaddrinfo(host, port)
+        except OSError:
+            raise DatabaseUnusable(f"unknown host {host!r} in {named}") from None
     query = {} if "connect_timeout" in url.query else {"connect_timeout": str(CONNECT_TIMEOUT)}
-    return sa.create_engine(
-        normalize_dsn(url.render_as_string(hide_password=False)).update_query_dict(query), poolclass=NullPool
-    )
+    bare, hosts = failover.split_hosts(normalize_dsn(url.render_as_string(hide_password=False)))
+    engine = sa.create_engine(bare.update_query_dict(query), poolclass=NullPool)
+    failover.install(engine, hosts)
+    return engine
 
 
 def _where(url: URL) -> str:
     if url.get_backend_name() == "sqlite":
         return f"sqlite file {url.database}"
+    listed = failover.split_hosts(url)[1]
+    if listed:
+        return ", ".join(f"{host}:{port}" for host, port in listed)
     return f"{url.host or 'localhost'}:{url.port or 3306}"
 
 

@@ -79,6 +79,11 @@ _ROWS: dict[ErrorClass, tuple[tuple[int, str, str], ...]] = {
         (1040, _ALL, "too many connections"),
         (1047, "MariaDB (Galera)", "the Galera node is not ready to accept queries (not in the primary component)"),
         (1053, _ALL, "server shutdown in progress"),
+        (
+            1180,
+            "MySQL, MariaDB",
+            "an error during COMMIT; on Galera the node left the primary component mid-commit (outcome unknown)",
+        ),
         (1927, "MariaDB", "the connection was killed"),
         (2003, "client", "cannot connect to the server"),
         (2006, "client", "the server has gone away"),

@@ -61,6 +61,21 @@ def loaded_ordinals(connectors: ConnectorsClient, key: tuple[str, str]) -> list[
     return [row.enqueue_ordinal for page in connectors.load_inputs(work_id, lease_token=token) for row in page.inputs]
 
 
+def guarded_thread(
+    body: Callable[..., None], errors: list[BaseException], stop: threading.Event, *args: Any
+) -> threading.Thread:
+    """A daemon thread running ``body(*args)``; an error goes to ``errors`` and sets ``stop``."""
+
+    def run() -> None:
+        try:
+            body(*args)
+        except BaseException as error:
+            errors.append(error)
+            stop.set()
+
+    return threading.Thread(target=run, daemon=True)
+
+
 class Workload:
     """One seeded run of clients and workers on a new pack, recorded in ``history``.
 
@@ -103,15 +118,7 @@ class Workload:
 
     def guarded(self, body: Callable[..., None], *args: Any) -> threading.Thread:
         """A thread running ``body``; an error stops the whole run and is kept for the test."""
-
-        def run() -> None:
-            try:
-                body(*args)
-            except BaseException as error:
-                self.errors.append(error)
-                self.stop.set()
-
-        return threading.Thread(target=run, daemon=True)
+        return guarded_thread(body, self.errors, self.stop, *args)
 
     def connect(self, role: str, n: int) -> contextlib.AbstractContextManager[ConnectorsClient]:
         """The client that ingest client or worker ``n`` (``role``) calls through: the cluster's one service."""
