@@ -170,6 +170,22 @@ def test_a_build_yields_to_live_work_and_to_its_rate_bound(engine: sa.Engine, co
     assert_invariants(engine)
 
 
+def test_the_rate_bound_counts_the_inputs_its_version_claimed_in_the_last_second(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    """The bound sums the version's recently claimed inputs, not those times its generations (a missed correlation)."""
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=_items(1, 150, lanes=30))  # 5 inputs a lane: 30 catch-up generations
+    _drain(connectors, pack, Runs())
+    _build(connectors, pack, max_inputs_per_second=50)
+    first, second = (connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) for _ in range(2))
+    assert (len(first), len(second)) == (1, 1)  # 5 of the 50 inputs: the first claim holds nothing back
+    assert len(connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2], max_items=10)) == 10
+    # 60 inputs claimed in the last second: the bound of 50 is reached while 18 generations wait.
+    assert connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) == []
+    assert_invariants(engine)
+
+
 def test_refused_builds_and_steps_change_nothing(engine: sa.Engine, connectors: Connectors) -> None:
     pack = install_pack(engine)
     other = IngestItem(receipt_key="other", route=route("lane-0", work_type="other"), payload=b"o")

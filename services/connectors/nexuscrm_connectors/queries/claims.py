@@ -146,6 +146,32 @@ _BUILD_YIELDS = sa.and_(
     .exists(),
 )
 _RECENT = sa.alias(WorkItem, "recent")
+_LAST_SECOND = now_parameter_shifted(-dt.timedelta(seconds=1))
+
+
+def _recent_inputs(*held: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
+    """The inputs of the candidate's version's generations claimed in the last second that are ``held``.
+
+    Correlated to the candidate's WorkItem explicitly: nested two levels down, auto-correlation
+    would not reach it, and the sum would run over a cross join with the whole table.
+    """
+    return (
+        sa.select(sa.func.coalesce(sa.func.sum(_RECENT.c.AdmittedMemberCount), 0))
+        .where(
+            _RECENT.c.PackInstallId == WorkItem.c.PackInstallId,
+            *held,
+            _RECENT.c.WorkType == WorkItem.c.WorkType,
+            _RECENT.c.FlowVersion == WorkItem.c.FlowVersion,
+            _RECENT.c.ClaimedAt > _LAST_SECOND,
+        )
+        .correlate(WorkItem)
+        .scalar_subquery()
+    )
+
+
+# A generation claimed in the last second is still held (processing, or waiting to retry: an
+# ix_workitem_claim range of the pack's few such rows) or finished since (an ix_workitem_retention
+# range from a second ago): never a scan of the pack's history.
 _BUILD_RATE_REACHED = sa.and_(
     WorkItem.c.BuildRun.is_(True),
     sa.select(FlowVersionTrack.c.Version)
@@ -154,14 +180,10 @@ _BUILD_RATE_REACHED = sa.and_(
         FlowVersionTrack.c.WorkType == WorkItem.c.WorkType,
         FlowVersionTrack.c.Version == WorkItem.c.FlowVersion,
         FlowVersionTrack.c.MaxInputsPerSecond
-        <= sa.select(sa.func.coalesce(sa.func.sum(_RECENT.c.AdmittedMemberCount), 0))
-        .where(
-            _RECENT.c.PackInstallId == WorkItem.c.PackInstallId,
-            _RECENT.c.WorkType == WorkItem.c.WorkType,
-            _RECENT.c.FlowVersion == WorkItem.c.FlowVersion,
-            _RECENT.c.ClaimedAt > now_parameter_shifted(-dt.timedelta(seconds=1)),
-        )
-        .scalar_subquery(),
+        <= _recent_inputs(_RECENT.c.Status.in_([WorkStatus.PROCESSING, WorkStatus.RETRY]))
+        + _recent_inputs(
+            _RECENT.c.Status.in_([WorkStatus.COMPLETED, WorkStatus.FAILED]), _RECENT.c.FinishedAt > _LAST_SECOND
+        ),
     )
     .exists(),
 )
