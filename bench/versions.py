@@ -2,7 +2,8 @@
 
 Each phase has a pack of its own with ``RETAINED`` completed inputs bulk-loaded on
 ``IDENTITIES`` lanes (``bench.seed.load_history``). Live work arrives at a fixed rate
-(``RATE`` inputs a second, a batch every ``TICK``, through ``Connectors.ingest``) and a live
+(``RATE`` inputs a second on ``LIVE_LANES`` of them, a batch every ``TICK``, through
+``Connectors.ingest``) and a live
 worker thread claims (without versions), loads and completes it; an input's lag is from its
 ingest call's answer to its generation's completion. A phase with a build first builds V2
 over the retained inputs (the catch-up) and runs a build worker in a process of its own (a
@@ -34,7 +35,8 @@ from tests.support.factories import install_pack
 
 RETAINED = 100_000  # quick: 20 000
 IDENTITIES = 200  # 500 retained inputs each: one catch-up generation per identity
-RATE = 40  # live inputs per second
+RATE = 10  # live inputs per second
+LIVE_LANES = 20  # the live inputs' lanes (of the retained identities)
 TICK = 0.1  # seconds between live batches
 PHASE_SECONDS = 40.0  # quick: 20
 BUILD_RATE = 5000  # the build's bound, inputs per second
@@ -122,7 +124,7 @@ def _phase(dsn: str, engine: sa.Engine, retained: int, seconds: float, *, build:
     begun = time.monotonic()
     n = 0
     while time.monotonic() - begun < seconds:
-        items = seed.batch(f"live-{n}", per_tick, IDENTITIES, offset=n * per_tick)
+        items = seed.batch(f"live-{n}", per_tick, LIVE_LANES, offset=n * per_tick)
         connectors.ingest(pack, items=items)
         answered = time.monotonic()
         admitted.update(dict.fromkeys((item.receipt_key for item in items), answered))
