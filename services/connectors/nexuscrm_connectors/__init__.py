@@ -38,6 +38,10 @@ the SQL it runs (``queries.<module>``):
   Claim's candidate read carries pauses and holds (``queries.order_policy.candidate_operable``);
   GetWork, ListGenerations and ExplainReceipt show holds and skips (``operating.order_policy.holds``,
   ``operating.order_policy.skips`` -> ``queries.operator_reads``)
+- BuildFlowVersion, ListFlowVersions, SwitchFlowVersion, RollbackFlowVersion, RetireFlowVersion,
+  RecordFlowVersionVerification: ``operating.flow_versions`` (the servicer calls it with the facade's
+  context) -> ``queries.flow_versions``, ``work_items``; admission's fan-out to the tracks:
+  ``queue.tracks``
 - every RPC's authorization: ``authorization`` -> ``queries.operator_reads``
 - background (``queue.materializer.Materializer``): ``queue.materializer.materialize`` ->
   ``Admission.admit_batch``; ``queue.liveness.StrandedSweep`` -> ``queries.work_items``;

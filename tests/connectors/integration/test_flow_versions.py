@@ -120,7 +120,10 @@ def test_a_version_is_built_from_history_switched_rolled_back_switched_again_and
 
     live, previous = flow_versions.switch(connectors.context, pack, "project", V2, switched_by="ops", reason="ship")
     assert (live.state, previous.state, previous.track.cover_through_ordinal) == ("live", "stopped", 1230)
-    connectors.ingest(pack, items=_items(1231, 9))
+    connectors.ingest(pack, items=_items(1231, 9, lanes=4))  # lane-3 is new: only V2 has generations of it
+    # A redelivery of an input only V2 received is covered by V2's generation.
+    (again,) = connectors.ingest(pack, items=_items(1231, 1, lanes=4))
+    assert again.outcome is Outcome.DUPLICATE_COVERED and again.work_id in again.message
     assert _drain(connectors, pack, runs) == 0  # V1 receives nothing any more
     _drain(connectors, pack, runs, [V2])
     assert runs.of(V2, build=False) == list(range(1231, 1240))  # after the switch, V2 runs live
@@ -152,6 +155,20 @@ def test_a_version_is_built_from_history_switched_rolled_back_switched_again_and
         "switch",
         "switch",
     ]
+    # A third version builds over every identity's inputs, lane-3's included, though V1, whose
+    # generations name the inputs' keys, never had one of lane-3.
+    flow_versions.build(
+        connectors.context,
+        pack,
+        "project",
+        "crm-3.0",
+        from_retained=False,
+        max_inputs_per_second=0,
+        started_by="ops",
+        reason="v3",
+    )
+    _drain(connectors, pack, runs, ["crm-3.0"])
+    assert runs.of("crm-3.0", build=True) == list(range(1, 1245))
     assert_invariants(engine)
 
 

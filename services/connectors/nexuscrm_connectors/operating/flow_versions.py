@@ -156,7 +156,7 @@ def build(
                 "it before building another",
                 field="version",
             )
-        keys = flow_versions_sql.own_identities(connection, pack_install_id, work_type)
+        keys = flow_versions_sql.input_identities(connection, pack_install_id, work_type)
         source = _source_version(pack_install_id, work_type, keys, tracks)
         if source == version:
             raise VersionExists(
@@ -406,7 +406,7 @@ def rollback(
         (live,) = [t for t in tracks if t.live]
         keys = [
             key
-            for key in flow_versions_sql.own_identities(connection, pack_install_id, work_type)
+            for key in flow_versions_sql.input_identities(connection, pack_install_id, work_type)
             if decode_projection_key(key).companion_version == back.source_version
         ]
         missed_from = back.cover_through_ordinal or 0

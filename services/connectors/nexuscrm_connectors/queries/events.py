@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -133,29 +133,31 @@ _COVERING_CORRELATED = sa.select(
 )
 
 
+def _covering_seek(n: int) -> sa.Select[Any]:
+    """One input's covering seek: parameters ``pack_install_id``, ``key_<n>``, ``identity_<n>``, ``ordinal_<n>``."""
+    return (
+        sa.select(sa.bindparam(f"key_{n}", type_=sa.String()).label("ReceiptKey"), *GENERATION_COLUMNS)
+        .where(
+            WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
+            WorkItem.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
+            WorkItem.c.LaneOrdinal >= sa.bindparam(f"ordinal_{n}"),
+        )
+        .order_by(WorkItem.c.LaneOrdinal)
+        .limit(1)
+    )
+
+
 @functools.lru_cache(maxsize=16)
 def _covering_seeks(size: int) -> sa.CompoundSelect[*tuple[Any, ...]]:
     """UNION ALL of ``size`` parameterized covering seeks (MySQL protocol); built once per size.
 
     Parameters: ``pack_install_id`` and ``key_<n>`` / ``identity_<n>`` / ``ordinal_<n>``.
     """
-    return sa.union_all(
-        *(
-            sa.select(sa.bindparam(f"key_{n}", type_=sa.String()).label("ReceiptKey"), *GENERATION_COLUMNS)
-            .where(
-                WorkItem.c.PackInstallId == sa.bindparam("pack_install_id"),
-                WorkItem.c.ProjectionKey == sa.bindparam(f"identity_{n}"),
-                WorkItem.c.LaneOrdinal >= sa.bindparam(f"ordinal_{n}"),
-            )
-            .order_by(WorkItem.c.LaneOrdinal)
-            .limit(1)
-            for n in range(size)
-        )
-    )
+    return sa.union_all(*(_covering_seek(n) for n in range(size)))
 
 
 def work_items_covering(
-    connection: Connection, pack_install_id: str, events: Mapping[str, AdmittedInput]
+    connection: Connection, pack_install_id: str, events: Mapping[str, AdmittedInput], *, as_given: bool = False
 ) -> dict[str, Generation]:
     """The candidate covering generation of each admitted input, by receipt key: one statement.
 
@@ -167,11 +169,28 @@ def work_items_covering(
     reads the identity's generations from the first, so the cost grew with history), so
     MySQL-protocol servers get one UNION ALL of seeks with the ordinals as parameters, padded
     to a power of two by repeating the last input (a few cached statements serve every size).
+    ``as_given``: seek each input's ``ProjectionKey`` as given (a Flow version's key), not its
+    Event's, so the seeks on every engine.
     """
     if not events:
         return {}
-    if connection.dialect.name == "sqlite":
+    rows: Iterable[Any]
+    if connection.dialect.name == "sqlite" and not as_given:
         rows = connection.execute(_COVERING_CORRELATED, {"pack_install_id": pack_install_id, "keys": list(events)})
+    elif connection.dialect.name == "sqlite":  # SQLite has no ORDER BY and LIMIT in a UNION's members: one seek each
+        rows = [
+            row
+            for key, event in events.items()
+            for row in connection.execute(
+                _covering_seek(0),
+                {
+                    "pack_install_id": pack_install_id,
+                    "key_0": key,
+                    "identity_0": event.ProjectionKey,
+                    "ordinal_0": event.EnqueueOrdinal,
+                },
+            )
+        ]
     else:
         inputs = list(events.items())
         size = 1 << (len(inputs) - 1).bit_length()

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors.queries.work_items import NEWEST_LOCK, NewestGeneration
+from nexuscrm_connectors.queries.work_items import MEMBER_KEY, NEWEST_LOCK, NewestGeneration
 from nexuscrm_schema.tables import Event, FlowVersionChange, FlowVersionTrack, PrunedWork, WorkItem
 from workqueue import WorkStatus
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
@@ -207,15 +207,14 @@ def changes_of(connection: Connection, pack_install_id: str, work_type: str) -> 
     ]
 
 
-def own_identities(connection: Connection, pack_install_id: str, work_type: str) -> list[str]:
-    """The projection keys of the work type's generations of the inputs' own keys, pruned ones included."""
-    live = sa.select(WorkItem.c.ProjectionKey).where(
+def input_identities(connection: Connection, pack_install_id: str, work_type: str) -> list[str]:
+    """The inputs' projection keys of the work type's generations, whichever version's they are."""
+    keys = sa.select(MEMBER_KEY).where(
         WorkItem.c.PackInstallId == pack_install_id,
         WorkItem.c.WorkType == work_type,
-        WorkItem.c.InputKey.is_(None),
         WorkItem.c.InputStartOrdinal.is_not(None),
     )
-    return sorted(set(connection.execute(live.distinct()).scalars()))
+    return sorted(set(connection.execute(keys.distinct()).scalars()))
 
 
 def pruned_through(connection: Connection, pack_install_id: str, projection_keys: Sequence[str]) -> int:

@@ -279,6 +279,7 @@ def _batch_transaction(
             field="pack_install_id",
         )
     results: dict[str, IngestResult] = {}
+    tracks = flow_versions_sql.tracks_of(connection, pack_install_id) if guard.has_versions else []
     stored = receipts_sql.receipts_get(connection, pack_install_id, [d.item.receipt_key for d in deliveries])
     accepted: list[Delivery] = []
     for delivery in deliveries:
@@ -295,9 +296,8 @@ def _batch_transaction(
             if event is not None and event.PrunedAt is not None and _differs(event, delivery):
                 results[delivery.item.receipt_key] = _rejected(delivery)
                 del events[delivery.item.receipt_key]
-        results.update(verify_duplicates(connection, protocol, events))
+        results.update(verify_duplicates(connection, protocol, events, tracks))
         results.update(_outside_window(protocol, [d for d in accepted if d.item.receipt_key not in results], stored))
-    tracks = flow_versions_sql.tracks_of(connection, pack_install_id) if guard.has_versions else []
     fresh: list[Delivery] = []
     for delivery in accepted:
         if delivery.item.receipt_key in results:
@@ -455,15 +455,13 @@ def _new_generations(
             versioned[target.key] = target
             if target.live or own not in answered:
                 answered[own] = target.key
-    plain = [key for key in by_identity if key not in versioned or versioned[key].input_key is None]
-    known = newest_known.known(pack.pack_install_id, pack.last_ordinal, by_identity)
-    newest = work_items_sql.work_items_newest(
-        connection, pack.pack_install_id, ordinals, plain, {k: v for k, v in known.items() if k in plain}
-    )
-    for key, target in versioned.items():
-        if target.input_key is not None and (
-            found := flow_versions_sql.newest_of_key(connection, pack.pack_install_id, key)
-        ):
+    # A work type with versions is never remembered (``NewestMemory``): a build's or rollback's
+    # catch-up creates generations without moving LastOrdinal. Its keys are sought one by one.
+    plain = [key for key in by_identity if key not in versioned]
+    known = newest_known.known(pack.pack_install_id, pack.last_ordinal, plain)
+    newest = work_items_sql.work_items_newest(connection, pack.pack_install_id, ordinals, plain, known)
+    for key in versioned:
+        if found := flow_versions_sql.newest_of_key(connection, pack.pack_install_id, key):
             newest[key] = found
     run_first = [key for key, row in newest.items() if row.RunsBeforeWorkId]
     # Behind a replay run first: a new generation, linked behind the identity's tail (decision 174).

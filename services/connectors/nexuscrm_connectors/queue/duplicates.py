@@ -6,26 +6,29 @@ old-protocol boundary, not proof of business success. Above it, a generation of 
 identity must contain the ordinal, in any status (terminal included): then the duplicate is
 covered. Otherwise coverage is missing: an explicit error. An input that retention pruned
 (its receipt's tombstone) is acknowledged as expired: its generation was terminal when it
-went (decision 123). Nothing here reconstructs a task, replays a source or acknowledges
+went (decision 123). With Flow versions, an input its own version no longer received is covered
+by the live version's generation (decision 185). Nothing here reconstructs a task, replays a source or acknowledges
 silently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries.events import AdmittedInput
+from nexuscrm_connectors.queries.flow_versions import Track
 from nexuscrm_connectors.queries.packs import Protocol
 from nexuscrm_connectors.queries.work_items import Generation
+from nexuscrm_connectors.queue import tracks as version_tracks
 from nexuscrm_runtime.clock import iso_utc
 from workqueue.values import IngestResult, Outcome
 
 
 def verify_duplicates(
-    connection: Connection, protocol: Protocol, events: Mapping[str, AdmittedInput]
+    connection: Connection, protocol: Protocol, events: Mapping[str, AdmittedInput], tracks: Sequence[Track] = ()
 ) -> dict[str, IngestResult]:
     """Classify deliveries whose receipt keys already have Events; results by receipt key.
 
@@ -47,17 +50,24 @@ def verify_duplicates(
         else:
             older[key] = event
     candidates.update(events_sql.work_items_covering(connection, protocol.pack_install_id, older))
-    uncovered = [
-        key
-        for key, event in older.items()
-        if (candidate := candidates.get(key)) is None or not _holds(candidate, int(event.EnqueueOrdinal))
-    ]
+    if tracks:  # an input admitted while its own version did not receive is covered by the live one's
+        live = {
+            key: event._replace(ProjectionKey=version_tracks.live_key(tracks, event.ProjectionKey))
+            for key, event in older.items()
+            if event.ProjectionKey and not _covers(candidates.get(key), int(event.EnqueueOrdinal))
+        }
+        candidates.update(events_sql.work_items_covering(connection, protocol.pack_install_id, live, as_given=True))
+    uncovered = [key for key, event in older.items() if not _covers(candidates.get(key), int(event.EnqueueOrdinal))]
     if uncovered:
         # Each statement reads its own snapshot (READ COMMITTED): retention may have pruned
         # these inputs' generations since ``events`` was read. Read them again, so that a
         # pruned one is acknowledged as pruned, and only a real gap is coverage missing.
         events = {**events, **events_sql.events_by_receipt(connection, protocol.pack_install_id, uncovered)}
     return {key: _verdict(protocol, key, event, candidates.get(key)) for key, event in events.items()}
+
+
+def _covers(generation: Generation | None, ordinal: int) -> bool:
+    return generation is not None and _holds(generation, ordinal)
 
 
 def _holds(generation: Generation, ordinal: int) -> bool:

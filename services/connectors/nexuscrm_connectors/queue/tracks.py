@@ -74,6 +74,15 @@ def track_row(row: GenerationRow, target: Target) -> GenerationRow:
     return {**row, "FlowVersion": target.flow_version, "InputKey": target.input_key, "BuildRun": target.build_run}
 
 
+def live_key(tracks: Sequence[Track], projection_key: str) -> str:
+    """The generation key of the live version of ``projection_key``'s work type (its own key without versions)."""
+    identity = decode_projection_key(projection_key)
+    for track in tracks:
+        if track.live and track.work_type == identity.work_type and track.source_version == identity.companion_version:
+            return target_of(track, projection_key).key
+    return projection_key
+
+
 def member_window(tracks: Sequence[Track], projection_key: str, cutoff: int) -> tuple[str, int, int | None]:
     """The inputs a generation key covers: their key, and the ordinals above and through which (None: open).
 
