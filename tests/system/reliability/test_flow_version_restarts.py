@@ -235,18 +235,10 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
     live = run.guarded(lambda: _work_live(run, pack))
     wait_until(lambda: _open_work(engine) == 0, "the retained inputs to run live")
 
+    request = pb.BuildFlowVersionRequest(pack_install_id=pack, work_type="project", version=V2)
+    request.max_inputs_per_second, request.started_by, request.reason = BUILD_RATE, "ops", "restart test"
     with grpc.insecure_channel(run.address) as channel:
-        built = pb_grpc.ConnectorsServiceStub(channel).BuildFlowVersion(
-            pb.BuildFlowVersionRequest(
-                pack_install_id=pack,
-                work_type="project",
-                version=V2,
-                max_inputs_per_second=BUILD_RATE,
-                started_by="ops",
-                reason="restart test",
-            ),
-            timeout=60,
-        )
+        built = pb_grpc.ConnectorsServiceStub(channel).BuildFlowVersion(request, timeout=60)
     assert (built.catch_up_generations, built.catch_up_inputs) == (LANES, RETAINED)
     delivered: list[int] = []
     ingest_done = threading.Event()
