@@ -38,8 +38,8 @@ IDENTITIES = 200  # 500 retained inputs each: one catch-up generation per identi
 RATE = 10  # live inputs per second
 LIVE_LANES = 20  # the live inputs' lanes (of the retained identities)
 TICK = 0.1  # seconds between live batches
-PHASE_SECONDS = 40.0  # quick: 20
-BUILD_RATE = 5000  # the build's bound, inputs per second
+PHASE_SECONDS = 30.0  # quick: 20; shorter than the bounded build takes, so a whole phase is during it
+BUILD_RATE = 2000  # the build's bound, inputs per second
 V2 = "crm-2.0"
 SECTION = "versions"
 
