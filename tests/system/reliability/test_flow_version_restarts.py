@@ -8,7 +8,8 @@ batch a second: the build claims only while no live work is due, decision 185).
 Mid-build, Connectors is SIGKILLed and started again; later the worker is SIGKILLed and a
 new one started. When the queue is drained: every input ran live once in V1 and once in V2 as
 a build (a generation cut off by a kill may have run again, but in that same generation),
-every V1 and V2 identity's ranges tile its inputs, V2 is caught up, and the invariants hold.
+every V1 and V2 identity's ranges tile its inputs and V2 is caught up. Then V2 is switched to:
+the next inputs run live in V2 and never in V1; the invariants hold at the end.
 """
 
 from __future__ import annotations
@@ -296,5 +297,17 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
         assert sum(i.inputs for i in per_version[name]) == len(ordinals)
     assert version.state == pb.FLOW_VERSION_STATE_STANDBY
     assert (version.inputs_done, version.inputs_total) == (len(ordinals), len(ordinals))
+
+    # Switched, V2's worker runs the next inputs live; V1 receives none of them.
+    switch = pb.SwitchFlowVersionRequest(pack_install_id=pack, work_type="project", version=V2)
+    switch.switched_by, switch.reason = "ops", "built"
+    with grpc.insecure_channel(run.address) as channel:
+        pb_grpc.ConnectorsServiceStub(channel).SwitchFlowVersion(switch, timeout=30)
+    after = [_item(n) for n in range(RETAINED + len(delivered) + 1, RETAINED + len(delivered) + 11)]
+    run.retrying(functools.partial(_deliver, pack, after))
+    wait_until(lambda: _open_work(engine) == 0, "the inputs after the switch to run")
+    assert run.retrying(lambda c: c.claim("live", pack_install_ids=[pack])) == []
+    switched = set(range(len(ordinals) + 1, len(ordinals) + 11))
+    assert {o: len(w) for (build, o), w in run.v2_runs().items() if not build} == dict.fromkeys(switched, 1)
     assert_invariants(engine)
     engine.dispose()
