@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import admission, coverage, galera, history, probes, retention, retention_load, versus, workers
+from bench import admission, coverage, galera, history, probes, retention, retention_load, versions, versus, workers
 from bench.environment import DEFAULT_MYSQL_DSN, Backend, Report, database_settings, machine
 
 Section = Callable[[Backend, Report], None]
 
 
 def sections(quick: bool) -> dict[str, Section]:
-    """Every section by number, and "peer", "galera" (1 writer node vs 3), "retention" and "coverage".
+    """Every section by number, and "peer", "galera" (1 writer node vs 3), "retention", "coverage" and "versions".
 
     Each is bound to the mode.
     """
@@ -39,6 +39,7 @@ def sections(quick: bool) -> dict[str, Section]:
         "retention": lambda backend, report: retention.run(backend, report, quick=quick),
         "retention-load": lambda backend, report: retention_load.run(backend, report, quick=quick),
         "coverage": lambda backend, report: coverage.run(backend, report, quick=quick),
+        "versions": lambda backend, report: versions.run(backend, report, quick=quick),
     }
 
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sections",
         default="1,2,4,5,6,7,peer,galera,retention",
-        help="comma-separated section numbers (and peer, galera, retention, coverage)",
+        help="comma-separated section numbers (and peer, galera, retention, coverage, versions)",
     )
     parser.add_argument("--backends", help="mysql and/or sqlite (default: both; --quick: mysql)")
     parser.add_argument("--output", type=Path, default=Path("var/bench"), help="folder for the Markdown report")

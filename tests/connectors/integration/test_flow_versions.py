@@ -19,7 +19,7 @@ from nexuscrm_connectors.operating import flow_versions
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_schema.tables import WorkItem
 from tests.support.checksums import database_digest
-from tests.support.factories import install_pack, route
+from tests.support.factories import FakeClock, install_pack, route
 from tests.support.invariants import assert_invariants
 from workqueue.errors import DomainError, ErrorKind
 from workqueue.values import IngestItem, Outcome
@@ -173,18 +173,41 @@ def test_a_version_is_built_from_history_switched_rolled_back_switched_again_and
     assert_invariants(engine)
 
 
-def test_a_build_yields_to_live_work_and_to_its_rate_bound(engine: sa.Engine, connectors: Connectors) -> None:
+def test_a_build_yields_to_live_work_waiting_over_a_second_and_to_its_rate_bound(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
     pack = install_pack(engine)
     connectors.ingest(pack, items=_items(1, 40, lanes=4))
     _build(connectors, pack, max_inputs_per_second=10)
-    assert connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) == []  # V1's live work is due
-    runs = Runs()
-    _drain(connectors, pack, runs)
+    # Live work just admitted does not hold the build back: a pack ingesting steadily would starve it.
     (first,) = connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2])
     assert first.work.build_run and first.work.flow_version == V2
     # One claimed generation holds 10 inputs: the bound of 10 per second is reached for this second.
     assert connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) == []
     connectors.complete(first.work.work_id, lease_token=first.lease_token)
+    clock.advance(2)  # the live generations have now waited two seconds: the live pool is behind
+    assert connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) == []
+    runs = Runs()
+    _drain(connectors, pack, runs)
+    (second,) = connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2])
+    assert second.work.build_run and second.work.work_id != first.work.work_id
+    connectors.complete(second.work.work_id, lease_token=second.lease_token)
+    assert_invariants(engine)
+
+
+def test_the_rate_bound_counts_the_inputs_its_version_claimed_in_the_last_second(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    """The bound sums the version's recently claimed inputs, not those times its generations (a missed correlation)."""
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=_items(1, 150, lanes=30))  # 5 inputs a lane: 30 catch-up generations
+    _drain(connectors, pack, Runs())
+    _build(connectors, pack, max_inputs_per_second=50)
+    first, second = (connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) for _ in range(2))
+    assert (len(first), len(second)) == (1, 1)  # 5 of the 50 inputs: the first claim holds nothing back
+    assert len(connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2], max_items=10)) == 10
+    # 60 inputs claimed in the last second: the bound of 50 is reached while 18 generations wait.
+    assert connectors.claim("b", pack_install_ids=[pack], flow_versions=[V2]) == []
     assert_invariants(engine)
 
 

@@ -131,40 +131,73 @@ def work_items_complete(connection: Connection, held: Sequence[HeldWork], now: d
 
 # A build's generation (BuildRun) yields to the live work of its pack that is due now, and to its
 # version's rate bound: the inputs of the version's generations claimed in the last second
-# (decision 185). Only claims that name Flow versions carry these conditions.
+# (decision 185). Only claims that name Flow versions carry these conditions. Each is built per
+# branch with the branch's pack as a parameter, not correlated to the candidate's pack: the live
+# work read is then evaluated once per statement, and every read is an index range of constants
+# (a correlated pack let MariaDB read the pack's whole index per candidate).
 _LIVE_DUE = sa.alias(WorkItem, "live_due")
-_BUILD_YIELDS = sa.and_(
-    WorkItem.c.BuildRun.is_(True),
-    sa.select(_LIVE_DUE.c.WorkId)
-    .where(
-        _LIVE_DUE.c.PackInstallId == WorkItem.c.PackInstallId,
-        _LIVE_DUE.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY]),
-        _LIVE_DUE.c.ClaimableAt <= NOW_PARAMETER,
-        sa.or_(_LIVE_DUE.c.BuildRun.is_(None), _LIVE_DUE.c.BuildRun.is_(False)),
-    )
-    .limit(1)
-    .exists(),
-)
 _RECENT = sa.alias(WorkItem, "recent")
-_BUILD_RATE_REACHED = sa.and_(
-    WorkItem.c.BuildRun.is_(True),
-    sa.select(FlowVersionTrack.c.Version)
-    .where(
-        FlowVersionTrack.c.PackInstallId == WorkItem.c.PackInstallId,
-        FlowVersionTrack.c.WorkType == WorkItem.c.WorkType,
-        FlowVersionTrack.c.Version == WorkItem.c.FlowVersion,
-        FlowVersionTrack.c.MaxInputsPerSecond
-        <= sa.select(sa.func.coalesce(sa.func.sum(_RECENT.c.AdmittedMemberCount), 0))
+_LAST_SECOND = now_parameter_shifted(-dt.timedelta(seconds=1))
+
+
+def _build_yields(pack: sa.BindParameter[str]) -> sa.ColumnElement[bool]:
+    """The candidate is a build's generation and ``pack`` has live work waiting for over a second.
+
+    Live work claimed as it comes never holds a build back (a pack ingesting steadily would
+    starve it); live work that waits means the live pools are behind, and the build gives way.
+    """
+    return sa.and_(
+        WorkItem.c.BuildRun.is_(True),
+        sa.select(_LIVE_DUE.c.WorkId)
         .where(
-            _RECENT.c.PackInstallId == WorkItem.c.PackInstallId,
+            _LIVE_DUE.c.PackInstallId == pack,
+            _LIVE_DUE.c.Status.in_([WorkStatus.PENDING, WorkStatus.RETRY]),
+            _LIVE_DUE.c.ClaimableAt <= _LAST_SECOND,
+            sa.or_(_LIVE_DUE.c.BuildRun.is_(None), _LIVE_DUE.c.BuildRun.is_(False)),
+        )
+        .limit(1)
+        .exists(),
+    )
+
+
+def _recent_inputs(pack: sa.BindParameter[str], *held: sa.ColumnElement[bool]) -> sa.ScalarSelect[Any]:
+    """The inputs of the candidate's version's generations claimed in the last second that are ``held``."""
+    return (
+        sa.select(sa.func.coalesce(sa.func.sum(_RECENT.c.AdmittedMemberCount), 0))
+        .where(
+            _RECENT.c.PackInstallId == pack,
+            *held,
             _RECENT.c.WorkType == WorkItem.c.WorkType,
             _RECENT.c.FlowVersion == WorkItem.c.FlowVersion,
-            _RECENT.c.ClaimedAt > now_parameter_shifted(-dt.timedelta(seconds=1)),
+            _RECENT.c.ClaimedAt > _LAST_SECOND,
         )
-        .scalar_subquery(),
+        .correlate(WorkItem)  # nested two levels down, auto-correlation would not reach it (a cross join)
+        .scalar_subquery()
     )
-    .exists(),
-)
+
+
+def _build_rate_reached(pack: sa.BindParameter[str]) -> sa.ColumnElement[bool]:
+    """The candidate is a build's generation and its version claimed its bound's inputs in the last second.
+
+    A generation claimed in the last second is still held (processing, or waiting to retry: an
+    ix_workitem_claim range of the pack's few such rows) or finished since (an
+    ix_workitem_retention range from a second ago): never a read of the pack's history.
+    """
+    held = _recent_inputs(pack, _RECENT.c.Status.in_([WorkStatus.PROCESSING, WorkStatus.RETRY]))
+    finished = _recent_inputs(
+        pack, _RECENT.c.Status.in_([WorkStatus.COMPLETED, WorkStatus.FAILED]), _RECENT.c.FinishedAt > _LAST_SECOND
+    )
+    return sa.and_(
+        WorkItem.c.BuildRun.is_(True),
+        sa.select(FlowVersionTrack.c.Version)
+        .where(
+            FlowVersionTrack.c.PackInstallId == WorkItem.c.PackInstallId,
+            FlowVersionTrack.c.WorkType == WorkItem.c.WorkType,
+            FlowVersionTrack.c.Version == WorkItem.c.FlowVersion,
+            FlowVersionTrack.c.MaxInputsPerSecond <= held + finished,
+        )
+        .exists(),
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -213,8 +246,8 @@ def _claimable_statement(operated: tuple[bool, ...], by_work_type: bool, version
             if versions:
                 statement = statement.where(
                     WorkItem.c.FlowVersion.in_(sa.bindparam("flow_versions", expanding=True)),
-                    ~_BUILD_YIELDS,
-                    ~_BUILD_RATE_REACHED,
+                    ~_build_yields(sa.bindparam(f"pack_{n}")),
+                    ~_build_rate_reached(sa.bindparam(f"pack_{n}")),
                 )
             else:
                 statement = statement.where(WorkItem.c.FlowVersion.is_(None))
