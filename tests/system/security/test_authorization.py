@@ -145,6 +145,28 @@ NAMESPACED: dict[str, Build] = {
     f"{CONNECTORS}/GetRetryPolicy": lambda w: cn.GetRetryPolicyRequest(pack_install_id=w.pack),
     f"{CONNECTORS}/RetryNow": lambda w: cn.RetryNowRequest(work_id=w.work_id, retried_by="ops", reason="test"),
     f"{CONNECTORS}/ListIdentities": lambda w: cn.ListIdentitiesRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/BuildFlowVersion": lambda w: cn.BuildFlowVersionRequest(
+        pack_install_id=w.pack, work_type="project", version="crm-2.0", started_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/ListFlowVersions": lambda w: cn.ListFlowVersionsRequest(pack_install_id=w.pack),
+    f"{CONNECTORS}/SwitchFlowVersion": lambda w: cn.SwitchFlowVersionRequest(
+        pack_install_id=w.pack, work_type="project", version="crm-2.0", switched_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/RollbackFlowVersion": lambda w: cn.RollbackFlowVersionRequest(
+        pack_install_id=w.pack, work_type="project", rolled_back_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/RetireFlowVersion": lambda w: cn.RetireFlowVersionRequest(
+        pack_install_id=w.pack, work_type="project", version="crm-1.0", retired_by="ops", reason="test"
+    ),
+    f"{CONNECTORS}/RecordFlowVersionVerification": lambda w: cn.RecordFlowVersionVerificationRequest(
+        pack_install_id=w.pack,
+        work_type="project",
+        version="crm-2.0",
+        against_version="crm-1.0",
+        through_ordinal=1,
+        verdict=cn.FLOW_VERSION_VERDICT_EQUAL,
+        verified_by="ops",
+    ),
     f"{CONTROLPLANE}/InstallPack": lambda w: cp.InstallPackRequest(namespace="acme", pack_name="crm", pack_version="2"),
     f"{CONTROLPLANE}/ActivatePack": lambda w: cp.ActivatePackRequest(pack_install_id=w.inactive_pack),
     f"{CONTROLPLANE}/GetProtocol": lambda w: cp.GetProtocolRequest(pack_install_id=w.pack),
@@ -185,10 +207,20 @@ OPEN: dict[str, Build] = {
     f"{INTEGRATION}/GetBuildInfo": lambda w: ig.GetBuildInfoRequest(),
 }
 ALL = {**NAMESPACED, **SPANNING, **OPEN}
+
+
 # The owner's requests the world cannot satisfy, and the service's own answer to each: that exact
 # status shows the call passed authorization and reached the domain code. Every other owner's
 # request succeeds.
+def _no_versions(w: World) -> tuple[grpc.StatusCode, str]:
+    return grpc.StatusCode.NOT_FOUND, f"work type 'project' of pack {w.pack} has no Flow versions"
+
+
 DOMAIN_REFUSALS: dict[str, Callable[[World], tuple[grpc.StatusCode, str]]] = {
+    f"{CONNECTORS}/SwitchFlowVersion": _no_versions,
+    f"{CONNECTORS}/RollbackFlowVersion": _no_versions,
+    f"{CONNECTORS}/RetireFlowVersion": _no_versions,
+    f"{CONNECTORS}/RecordFlowVersionVerification": _no_versions,
     f"{CONNECTORS}/RetryNow": lambda w: (
         grpc.StatusCode.FAILED_PRECONDITION,
         f"work {w.work_id} is processing; only a generation waiting in retry can be retried now",
