@@ -310,3 +310,20 @@ def test_pruned_history_refuses_a_build_unless_it_starts_from_the_retained_bound
         by_version.setdefault(identity.route.companion_version, []).extend(r.state.value for r in identity.ranges)
     assert "pruned" in by_version[V1] and "pruned" not in by_version[V2]
     assert_invariants(engine)
+
+
+def test_a_replay_is_refused_while_another_version_receives_the_inputs(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=_items(1, 4, lanes=1))
+    (claim,) = connectors.claim("w", pack_install_ids=[pack])
+    connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="poison", retryable=False)
+    _build(connectors, pack)
+    before = database_digest(engine)
+    with pytest.raises(DomainError) as refused:
+        connectors.replay(claim.work.work_id)
+    assert refused.value.kind is ErrorKind.FAILED_PRECONDITION
+    assert f"Flow version {V2!r} of work type 'project' receives its inputs" in str(refused.value)
+    assert database_digest(engine) == before
+    assert_invariants(engine)

@@ -17,6 +17,7 @@ from nexuscrm_connectors import pruned
 from nexuscrm_connectors.context import Context
 from nexuscrm_connectors.errors import ProtocolMissing, ReplayRefused
 from nexuscrm_connectors.queries import DbRow
+from nexuscrm_connectors.queries import flow_versions as flow_versions_sql
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
@@ -63,6 +64,7 @@ def replay(context: Context, work_id: str) -> ReplayResult:
                 f"work {work_id} is a generation of Flow version {target.FlowVersion!r}: a version's generations are "
                 "not replayed; skip it, or retire the version and build it again"
             )
+        _refuse_beside_a_version(connection, target)
         if WorkStatus(target.Status) not in TERMINAL_WORK_STATUSES:
             raise ReplayRefused(f"work {work_id} is {target.Status}; only terminal work can be replayed")
         earlier = work_items_sql.work_item_replay_newest(connection, work_id)
@@ -157,3 +159,22 @@ def _tail(connection: Connection, target: WorkRow, ordinal: int) -> work_items_s
     if newest.RunsBeforeWorkId:
         return work_items_sql.work_items_tail(connection, target.PackInstallId, [key])[key]
     return newest
+
+
+def _refuse_beside_a_version(connection: Connection, target: WorkRow) -> None:
+    """Refuse a replay in a work type where another Flow version receives the inputs (decision 185).
+
+    The replay Event carries the inputs' key: that version's next generation, extended over it
+    by admission, would take it as a member its admission never counted (invariants M and P).
+    """
+    receiving = [
+        track.version
+        for track in flow_versions_sql.tracks_of(connection, target.PackInstallId, target.WorkType)
+        if not track.own and track.receiving
+    ]
+    if receiving:
+        raise ReplayRefused(
+            f"work {target.WorkId}: Flow version {receiving[0]!r} of work type {target.WorkType!r} receives its "
+            "inputs, and a replay's Event would join that version's generations; skip the dead letter, or retire "
+            "the version first"
+        )
