@@ -30,6 +30,7 @@ from pathlib import Path
 import pymysql
 
 from tests.support.private_mariadb import PrivateServerError, _free_port, _program
+from tests.support.waiting import wait_until
 
 PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
 NODES = 3
@@ -193,26 +194,36 @@ class GaleraCluster:
         node.process = subprocess.Popen(
             [c for c in command if c], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        deadline = time.monotonic() + START_TIMEOUT
-        while node.status("wsrep_ready") != "ON":
-            code = node.process.poll()
-            if code is not None:
+
+        def ready() -> bool:
+            if node.process is not None and (code := node.process.poll()) is not None:
                 node.process = None
                 raise GaleraError(f"node {node.number} exited with {code} during startup:\n{node.log_tail()}")
-            if time.monotonic() > deadline:
-                raise GaleraError(f"node {node.number} not ready after {START_TIMEOUT:.0f}s:\n{node.log_tail()}")
-            time.sleep(POLL)
+            return node.status("wsrep_ready") == "ON"
+
+        wait_until(
+            ready,
+            f"node {node.number} to be ready",
+            START_TIMEOUT,
+            poll=POLL,
+            failure=lambda message: GaleraError(f"{message}:\n{node.log_tail()}"),
+        )
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while True:
-            states = [(node.status("wsrep_cluster_size"), node.status("wsrep_ready")) for node in self.nodes]
-            if all(size == str(len(self.nodes)) and ready == "ON" for size, ready in states):
-                return
-            if time.monotonic() > deadline:
-                tails = "\n".join(f"-- node {node.number}:\n{node.log_tail()}" for node in self.nodes)
-                raise GaleraError(f"cluster not ready after {READY_TIMEOUT:.0f}s: {states}\n{tails}")
-            time.sleep(POLL)
+        def states() -> list[tuple[str | None, str | None]]:
+            return [(node.status("wsrep_cluster_size"), node.status("wsrep_ready")) for node in self.nodes]
+
+        def failure(message: str) -> GaleraError:
+            tails = "\n".join(f"-- node {node.number}:\n{node.log_tail()}" for node in self.nodes)
+            return GaleraError(f"{message}: {states()}\n{tails}")
+
+        wait_until(
+            lambda: all(size == str(len(self.nodes)) and ready == "ON" for size, ready in states()),
+            "every node in the cluster and ready",
+            READY_TIMEOUT,
+            poll=POLL,
+            failure=failure,
+        )
 
     def close(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL after ``STOP_TIMEOUT``) and remove the directory.
@@ -269,11 +280,13 @@ class GaleraCluster:
 
     def wait_size(self, size: int, nodes: list[GaleraNode]) -> None:
         """Wait until each of ``nodes`` reports a primary component of ``size`` members."""
-        deadline = time.monotonic() + READY_TIMEOUT
-        while any(node.status("wsrep_cluster_size") != str(size) for node in nodes):
-            if time.monotonic() > deadline:
-                raise GaleraError(f"the cluster did not reach size {size} in {READY_TIMEOUT:.0f}s")
-            time.sleep(POLL)
+        wait_until(
+            lambda: all(node.status("wsrep_cluster_size") == str(size) for node in nodes),
+            f"a primary component of {size} nodes",
+            READY_TIMEOUT,
+            poll=POLL,
+            failure=GaleraError,
+        )
 
     def failover_dsn(self, database: str, first: int) -> str:
         """The DSN a replica beside node ``first`` (0-based) uses: that node, then the others in order."""

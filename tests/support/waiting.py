@@ -13,11 +13,22 @@ DEADLINE = 60.0  # seconds any awaited condition may take
 POLL = 0.02  # seconds between checks
 
 
-def wait_until(condition: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    """Poll ``condition`` until it returns something truthy and return that; fail naming ``what``."""
+def wait_until(
+    condition: Callable[[], T],
+    what: str,
+    timeout: float = DEADLINE,
+    *,
+    poll: float = POLL,
+    failure: Callable[[str], Exception] = AssertionError,
+) -> T:
+    """Poll ``condition`` until it returns something truthy and return that; fail naming ``what``.
+
+    ``failure`` makes the exception raised at the deadline from its message (``AssertionError``).
+    """
     deadline = time.monotonic() + timeout
     pause = threading.Event()
     while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
-        pause.wait(POLL)
+        if time.monotonic() >= deadline:
+            raise failure(f"timed out after {timeout:.0f}s waiting for {what}")
+        pause.wait(poll)
     return value

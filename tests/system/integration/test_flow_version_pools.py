@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 import sqlalchemy as sa
@@ -15,6 +14,7 @@ from nexuscrm_integration.host import WorkerHost
 from nexuscrm_sdk.flows import Flow, FlowContext, Generation
 from nexuscrm_sdk.testing import InMemoryWorkSource
 from tests.integration_service.fakes import FakeProtocols, FakeSchema
+from tests.support.waiting import wait_until
 from workqueue import ProjectionIdentity, WorkStatus
 
 INVARIANTS_NOT_CHECKED = "the host runs over an in-memory work source: no canonical database"
@@ -76,8 +76,9 @@ def test_a_version_pool_runs_the_build_and_the_live_pool_the_inputs_own_version(
     host = WorkerHost(grant, pools, source, sa.create_engine("sqlite://"), host_id="h")
     assert sorted(info.worker_id for info in host.workers()) == ["h/t/1", "h/t@2/1"]
     host.start()
-    deadline = time.monotonic() + 30  # a bound on a hang, not a speed assertion
-    while any(w.status is not WorkStatus.COMPLETED for w in source.generations()) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(
+        lambda: all(w.status is WorkStatus.COMPLETED for w in source.generations()),
+        "both pools to complete their generations",
+    )
     assert host.run_until_drained(timeout=10)
     assert sorted(SEEN) == [("", "1", True, (1, 2)), ("2", "2", False, (1, 2))]

@@ -19,7 +19,6 @@ import functools
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,14 +128,17 @@ class Run:
 
     def retrying(self, call: Callable[[ConnectorsClient], T]) -> T:
         """Call until it is answered: across a restart, an unanswered call's outcome is unknown."""
-        while True:
+
+        def answered() -> tuple[T] | None:
             try:
                 with grpc.insecure_channel(self.address) as channel:
-                    return call(ConnectorsClient(channel, timeout=dt.timedelta(seconds=10)))
+                    return (call(ConnectorsClient(channel, timeout=dt.timedelta(seconds=10))),)
             except grpc.RpcError as error:
                 if error.code() not in RETRIED:
                     raise
-                time.sleep(0.1)
+                return None
+
+        return wait_until(answered, "Connectors to answer across its restart")[0]
 
     def guarded(self, body: Callable[[], None]) -> threading.Thread:
         def run() -> None:
@@ -183,7 +185,7 @@ def _work_live(run: Run, pack: str) -> None:
             except grpc.RpcError as error:
                 if error.code() not in RETRIED:
                     raise
-                time.sleep(0.1)
+                run.stop.wait(0.1)  # back off while Connectors restarts; ends at once on stop
 
 
 def _ingest(run: Run, pack: str, delivered: list[int], until: threading.Event) -> None:
@@ -198,7 +200,7 @@ def _ingest(run: Run, pack: str, delivered: list[int], until: threading.Event) -
                     waiting.pop(result.receipt_key)
         delivered.extend(range(n, n + NEW_PER_BATCH))
         n += NEW_PER_BATCH
-        time.sleep(INGEST_PAUSE)
+        until.wait(INGEST_PAUSE)  # the workload's pace; ends at once when told to stop
 
 
 def _deliver(pack: str, items: list[IngestItem], client: ConnectorsClient) -> list[IngestResult]:
@@ -256,7 +258,10 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
     )
     run.start_worker(pack)
     caught_up_mid_way = built_inputs()
-    time.sleep(1.0)  # ingest goes on a little after both kills
+    after_kills = len(delivered)
+    wait_until(  # ingest goes on a little after both kills
+        lambda: len(delivered) >= after_kills + 2 * NEW_PER_BATCH or run.stop.is_set(), "two batches after the kills"
+    )
     ingest_done.set()
     ingest.join()
     wait_until(lambda: _open_work(engine) == 0 or run.stop.is_set(), "the queue to drain", timeout=DRAIN_SECONDS)
