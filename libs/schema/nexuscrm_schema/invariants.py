@@ -46,6 +46,7 @@ from nexuscrm_schema.tables import (
     WorkItem,
 )
 from workqueue import ReceiptState, WorkStatus, decode_projection_key
+from workqueue.identity import with_companion_version
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 DbRow = Row[*tuple[Any, ...]]  # a result row of any shape
@@ -331,7 +332,7 @@ def _tracks_of(tracks: Iterable[DbRow], pack: str, key: str) -> list[tuple[str, 
         return [(key, 0, None)]
     return [
         (
-            key if t.Version == t.SourceVersion else dataclasses.replace(identity, companion_version=t.Version).key,
+            key if t.Version == t.SourceVersion else with_companion_version(key, t.Version),
             t.CoverFromOrdinal,
             t.CoverThroughOrdinal,
         )

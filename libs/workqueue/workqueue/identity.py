@@ -10,6 +10,7 @@ boundary: the encoding is injective and ``decode_projection_key`` inverts it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import unicodedata
 from typing import NewType
 
@@ -107,3 +108,9 @@ def decode_projection_key(key: str) -> ProjectionIdentity:
     if identity.key != key:  # a short final field would otherwise decode
         raise InvalidArgument("projection key is malformed", field="projection_key")
     return identity
+
+
+@functools.lru_cache(maxsize=4096)
+def with_companion_version(key: str, version: str) -> str:
+    """The key of ``key``'s identity with ``version`` as its companion version: a Flow version's generations' key."""
+    return dataclasses.replace(decode_projection_key(key), companion_version=version).key

@@ -36,6 +36,12 @@ OPERATOR_MAX_LENGTH = 255  # ClaimPause.PausedBy and ResumedBy
 REASON_MAX_LENGTH = 1024  # characters
 
 
+def check_recorded(operator_field: str, operator: str, reason: str) -> None:
+    """Refuse (``InvalidArgument``) a missing or too long operator (in ``operator_field``) or reason of an act."""
+    validate_text(operator_field, operator, OPERATOR_MAX_LENGTH)
+    validate_text("reason", reason, REASON_MAX_LENGTH)
+
+
 class PauseScope(enum.StrEnum):
     """What a pause holds: the whole pack, one identity, or one work type."""
 
@@ -166,8 +172,7 @@ def pause(
     (``AlreadyPaused``); nothing is written then.
     """
     engine, clock = context.engine, context.clock
-    validate_text("paused_by", paused_by, OPERATOR_MAX_LENGTH)
-    validate_text("reason", reason, REASON_MAX_LENGTH)
+    check_recorded("paused_by", paused_by, reason)
 
     def run(connection: Connection) -> ClaimPause:
         pack = packs_sql.pack_lock(connection, scope.pack_install_id, clock)

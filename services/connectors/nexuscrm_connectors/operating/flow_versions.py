@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 
 from nexuscrm_connectors.context import Context
 from nexuscrm_connectors.errors import ConnectorsError, ProtocolMissing
-from nexuscrm_connectors.operating.claim_pauses import OPERATOR_MAX_LENGTH, REASON_MAX_LENGTH
+from nexuscrm_connectors.operating.claim_pauses import OPERATOR_MAX_LENGTH, check_recorded
 from nexuscrm_connectors.operating.order_policy import UnknownWorkType
 from nexuscrm_connectors.queries import flow_versions as flow_versions_sql
 from nexuscrm_connectors.queries import packs as packs_sql
@@ -94,11 +94,6 @@ class CatchUp:
     inputs: int = 0
 
 
-def _recorded(field: str, actor: str, reason: str) -> None:
-    validate_text(field, actor, OPERATOR_MAX_LENGTH)
-    validate_text("reason", reason, REASON_MAX_LENGTH)
-
-
 def _work_type(work_type: str) -> None:
     if not work_type:
         raise InvalidArgument("work_type is required: a Flow version is one work type's", field="work_type")
@@ -132,7 +127,7 @@ def build(
     """
     _work_type(work_type)
     _version("version", version)
-    _recorded("started_by", started_by, reason)
+    check_recorded("started_by", started_by, reason)
     if max_inputs_per_second < 0:
         raise InvalidArgument(
             f"max_inputs_per_second must be 0 (unbounded) or positive, got {max_inputs_per_second}",
@@ -197,10 +192,7 @@ def build(
         )
         flow_versions_sql.track_insert(connection, track)
         made = _catch_up(connection, context, track, keys, cover_from - 1, pack.last_ordinal, now)
-        flow_versions_sql.change_insert(
-            connection, track, action=BUILD, actor=started_by, reason=reason, at_ordinal=pack.last_ordinal, now=now
-        )
-        return _view(connection, track, pack.last_ordinal, now), made
+        return _recorded_step(connection, pack, track, (BUILD, started_by, reason))[version], made
 
     return run_transaction(context.engine, run, name="build Flow version")
 
@@ -241,12 +233,13 @@ def _catch_up(
     rows: list[GenerationRow] = []
     linked: dict[str, str] = {}
     build_target = dataclasses.replace(track, live=False)
-    for key in keys:
+    targets = {key: target_of(build_target, key) for key in keys}
+    tails = work_items_sql.work_items_tail(connection, track.pack_install_id, [t.key for t in targets.values()])
+    for key, target in targets.items():
         ordinals = flow_versions_sql.member_ordinals(connection, track.pack_install_id, key, after, through)
         if not ordinals:
             continue
-        target = target_of(build_target, key)
-        newest = flow_versions_sql.newest_of_key(connection, track.pack_install_id, target.key)
+        newest = tails.get(target.key)
         running = newest is not None and WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES
         previous = newest.WorkId if newest is not None and running else None
         for start in range(0, len(ordinals), CATCH_UP_INPUTS):
@@ -273,14 +266,45 @@ def _catch_up(
     return CatchUp(generations=len(rows), inputs=sum(row["AdmittedMemberCount"] for row in rows))
 
 
-def _view(connection: Connection, track: Track, high_water: int, now: dt.datetime) -> VersionView:
-    changes = flow_versions_sql.changes_of(connection, track.pack_install_id, track.work_type)
-    return VersionView(
-        track=track,
-        progress=flow_versions_sql.progress(connection, track, now),
-        high_water_ordinal=high_water,
-        changes=tuple(change for change in changes if change.version == track.version),
+def _views(connection: Connection, pack: packs_sql.LockedPack, work_type: str | None) -> list[VersionView]:
+    """The pack's versions (of ``work_type``) as stored now, each with its progress and recorded steps."""
+    views: list[VersionView] = []
+    changes: dict[str, list[flow_versions_sql.Change]] = {}
+    for track in flow_versions_sql.tracks_of(connection, pack.pack_install_id, work_type):
+        if track.work_type not in changes:  # one read of a work type's steps for all its versions
+            changes[track.work_type] = flow_versions_sql.changes_of(connection, pack.pack_install_id, track.work_type)
+        views.append(
+            VersionView(
+                track=track,
+                progress=flow_versions_sql.progress(connection, track, pack.now),
+                high_water_ordinal=pack.last_ordinal,
+                changes=tuple(c for c in changes[track.work_type] if c.version == track.version),
+            )
+        )
+    return views
+
+
+def _recorded_step(
+    connection: Connection,
+    pack: packs_sql.LockedPack,
+    track: Track,
+    step: tuple[str, str, str],
+    *,
+    forced: bool = False,
+) -> dict[str, VersionView]:
+    """Record ``step`` (action, who, why) on ``track``; its work type's versions as they now stand, by version."""
+    action, actor, reason = step
+    flow_versions_sql.change_insert(
+        connection,
+        track,
+        action=action,
+        actor=actor,
+        reason=reason,
+        at_ordinal=pack.last_ordinal,
+        now=pack.now,
+        forced=forced,
     )
+    return {view.track.version: view for view in _views(connection, pack, track.work_type)}
 
 
 def list_versions(context: Context, pack_install_id: str, work_type: str = "") -> list[VersionView]:
@@ -290,8 +314,7 @@ def list_versions(context: Context, pack_install_id: str, work_type: str = "") -
 
     def run(connection: Connection) -> list[VersionView]:
         pack = packs_sql.pack_lock(connection, pack_install_id, context.clock, lock=False)
-        tracks = flow_versions_sql.tracks_of(connection, pack_install_id, work_type or None)
-        return [_view(connection, track, pack.last_ordinal, pack.now) for track in tracks]
+        return _views(connection, pack, work_type or None)
 
     return run_transaction(context.engine, run, name="list Flow versions")
 
@@ -337,7 +360,7 @@ def switch(
     """
     _work_type(work_type)
     _version("version", version)
-    _recorded("switched_by", switched_by, reason)
+    check_recorded("switched_by", switched_by, reason)
 
     def run(connection: Connection) -> tuple[VersionView, VersionView]:
         pack, tracks = _locked(connection, context, pack_install_id, work_type)
@@ -367,21 +390,8 @@ def switch(
         (live,) = [t for t in tracks if t.live]
         flow_versions_sql.track_update(connection, live, Live=False, CoverThroughOrdinal=pack.last_ordinal)
         flow_versions_sql.track_update(connection, track, Live=True)
-        flow_versions_sql.change_insert(
-            connection,
-            track,
-            action=SWITCH,
-            actor=switched_by,
-            reason=reason,
-            at_ordinal=pack.last_ordinal,
-            now=pack.now,
-            forced=force,
-        )
-        now_live = dataclasses.replace(track, live=True)
-        stopped = dataclasses.replace(live, live=False, cover_through_ordinal=pack.last_ordinal)
-        return _view(connection, now_live, pack.last_ordinal, pack.now), _view(
-            connection, stopped, pack.last_ordinal, pack.now
-        )
+        views = _recorded_step(connection, pack, track, (SWITCH, switched_by, reason), forced=force)
+        return views[version], views[live.version]
 
     return run_transaction(context.engine, run, name="switch Flow version")
 
@@ -395,7 +405,7 @@ def rollback(
     FAILED_PRECONDITION when no stopped version is left (it was retired).
     """
     _work_type(work_type)
-    _recorded("rolled_back_by", rolled_back_by, reason)
+    check_recorded("rolled_back_by", rolled_back_by, reason)
 
     def run(connection: Connection) -> tuple[VersionView, VersionView, CatchUp]:
         pack, tracks = _locked(connection, context, pack_install_id, work_type)
@@ -419,24 +429,8 @@ def rollback(
             connection, back, Live=True, CoverThroughOrdinal=None, CatchUpThroughOrdinal=pack.last_ordinal
         )
         flow_versions_sql.track_update(connection, live, Live=False)
-        flow_versions_sql.change_insert(
-            connection,
-            back,
-            action=ROLLBACK,
-            actor=rolled_back_by,
-            reason=reason,
-            at_ordinal=pack.last_ordinal,
-            now=pack.now,
-        )
-        returned = dataclasses.replace(
-            back, live=True, cover_through_ordinal=None, catch_up_through_ordinal=pack.last_ordinal
-        )
-        previous = dataclasses.replace(live, live=False)
-        return (
-            _view(connection, returned, pack.last_ordinal, pack.now),
-            _view(connection, previous, pack.last_ordinal, pack.now),
-            made,
-        )
+        views = _recorded_step(connection, pack, back, (ROLLBACK, rolled_back_by, reason))
+        return views[back.version], views[live.version], made
 
     return run_transaction(context.engine, run, name="roll back Flow version")
 
@@ -451,7 +445,7 @@ def retire(
     """
     _work_type(work_type)
     _version("version", version)
-    _recorded("retired_by", retired_by, reason)
+    check_recorded("retired_by", retired_by, reason)
 
     def run(connection: Connection) -> VersionView:
         pack, tracks = _locked(connection, context, pack_install_id, work_type)
@@ -469,17 +463,7 @@ def retire(
             )
         through = track.cover_through_ordinal if track.cover_through_ordinal is not None else pack.last_ordinal
         flow_versions_sql.track_update(connection, track, RetiredAt=pack.now, CoverThroughOrdinal=through)
-        flow_versions_sql.change_insert(
-            connection,
-            track,
-            action=RETIRE,
-            actor=retired_by,
-            reason=reason,
-            at_ordinal=pack.last_ordinal,
-            now=pack.now,
-        )
-        retired = dataclasses.replace(track, retired_at=pack.now, cover_through_ordinal=through)
-        return _view(connection, retired, pack.last_ordinal, pack.now)
+        return _recorded_step(connection, pack, track, (RETIRE, retired_by, reason))[version]
 
     return run_transaction(context.engine, run, name="retire Flow version")
 
@@ -522,22 +506,6 @@ def record_verification(
             VerifyOutcome=verdict,
             VerifiedAt=pack.now,
         )
-        flow_versions_sql.change_insert(
-            connection,
-            track,
-            action=VERIFY,
-            actor=verified_by,
-            reason=reason,
-            at_ordinal=pack.last_ordinal,
-            now=pack.now,
-        )
-        verified = dataclasses.replace(
-            track,
-            verified_against=against,
-            verified_through_ordinal=through_ordinal,
-            verify_outcome=verdict,
-            verified_at=pack.now,
-        )
-        return _view(connection, verified, pack.last_ordinal, pack.now)
+        return _recorded_step(connection, pack, track, (VERIFY, verified_by, reason))[version]
 
     return run_transaction(context.engine, run, name="record Flow version verification")

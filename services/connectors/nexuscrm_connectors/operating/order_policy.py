@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_connectors import pruned
 from nexuscrm_connectors.context import Context
 from nexuscrm_connectors.errors import ConnectorsError, ProtocolMissing, UnknownPack
-from nexuscrm_connectors.operating.claim_pauses import OPERATOR_MAX_LENGTH, REASON_MAX_LENGTH
+from nexuscrm_connectors.operating.claim_pauses import check_recorded
 from nexuscrm_connectors.queries import claim_pauses as pauses_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import order_policy as order_policy_sql
@@ -99,11 +99,6 @@ class Skip:
     skipped_at: dt.datetime
 
 
-def _recorded(operator_field: str, operator: str, reason: str) -> None:
-    validate_text(operator_field, operator, OPERATOR_MAX_LENGTH)
-    validate_text("reason", reason, REASON_MAX_LENGTH)
-
-
 def _work_type(work_type: str) -> None:
     if work_type:
         validate_text("work_type", work_type, FIELD_MAX_LENGTHS["work_type"])
@@ -141,7 +136,7 @@ def set_policy(
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
     if policy is None:
         raise InvalidArgument("policy is required: block or continue", field="policy")
-    _recorded("set_by", set_by, reason)
+    check_recorded("set_by", set_by, reason)
     _work_type(work_type)
 
     def run(connection: Connection) -> OrderPolicy:
@@ -275,7 +270,7 @@ def held_count(engine: Engine, pack_install_id: str) -> int:
 
 def validate_skip(skipped_by: str, reason: str) -> None:
     """Refuse (``InvalidArgument``) a skip without an operator or a reason, or with one too long."""
-    _recorded("skipped_by", skipped_by, reason)
+    check_recorded("skipped_by", skipped_by, reason)
 
 
 def skips(engine: Engine, work_ids: Sequence[str]) -> dict[str, Skip]:

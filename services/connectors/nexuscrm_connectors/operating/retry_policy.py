@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from nexuscrm_connectors import pruned
 from nexuscrm_connectors.context import Context
 from nexuscrm_connectors.errors import ConnectorsError, UnknownPack
-from nexuscrm_connectors.operating.claim_pauses import OPERATOR_MAX_LENGTH, REASON_MAX_LENGTH
+from nexuscrm_connectors.operating.claim_pauses import check_recorded
 from nexuscrm_connectors.operating.order_policy import require_work_type
 from nexuscrm_connectors.queries import claims as claims_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
@@ -44,11 +44,6 @@ class RetryNowRefused(ConnectorsError):
     """A retry-now of work that does not wait in retry."""
 
     kind = ErrorKind.FAILED_PRECONDITION
-
-
-def _recorded(operator_field: str, operator: str, reason: str) -> None:
-    validate_text(operator_field, operator, OPERATOR_MAX_LENGTH)
-    validate_text("reason", reason, REASON_MAX_LENGTH)
 
 
 def _in_range(field: str, value: int, low: int, high: int, low_name: str = "") -> None:
@@ -84,7 +79,7 @@ def set_policy(
     if not work_type:
         raise InvalidArgument("work_type is required: a retry policy is one work type's", field="work_type")
     validate_text("work_type", work_type, FIELD_MAX_LENGTHS["work_type"])
-    _recorded("set_by", set_by, reason)
+    check_recorded("set_by", set_by, reason)
     base = settings.retry_base_seconds if backoff_base_seconds is None else backoff_base_seconds
     ceiling = max(settings.retry_max_seconds, base) if backoff_max_seconds is None else backoff_max_seconds
     _in_range("max_attempts", max_attempts, 1, MAX_ATTEMPTS_LIMIT)
@@ -157,7 +152,7 @@ def retry_now(context: Context, work_id: str, *, retried_by: str, reason: str) -
     engine, clock = context.engine, context.clock
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
-    _recorded("retried_by", retried_by, reason)
+    check_recorded("retried_by", retried_by, reason)
 
     def run(connection: Connection) -> WorkItemRow:
         row = work_items_sql.work_item_held(connection, work_id, clock, lock=True)

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from nexuscrm_connectors.queries.work_items import MEMBER_KEY, NEWEST_LOCK, NewestGeneration
+from nexuscrm_connectors.queries.work_items import MEMBER_KEY
 from nexuscrm_schema.tables import Event, FlowVersionChange, FlowVersionTrack, PrunedWork, WorkItem
 from workqueue import WorkStatus
 from workqueue.statuses import NONTERMINAL_WORK_STATUSES
@@ -247,28 +247,6 @@ def member_ordinals(
             .order_by(Event.c.EnqueueOrdinal)
         ).scalars()
     )
-
-
-def newest_of_key(connection: Connection, pack_install_id: str, projection_key: str) -> NewestGeneration | None:
-    """The newest generation of a key that is not a replay run first, locked; None if it has none.
-
-    For the keys of a version's track, which no Event carries: ``work_items.work_items_newest``
-    finds the others through the batch's Events.
-    """
-    work_id = connection.execute(
-        sa.select(WorkItem.c.WorkId)
-        .where(
-            WorkItem.c.PackInstallId == pack_install_id,
-            WorkItem.c.ProjectionKey == projection_key,
-            WorkItem.c.RunsBeforeWorkId.is_(None),
-        )
-        .order_by(WorkItem.c.LaneOrdinal.desc())
-        .limit(1)
-    ).scalar()
-    if work_id is None:
-        return None
-    row = connection.execute(NEWEST_LOCK, {"work_ids": [work_id]}).one()
-    return NewestGeneration._make(row)
 
 
 def _of_track(track: Track) -> list[sa.ColumnElement[bool]]:

@@ -174,7 +174,7 @@ _NEWEST_SEEK = (
 
 
 # Locks the newest generations by primary key and reads what admission decides on.
-NEWEST_LOCK = (
+_NEWEST_LOCK = (
     sa.select(
         WorkItem.c.WorkId,
         WorkItem.c.ProjectionKey,
@@ -218,7 +218,7 @@ def work_items_newest(
         work_ids += (work_id for work_id in connection.execute(_NEWEST_SEEK, parameters).scalars() if work_id)
     if not work_ids:
         return {}
-    rows = connection.execute(NEWEST_LOCK, {"work_ids": work_ids})
+    rows = connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})
     return {row.ProjectionKey: row for row in map(NewestGeneration._make, rows)}
 
 
@@ -227,8 +227,9 @@ def work_items_tail(
 ) -> dict[str, NewestGeneration]:
     """The newest generation of each identity that is not a replay run first, locked.
 
-    Read only for the identities whose newest generation is such a replay (rare): per identity
-    one seek down ix_workitem_projection_order past those replays, then the rows FOR UPDATE.
+    Read for the identities whose newest generation is such a replay (rare), and for the keys of
+    Flow versions' tracks, which no Event carries: per identity one seek down
+    ix_workitem_projection_order past those replays, then the rows FOR UPDATE.
     """
     seek = (
         sa.select(WorkItem.c.WorkId)
@@ -245,7 +246,7 @@ def work_items_tail(
     ]
     if not work_ids:
         return {}
-    rows = connection.execute(NEWEST_LOCK, {"work_ids": work_ids})
+    rows = connection.execute(_NEWEST_LOCK, {"work_ids": work_ids})
     return {row.ProjectionKey: row for row in map(NewestGeneration._make, rows)}
 
 

@@ -456,13 +456,13 @@ def _new_generations(
             if target.live or own not in answered:
                 answered[own] = target.key
     # A work type with versions is never remembered (``NewestMemory``): a build's or rollback's
-    # catch-up creates generations without moving LastOrdinal. Its keys are sought one by one.
+    # catch-up creates generations without moving LastOrdinal. No Event carries a version's key,
+    # so its tails are sought by key.
     plain = [key for key in by_identity if key not in versioned]
     known = newest_known.known(pack.pack_install_id, pack.last_ordinal, plain)
     newest = work_items_sql.work_items_newest(connection, pack.pack_install_id, ordinals, plain, known)
-    for key in versioned:
-        if found := flow_versions_sql.newest_of_key(connection, pack.pack_install_id, key):
-            newest[key] = found
+    if versioned:
+        newest.update(work_items_sql.work_items_tail(connection, pack.pack_install_id, versioned))
     run_first = [key for key, row in newest.items() if row.RunsBeforeWorkId]
     # Behind a replay run first: a new generation, linked behind the identity's tail.
     tails = work_items_sql.work_items_tail(connection, pack.pack_install_id, run_first) if run_first else {}

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from nexuscrm_connectors.queries.flow_versions import Track
 from nexuscrm_connectors.queries.rows import GenerationRow
-from workqueue.identity import decode_projection_key
+from workqueue.identity import decode_projection_key, with_companion_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,24 +29,21 @@ class Target:
     live: bool
 
 
-@functools.lru_cache(maxsize=4096)
-def version_key(projection_key: str, version: str) -> str:
-    """The identity of ``projection_key`` with ``version`` as its companion version."""
-    identity = decode_projection_key(projection_key)
-    return dataclasses.replace(identity, companion_version=version).key
+# Admission decodes the key of every input of a pack with versions: remembered, as its keys repeat.
+_identity = functools.lru_cache(maxsize=4096)(decode_projection_key)
 
 
 def target_of(track: Track, projection_key: str) -> Target:
     """The generation key ``track`` gives the inputs of ``projection_key`` (one of its source version)."""
     if track.own:
         return Target(projection_key, None, None, build_run=not track.live, live=track.live)
-    key = version_key(projection_key, track.version)
+    key = with_companion_version(projection_key, track.version)
     return Target(key, track.version, projection_key, build_run=not track.live, live=track.live)
 
 
 def refusal(tracks: Sequence[Track], projection_key: str) -> str | None:
     """Why an input may not be admitted with this key: it names a Flow version's track as its companion version."""
-    identity = decode_projection_key(projection_key)
+    identity = _identity(projection_key)
     for track in tracks:
         if track.work_type == identity.work_type and not track.own and track.version == identity.companion_version:
             return (
@@ -58,7 +55,7 @@ def refusal(tracks: Sequence[Track], projection_key: str) -> str | None:
 
 def targets(tracks: Sequence[Track], projection_key: str) -> list[Target] | None:
     """The generations an input of ``projection_key`` joins: one per receiving track; None without versions."""
-    identity = decode_projection_key(projection_key)
+    identity = _identity(projection_key)
     mine = [
         track
         for track in tracks
@@ -76,7 +73,7 @@ def track_row(row: GenerationRow, target: Target) -> GenerationRow:
 
 def live_key(tracks: Sequence[Track], projection_key: str) -> str:
     """The generation key of the live version of ``projection_key``'s work type (its own key without versions)."""
-    identity = decode_projection_key(projection_key)
+    identity = _identity(projection_key)
     for track in tracks:
         if track.live and track.work_type == identity.work_type and track.source_version == identity.companion_version:
             return target_of(track, projection_key).key
@@ -90,9 +87,9 @@ def member_window(tracks: Sequence[Track], projection_key: str, cutoff: int) -> 
     key (its own version's or another's) covers its source identity's inputs from its
     CoverFromOrdinal through its CoverThroughOrdinal.
     """
-    identity = decode_projection_key(projection_key)
+    identity = _identity(projection_key)
     for track in tracks:
         if track.work_type == identity.work_type and track.version == identity.companion_version:
-            source = dataclasses.replace(identity, companion_version=track.source_version).key
+            source = with_companion_version(projection_key, track.source_version)
             return source, max(cutoff, track.cover_from_ordinal - 1), track.cover_through_ordinal
     return projection_key, cutoff, None
