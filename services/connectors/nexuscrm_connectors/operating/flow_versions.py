@@ -161,7 +161,6 @@ def build(
                 f"{version!r} is the version work type {work_type!r} is delivered with", field="version"
             )
         keys = [key for key in keys if decode_projection_key(key).companion_version == source]
-        cover_from = protocol.legacy_max_ordinal + 1
         pruned = flow_versions_sql.pruned_through(connection, pack_install_id, keys)
         if pruned and not from_retained:
             raise VersionRefused(
@@ -170,7 +169,7 @@ def build(
                 "retained (the coverage proof then shows the pruned range)",
                 field="from_retained",
             )
-        cover_from = max(cover_from, pruned + 1)
+        cover_from = max(protocol.legacy_max_ordinal, pruned) + 1
         now = pack.now
         if not any(track.own for track in tracks):
             flow_versions_sql.track_insert(
