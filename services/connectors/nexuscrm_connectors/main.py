@@ -5,16 +5,19 @@ limits of ``nexuscrm_connectors.settings.Settings`` (NEXUSCRM_MAX_BATCH_ITEMS, .
 background materializer admits stored receipts every NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS;
 its health is the gRPC health status of ``materializer.HEALTH_NAME``. Before anything serves,
 the schema gate (``release``) refuses a database this release does not serve: exit 3, one log line.
-NEXUSCRM_CONNECTORS_METRICS_ADDRESS serves the counters of ``nexuscrm_connectors.metrics``.
+NEXUSCRM_CONNECTORS_METRICS_ADDRESS serves the counters of ``nexuscrm_connectors.metrics`` and
+the per-version gauges of ``operating.flow_version_gauges``.
 """
 
 from __future__ import annotations
 
 import logging
 
+from prometheus_client import REGISTRY
 from sqlalchemy.engine import Engine
 
 from nexuscrm_connectors.facade import Connectors
+from nexuscrm_connectors.operating.flow_version_gauges import FlowVersionCollector
 from nexuscrm_connectors.queue.materializer import HEALTH_NAME, Materializer
 from nexuscrm_connectors.release import RELEASE
 from nexuscrm_connectors.servicer import registration
@@ -35,6 +38,8 @@ def main() -> None:
 
     def build(config: ServiceConfig, engine: Engine, security: Security | None) -> list[Registration]:
         connectors = Connectors(engine, Settings.from_env())
+        if config.metrics_address:
+            REGISTRY.register(FlowVersionCollector(connectors.context))
         materializer = Materializer(connectors)
         materializer.start()
         materializers.append(materializer)

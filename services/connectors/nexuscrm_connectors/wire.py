@@ -298,10 +298,8 @@ def verdict_from_proto(verdict: int) -> str:
 
 
 def flow_version_to_proto(view: flow_versions.VersionView) -> pb.FlowVersion:
-    """A version with its progress -> proto; rate and time left from the inputs completed in the last minute."""
+    """A version with its progress -> proto."""
     track, progress = view.track, view.progress
-    rate = progress.inputs_last_minute / 60
-    left = progress.inputs_total - progress.inputs_done
     return pb.FlowVersion(
         pack_install_id=track.pack_install_id,
         work_type=track.work_type,
@@ -317,8 +315,8 @@ def flow_version_to_proto(view: flow_versions.VersionView) -> pb.FlowVersion:
         generations_total=progress.generations_total,
         generations_done=progress.generations_done,
         generations_failed=progress.generations_failed,
-        inputs_per_second=rate,
-        seconds_left=round(left / rate) if rate and left > 0 else 0,
+        inputs_per_second=view.inputs_per_second,
+        seconds_left=view.seconds_left,
         max_inputs_per_second=track.max_inputs_per_second or 0,
         verified_against=track.verified_against or "",
         verified_through_ordinal=track.verified_through_ordinal or 0,

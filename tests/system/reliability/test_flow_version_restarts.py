@@ -43,6 +43,7 @@ from nexuscrm_tools.launcher import (
 )
 from tests.support.factories import install_pack, route
 from tests.support.invariants import assert_invariants
+from tests.support.metrics import counter
 from tests.support.waiting import wait_until
 from workqueue import WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
@@ -59,7 +60,7 @@ NEW_PER_BATCH = 8  # each live batch: 8 new inputs and one earlier receipt again
 INGEST_PAUSE = 1.0  # seconds between live batches: the live pool is idle at times, and only then the build claims
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION)
 DRAIN_SECONDS = 300.0
-ENV = {"NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS": "0"}
+ENV = {"NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS": "0", "NEXUSCRM_CONNECTORS_METRICS_ADDRESS": "127.0.0.1:0"}
 
 
 def _item(n: int) -> IngestItem:
@@ -302,6 +303,11 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
         assert sum(i.inputs for i in per_version[name]) == len(ordinals)
     assert version.state == pb.FLOW_VERSION_STATE_STANDBY
     assert (version.inputs_done, version.inputs_total) == (len(ordinals), len(ordinals))
+    # The restarted Connectors' Prometheus endpoint reports the same progress.
+    metrics = run.services[-1].side_port("metrics")
+    assert counter(metrics, "nexuscrm_flow_version_inputs", version=V2, progress="done") == len(ordinals)
+    assert counter(metrics, "nexuscrm_flow_version_state", version=V2, nexuscrm_flow_version_state="standby") == 1
+    assert counter(metrics, "nexuscrm_flow_version_catch_up_behind", version=V2) == 0
 
     # Switched, V2's worker runs the next inputs live; V1 receives none of them.
     switch = pb.SwitchFlowVersionRequest(pack_install_id=pack, work_type="project", version=V2)

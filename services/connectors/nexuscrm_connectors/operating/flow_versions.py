@@ -44,6 +44,7 @@ CATCH_UP_INPUTS = 500  # members per catch-up generation: a claim's load stays a
 
 BUILD, VERIFY, SWITCH, ROLLBACK, RETIRE = "build", "verify", "switch", "rollback", "retire"
 VERDICTS = ("equal", "coverage_only", "different")
+STATES = ("building", "standby", "live", "stopped", "retired")  # VersionView.state
 
 
 class VersionExists(ConnectorsError):
@@ -75,7 +76,7 @@ class VersionView:
 
     @property
     def state(self) -> str:
-        """building, standby, live, stopped or retired."""
+        """One of ``STATES``."""
         track = self.track
         if track.retired_at is not None:
             return "retired"
@@ -84,6 +85,17 @@ class VersionView:
         if not track.receiving:
             return "stopped"
         return "building" if self.progress.behind else "standby"
+
+    @property
+    def inputs_per_second(self) -> float:
+        """Inputs completed per second over the last minute."""
+        return self.progress.inputs_last_minute / 60
+
+    @property
+    def seconds_left(self) -> int:
+        """The inputs not done yet at ``inputs_per_second``; 0 with nothing left or no rate."""
+        rate, left = self.inputs_per_second, self.progress.inputs_total - self.progress.inputs_done
+        return round(left / rate) if rate and left > 0 else 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

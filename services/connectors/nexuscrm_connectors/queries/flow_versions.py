@@ -111,6 +111,18 @@ def tracks_of(connection: Connection, pack_install_id: str, work_type: str | Non
     return [_track(row) for row in rows]
 
 
+def packs_with_versions(connection: Connection, limit: int) -> list[str]:
+    """Up to ``limit`` packs with a Flow version not retired (the primary key's prefix)."""
+    query = (
+        sa.select(FlowVersionTrack.c.PackInstallId)
+        .where(FlowVersionTrack.c.RetiredAt.is_(None))
+        .group_by(FlowVersionTrack.c.PackInstallId)
+        .order_by(FlowVersionTrack.c.PackInstallId)
+        .limit(limit)
+    )
+    return list(connection.execute(query).scalars())
+
+
 def track_insert(connection: Connection, track: Track) -> None:
     """Insert a new track (never verified, never retired)."""
     connection.execute(
