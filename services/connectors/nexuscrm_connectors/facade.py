@@ -116,9 +116,13 @@ class Connectors:
         return healed
 
     def prune_pass(self) -> list[PruneReport]:
-        """One background pass of ``retention.Pruner``, counted by ``nexuscrm_retention_*``."""
+        """One background pass of ``retention.Pruner``, counted by ``nexuscrm_retention_*``.
+
+        Rounds go on while candidates remain, for up to the background loop's interval: the
+        loop sleeps as long again, so retention takes at most about half of its thread's time.
+        """
         with metrics.PRUNE_PASS_SECONDS.time():
-            reports = self.pruner.run(self.context)
+            reports = self.pruner.run(self.context, self.settings.materialize_interval_seconds)
         follow_up("retention", lambda: metrics.record_prune(reports, self.pruner.backlog))
         return reports
 

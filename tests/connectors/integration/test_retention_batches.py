@@ -163,7 +163,8 @@ def _ordinals(parameters: Any) -> list[Any]:
 
 
 def test_the_backlog_says_what_the_pruner_has_yet_to_do(engine: sa.Engine, clock: FakeClock) -> None:
-    connectors = Connectors(engine, Settings(prune_generations_per_pass=2), clock=clock)
+    # No background interval: a pass is one round of two candidates, so the backlog is seen between rounds.
+    connectors = Connectors(engine, Settings(prune_generations_per_pass=2, materialize_interval_seconds=0), clock=clock)
     pack = install_pack(engine)
     keys = _Keys()
     first, *_ = [_generation(connectors, pack, keys, lane) for lane in ("a", "b") for _ in range(3)]
@@ -186,4 +187,36 @@ def test_the_backlog_says_what_the_pruner_has_yet_to_do(engine: sa.Engine, clock
     assert REGISTRY.get_sample_value("nexuscrm_retention_backlog_age_seconds") == 0
     policy = connectors.get_retention_policy(pack)
     assert (policy.backlog_generations, policy.backlog_oldest_finished_at) == (0, None)
+    assert_invariants(engine)
+
+
+def test_a_pass_goes_on_in_rounds_while_candidates_remain_within_the_interval(
+    engine: sa.Engine, clock: FakeClock
+) -> None:
+    connectors = Connectors(engine, Settings(prune_generations_per_pass=2), clock=clock)
+    packs = sorted(install_pack(engine) for _ in range(2))  # a round takes the packs in this order
+    keys = _Keys()
+    for pack in packs:
+        for lane in ("a", "b"):
+            for _ in range(3):
+                _generation(connectors, pack, keys, lane)
+        connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+
+    reports = connectors.prune_pass()
+
+    # Two candidates a round, oldest first: a1 a2, then a3 (kept: lane a's newest) b1, then b2 b3
+    # (kept); a full round may have more behind it, so a fourth finds none and ends the pack's walk.
+    assert [(r.pack_install_id, r.generations, r.kept) for r in reports] == [
+        (packs[0], 2, 0),
+        (packs[1], 2, 0),
+        (packs[0], 1, 1),
+        (packs[1], 1, 1),
+        (packs[0], 1, 1),
+        (packs[1], 1, 1),
+        (packs[0], 0, 0),
+        (packs[1], 0, 0),
+    ]
+    assert connectors.pruner.backlog == Backlog(0, 0.0)
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(sa.func.count()).select_from(WorkItem)).scalar_one() == 4
     assert_invariants(engine)

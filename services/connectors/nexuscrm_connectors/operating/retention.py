@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -505,25 +506,34 @@ class Pruner:
     """The background retention pass: every pack with an active policy, bounded per pack.
 
     Keeps a keyset cursor per pack, so consecutive passes walk each pack's old generations
-    instead of rereading the same kept ones, and start over at the end. Each pass prunes up
-    to ``prune_generations_per_pass`` candidates per pack in transactions of at most
-    ``prune_batch_events`` Events, and then reads the backlog (``backlog``).
+    instead of rereading the same kept ones, and start over at the end. A round prunes up to
+    ``prune_generations_per_pass`` candidates per pack in transactions of at most
+    ``prune_batch_events`` Events. A pass runs one round over every pack, then more rounds over
+    the packs whose candidates filled theirs, until ``seconds`` have passed: a pruner behind
+    admission works through its backlog at the rate it prunes instead of one round per pass
+    (decision 181), in the same bounded transactions. Then it reads the backlog (``backlog``).
     """
 
     def __init__(self) -> None:
         self._after: dict[str, Cursor | None] = {}
         self.backlog = Backlog()
 
-    def run(self, context: Context) -> list[PruneReport]:
-        """One pass; returns a report per pack with an active policy, and sets ``backlog``."""
+    def run(self, context: Context, seconds: float = 0.0) -> list[PruneReport]:
+        """One pass of rounds for up to ``seconds`` (one round at least); a report per pack and round."""
+        deadline = time.monotonic() + seconds
         with context.engine.connect() as connection:
             packs_with_policy = [row.PackInstallId for row in retention_sql.policies_active(connection)]
         reports = []
-        for pack_install_id in packs_with_policy:
-            report, self._after[pack_install_id] = prune(
-                context, pack_install_id, after=self._after.get(pack_install_id)
-            )
-            reports.append(report)
+        due = packs_with_policy
+        while due:
+            for pack_install_id in due:
+                report, self._after[pack_install_id] = prune(
+                    context, pack_install_id, after=self._after.get(pack_install_id)
+                )
+                reports.append(report)
+            if time.monotonic() >= deadline:
+                break
+            due = [pack_install_id for pack_install_id in due if self._after[pack_install_id] is not None]
         generations, oldest_seconds = 0, 0.0
         for pack_install_id in packs_with_policy:
             policy = get_policy(context.engine, pack_install_id)
