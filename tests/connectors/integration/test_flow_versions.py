@@ -55,7 +55,10 @@ def _drain(connectors: Connectors, pack: str, runs: Runs, versions: Sequence[str
             return done
         for claim in claims:
             version = claim.work.flow_version or V1
-            for page in connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token):
+            pages = list(connectors.load_inputs(claim.work.work_id, lease_token=claim.lease_token))
+            if claim.work.replay_of_work_id:  # a replay runs what it replays first
+                pages[:0] = connectors.load_replayed_inputs(claim.work.work_id, lease_token=claim.lease_token)
+            for page in pages:
                 for member in page.inputs:
                     runs.ran[(version, claim.work.build_run, member.enqueue_ordinal)] += 1
             connectors.complete(claim.work.work_id, lease_token=claim.lease_token)
@@ -326,4 +329,82 @@ def test_a_replay_is_refused_while_another_version_receives_the_inputs(
     assert refused.value.kind is ErrorKind.FAILED_PRECONDITION
     assert f"Flow version {V2!r} of work type 'project' receives its inputs" in str(refused.value)
     assert database_digest(engine) == before
+    assert_invariants(engine)
+
+
+def _fail_next(connectors: Connectors, pack: str, versions: Sequence[str] = ()) -> str:
+    (claim,) = connectors.claim("w", pack_install_ids=[pack], flow_versions=versions, max_items=1)
+    connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="poison", retryable=False)
+    return claim.work.work_id
+
+
+def test_a_replay_runs_in_its_version_live_or_as_a_build_once_no_other_version_receives(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    runs = Runs()
+    connectors.ingest(pack, items=_items(1, 4, lanes=1))
+    v1_dead = _fail_next(connectors, pack)  # V1's live generation of ordinals 1-4
+    _build(connectors, pack)
+    catch_up_dead = _fail_next(connectors, pack, [V2])  # V2's catch-up of the same inputs
+    before = database_digest(engine)
+    with pytest.raises(DomainError) as beside:
+        connectors.replay(catch_up_dead)
+    assert beside.value.kind is ErrorKind.FAILED_PRECONDITION
+    assert f"Flow version {V1!r} of work type 'project' receives its inputs" in str(beside.value)
+    assert database_digest(engine) == before
+
+    flow_versions.switch(connectors.context, pack, "project", V2, switched_by="ops", reason="ship", force=True)
+    # V1 stopped receiving: V2's catch-up is replayed in V2, as a build, as it ran.
+    build_replay = connectors.replay(catch_up_dead)
+    assert (build_replay.work.flow_version, build_replay.work.build_run) == (V2, True)
+    assert build_replay.replay_event_ordinal == 5
+    connectors.ingest(pack, items=_items(5, 2, lanes=1))  # ordinals 6-7: live, never joined to the build replay
+    _drain(connectors, pack, runs, [V2])
+    assert runs.of(V2, build=True) == [1, 2, 3, 4, 5]  # the failed catch-up's inputs, then the replay's Event
+    assert runs.of(V2, build=False) == [6, 7]
+    assert_invariants(engine)
+
+    connectors.ingest(pack, items=_items(7, 2, lanes=1))  # ordinals 8-9
+    live_dead = _fail_next(connectors, pack, [V2])
+    live_replay = connectors.replay(live_dead)
+    assert (live_replay.work.flow_version, live_replay.work.build_run) == (V2, False)
+    _drain(connectors, pack, runs, [V2])
+    assert runs.of(V2, build=False) == [6, 7, 8, 9, 10]  # the failed live inputs once, in order, then its Event
+    assert_invariants(engine)
+
+    before = database_digest(engine)
+    with pytest.raises(DomainError) as stopped:  # V1's dead letter: V2 receives its inputs now
+        connectors.replay(v1_dead)
+    assert f"Flow version {V2!r} of work type 'project' receives its inputs" in str(stopped.value)
+    flow_versions.retire(connectors.context, pack, "project", V1, retired_by="ops", reason="done")
+    before = database_digest(engine)
+    with pytest.raises(DomainError) as retired:
+        connectors.replay(v1_dead)
+    assert retired.value.kind is ErrorKind.FAILED_PRECONDITION
+    assert f"Flow version {V1!r}, which is retired" in str(retired.value)
+    assert database_digest(engine) == before
+    assert_invariants(engine)
+
+
+def test_the_replay_of_a_rollback_catch_up_runs_as_a_build(engine: sa.Engine, connectors: Connectors) -> None:
+    pack = install_pack(engine)
+    runs = Runs()
+    connectors.ingest(pack, items=_items(1, 2, lanes=1))
+    _drain(connectors, pack, runs)
+    _build(connectors, pack)
+    _drain(connectors, pack, runs, [V2])
+    flow_versions.switch(connectors.context, pack, "project", V2, switched_by="ops", reason="ship")
+    connectors.ingest(pack, items=_items(3, 2, lanes=1))  # ordinals 3-4: live in V2 only
+    _drain(connectors, pack, runs, [V2])
+    _, _, missed = flow_versions.rollback(connectors.context, pack, "project", rolled_back_by="ops", reason="bad")
+    assert missed.inputs == 2
+    catch_up_dead = _fail_next(connectors, pack)  # V1's catch-up of 3-4, a build of V1's own key
+    flow_versions.retire(connectors.context, pack, "project", V2, retired_by="ops", reason="gone")
+    replay = connectors.replay(catch_up_dead)
+    assert (replay.work.flow_version, replay.work.build_run) == (None, True)
+    _drain(connectors, pack, runs)
+    assert runs.of(V1, build=True) == [3, 4, 5]  # its inputs and the replay's Event, as a build
+    assert runs.of(V1, build=False) == [1, 2]  # 3 and 4 ran live once, in V2
+    assert runs.of(V2, build=False) == [3, 4]
     assert_invariants(engine)

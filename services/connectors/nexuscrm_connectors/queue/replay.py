@@ -5,6 +5,8 @@ replay generation [o, o] (o = the replay Event's new ordinal) carries ReplayOfWo
 while unclaimed, absorbs later fresh inputs like any attempt-zero generation. Under "block",
 the replay of a dead letter that holds a generation runs before it instead (decision 174):
 claimable at once, it absorbs nothing, and fresh inputs queue behind the held generation.
+In a work type with Flow versions, a replay runs in its generation's track, live or as a build
+as that generation ran, while no other track receives the inputs (decision 185).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from nexuscrm_connectors.queries.work_items import WorkRow
 from nexuscrm_connectors.queue import payloads
 from nexuscrm_connectors.queue.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_runtime.database import run_transaction
-from workqueue import WorkStatus
+from workqueue import WorkStatus, decode_projection_key
 from workqueue.errors import InvalidArgument
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 from workqueue.values import ReplayResult, replay_event_payload
@@ -59,11 +61,6 @@ def replay(context: Context, work_id: str) -> ReplayResult:
             raise RuntimeError(f"work {work_id} vanished between its read and its row lock")
         if target.InputStartOrdinal is None or packs_sql.protocol_get(connection, target.PackInstallId) is None:
             raise ProtocolMissing(f"work {work_id} is old-protocol work; replay needs native range work")
-        if target.FlowVersion is not None:  # its replay Event would carry the inputs' key, not the version's
-            raise ReplayRefused(
-                f"work {work_id} is a generation of Flow version {target.FlowVersion!r}: a version's generations are "
-                "not replayed; skip it, or retire the version and build it again"
-            )
         _refuse_beside_a_version(connection, target)
         if WorkStatus(target.Status) not in TERMINAL_WORK_STATUSES:
             raise ReplayRefused(f"work {work_id} is {target.Status}; only terminal work can be replayed")
@@ -92,7 +89,7 @@ def replay(context: Context, work_id: str) -> ReplayResult:
                 event_row(
                     pack.pack_install_id,
                     ordinal=ordinal,
-                    projection_key=target.ProjectionKey,
+                    projection_key=target.member_key,  # a Flow version's generations hold the inputs' key
                     receipt_key=None,
                     payload=payload,
                     digest=payload_hash(payload),
@@ -106,24 +103,27 @@ def replay(context: Context, work_id: str) -> ReplayResult:
         runs_before = _held_by(connection, target)
         newest = None if runs_before else _tail(connection, target, ordinal)
         blocked = newest is not None and WorkStatus(newest.Status) not in TERMINAL_WORK_STATUSES
-        work_items_sql.work_items_insert(
-            connection,
-            [
-                generation_row(
-                    work_id=new_id,
-                    pack_install_id=pack.pack_install_id,
-                    projection_key=target.ProjectionKey,
-                    start=ordinal,
-                    end=ordinal,
-                    members=1,
-                    blocked=blocked,
-                    now=now,
-                    max_attempts=settings.max_attempts,
-                    replay_of_work_id=work_id,
-                    runs_before_work_id=runs_before,
-                )
-            ],
+        row = generation_row(
+            work_id=new_id,
+            pack_install_id=pack.pack_install_id,
+            projection_key=target.ProjectionKey,
+            start=ordinal,
+            end=ordinal,
+            members=1,
+            blocked=blocked,
+            now=now,
+            max_attempts=settings.max_attempts,
+            replay_of_work_id=work_id,
+            runs_before_work_id=runs_before,
         )
+        if target.FlowVersion is not None or target.BuildRun:  # in its track, live or a build as it ran
+            row = {
+                **row,
+                "FlowVersion": target.FlowVersion,
+                "InputKey": target.InputKey,
+                "BuildRun": bool(target.BuildRun),
+            }
+        work_items_sql.work_items_insert(connection, [row])
         if blocked and newest and work_items_sql.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
             raise RuntimeError("the newest generation changed under its row lock")  # multi-primary: decision 106
         created = work_items_sql.work_item_get(connection, new_id)
@@ -153,28 +153,40 @@ def _held_by(connection: Connection, target: WorkRow) -> str | None:
 
 
 def _tail(connection: Connection, target: WorkRow, ordinal: int) -> work_items_sql.NewestGeneration:
-    """The generation a replay queues behind: its identity's newest, replays run first aside (locked)."""
+    """The generation a replay queues behind: its identity's newest, replays run first aside (locked).
+
+    A Flow version's key is carried by no Event, so its tail is read by its generations.
+    """
     key = target.ProjectionKey
-    newest = work_items_sql.work_items_newest(connection, target.PackInstallId, range(ordinal, ordinal + 1), [key])[key]
-    if newest.RunsBeforeWorkId:
-        return work_items_sql.work_items_tail(connection, target.PackInstallId, [key])[key]
-    return newest
+    if target.FlowVersion is None:
+        newest = work_items_sql.work_items_newest(connection, target.PackInstallId, range(ordinal, ordinal + 1), [key])[
+            key
+        ]
+        if not newest.RunsBeforeWorkId:
+            return newest
+    return work_items_sql.work_items_tail(connection, target.PackInstallId, [key])[key]
 
 
 def _refuse_beside_a_version(connection: Connection, target: WorkRow) -> None:
-    """Refuse a replay in a work type where another Flow version receives the inputs (decision 185).
+    """Refuse a replay where another Flow version receives the inputs, or of a retired version (decision 185).
 
-    The replay Event carries the inputs' key: that version's next generation, extended over it
-    by admission, would take it as a member its admission never counted (invariants M and P).
+    A replay runs in its generation's track, live or as a build as that generation ran. Its
+    Event carries the inputs' key: another track that receives them would take it into its
+    next generation, extended over it by admission, as a member its admission never counted
+    (invariants M and P). A retired version has no pool left to run it.
     """
-    receiving = [
-        track.version
-        for track in flow_versions_sql.tracks_of(connection, target.PackInstallId, target.WorkType)
-        if not track.own and track.receiving
-    ]
-    if receiving:
+    version = decode_projection_key(target.ProjectionKey).companion_version  # its track's version
+    tracks = flow_versions_sql.tracks_of(connection, target.PackInstallId, target.WorkType)
+    if any(track.version == version and track.retired_at is not None for track in tracks):
         raise ReplayRefused(
-            f"work {target.WorkId}: Flow version {receiving[0]!r} of work type {target.WorkType!r} receives its "
-            "inputs, and a replay's Event would join that version's generations; skip the dead letter, or retire "
-            "the version first"
+            f"work {target.WorkId} is a generation of Flow version {version!r}, which is retired: no pool runs it; "
+            "skip the dead letter"
+        )
+    receiving = [track for track in tracks if track.version != version and track.receiving]
+    if receiving:
+        other = receiving[0]
+        advice = "skip the dead letter" if other.live else "skip the dead letter, or retire that version first"
+        raise ReplayRefused(
+            f"work {target.WorkId}: Flow version {other.version!r} of work type {target.WorkType!r} receives its "
+            f"inputs, and a replay's Event would join that version's generations; {advice}"
         )
