@@ -15,7 +15,7 @@ PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip instal
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup runtime protos test test-some run lint typecheck fmt clean bench bench-quick reliability soak deps test-owner breaking
+.PHONY: setup runtime protos test test-some run lint typecheck fmt clean bench bench-quick reliability soak deps test-owner breaking docs
 
 # runtime: what running needs (every package editable, the protos generated); setup adds the
 # development and test tools of requirements/dev.txt.
@@ -87,8 +87,8 @@ ARGS ?=
 # make ends by the signal itself (130 in the shell), not with 2.
 run: runtime
 	@$(BIN)/nexuscrm-run $(ARGS); code=$$?; \
-	if [ $$code -eq 130 ]; then echo "nexuscrm-run was interrupted (exit 130, README: exit codes)" >&2; \
-	elif [ $$code -ne 0 ]; then echo "nexuscrm-run exited with $$code (README: exit codes); make reports it as Error $$code and exits 2" >&2; fi; \
+	if [ $$code -eq 130 ]; then echo "nexuscrm-run was interrupted (exit 130; docs: exit codes)" >&2; \
+	elif [ $$code -ne 0 ]; then echo "nexuscrm-run exited with $$code (docs: exit codes); make reports it as Error $$code and exits 2" >&2; fi; \
 	exit $$code
 
 # Benchmarks, separate from the tests (docs/performance.md). QUICK=1 or bench-quick: the short run.
@@ -97,6 +97,11 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/python -m bench --quick
+
+# The documentation site (docs/decisions/186-documentation-site.md), warnings as errors, into
+# var/site/: open var/site/index.html. The reference pages are generated now, from the code.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 lint: setup
 	$(BIN)/buf lint
@@ -118,7 +123,7 @@ deps: setup
 	$(BIN)/python -m tests.architecture.packages
 
 typecheck: setup
-	$(BIN)/mypy libs services tools tests bench examples protos/generate.py protos/python/nexuscrm_wire
+	$(BIN)/mypy libs services tools tests bench examples docs/hooks protos/generate.py protos/python/nexuscrm_wire
 
 fmt: setup
 	$(BIN)/ruff format .

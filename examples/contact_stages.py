@@ -2,7 +2,7 @@
 
 It keeps, per contact, the newest sales stage and how many updates named a stage, from the
 contact updates the demo's sources send (JSON: ``contact_id`` and ``fields``, see the
-README's demo). Its read model and the SDK's ledger of applied inputs
+the demo of docs/tutorial/first-flow.md). Its read model and the SDK's ledger of applied inputs
 (``nexuscrm_sdk.applied``) share one transaction per generation, so a generation that runs
 again changes nothing. It needs only the SDK, ``nexuscrm-workqueue`` and SQLAlchemy.
 

@@ -1,10 +1,10 @@
-"""README's install commands, "Deploying one owner", install what they name (issue 50 item 1).
+"""The install commands of the "Deploy one owner" page install what they name (issue 50 item 1).
 
-Each ``pip install ./...`` line of the section installs by path: every package it lists must
+Each ``pip install ./...`` line of docs/how-to/deploy-one-owner.md installs by path: every package it lists must
 come with every first-party package that one declares (its closure, ``packages.closure``), or
 pip looks for the missing one in an index that does not serve it. Every service has a line.
 The Connectors line runs for real: a clean copy of the tree, a fresh virtualenv, the command
-as README writes it (third-party packages from pip's index, as a deployer gets them).
+as the page writes it (third-party packages from pip's index, as a deployer gets them).
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ import pytest
 from tests.architecture.distributions import copy_clean_tree
 from tests.architecture.packages import REPO_ROOT, SERVICES, Package, closure, load_packages
 
-SECTION = "## Deploying one owner"
+PAGE = REPO_ROOT / "docs" / "how-to" / "deploy-one-owner.md"
 PIP_TIMEOUT = 600  # seconds for one pip command (a cold cache downloads from the index)
 
 
 def install_commands() -> list[str]:
-    """Every ``pip install`` line of README's section, as written."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return [line.strip() for line in section.splitlines() if line.strip().startswith("pip install ")]
+    """Every ``pip install`` line of the page, as written."""
+    return [line.strip() for line in PAGE.read_text().splitlines() if line.strip().startswith("pip install ")]
 
 
 def installed_by(command: str, packages: dict[str, Package]) -> set[str]:

@@ -34,7 +34,7 @@ step "ruff"
 step "lint-imports (the package graph: docs/decisions/103-package-graph-enforced.md)"
 "$BIN/lint-imports" || exit 1
 step "mypy"
-"$BIN/mypy" libs services tools tests bench examples protos/generate.py || exit 1
+"$BIN/mypy" libs services tools tests bench examples docs/hooks protos/generate.py || exit 1
 
 step "pytest"
 exec "$BIN/python" -m tests.harness test "$@"

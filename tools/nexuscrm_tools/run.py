@@ -473,7 +473,8 @@ class Interrupted(BaseException):
     """A stop signal arrived during start-up (a BaseException, like KeyboardInterrupt: nothing swallows it)."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also the documentation site's reference)."""
     defaults = WorkloadConfig()
     parser = argparse.ArgumentParser(
         prog="nexuscrm-run",
@@ -607,17 +608,17 @@ def check_flow(reference: str) -> None:
 
 def main(argv: list[str] | None = None) -> ExitCode:
     """Run the demo (and with ``--serve`` keep serving); return the exit code."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         workload = WorkloadConfig(
             lanes=args.lanes, inputs=args.inputs, rate=args.rate, duplicate_ratio=args.duplicates, seed=args.seed
         )
     except ValueError as error:
-        _parser().error(str(error))
+        build_parser().error(str(error))
     try:
         check_flow(args.flow)
     except FlowNotFound as error:
-        _parser().error(str(error))
+        build_parser().error(str(error))
     if not args.keep:
         fresh_run_state(args.workdir)
     console = Console()

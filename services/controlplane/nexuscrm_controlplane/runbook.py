@@ -221,17 +221,23 @@ def _describe(result: cutover.CutoverResult) -> str:
     return "\n".join(lines)
 
 
-def cutover_main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``connector-projection-cutover``: see the module docstring for flags and exit codes."""
-    prog = "connector-projection-cutover"
+def cutover_parser() -> argparse.ArgumentParser:
+    """The flags of ``connector-projection-cutover`` (also the documentation site's reference)."""
     parser = _Parser(
-        prog=prog, description="Audit a pack incarnation's old-protocol history and write its cutoff once."
+        prog="connector-projection-cutover",
+        description="Audit a pack incarnation's old-protocol history and write its cutoff once.",
     )
     parser.flag("pack-install-id", required=True, metavar="ID", help="the pack incarnation to cut over")
     parser.flag("timeout", type=parse_duration, default="5m", metavar="DURATION", help="bound on the whole run")
     parser.flag("dry-run", action="store_true", help="run every gate and the audit; write nothing")
     parser.flag("json", action="store_true", help="print the result as one JSON document on stdout")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def cutover_main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``connector-projection-cutover``: see the module docstring for flags and exit codes."""
+    prog = "connector-projection-cutover"
+    args = cutover_parser().parse_args(argv)
 
     def body() -> ExitCode:
         deadline = time.monotonic() + args.timeout.total_seconds()
@@ -262,17 +268,23 @@ def cutover_main(argv: Sequence[str] | None = None) -> NoReturn:
 # --- connector-projection-drain -------------------------------------------------------------
 
 
-def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``connector-projection-drain``: wait (read-only) for old projection work to become terminal."""
-    prog = "connector-projection-drain"
+def drain_parser() -> argparse.ArgumentParser:
+    """The flags of ``connector-projection-drain``."""
     parser = _Parser(
-        prog=prog, description="Wait until a pack's old-protocol projection work is terminal; never changes a status."
+        prog="connector-projection-drain",
+        description="Wait until a pack's old-protocol projection work is terminal; never changes a status.",
     )
     parser.flag("pack-install-id", required=True, metavar="ID", help="the pack incarnation to watch")
     parser.flag("timeout", type=parse_duration, default="10m", metavar="DURATION", help="bound on the wait")
     parser.flag("interval", type=parse_duration, default="2s", metavar="DURATION", help="time between polls")
     parser.flag("json", action="store_true", help="print the final status as JSON on stdout")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``connector-projection-drain``: wait (read-only) for old projection work to become terminal."""
+    prog = "connector-projection-drain"
+    args = drain_parser().parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -311,13 +323,12 @@ def drain_main(argv: Sequence[str] | None = None) -> NoReturn:
 # --- connector-admission-fence --------------------------------------------------------------
 
 
-def fence_main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``connector-admission-fence``: arm, disarm and list fences, add and remove overrides.
-
-    Every subcommand prints JSON on stdout (the fence, the fences, or ``{}``).
-    """
-    prog = "connector-admission-fence"
-    parser = _Parser(prog=prog, description="Arm, list and lift admission fences and their per-pack overrides.")
+def fence_parser() -> argparse.ArgumentParser:
+    """The subcommands and flags of ``connector-admission-fence``."""
+    parser = _Parser(
+        prog="connector-admission-fence",
+        description="Arm, list and lift admission fences and their per-pack overrides.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def sub(name: str, help_text: str) -> _Parser:
@@ -339,7 +350,16 @@ def fence_main(argv: Sequence[str] | None = None) -> NoReturn:
     remove = sub("override-remove", "end a pack's release from a fence")
     remove.flag("fence-id", required=True)
     remove.flag("pack-install-id", required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def fence_main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``connector-admission-fence``: arm, disarm and list fences, add and remove overrides.
+
+    Every subcommand prints JSON on stdout (the fence, the fences, or ``{}``).
+    """
+    prog = "connector-admission-fence"
+    args = fence_parser().parse_args(argv)
 
     def body() -> ExitCode:
         with _command() as engine:

@@ -57,7 +57,7 @@ class Refused(Exception):
 
 def main(argv: Sequence[str] | None = None) -> ExitCode:
     """Run the command; return its exit code (the shared table, ``nexuscrm_runtime.exit_codes``)."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     out = Console(highlight=False, soft_wrap=True)
     try:
         dsn, named = _dsn(args.dsn)
@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> ExitCode:
         return refusal.code
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also the documentation site's reference)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__,

@@ -1,8 +1,9 @@
-"""``nexuscrm`` against the running services: the README's exit code for every unknown id, discovery, JSON.
+"""``nexuscrm`` against the running services: the documented exit code for every unknown id, discovery, JSON.
 
 Every command that takes a pack, fence, receipt or WorkId is run with one the services do not
-know and must exit with the code README.md's exit-code table gives for an unknown one (the
-test reads the table, so the two cannot drift). Then the discovery commands find what a new
+know and must exit with the code the exit-code table gives for an unknown one (the test reads
+``nexuscrm_runtime.exit_codes.DESCRIPTIONS``, which the site's exit-code page is rendered from,
+so the two cannot drift). Then the discovery commands find what a new
 operator has no other way to learn: the packs (``packs list``), a pack's generations
 (``work list PACK``) and receipts (``receipts list PACK``), and a fence by the short id the
 dashboard shows. Their JSON follows docs/output-conventions.md.
@@ -20,6 +21,7 @@ import grpc
 import pytest
 
 from nexuscrm_runtime.database import create_engine
+from nexuscrm_runtime.exit_codes import DESCRIPTIONS
 from nexuscrm_sdk.client import ConnectorsClient
 from nexuscrm_tools import cli
 from nexuscrm_tools.launcher import (
@@ -36,7 +38,6 @@ from tests.support.invariants import assert_invariants
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.database]
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 PACK, FENCE, RECEIPT, WORK = "pk-nosuch", "97c1e36e", "r-nonexistent", "w-nosuch"
 UTC_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
@@ -81,15 +82,13 @@ UNKNOWN: list[tuple[str, list[str]]] = [
 ]
 
 
-def readme_code(kind: str) -> int:
-    """The exit code README.md's exit-code table gives an unknown ``kind`` (pack, fence, receipt, WorkId).
+def documented_code(kind: str) -> int:
+    """The exit code the exit-code table (``DESCRIPTIONS``, the reference page's source) gives an unknown ``kind``.
 
     The row that names "unknown" and the kind, else the row of unknown ids in general.
     """
-    table = (REPO_ROOT / "README.md").read_text().split("| code | meaning |", 1)[1].split("\n\n", 1)[0]
-    rows = re.findall(r"^\| (\d+) \| (.*) \|$", table, re.MULTILINE)
-    unknown = [(int(code), meaning) for code, meaning in rows if "unknown" in meaning]
-    assert unknown, "README's exit-code table has no row for an unknown id"
+    unknown = [(int(code), meaning) for code, meaning in DESCRIPTIONS.items() if "unknown" in meaning]
+    assert unknown, "the exit-code table has no row for an unknown id"
     naming = [code for code, meaning in unknown if kind.lower() in meaning.lower()]
     return (naming or [code for code, _ in unknown])[0]
 
@@ -124,7 +123,7 @@ def test_unknown_ids_exit_with_the_readmes_code_and_discovery_finds_them(
 
     for kind, argv in UNKNOWN:
         filled = [arg.format(pack=pack, fence=fence) for arg in argv]
-        expected = readme_code(kind)
+        expected = documented_code(kind)
         capsys.readouterr()
         assert cli.main(filled) == expected, (kind, filled, capsys.readouterr().err)
         err = capsys.readouterr().err
@@ -153,7 +152,7 @@ def test_unknown_ids_exit_with_the_readmes_code_and_discovery_finds_them(
     assert added["fence_id"] == fence and [o["pack_install_id"] for o in added["overrides"]] == [pack]
     run(capsys, "fences", "override", "remove", short, pack)
     capsys.readouterr()
-    assert cli.main(["fences", "disarm", fence[:7]]) == readme_code("fence")  # too short to be a short id
+    assert cli.main(["fences", "disarm", fence[:7]]) == documented_code("fence")  # too short to be a short id
     assert "at least 8 hex digits" in capsys.readouterr().err
     assert run(capsys, "fences", "disarm", short) == {"fence_id": short, "disarmed": True}
     assert run(capsys, "fences", "list", "--namespace", "acme") == []

@@ -29,5 +29,5 @@ def test_make_run_names_the_runners_exit_code() -> None:
     )
     assert done.returncode == 2, done.stdout + done.stderr  # make's own code for any failed recipe
     assert "unsupported scheme 'postgresql'" in done.stderr
-    assert "nexuscrm-run exited with 3 (README: exit codes); make reports it as Error 3 and exits 2" in done.stderr
+    assert "nexuscrm-run exited with 3 (docs: exit codes); make reports it as Error 3 and exits 2" in done.stderr
     assert "Error 3" in done.stderr.splitlines()[-1]  # make's own line says the same code
