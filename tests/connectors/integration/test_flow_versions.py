@@ -8,6 +8,7 @@ invariants (M per track) on the final database.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections import Counter
 from collections.abc import Sequence
 
@@ -15,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from nexuscrm_connectors.facade import Connectors
-from nexuscrm_connectors.operating import flow_versions
+from nexuscrm_connectors.operating import flow_versions, retention
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_schema.tables import WorkItem
 from tests.support.checksums import database_digest
@@ -407,4 +408,39 @@ def test_the_replay_of_a_rollback_catch_up_runs_as_a_build(engine: sa.Engine, co
     assert runs.of(V1, build=True) == [3, 4, 5]  # its inputs and the replay's Event, as a build
     assert runs.of(V1, build=False) == [1, 2]  # 3 and 4 ran live once, in V2
     assert runs.of(V2, build=False) == [3, 4]
+    assert_invariants(engine)
+
+
+def test_a_build_waits_for_a_pruning_transaction_in_flight_and_counts_what_it_left(
+    engine: sa.Engine, connectors: Connectors
+) -> None:
+    pack = install_pack(engine)
+    runs = Runs()
+    for start in (1, 5, 9):  # three generations of one lane, ordinals 1-12
+        connectors.ingest(pack, items=_items(start, 4, lanes=1))
+        _drain(connectors, pack, runs)
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
+    with engine.connect() as connection:
+        older = list(
+            connection.execute(
+                sa.select(WorkItem.c.WorkId).where(WorkItem.c.PackInstallId == pack).order_by(WorkItem.c.LaneOrdinal)
+            ).scalars()
+        )[:2]
+    built: dict[str, tuple[flow_versions.VersionView, flow_versions.CatchUp]] = {}
+    context = connectors.context
+    with engine.connect() as held:
+        transaction = held.begin()
+        tally, _ = retention._prune_batch(held, context.settings, context.clock, pack, older)  # not committed yet
+        assert tally.generations == 2
+        thread = threading.Thread(target=lambda: built.update(result=_build(connectors, pack, from_retained=True)))
+        thread.start()
+        thread.join(timeout=2.0)
+        waited = thread.is_alive()  # on the policy row the pruning transaction holds
+        transaction.commit()
+    thread.join(timeout=60)
+    assert waited and "result" in built
+    view, made = built["result"]
+    assert (made.inputs, view.track.cover_from_ordinal) == (4, 9)  # only what the pruning left
+    _drain(connectors, pack, runs, [V2])
+    assert runs.of(V2, build=True) == [9, 10, 11, 12]
     assert_invariants(engine)

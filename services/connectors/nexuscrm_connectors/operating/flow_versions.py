@@ -29,6 +29,7 @@ from nexuscrm_connectors.operating.claim_pauses import OPERATOR_MAX_LENGTH, chec
 from nexuscrm_connectors.operating.order_policy import UnknownWorkType
 from nexuscrm_connectors.queries import flow_versions as flow_versions_sql
 from nexuscrm_connectors.queries import packs as packs_sql
+from nexuscrm_connectors.queries import retention as retention_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queries.flow_versions import Progress, Track
 from nexuscrm_connectors.queries.rows import GenerationRow
@@ -156,6 +157,9 @@ def build(
                 field="pack_install_id",
             )
         packs_sql.pack_control_version_bump(connection, pack_install_id)  # on Galera too, one step at a time
+        # A pruning transaction locks the policy row first: one in flight finishes before the
+        # catch-up counts the retained inputs, and none starts until the track is committed.
+        retention_sql.policy_get(connection, pack_install_id, lock=True)
         tracks = flow_versions_sql.tracks_of(connection, pack_install_id, work_type)
         if any(track.version == version for track in tracks):
             raise VersionExists(f"work type {work_type!r} already has Flow version {version!r}", field="version")

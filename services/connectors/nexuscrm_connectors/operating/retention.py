@@ -390,7 +390,9 @@ def _prune_batch(
     one comes first in the next transaction.
     """
     now = clock.read(connection)
-    policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
+    # Locked: a Flow version's build locks it before it reads the inputs its catch-up counts, so
+    # the two never overlap, and a build committed before is seen by the locked read below.
+    policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id, lock=True))
     budget = settings.prune_batch_events
     deciding = work_ids[: min(budget, DECIDED_PER_TRANSACTION)]
     # Keeping needs no lock; the row lock is taken only to delete (admission locks an

@@ -33,11 +33,10 @@ from workqueue import WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
 
 
-def policy_get(connection: Connection, pack_install_id: str) -> DbRow | None:
-    """The pack's RetentionPolicy row by primary key."""
-    return connection.execute(
-        sa.select(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id)
-    ).first()
+def policy_get(connection: Connection, pack_install_id: str, *, lock: bool = False) -> DbRow | None:
+    """The pack's RetentionPolicy row by primary key, optionally locked (pruning and a Flow version's build)."""
+    statement = sa.select(RetentionPolicy).where(RetentionPolicy.c.PackInstallId == pack_install_id)
+    return connection.execute(statement.with_for_update() if lock else statement).first()
 
 
 def policy_upsert(
@@ -145,11 +144,14 @@ def work_items_retention_candidates(
 
 
 def work_items_by_id(connection: Connection, work_ids: Sequence[str], *, lock: bool = False) -> list[DbRow]:
-    """The WorkItems of ``work_ids`` by primary key (one statement), optionally locked; missing ones left out."""
+    """The WorkItems of ``work_ids`` by primary key (one statement), missing ones left out.
+
+    Locked: only those of a work type without Flow versions, as pruning decides them again.
+    """
     if not work_ids:
         return []
     statement = sa.select(WorkItem).where(WorkItem.c.WorkId.in_(list(work_ids)))
-    return list(connection.execute(statement.with_for_update() if lock else statement))
+    return list(connection.execute(statement.where(~WITH_FLOW_VERSIONS).with_for_update() if lock else statement))
 
 
 _NEWER = WorkItem.alias("newer")
