@@ -159,9 +159,8 @@ def _tail(connection: Connection, target: WorkRow, ordinal: int) -> work_items_s
     """
     key = target.ProjectionKey
     if target.FlowVersion is None:
-        newest = work_items_sql.work_items_newest(connection, target.PackInstallId, range(ordinal, ordinal + 1), [key])[
-            key
-        ]
+        ordinals = range(ordinal, ordinal + 1)
+        newest = work_items_sql.work_items_newest(connection, target.PackInstallId, ordinals, [key])[key]
         if not newest.RunsBeforeWorkId:
             return newest
     return work_items_sql.work_items_tail(connection, target.PackInstallId, [key])[key]
