@@ -3,7 +3,7 @@
 Each ``pip install ./...`` line of docs/how-to/deploy-one-owner.md installs by path: every package it lists must
 come with every first-party package that one declares (its closure, ``packages.closure``), or
 pip looks for the missing one in an index that does not serve it. Every service has a line.
-The Connectors line runs for real: a clean copy of the tree, a fresh virtualenv, the command
+Each service's line runs for real: a clean copy of the tree, a fresh virtualenv, the command
 as the page writes it (third-party packages from pip's index, as a deployer gets them).
 """
 
@@ -55,8 +55,10 @@ def test_every_service_and_the_tools_have_an_install_command() -> None:
 
 
 @pytest.mark.slow
-def test_the_connectors_command_installs_into_a_clean_virtualenv(tmp_path: Path) -> None:
-    (command,) = [c for c in install_commands() if "./services/connectors" in c.split()]
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_command_installs_into_a_clean_virtualenv(service: str, tmp_path: Path) -> None:
+    packages = load_packages()
+    (command,) = [c for c in install_commands() if service in installed_by(c, packages)]
     tree = copy_clean_tree(tmp_path / "tree")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -64,12 +66,9 @@ def test_the_connectors_command_installs_into_a_clean_virtualenv(tmp_path: Path)
     pip = [python, "-m", "pip", "--quiet", "--disable-pip-version-check", *shlex.split(command)[1:]]
     done = subprocess.run(pip, cwd=tree, capture_output=True, text=True, timeout=PIP_TIMEOUT, check=False)
     assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    assert (venv / "bin" / "nexuscrm-connectors").is_file()
+    assert (venv / "bin" / service).is_file()  # each service's console script is named after it
+    main = f"{service.replace('-', '_')}.main"
     imported = subprocess.run(
-        [python, "-I", "-c", "import nexuscrm_connectors.main, nexuscrm.connectors.v1.connectors_pb2_grpc"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        [python, "-I", "-c", f"import {main}"], capture_output=True, text=True, timeout=120, check=False
     )
     assert imported.returncode == 0, imported.stderr
