@@ -7,7 +7,7 @@ node, also asks that the node be in the primary component and Synced (``wsrep_re
 joining, joined or donor node is not ready). TiDB and plain MySQL or MariaDB are ready when the
 query answers. SQLite is embedded: it is ready while its file opens and answers the query.
 A probe that does not answer within ``PROBE_TIMEOUT`` counts as not ready (a partitioned
-connection waits for its socket timeout, minutes), and no new probe starts until it returns.
+connection waits for its socket timeout, minutes); at most ``PROBE_THREADS`` probes run at once.
 
 ``Readiness`` calls ``report(ready)`` at start and on every change; ``run_service`` points it
 at the server's overall health (``RunningServer.set_serving``), probing every
@@ -30,7 +30,10 @@ from sqlalchemy.engine import Engine
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 3.0  # seconds a probe may take before the database counts as not ready
-LIVENESS_NAME = "nexuscrm.liveness"  # the health name that is SERVING while the process runs
+# Probes at once: one stuck on a socket (a node that accepts connections but does not answer
+# while it receives a state transfer) leaves another to see the database as soon as it answers.
+PROBE_THREADS = 2
+LIVENESS_NAME = "liveness"  # the health name that is SERVING while the process runs
 SYNCED = "Synced"
 
 
@@ -85,8 +88,8 @@ class Readiness:
         self._stop = threading.Event()
         self._listeners: list[Callable[[], None]] = []
         self._ready: bool | None = None
-        self._stuck: futures.Future[bool] | None = None
-        self._probes = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="readiness-probe")
+        self._stuck: list[futures.Future[bool]] = []
+        self._probes = futures.ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="readiness-probe")
         self._thread = threading.Thread(target=self._run, name="readiness", daemon=True)
 
     @property
@@ -112,15 +115,15 @@ class Readiness:
         self._probes.shutdown(wait=False, cancel_futures=True)
 
     def _probe(self) -> bool:
-        if self._stuck is not None and not self._stuck.done():
-            return False  # the last probe still waits for its socket: not ready, and no second one
-        self._stuck = None
+        self._stuck = [probe for probe in self._stuck if not probe.done()]
+        if len(self._stuck) >= PROBE_THREADS:
+            return False  # every probe thread waits for its socket: not ready, and no more of them
         pending = self._probes.submit(self._check)
         try:
             return pending.result(timeout=self._timeout)
         except futures.TimeoutError:
             log.warning("readiness probe did not answer within %.1fs: not ready", self._timeout)
-            self._stuck = pending
+            self._stuck.append(pending)
             return False
 
     def _run(self) -> None:

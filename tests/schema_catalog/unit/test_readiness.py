@@ -47,15 +47,16 @@ def test_each_change_is_reported_once_and_a_return_wakes_the_listeners() -> None
         readiness.stop()
 
 
-def test_a_probe_that_does_not_answer_in_time_is_not_ready_and_no_second_one_starts() -> None:
+def test_probes_that_do_not_answer_in_time_are_not_ready_and_at_most_two_run() -> None:
     database = Database()
     reports: list[bool] = []
     readiness = Readiness(database.check, reports.append, interval=INTERVAL, timeout=0.2).start()
     try:
         database.hang.set()
         wait_until(lambda: reports == [True, False], "a hung probe reported not ready")
+        wait_until(lambda: database.probes == 3, "a second probe beside the hung one")
         hung = database.probes
-        wait_until(lambda: readiness.ready is False and database.probes == hung, "no probe beside the hung one")
+        wait_until(lambda: readiness.ready is False and database.probes == hung, "no third probe beside two hung ones")
         database.hang.clear()
         database.released.set()
         wait_until(lambda: reports == [True, False, True], "ready once the database answers again")

@@ -144,14 +144,14 @@ class NodeState:
 
     def __init__(self, node: GaleraNode, clock: HealthTimeline) -> None:
         self.node, self.clock = node, clock
-        self.changes: list[tuple[float, str]] = []
+        self.changes: list[tuple[float, float, str]] = []  # (poll started, answered, state)
         self.last_unsynced = 0.0
         self.stop = threading.Event()
         self._thread = threading.Thread(target=self._run)
 
     def synced_after(self, after: float) -> float | None:
         """The start of the first poll at or after ``after`` that answered Synced."""
-        return next((at for at, state in self.changes if state == "Synced" and at >= after), None)
+        return next((at for at, _, state in self.changes if state == "Synced" and at >= after), None)
 
     def __enter__(self) -> NodeState:
         self._thread.start()
@@ -170,8 +170,8 @@ class NodeState:
                 state = "down"
             if state != "Synced":
                 self.last_unsynced = started
-            if not self.changes or self.changes[-1][1] != state:
-                self.changes.append((started, state))
+            if not self.changes or self.changes[-1][2] != state:
+                self.changes.append((started, self.clock.now(), state))
             self.stop.wait(0.05)
 
 
@@ -208,7 +208,7 @@ def test_a_killed_nodes_replica_is_not_ready_until_its_node_is_synced(
         marks = [
             (killed, "node 3 killed"),
             (restarted, "node 3 restarting"),
-            *((at, f"node 3 {state}") for at, state in node_state.changes[1:]),
+            *((answered, f"node 3 {state}") for _, answered, state in node_state.changes[1:]),
         ]
         print("\n".join(["health:", *timeline.lines(marks), "answers per second:", *ingesting.per_second()]))
     answers = Counter((number, status) for _, number, status in ingesting.answers)
