@@ -150,8 +150,8 @@ class NodeState:
         self._thread = threading.Thread(target=self._run)
 
     def synced_after(self, after: float) -> float | None:
-        """The start of the first poll at or after ``after`` that answered Synced."""
-        return next((at for at, _, state in self.changes if state == "Synced" and at >= after), None)
+        """When the first poll started at or after ``after`` answered Synced (the node was Synced by then)."""
+        return next((answered for at, answered, state in self.changes if state == "Synced" and at >= after), None)
 
     def __enter__(self) -> NodeState:
         self._thread.start()
