@@ -25,9 +25,11 @@ ALLOWED = Counter(
         # VERSION() on a new raw connection, and SHOW VARIABLES (no construct exists) with the
         # names bound; the TiDB session settings are constants of the module.
         "libs/runtime/nexuscrm_runtime/prerequisites.py": 2,
-        # SHOW VARIABLES and SHOW STATUS, constants, on a new raw connection of a multi-host DSN
-        # (whether a Galera node is ready; decision 182).
-        "libs/runtime/nexuscrm_runtime/failover.py": 2,
+        # SELECT 1, SHOW VARIABLES and SHOW STATUS, constants: whether the database can be used now,
+        # and whether a Galera node is ready (readiness and a multi-host DSN's failover; decisions 182, 187).
+        "libs/runtime/nexuscrm_runtime/readiness.py": 3,
+        # SHOW VARIABLES for wsrep_on, and the causal-read barrier, constants (decision 187).
+        "libs/runtime/nexuscrm_runtime/causal.py": 2,
     }
 )
 

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from sqlalchemy.engine import make_url
 
 DEFAULT_DSN = "sqlite:///var/nexuscrm.db"
+DEFAULT_READINESS_INTERVAL_MS = 1000  # milliseconds between readiness probes of the database
+MIN_READINESS_INTERVAL_MS = 50  # milliseconds
 EXIT_CONFIG = 2  # a service refused its configuration at start (docs/security.md, "Exit codes")
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,8 @@ class ServiceConfig:
     beside it (``server.side_port_file``).
     ``metrics_address``: host:port of the Prometheus endpoint
     (``NEXUSCRM_<SERVICE>_METRICS_ADDRESS``; empty: no endpoint; port 0 = any free port).
+    ``readiness_interval_ms``: how often the service probes its database for its readiness
+    health (``NEXUSCRM_READINESS_INTERVAL_MS``, at least 50; ``nexuscrm_runtime.readiness``).
     """
 
     dsn: str
@@ -87,6 +91,7 @@ class ServiceConfig:
     max_workers: int = 16
     port_file: str = ""
     metrics_address: str = ""
+    readiness_interval_ms: int = DEFAULT_READINESS_INTERVAL_MS
 
     def __post_init__(self) -> None:
         check_address("the listen address", self.address)
@@ -107,4 +112,7 @@ class ServiceConfig:
             max_workers=env_int("NEXUSCRM_MAX_WORKERS", 16, minimum=1),
             port_file=env_str("NEXUSCRM_PORT_FILE", ""),
             metrics_address=env_str(f"NEXUSCRM_{service}_METRICS_ADDRESS", ""),
+            readiness_interval_ms=env_int(
+                "NEXUSCRM_READINESS_INTERVAL_MS", DEFAULT_READINESS_INTERVAL_MS, minimum=MIN_READINESS_INTERVAL_MS
+            ),
         )

@@ -26,7 +26,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import PoolResetState
 
-from nexuscrm_runtime import failover, sqlite_writer
+from nexuscrm_runtime import causal, failover, sqlite_writer
 from nexuscrm_runtime.clock import TIDB_DIALECT_FLAG
 from nexuscrm_runtime.engine_errors import (
     DUPLICATE_KEY_CODES,
@@ -151,9 +151,10 @@ def create_engine(dsn: str, *, pool_size: int = 8, tidb_profile: TidbProfile | N
     event.listen(engine, "handle_error", _unavailable_on_connection_loss)
 
     @event.listens_for(engine, "first_connect")
-    def _detect_tidb(dbapi_connection: Any, _record: Any) -> None:
+    def _detect_engine(dbapi_connection: Any, _record: Any) -> None:
         # TiDB's SQL nodes each have their own clock: the database clock reads PD's instead.
         setattr(engine.dialect, TIDB_DIALECT_FLAG, is_tidb(dbapi_connection.get_server_info()))
+        causal.detect_galera(engine, dbapi_connection)  # Galera's reads lag: causal reads wait
 
     install_session_settings(engine)
     event.listen(engine, "before_cursor_execute", _check_transaction_deadline)

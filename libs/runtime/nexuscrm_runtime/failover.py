@@ -21,6 +21,8 @@ import pymysql
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
+from nexuscrm_runtime.readiness import galera_state
+
 CANNOT_CONNECT = 2003  # the client's "cannot connect" number: the engine answers UNAVAILABLE
 
 
@@ -64,10 +66,5 @@ def install(engine: Engine, hosts: list[tuple[str, int]]) -> None:
 def _ready(connection: Any) -> bool:
     """False for a Galera node outside the primary component; True for a ready node or a server without Galera."""
     with contextlib.closing(connection.cursor()) as cursor:
-        cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
-        galera = cursor.fetchone()
-        if galera is None or str(galera[1]) != "ON":
-            return True
-        cursor.execute("SHOW GLOBAL STATUS LIKE 'wsrep_ready'")
-        row = cursor.fetchone()
-    return row is not None and str(row[1]) == "ON"
+        state = galera_state(cursor)
+    return state is None or state[0]

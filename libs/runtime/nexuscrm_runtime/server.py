@@ -39,6 +39,7 @@ from nexuscrm_runtime.logs import configure_logging
 from nexuscrm_runtime.metrics import RpcObservingInterceptor
 from nexuscrm_runtime.metrics_endpoint import metrics_server
 from nexuscrm_runtime.prerequisites import ServerFacts, StartRefused, read_server, verify
+from nexuscrm_runtime.readiness import LIVENESS_NAME, Readiness, database_ready
 from nexuscrm_runtime.security import Security
 from nexuscrm_runtime.status import DomainErrorInterceptor
 from nexuscrm_runtime.telemetry import Tracing, configure_tracing
@@ -72,15 +73,21 @@ class Registration:
 
 @dataclasses.dataclass(kw_only=True)
 class RunningServer:
-    """A started server, the port it bound and its health servicer."""
+    """A started server, the port it bound, its health servicer and, once it follows one, its readiness probe.
+
+    Health names: "" and each service's name are its readiness (``set_serving``; SERVING
+    while its gates passed and its database is usable), ``LIVENESS_NAME`` its liveness
+    (SERVING from start until it stops).
+    """
 
     server: grpc.Server
     port: int
     health: health.HealthServicer
     service_names: tuple[str, ...]
+    readiness: Readiness | None = None
 
     def set_serving(self, serving: bool) -> None:
-        """Report SERVING or NOT_SERVING for the whole server and each service."""
+        """Report SERVING or NOT_SERVING for the whole server and each service (readiness)."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *self.service_names):
             self.health.set(name, status)
@@ -90,9 +97,25 @@ class RunningServer:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         self.health.set(name, status)
 
+    def follow_database(self, engine: Engine, *, interval: float) -> Readiness:
+        """Report readiness as ``engine``'s database allows, probed every ``interval`` seconds, until ``stop``.
+
+        Probes once before returning, so the health is the database's from here on.
+        """
+        self.readiness = Readiness(lambda: database_ready(engine), self.set_serving, interval=interval).start()
+        return self.readiness
+
+    def withdraw(self) -> None:
+        """Stop following the database and report NOT_SERVING (a service that drains before it stops)."""
+        if self.readiness is not None:
+            self.readiness.stop()
+        self.set_serving(False)
+
     def stop(self, grace: float) -> None:
         """Report NOT_SERVING, refuse new RPCs and wait up to ``grace`` seconds for in-flight ones."""
-        self.health.enter_graceful_shutdown()
+        self.health.enter_graceful_shutdown()  # first: a probe ending meanwhile no longer sets SERVING
+        if self.readiness is not None:
+            self.readiness.stop()
         self.server.stop(grace).wait()
 
 
@@ -144,6 +167,7 @@ def create_server(
     server.start()
     running = RunningServer(server=server, port=port, health=health_servicer, service_names=names)
     running.set_serving(serving)
+    running.set_health(LIVENESS_NAME, True)
     return running
 
 
@@ -305,7 +329,8 @@ def run_service(
     ``EXIT_NOT_STARTED`` before ``build`` runs: nothing is registered, no port is bound, nothing
     reports SERVING.
     ``on_serving`` gets the started server (to report the health of a background part, for
-    instance).
+    instance). Once serving, the overall health follows the database (``readiness``:
+    NOT_SERVING while it cannot be used), probed every ``NEXUSCRM_READINESS_INTERVAL_MS``.
     """
     with refusing_bad_configuration():
         configure_logging()
@@ -347,8 +372,10 @@ def _serve(
                 config.address,
                 interceptors=tracing.interceptors,
                 max_workers=config.max_workers,
+                serving=False,
                 security=security,
             )
+        running.follow_database(engine, interval=config.readiness_interval_ms / 1000)
         log.info(
             "serving %s on port %d (%s database, %s)",
             ", ".join(running.service_names),

@@ -3,7 +3,8 @@
 Environment: NEXUSCRM_DSN, NEXUSCRM_CONNECTORS_ADDRESS (default 127.0.0.1:50053), and the
 limits of ``nexuscrm_connectors.settings.Settings`` (NEXUSCRM_MAX_BATCH_ITEMS, ...). A
 background materializer admits stored receipts every NEXUSCRM_MATERIALIZE_INTERVAL_SECONDS;
-its health is the gRPC health status of ``materializer.HEALTH_NAME``. Before anything serves,
+its health is the gRPC health status of ``materializer.HEALTH_NAME``, and its back-off ends as
+soon as the database is usable again (``nexuscrm_runtime.readiness``). Before anything serves,
 the schema gate (``release``) refuses a database this release does not serve: exit 3, one log line.
 NEXUSCRM_CONNECTORS_METRICS_ADDRESS serves the counters of ``nexuscrm_connectors.metrics`` and
 the per-version gauges of ``operating.flow_version_gauges``.
@@ -49,6 +50,8 @@ def main() -> None:
     def serving(running: RunningServer) -> None:
         for materializer in materializers:
             materializer.attach_health(lambda healthy: running.set_health(HEALTH_NAME, healthy))
+            if running.readiness is not None:  # a pass waiting out its back-off runs as soon as the database is back
+                running.readiness.on_ready(materializer.wake)
 
     def stop() -> None:  # runs as soon as SIGTERM came, while gRPC waits for in-flight calls
         for connectors in services:

@@ -43,6 +43,7 @@ from nexuscrm_controlplane.lifecycle import (
     protocol_write,
     validate_pack_id,
 )
+from nexuscrm_runtime.causal import causal_read
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock, iso_utc
 from nexuscrm_runtime.database import is_sqlite, run_transaction
 from nexuscrm_runtime.sqlite_writer import SerializedWriterDialect
@@ -295,7 +296,12 @@ def run_cutover(
     return run_transaction(
         engine,
         lambda connection: _checkpoint(
-            connection, pack_install_id, dry_run=dry_run, deadline=deadline, progress=progress, clock=clock
+            causal_read(connection),  # the audit sees every write acknowledged through any node
+            pack_install_id,
+            dry_run=dry_run,
+            deadline=deadline,
+            progress=progress,
+            clock=clock,
         ),
         name="cutover",
         unique_keys_conflict=True,  # another node's checkpoint committed first: the next attempt returns it

@@ -23,6 +23,7 @@ from nexuscrm_controlplane import queries
 from nexuscrm_controlplane.audit import SAMPLE_LIMIT
 from nexuscrm_controlplane.errors import CutoverTimeout
 from nexuscrm_controlplane.lifecycle import pack_get
+from nexuscrm_runtime.causal import causal_read
 from nexuscrm_runtime.clock import DATABASE_CLOCK, DatabaseClock, iso_utc
 from nexuscrm_runtime.polling import poll_until
 from workqueue import WorkStatus
@@ -163,6 +164,7 @@ def _quoted(status: object) -> str:
 def drain_status(engine: Engine, pack_install_id: str, clock: DatabaseClock = DATABASE_CLOCK) -> DrainStatus:
     """The drain status of an installed pack; raises ``UnknownPack``. Read-only."""
     with engine.connect() as connection:
+        causal_read(connection)  # "drained" must count every generation acknowledged before the read
         pack = pack_get(connection, pack_install_id)
         return drain_status_read(connection, pack.pack_install_id, clock)
 

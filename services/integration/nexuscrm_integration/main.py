@@ -3,7 +3,7 @@
 Serves IntegrationService (GetActivation, ListWorkers) with health NOT_SERVING, runs the
 activation gate for every configured pack (resolving, through Controlplane's ListPacks, the
 pools that name their pack instead of its id; ``packs``), then starts the worker pools and
-reports SERVING.
+reports SERVING while its read-model database can be used (``nexuscrm_runtime.readiness``).
 SIGTERM (or SIGINT) stops all claims, waits for in-flight generations (RunUntilDrained) and
 stops the server.
 
@@ -156,10 +156,10 @@ def serve(
             return EXIT_CONFIG
         host.start()
         status.activated(host)
-        running.set_serving(True)
+        running.follow_database(engine, interval=config.readiness_interval_ms / 1000)  # SERVING while usable
         log.info("activation passed; serving %d workers", len(host.workers()))
         signals.wait()
-        running.set_serving(False)
+        running.withdraw()
         drained = host.run_until_drained(host_config.drain_timeout_seconds)
         if not drained:
             log.error(

@@ -37,6 +37,7 @@ from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries.dead_letters import Filter
 from nexuscrm_connectors.queries.flow_versions import Track
 from nexuscrm_connectors.queue import tracks as version_tracks
+from nexuscrm_runtime.causal import causal_read
 from workqueue import WorkStatus
 from workqueue.identity import decode_projection_key
 from workqueue.values import Route
@@ -234,6 +235,7 @@ def get_coverage(
     size = settings.page_size(page_size)
     after = page_tokens.decode_token(page_token, "GetCoverage", _position)
     with engine.connect() as connection:
+        causal_read(connection)  # a proof: it covers every acknowledged write
         if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
         protocol = packs_sql.protocol_get(connection, pack_install_id)

@@ -12,6 +12,7 @@ from nexuscrm_connectors.errors import RangeNotRecorded, UnknownPack, WorkNotFou
 from nexuscrm_connectors.queries import events as events_sql
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
+from nexuscrm_runtime.causal import causal_read
 from workqueue import WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.values import GenerationPage, MemberPage, Route
@@ -40,6 +41,7 @@ def list_generations(
     size = settings.page_size(page_size)
     scan = size if status is None else size * STATUS_SCAN_FACTOR
     with engine.connect() as connection:
+        causal_read(connection)  # an operator acts on it: it sees every acknowledged write
         if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
         if key is not None:

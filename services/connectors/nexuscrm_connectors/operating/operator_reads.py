@@ -25,6 +25,7 @@ from nexuscrm_connectors.queries import work_attempts as work_attempts_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queue import retries
 from nexuscrm_connectors.queue.duplicates import verify_duplicates
+from nexuscrm_runtime.causal import causal_read
 from nexuscrm_runtime.clock import iso_utc
 from nexuscrm_wire import lookups
 from workqueue import ReceiptState, decode_projection_key
@@ -48,6 +49,7 @@ def get_work(context: Context, work_id: str) -> WorkDescription:
     if not work_id:
         raise InvalidArgument("work_id is required", field="work_id")
     with engine.connect() as connection:
+        causal_read(connection)  # an operator acts on it: it sees every acknowledged write
         row = work_items_sql.work_item_get(connection, work_id)
         if row is None:
             pruned.refuse_if_pruned(connection, work_id)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from nexuscrm_connectors.context import Context
 from nexuscrm_connectors.errors import UnknownPack
 from nexuscrm_connectors.queries import operator_reads as operator_reads_sql
+from nexuscrm_runtime.causal import causal_read
 from workqueue import ReceiptState, WorkStatus
 from workqueue.errors import InvalidArgument
 from workqueue.values import QueueState
@@ -28,6 +29,7 @@ def queue_state(context: Context, pack_install_id: str) -> QueueState:
     if not pack_install_id:
         raise InvalidArgument("pack_install_id is required", field="pack_install_id")
     with engine.connect() as connection:
+        causal_read(connection)  # a harness acts on it: it sees every acknowledged Ingest and Complete
         if operator_reads_sql.pack_namespace(connection, pack_install_id) is None:
             raise UnknownPack(f"pack_install_id {pack_install_id!r} is not installed", field="pack_install_id")
         counts = operator_reads_sql.work_queue_counts(connection, pack_install_id)

@@ -1,7 +1,8 @@
 """The background loop: admits stored receipts, heals stranded generations, prunes (decisions 106, 123).
 
-A failed pass is logged, counted and retried after a doubling back-off; the loop's health is
-reported beside the service's own (decision 109).
+A failed pass is logged, counted and retried after a doubling back-off, cut short when the
+database becomes usable again (``wake``, decision 187); the loop's health is reported beside
+the service's own (decision 109).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Materializer:
         self._connectors = connectors
         self._interval = float(connectors.settings.materialize_interval_seconds if interval is None else interval)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="materializer", daemon=True)
         self._lock = threading.Lock()
         self._healthy = True
@@ -124,9 +126,14 @@ class Materializer:
         if self._interval:
             self._thread.start()
 
+    def wake(self) -> None:
+        """Run the next pass now, whatever the back-off (the database became usable again: ``readiness``)."""
+        self._wake.set()
+
     def stop(self) -> None:
         """Stop the loop and wait for the pass in progress."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
 
@@ -158,7 +165,11 @@ class Materializer:
 
     def _run(self) -> None:
         wait = self._interval
-        while not self._stop.wait(wait):
+        while True:
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             materialized = self._step("materializer pass", self._connectors.materialize)
             healed = self._step("stranded-generation sweep", self._connectors.heal_stranded)
             pruned = self._step("retention pass", self._connectors.prune_pass)
