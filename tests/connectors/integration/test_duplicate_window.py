@@ -200,3 +200,31 @@ def test_the_sdk_client_sets_shows_and_runs_retention_like_the_facade(
     assert shown.horizon_source_time.tzinfo is not None  # aware UTC, as the SDK returns every datetime
     assert shown.horizon_source_time.replace(tzinfo=None) == now - dt.timedelta(seconds=2 * WINDOW)
     assert_invariants(engine)
+
+
+def test_the_record_of_a_generation_without_receipts_expires_a_window_after_its_pruning(
+    engine: sa.Engine, connectors: Connectors, clock: FakeClock
+) -> None:
+    pack = install_pack(engine)
+    assert {
+        r.outcome for r in connectors.ingest(pack, items=[delivery(lane="a", source_time=_now(engine, clock))])
+    } == {Outcome.ADMITTED}
+    (claim,) = connectors.claim("w", pack_install_ids=[pack])
+    connectors.fail(claim.work.work_id, lease_token=claim.lease_token, error="poison", retryable=False)
+    replay = connectors.replay(claim.work.work_id).work.work_id  # its only member is the replay Event: no receipt
+    (again,) = connectors.claim("w", pack_install_ids=[pack])
+    assert again.work.work_id == replay
+    connectors.complete(replay, lease_token=again.lease_token)
+    _completed(connectors, pack, [delivery(lane="a", source_time=_now(engine, clock))])  # the newest stays
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None, duplicate_window_seconds=WINDOW)
+
+    assert connectors.prune(pack).generations == 2
+    with engine.connect() as connection:
+        record = connection.execute(sa.select(PrunedWork).where(PrunedWork.c.WorkId == replay)).one()
+    assert record.SourceTime == record.PrunedAt  # not NULL, which no window ever expires
+    clock.advance(WINDOW + 1)
+    report = connectors.prune(pack)
+
+    assert (report.expired_receipts, report.expired_generations) == (1, 2)  # the dead letter's input, both records
+    assert _count(engine, PrunedWork) == 0
+    assert_invariants(engine)

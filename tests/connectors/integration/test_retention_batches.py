@@ -84,8 +84,12 @@ def _history(connectors: Connectors, pack: str, keys: _Keys) -> tuple[set[str], 
 
 def _tombstones(engine: sa.Engine, pack: str) -> tuple[set[Any], set[Any], set[str]]:
     """The pack's PrunedWork records and PrunedReceipt tombstones by what they say (not when), and its WorkIds left."""
-    record = [PrunedWork.c[name] for name in ("WorkId", "ProjectionKey", "InputStartOrdinal", "LaneOrdinal")]
-    record += [PrunedWork.c.Status, PrunedWork.c.SourceTime]
+    record: list[sa.ColumnElement[Any]] = [
+        PrunedWork.c[name] for name in ("WorkId", "ProjectionKey", "InputStartOrdinal", "LaneOrdinal")
+    ]
+    # A record without tombstones (the replay's) expires a window after its pruning: that is when, not what.
+    source_time = sa.case((PrunedWork.c.SourceTime == PrunedWork.c.PrunedAt, None), else_=PrunedWork.c.SourceTime)
+    record += [PrunedWork.c.Status, source_time]
     tombstone = [PrunedReceipt.c[name] for name in ("ReceiptKey", "EnqueueOrdinal", "PayloadHash", "WorkId")]
     tombstone += [PrunedReceipt.c.SourceTime]
     with engine.connect() as connection:

@@ -427,7 +427,7 @@ def _prune_batch(
                 "SourceTime": member.SourceTime,  # the duplicate window expires it by this (decision 127)
             }
         )
-    pruned = [] if chunked else [(row, _newest_source_time(tombstones[row.WorkId])) for row in plan]
+    pruned = [] if chunked else [(row, _newest_source_time(tombstones[row.WorkId], now)) for row in plan]
     tally = _Tally(kept=sum(1 for work_id in work_ids[:settled] if work_id in rows) - len(pruned))
     written = [tombstone for own in tombstones.values() for tombstone in own]
     retention_sql.receipts_prune(connection, written)
@@ -456,15 +456,19 @@ def _members(connection: Connection, plan: Sequence[Any], limit: int) -> list[An
     return retention_sql.events_members_of(connection, [row.WorkId for row in plan], limit)
 
 
-def _newest_source_time(tombstones: list[dict[str, Any]]) -> dt.datetime | None:
-    """The newest SourceTime of a generation's last chunk of tombstones; None if one has none (or there are none).
+def _newest_source_time(tombstones: list[dict[str, Any]], now: dt.datetime) -> dt.datetime | None:
+    """The newest SourceTime of a generation's last chunk of tombstones; None if one has none.
 
     The record expires with the window by it. A generation pruned in several chunks may have
     earlier tombstones newer than this: they outlive the record, and still answer duplicates
-    (``events_sql.events_by_receipt`` reads tombstones without their record too).
+    (``events_sql.events_by_receipt`` reads tombstones without their record too). Without a
+    tombstone (only replay Events, which have no receipt) nothing answers a duplicate from the
+    record: it expires a window after ``now``, its pruning (None kept it for ever).
     """
     times: list[dt.datetime | None] = [t["SourceTime"] for t in tombstones]
-    if not times or None in times:
+    if not times:
+        return now
+    if None in times:
         return None
     return max(time for time in times if time is not None)
 
