@@ -48,7 +48,6 @@ from google.protobuf import descriptor_pool
 
 import nexuscrm
 from docs.hooks.commands_reference import COMMANDS, walk
-from docs.hooks.generated import GENERATED
 from nexuscrm_schema.verification import NEWEST_VERSION
 from tests.architecture.packages import REPO_ROOT, load_packages
 
@@ -122,21 +121,10 @@ def classify(token: str) -> str | None:
     return None
 
 
-def exists(path: Path) -> bool:
-    """Whether ``path`` is a file or directory of the tree, or a page the site's build generates."""
-    if path.exists():
-        return True
-    resolved = path.resolve()
-    return any(
-        ancestor.name == "docs" and resolved.relative_to(ancestor).as_posix() in GENERATED
-        for ancestor in resolved.parents
-    )
-
-
 def problem(reference: Reference, document: Path) -> str | None:
     """Why ``reference`` leads nowhere, or None when it exists."""
     if reference.kind == "link":
-        return None if exists(document.parent / reference.text) else "no such file"
+        return None if (document.parent / reference.text).exists() else "no such file"
     if reference.kind == "path":
         return None if path_exists(reference.text, document) else "no such file or directory"
     return module_problem(reference.text)
@@ -149,7 +137,7 @@ def path_exists(path: str, document: Path) -> bool:
     if not rest and DOCUMENT_NAME.fullmatch(path):
         return (document.parent / path).exists() or (REPO_ROOT / path).exists()
     if first in DIRECTORIES:
-        return exists(REPO_ROOT / path)
+        return (REPO_ROOT / path).exists()
     spec = importlib.util.find_spec(first)
     return spec is not None and any(Path(p, rest).exists() for p in spec.submodule_search_locations or ())
 

@@ -17,14 +17,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.architecture.packages import REPO_ROOT
-from tests.conftest import REQUIRED
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.slow]
 
@@ -83,11 +82,7 @@ def test_each_block_that_is_not_run_says_why() -> None:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The targets of a served demo system (``nexuscrm-run --serve``), as its export lines say."""
     runner = REPO_ROOT / ".venv" / "bin" / "nexuscrm-run"
-    if not runner.exists():
-        message = "the checkout's .venv has no nexuscrm-run (make runtime builds it)"
-        if REQUIRED:
-            pytest.fail(message)
-        pytest.skip(message)
+    assert runner.exists(), "the checkout's .venv has no nexuscrm-run (make runtime builds it)"
     workdir = tmp_path_factory.mktemp("served")
     log = tmp_path_factory.mktemp("served-log") / "run.log"  # the runner empties its workdir first
     env = {k: v for k, v in os.environ.items() if k != "NEXUSCRM_DSN"}
@@ -99,15 +94,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+    def targets() -> dict[str, str]:
+        assert process.poll() is None, f"nexuscrm-run ended with {process.returncode}:\n{log.read_text()}"
+        return dict(re.findall(r"^\s*export (NEXUSCRM_\w+_TARGET)=(\S+)$", log.read_text(), re.MULTILINE))
+
     try:
-        deadline = time.monotonic() + SERVE_TIMEOUT
-        targets: dict[str, str] = {}
-        while not targets:
-            assert process.poll() is None, f"nexuscrm-run ended with {process.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"no targets within {SERVE_TIMEOUT} s:\n{log.read_text()}"
-            targets = dict(re.findall(r"^\s*export (NEXUSCRM_\w+_TARGET)=(\S+)$", log.read_text(), re.MULTILINE))
-            time.sleep(0.5)
-        yield targets
+        yield wait_until(targets, f"the served system's targets in {log}", SERVE_TIMEOUT, poll=0.1)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -119,11 +112,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 @pytest.mark.parametrize("block", RUN, ids=lambda block: block.id)
 def test_the_block_runs(block: Block, served: dict[str, str]) -> None:
-    if "make " in block.commands and subprocess.run(["make", "-q", "runtime"], cwd=REPO_ROOT, check=False).returncode:
-        message = "the runtime environment is not up to date: make run would install it first"
-        if REQUIRED:
-            pytest.fail(message)
-        pytest.skip(message)
+    if "make " in block.commands:
+        runtime = subprocess.run(["make", "-q", "runtime"], cwd=REPO_ROOT, check=False)
+        assert runtime.returncode == 0, "the runtime environment is not up to date: make run would install it first"
     env = {k: v for k, v in os.environ.items() if k != "NEXUSCRM_DSN"}
     env |= served | {"PATH": f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"}
     done = subprocess.run(
