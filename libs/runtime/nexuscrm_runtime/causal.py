@@ -19,9 +19,12 @@ transactions, whose writes Galera certifies, and stays as it is.
 
 from __future__ import annotations
 
+import contextlib
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from nexuscrm_runtime.readiness import galera_on
 from workqueue.errors import DomainError, ErrorKind
 
 GALERA_DIALECT_FLAG = "nexuscrm_galera"
@@ -37,13 +40,8 @@ class NodeBehind(DomainError):
 
 def detect_galera(engine: Engine, dbapi_connection: object) -> None:
     """Record on ``engine``'s dialect whether its server runs Galera (``wsrep_on``); for a ``first_connect`` hook."""
-    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
-    try:
-        cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
-        row = cursor.fetchone()
-    finally:
-        cursor.close()
-    setattr(engine.dialect, GALERA_DIALECT_FLAG, row is not None and str(row[1]) == "ON")
+    with contextlib.closing(dbapi_connection.cursor()) as cursor:  # type: ignore[attr-defined]
+        setattr(engine.dialect, GALERA_DIALECT_FLAG, galera_on(cursor))
 
 
 def is_galera(connection: Connection) -> bool:

@@ -37,11 +37,16 @@ LIVENESS_NAME = "liveness"  # the health name that is SERVING while the process 
 SYNCED = "Synced"
 
 
+def galera_on(cursor: Any) -> bool:
+    """Whether the server of a DBAPI ``cursor`` is a Galera node (``wsrep_on``)."""
+    cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+    row = cursor.fetchone()
+    return row is not None and str(row[1]) == "ON"
+
+
 def galera_state(cursor: Any) -> tuple[bool, str] | None:
     """``(wsrep_ready, wsrep_local_state_comment)`` of a Galera node on a DBAPI ``cursor``; None without Galera."""
-    cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
-    galera = cursor.fetchone()
-    if galera is None or str(galera[1]) != "ON":
+    if not galera_on(cursor):
         return None
     cursor.execute("SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_local_state_comment')")
     status = {str(name): str(value) for name, value in cursor.fetchall()}

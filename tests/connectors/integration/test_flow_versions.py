@@ -67,6 +67,15 @@ def _drain(connectors: Connectors, pack: str, runs: Runs, versions: Sequence[str
     raise AssertionError("the queue did not drain")
 
 
+def _three_generations(connectors: Connectors, pack: str, *, size: int, lanes: int) -> Runs:
+    """Admit ``size`` inputs three times, each batch run live before the next: three generations per lane."""
+    runs = Runs()
+    for start in (1, size + 1, 2 * size + 1):
+        connectors.ingest(pack, items=_items(start, size, lanes=lanes))
+        _drain(connectors, pack, runs)
+    return runs
+
+
 def _build(
     connectors: Connectors, pack: str, **options: object
 ) -> tuple[flow_versions.VersionView, flow_versions.CatchUp]:
@@ -289,10 +298,7 @@ def test_pruned_history_refuses_a_build_unless_it_starts_from_the_retained_bound
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
-    runs = Runs()
-    for start in (1, 11, 21):  # three generations per lane, each run before the next admission
-        connectors.ingest(pack, items=_items(start, 10, lanes=2))
-        _drain(connectors, pack, runs)
+    runs = _three_generations(connectors, pack, size=10, lanes=2)  # per lane
     connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=0)
     pruned = connectors.prune(pack)
     assert pruned.generations == 4  # two of each lane's three
@@ -415,10 +421,7 @@ def test_a_build_waits_for_a_pruning_transaction_in_flight_and_counts_what_it_le
     engine: sa.Engine, connectors: Connectors
 ) -> None:
     pack = install_pack(engine)
-    runs = Runs()
-    for start in (1, 5, 9):  # three generations of one lane, ordinals 1-12
-        connectors.ingest(pack, items=_items(start, 4, lanes=1))
-        _drain(connectors, pack, runs)
+    runs = _three_generations(connectors, pack, size=4, lanes=1)  # ordinals 1-12
     connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None)
     with engine.connect() as connection:
         older = list(

@@ -24,7 +24,7 @@ from nexuscrm_connectors.queries import order_policy as order_policy_sql
 from nexuscrm_connectors.queries import packs as packs_sql
 from nexuscrm_connectors.queries import work_items as work_items_sql
 from nexuscrm_connectors.queries.work_items import WorkRow
-from nexuscrm_connectors.queue import payloads
+from nexuscrm_connectors.queue import payloads, tracks
 from nexuscrm_connectors.queue.deliveries import event_row, generation_row, payload_hash
 from nexuscrm_runtime.database import run_transaction
 from workqueue import WorkStatus, decode_projection_key
@@ -117,12 +117,7 @@ def replay(context: Context, work_id: str) -> ReplayResult:
             runs_before_work_id=runs_before,
         )
         if target.FlowVersion is not None or target.BuildRun:  # in its track, live or a build as it ran
-            row = {
-                **row,
-                "FlowVersion": target.FlowVersion,
-                "InputKey": target.InputKey,
-                "BuildRun": bool(target.BuildRun),
-            }
+            row = tracks.track_row(row, tracks.Target.of_generation(target))
         work_items_sql.work_items_insert(connection, [row])
         if blocked and newest and work_items_sql.work_items_link_successors(connection, {newest.WorkId: new_id}) != 1:
             raise RuntimeError("the newest generation changed under its row lock")  # multi-primary: decision 106

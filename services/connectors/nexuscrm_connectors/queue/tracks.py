@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from nexuscrm_connectors.queries.flow_versions import Track
 from nexuscrm_connectors.queries.rows import GenerationRow
+from nexuscrm_connectors.queries.work_items import WorkRow
 from workqueue.identity import decode_projection_key, with_companion_version
 
 
@@ -27,6 +28,12 @@ class Target:
     input_key: str | None
     build_run: bool
     live: bool
+
+    @classmethod
+    def of_generation(cls, work: WorkRow) -> Target:
+        """The target ``work`` was created for: its key, version and members' key, live or a build as it ran."""
+        build_run = bool(work.BuildRun)
+        return cls(work.ProjectionKey, work.FlowVersion, work.InputKey, build_run=build_run, live=not build_run)
 
 
 # Admission decodes the key of every input of a pack with versions: remembered, as its keys repeat.
