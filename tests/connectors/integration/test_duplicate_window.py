@@ -228,3 +228,29 @@ def test_the_record_of_a_generation_without_receipts_expires_a_window_after_its_
     assert (report.expired_receipts, report.expired_generations) == (1, 2)  # the dead letter's input, both records
     assert _count(engine, PrunedWork) == 0
     assert_invariants(engine)
+
+
+def test_records_expire_in_step_with_their_tombstones_while_tombstones_are_still_due(
+    engine: sa.Engine, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under steady ingest every expiring batch is full: its records must not wait for the tombstones to run dry."""
+    monkeypatch.setattr("nexuscrm_connectors.operating.retention.EXPIRE_BATCHES_PER_PASS", 1)
+    connectors = Connectors(engine, Settings(prune_batch_events=2), clock=clock)
+    pack = install_pack(engine)
+    now = _now(engine, clock)
+    works = [
+        _completed(connectors, pack, [delivery(lane="a", source_time=now - dt.timedelta(seconds=(6 - n) * WINDOW))])
+        for n in range(3)
+    ]
+    _completed(connectors, pack, [delivery(lane="a", source_time=now)])
+    connectors.set_retention_policy(pack, keep_generations=1, keep_seconds=None, duplicate_window_seconds=WINDOW)
+    connectors.prune(pack)  # pruned, and the first batch: the two oldest tombstones
+    with engine.connect() as connection:
+        left = set(connection.execute(sa.select(PrunedWork.c.WorkId)).scalars())
+    # The oldest record went with the batch that held its tombstone and a newer one; the second
+    # record waits for a batch past its own SourceTime, the third for its tombstone.
+    assert left == set(works[1:])
+    assert _count(engine, PrunedReceipt) == 1
+    connectors.prune(pack)
+    assert _count(engine, PrunedWork) == 0 and _count(engine, PrunedReceipt) == 0
+    assert_invariants(engine)

@@ -238,8 +238,10 @@ def _expire_batch(
     Raises the horizon over every SourceTime it deletes, and bumps the pack row admission
     writes (decision 107): an admission that read the old horizon cannot commit an admission
     of a key whose tombstone this deletes. Once no tombstone below the cutoff is left, records
-    of pruned generations below it go too (their tombstones are gone). Returns the tombstones
-    and records deleted, and whether more may be due.
+    of pruned generations below it go too (their tombstones are gone); while tombstones are
+    still due, the records older than the newest tombstone this deletes go with it, so under
+    steady ingest records expire in step with their tombstones instead of in bursts once the
+    tombstones run dry. Returns the tombstones and records deleted, and whether more may be due.
     """
     now = clock.read(connection)
     policy = policy_from_row(pack_install_id, retention_sql.policy_get(connection, pack_install_id))
@@ -248,9 +250,9 @@ def _expire_batch(
         return 0, 0, False
     limit = settings.prune_batch_events
     due = retention_sql.tombstones_expiring(connection, pack_install_id, before, limit)
-    records = (
-        [] if len(due) == limit else retention_sql.pruned_work_expiring(connection, pack_install_id, before, limit)
-    )
+    # Tombstones go oldest first: every one older than the batch's newest is in the batch.
+    records_before = due[-1].SourceTime if len(due) == limit else before
+    records = retention_sql.pruned_work_expiring(connection, pack_install_id, records_before, limit)
     if not due and not records:
         return 0, 0, False
     packs_sql.pack_control_version_bump(connection, pack_install_id)  # the pack row first, as admission locks it
