@@ -9,12 +9,16 @@ levels off and its slope after the warm-up is near zero; a leak keeps a positive
 long the run. A bounded resource may still swing (tombstones expiring in bursts, memory
 dropping at each restart), and over a short run a swing fits a steep line; so the slope
 counts only by what the samples make certain: its lower bound, the slope less ``CONFIDENCE``
-standard errors, must exceed the allowance.
+standard errors, must exceed the allowance. Minute samples of a slowly drifting level are not
+independent (a swing of tens of minutes leaves long runs of residuals on one side of the line),
+so the standard error is widened by the residuals' lag-1 autocorrelation, as for any trend
+fitted to a time series; a leak's residuals are its noise, uncorrelated, and keep their error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -26,6 +30,7 @@ HOUR = 3600.0  # seconds
 WARM_UP = 0.5
 MIN_SAMPLES = 4  # samples after the warm-up below which no slope is trusted
 CONFIDENCE = 2.0  # standard errors taken off the slope before it is compared (about 97.5 % one-sided)
+MAX_AUTOCORRELATION = 0.9  # at most a 4.4-fold error: a perfectly smooth curve still has a finite error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +59,12 @@ class Growth:
 
 
 def slope_per_hour(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """The least-squares slope of ``samples`` ((seconds, value) pairs) and its standard error, per hour."""
+    """The least-squares slope of ``samples`` ((seconds, value) pairs) and its standard error, per hour.
+
+    The error is widened by ``sqrt((1 + r) / (1 - r))``, r the residuals' lag-1 autocorrelation
+    (0 when they alternate or are all zero, at most ``MAX_AUTOCORRELATION``): the number of
+    independent samples a correlated series holds.
+    """
     times = [t for t, _ in samples]
     values = [v for _, v in samples]
     if len(set(times)) < 2:
@@ -62,9 +72,12 @@ def slope_per_hour(samples: Sequence[tuple[float, float]]) -> tuple[float, float
     line = statistics.linear_regression(times, values)
     mean = statistics.fmean(times)
     spread = sum((t - mean) ** 2 for t in times)
-    residuals = sum((v - (line.slope * t + line.intercept)) ** 2 for t, v in samples)
-    error = math.sqrt(residuals / (len(samples) - 2) / spread) if len(samples) > 2 else 0.0
-    return line.slope * HOUR, error * HOUR
+    residuals = [v - (line.slope * t + line.intercept) for t, v in samples]
+    squares = sum(r * r for r in residuals)
+    error = math.sqrt(squares / (len(samples) - 2) / spread) if len(samples) > 2 else 0.0
+    lagged = sum(a * b for a, b in itertools.pairwise(residuals))
+    r = min(max(lagged / squares, 0.0), MAX_AUTOCORRELATION) if squares else 0.0
+    return line.slope * HOUR, error * math.sqrt((1 + r) / (1 - r)) * HOUR
 
 
 def growth(name: str, samples: Sequence[tuple[float, float]], allowance: Allowance) -> Growth:
