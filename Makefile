@@ -15,7 +15,7 @@ PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip instal
 PROTOS := $(shell find protos/nexuscrm -name '*.proto')
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
-.PHONY: setup runtime protos test test-some run lint typecheck fmt clean bench bench-quick reliability soak deps test-owner breaking docs
+.PHONY: setup runtime protos test test-some run lint typecheck fmt clean bench bench-quick reliability soak versions-demo deps test-owner breaking docs
 
 # runtime: what running needs (every package editable, the protos generated); setup adds the
 # development and test tools of requirements/dev.txt.
@@ -63,6 +63,15 @@ SOAK_MINUTES ?= 60
 SOAK_BACKEND ?= mariadb
 soak: setup
 	$(BIN)/python -m tests.system.soak.run --minutes $(SOAK_MINUTES) --backend $(SOAK_BACKEND) --figures var/soak-figures.jsonl
+
+# Issue 52's scenario at scale: a Flow version built over 10^5 retained inputs while ingest
+# goes on (duplicates, a failing input), Connectors and the build's worker SIGKILLed mid-way,
+# then switch, rollback, switch again and retire, on SQLite and MariaDB
+# (tests/system/reliability/test_flow_version_restarts.py; CI runs it at 3 000 inputs).
+VERSIONS_DEMO_INPUTS ?= 100000
+versions-demo: setup
+	NEXUSCRM_VERSION_DEMO_INPUTS=$(VERSIONS_DEMO_INPUTS) $(BIN)/pytest -p no:cacheprovider \
+	  tests/system/reliability/test_flow_version_restarts.py
 
 # The whole N-1 compatibility tier (docs/decisions/147-n-1-compatibility-tier.md): each owner's
 # previous release (owners.toml) built from its commit into a virtualenv of its own, run against

@@ -8,21 +8,29 @@ batch a second: the build claims only while no live work is due, decision 185).
 Mid-build, Connectors is SIGKILLed and started again; later the worker is SIGKILLed and a
 new one started. When the queue is drained: every input ran live once in V1 and once in V2 as
 a build (a generation cut off by a kill may have run again, but in that same generation),
-every V1 and V2 identity's ranges tile its inputs and V2 is caught up. Then V2 is switched to:
-the next inputs run live in V2 and never in V1; the invariants hold at the end.
+every V1 and V2 identity's ranges tile its inputs and V2 is caught up. One retained input's
+generation fails once in V1's live pool and is retried. Then V2 is switched to (the next inputs
+run live in V2 and never in V1), rolled back from (V1 catches up on what it missed as a build
+and runs the next inputs live, V2 receives them as builds), switched to again, and V1 is
+retired: every input ran live exactly once, each version's coverage tiles every input, and the
+invariants hold at the end.
+
+The issue's scenario at 10^5 retained inputs: ``make versions-demo``
+(``NEXUSCRM_VERSION_DEMO_INPUTS``, default 3 000, a hundred a lane).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import os
 import subprocess
 import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -54,8 +62,10 @@ T = TypeVar("T")
 pytestmark = [pytest.mark.database, pytest.mark.acceptance]
 
 V1, V2 = "crm-1.0", "crm-2.0"
-RETAINED, LANES, SEED_BATCH = 3000, 30, 500  # 100 inputs a lane: 30 catch-up generations
-BUILD_RATE = 400  # inputs per second the build may claim: the build lasts several seconds
+RETAINED = int(os.environ.get("NEXUSCRM_VERSION_DEMO_INPUTS", "3000"))
+LANES, SEED_BATCH = RETAINED // 100, 500  # 100 inputs a lane: one catch-up generation each
+BUILD_RATE = max(400, RETAINED // 8)  # inputs per second the build may claim: it lasts several seconds
+FAILING = RETAINED // 2  # the retained input whose live generation fails once and is retried
 NEW_PER_BATCH = 8  # each live batch: 8 new inputs and one earlier receipt again (a duplicate)
 INGEST_PAUSE = 1.0  # seconds between live batches: the live pool is idle at times, and only then the build claims
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.FAILED_PRECONDITION)
@@ -79,6 +89,7 @@ class Run:
         self.worker: subprocess.Popen[bytes] | None = None
         self.workers_started = 0
         self.live_runs: dict[int, set[str]] = defaultdict(set)
+        self.failed: list[str] = []  # the WorkId whose live run failed once
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
 
@@ -179,9 +190,17 @@ def _work_live(run: Run, pack: str) -> None:
             try:
                 for claim in client.claim("live", pack_install_ids=[pack], max_items=10, lease=dt.timedelta(seconds=2)):
                     assert (claim.work.flow_version, claim.work.build_run) == (None, False)
-                    for page in client.load_inputs(claim.work.work_id, lease_token=claim.lease_token):
-                        for member in page.inputs:
-                            run.live_runs[member.enqueue_ordinal].add(claim.work.work_id)
+                    ordinals = [
+                        member.enqueue_ordinal
+                        for page in client.load_inputs(claim.work.work_id, lease_token=claim.lease_token)
+                        for member in page.inputs
+                    ]
+                    if FAILING in ordinals and not run.failed:
+                        run.failed.append(claim.work.work_id)
+                        client.fail(claim.work.work_id, lease_token=claim.lease_token, error="the CRM answered 503")
+                        continue
+                    for ordinal in ordinals:
+                        run.live_runs[ordinal].add(claim.work.work_id)
                     client.complete(claim.work.work_id, lease_token=claim.lease_token)
             except grpc.RpcError as error:
                 if error.code() not in RETRIED:
@@ -270,6 +289,10 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
     live.join()
     assert not run.errors, run.errors
     assert caught_up_mid_way < RETAINED  # the worker was killed mid-build
+    (failed,) = run.failed  # failed once, retried in the same generation, completed
+    described = run.retrying(lambda c: c.get_work(failed))
+    assert described.work.status is WorkStatus.COMPLETED
+    assert [a.error for a in described.attempts] == ["the CRM answered 503"]
 
     with engine.connect() as connection:
         ordinals = set(
@@ -310,15 +333,67 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
     assert counter(metrics, "nexuscrm_flow_version_catch_up_behind", version=V2) == 0
 
     # Switched, V2's worker runs the next inputs live; V1 receives none of them.
-    switch = pb.SwitchFlowVersionRequest(pack_install_id=pack, work_type="project", version=V2)
-    switch.switched_by, switch.reason = "ops", "built"
-    with grpc.insecure_channel(run.address) as channel:
-        pb_grpc.ConnectorsServiceStub(channel).SwitchFlowVersion(switch, timeout=30)
-    after = [_item(n) for n in range(RETAINED + len(delivered) + 1, RETAINED + len(delivered) + 11)]
-    run.retrying(functools.partial(_deliver, pack, after))
+    stub = functools.partial(_step, run)
+    stub("SwitchFlowVersion", pb.SwitchFlowVersionRequest(version=V2, switched_by="ops", reason="built"), pack)
+    total = len(ordinals)
+    switched = set(range(total + 1, total + 11))
+    run.retrying(functools.partial(_deliver, pack, [_item(n) for n in sorted(switched)]))
     wait_until(lambda: _open_work(engine) == 0, "the inputs after the switch to run")
     assert run.retrying(lambda c: c.claim("live", pack_install_ids=[pack])) == []
-    switched = set(range(len(ordinals) + 1, len(ordinals) + 11))
     assert {o: len(w) for (build, o), w in run.v2_runs().items() if not build} == dict.fromkeys(switched, 1)
+
+    # Rolled back, V1 catches up on what it missed as a build and runs the next inputs live; V2,
+    # a standby again, receives them as builds.
+    rolled = stub("RollbackFlowVersion", pb.RollbackFlowVersionRequest(rolled_back_by="ops", reason="differs"), pack)
+    assert (rolled.live.version, rolled.catch_up_inputs) == (V1, len(switched))
+    after_rollback = set(range(total + 11, total + 21))
+    run.retrying(functools.partial(_deliver, pack, [_item(n) for n in sorted(after_rollback)]))
+    v1_runs = _run_v1(run, pack, engine)
+    assert v1_runs == {**{(True, o): 1 for o in switched}, **{(False, o): 1 for o in after_rollback}}
+    assert {o for (build, o) in run.v2_runs() if build and o > total} == after_rollback
+
+    # Switched again and V1 retired: every input ran live once, each version covers every input.
+    stub("SwitchFlowVersion", pb.SwitchFlowVersionRequest(version=V2, switched_by="ops", reason="fixed"), pack)
+    retired = stub("RetireFlowVersion", pb.RetireFlowVersionRequest(version=V1, retired_by="ops", reason="done"), pack)
+    assert retired.version.state == pb.FLOW_VERSION_STATE_RETIRED
+    everything = ordinals | switched | after_rollback
+    live_counts = defaultdict(int, {o: len(w) for o, w in run.live_runs.items()})
+    for (build, ordinal), work_ids in run.v2_runs().items():
+        if not build:
+            live_counts[ordinal] += len(work_ids)
+    for (build, ordinal), count in v1_runs.items():
+        if not build:
+            live_counts[ordinal] += count
+    assert live_counts == dict.fromkeys(everything, 1)
+    with grpc.insecure_channel(run.address) as channel:
+        final = _coverage(channel, pack)
+    for name in (V1, V2):
+        mine = [i for i in final if i.route.companion_version == name]
+        assert all(i.tiled for i in mine) and sum(i.inputs for i in mine) == len(everything), name
     assert_invariants(engine)
     engine.dispose()
+
+
+def _step(run: Run, rpc: str, request: Any, pack: str) -> Any:
+    """A Flow version step over the generated stub, on the test's pack and work type; its answer."""
+    request.pack_install_id, request.work_type = pack, "project"
+    with grpc.insecure_channel(run.address) as channel:
+        return getattr(pb_grpc.ConnectorsServiceStub(channel), rpc)(request, timeout=60)
+
+
+def _run_v1(run: Run, pack: str, engine: sa.Engine) -> dict[tuple[bool, int], int]:
+    """Run V1's generations (a claim without versions) until nothing is open; (build, ordinal) -> runs."""
+    runs: dict[tuple[bool, int], int] = defaultdict(int)
+    with grpc.insecure_channel(run.address) as channel:
+        client = ConnectorsClient(channel, timeout=dt.timedelta(seconds=10))
+
+        def drained() -> bool:
+            for claim in client.claim("v1", pack_install_ids=[pack], max_items=10, wait=dt.timedelta(seconds=0.2)):
+                for page in client.load_inputs(claim.work.work_id, lease_token=claim.lease_token):
+                    for member in page.inputs:
+                        runs[(claim.work.build_run, member.enqueue_ordinal)] += 1
+                client.complete(claim.work.work_id, lease_token=claim.lease_token)
+            return _open_work(engine) == 0
+
+        wait_until(drained, "V1's catch-up and live work, and V2's builds, to run", DRAIN_SECONDS)
+    return dict(runs)
