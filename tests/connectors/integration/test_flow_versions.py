@@ -8,6 +8,8 @@ invariants (M per track) on the final database.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -18,7 +20,7 @@ import sqlalchemy as sa
 from nexuscrm_connectors.facade import Connectors
 from nexuscrm_connectors.operating import flow_versions, retention
 from nexuscrm_connectors.queries.dead_letters import Filter
-from nexuscrm_schema.tables import WorkItem
+from nexuscrm_schema.tables import Event, WorkItem
 from tests.support.checksums import database_digest
 from tests.support.factories import FakeClock, install_pack, route
 from tests.support.invariants import assert_invariants
@@ -446,4 +448,46 @@ def test_a_build_waits_for_a_pruning_transaction_in_flight_and_counts_what_it_le
     assert (made.inputs, view.track.cover_from_ordinal) == (4, 9)  # only what the pruning left
     _drain(connectors, pack, runs, [V2])
     assert runs.of(V2, build=True) == [9, 10, 11, 12]
+    assert_invariants(engine)
+
+
+def test_the_catch_up_cuts_each_identity_into_chained_runs_of_at_most_its_size(
+    engine: sa.Engine, connectors: Connectors, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(flow_versions, "CATCH_UP_INPUTS", 4)
+    pack = install_pack(engine)
+    connectors.ingest(pack, items=_items(1, 19, lanes=2))  # lane-1: 10 inputs, lane-0: 9
+    runs = Runs()
+    _drain(connectors, pack, runs)
+    with engine.connect() as connection:
+        lanes = {
+            key: [o for k, o in rows]
+            for key, rows in itertools.groupby(
+                connection.execute(
+                    sa.select(Event.c.ProjectionKey, Event.c.EnqueueOrdinal).order_by(
+                        Event.c.ProjectionKey, Event.c.EnqueueOrdinal
+                    )
+                ),
+                key=operator.itemgetter(0),
+            )
+        }
+    _, made = _build(connectors, pack)
+
+    assert (made.generations, made.inputs) == (3 + 3, 19)
+    with engine.connect() as connection:
+        built = connection.execute(
+            sa.select(WorkItem)
+            .where(WorkItem.c.FlowVersion == V2)
+            .order_by(WorkItem.c.InputKey, WorkItem.c.LaneOrdinal)
+        ).all()
+    for key, ordinals in lanes.items():
+        mine = [row for row in built if row.InputKey == key]
+        expected = [ordinals[n : n + 4] for n in range(0, len(ordinals), 4)]
+        assert [(r.InputStartOrdinal, r.LaneOrdinal, r.AdmittedMemberCount) for r in mine] == [
+            (chunk[0], chunk[-1], len(chunk)) for chunk in expected
+        ]
+        assert [r.Status == "blocked" for r in mine] == [False, True, True]
+        assert [r.SuccessorWorkId for r in mine] == [*(r.WorkId for r in mine[1:]), None]
+    _drain(connectors, pack, runs, [V2])
+    assert runs.of(V2, build=True) == list(range(1, 20))
     assert_invariants(engine)
