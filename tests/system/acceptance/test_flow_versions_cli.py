@@ -24,6 +24,7 @@ from nexuscrm_connectors.servicer import registration
 from nexuscrm_runtime.server import create_server
 from nexuscrm_sdk import FlowContext, Worker
 from nexuscrm_sdk.client import ConnectorsClient
+from nexuscrm_tools import cli
 from nexuscrm_tools.clients import CONNECTORS, SERVICES
 from nexuscrm_tools.commands import flow_versions
 from tests.support.checksums import database_digest
@@ -129,4 +130,9 @@ def test_build_verify_switch_rollback_retire_over_the_example_flow(
     assert [action for action, _ in steps[V2]] == ["build", "verify", "switch", "retire"]
     assert ("rollback", "ops@acme") in steps[V1]
     assert {v["version"]: v["state"] for v in final} == {V1: "live", V2: "retired"}
+    # Retention says it does not prune a work type with Flow versions, in JSON and in words.
+    assert run(capsys, "retention", "show", pack)["not_pruned_work_types"] == [WORK_TYPE]
+    assert cli.main(["retention", "show", pack]) == 0
+    shown = capsys.readouterr().out
+    assert f"work type {WORK_TYPE} ({V1} live, {V2} retired): a work type with Flow versions keeps" in shown
     assert_invariants(engine)

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import itertools
+import operator
 from typing import Any
+
+import grpc
 
 from nexuscrm.connectors.v1 import connectors_pb2 as cn_pb
 from nexuscrm_runtime.durations import parse_duration, whole_seconds
 from nexuscrm_tools.clients import Clients
+from nexuscrm_tools.commands.flow_versions import list_versions, state_word
 from nexuscrm_tools.commands.shared import RPC_TIMEOUT, Outcome, fields, leaf
 from nexuscrm_tools.json_view import message_data, timestamp_text
 
 
-def _policy_outcome(policy: cn_pb.RetentionPolicy, title: str) -> Outcome:
+def _policy_outcome(policy: cn_pb.RetentionPolicy, title: str, kept: dict[str, str] | None = None) -> Outcome:
+    """The policy's fields; ``kept``: work types with Flow versions, which retention does not prune yet."""
     view = {
         "keep generations": policy.keep_generations if policy.HasField("keep_generations") else "-",
         "keep age": f"{policy.keep_seconds}s" if policy.HasField("keep_seconds") else "-",
@@ -33,7 +39,26 @@ def _policy_outcome(policy: cn_pb.RetentionPolicy, title: str) -> Outcome:
         )
     elif policy.keep_generations or policy.HasField("keep_seconds"):
         view["backlog"] = "none (the pruner keeps up)"
-    return Outcome(data=message_data(policy), view=fields(title, view))
+    data = message_data(policy)
+    if kept:
+        types = "; ".join(f"work type {work_type} ({versions})" for work_type, versions in kept.items())
+        view["not pruned"] = f"{types}: a work type with Flow versions keeps its whole history"
+        data["not_pruned_work_types"] = sorted(kept)
+    return Outcome(data=data, view=fields(title, view))
+
+
+def _with_flow_versions(clients: Clients, pack: str) -> dict[str, str]:
+    """Each work type of ``pack`` that has Flow versions, and its versions' states (none before contract 1.7.0)."""
+    try:
+        versions = list_versions(clients, pack)
+    except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # a Connectors from before Flow versions
+            return {}
+        raise
+    by_type = itertools.groupby(
+        sorted(versions, key=operator.attrgetter("work_type")), operator.attrgetter("work_type")
+    )
+    return {work_type: ", ".join(f"{v.version} {state_word(v)}" for v in of_type) for work_type, of_type in by_type}
 
 
 def retention_set(clients: Clients, args: argparse.Namespace) -> Outcome:
@@ -50,11 +75,11 @@ def retention_set(clients: Clients, args: argparse.Namespace) -> Outcome:
 
 
 def retention_show(clients: Clients, args: argparse.Namespace) -> Outcome:
-    """A pack's retention policy and horizon."""
+    """A pack's retention policy and horizon, and the work types it does not prune (Flow versions)."""
     response = clients.connectors.GetRetentionPolicy(
         cn_pb.GetRetentionPolicyRequest(pack_install_id=args.pack), timeout=RPC_TIMEOUT
     )
-    return _policy_outcome(response.policy, f"retention of {args.pack}")
+    return _policy_outcome(response.policy, f"retention of {args.pack}", _with_flow_versions(clients, args.pack))
 
 
 def retention_prune(clients: Clients, args: argparse.Namespace) -> Outcome:
