@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,7 +55,7 @@ from tests.support.metrics import counter
 from tests.support.waiting import wait_until
 from workqueue import WorkStatus
 from workqueue.statuses import TERMINAL_WORK_STATUSES
-from workqueue.values import ACKNOWLEDGED_OUTCOMES, IngestItem, IngestResult
+from workqueue.values import ACKNOWLEDGED_OUTCOMES, Claim, IngestItem, IngestResult
 
 T = TypeVar("T")
 
@@ -190,11 +190,7 @@ def _work_live(run: Run, pack: str) -> None:
             try:
                 for claim in client.claim("live", pack_install_ids=[pack], max_items=10, lease=dt.timedelta(seconds=2)):
                     assert (claim.work.flow_version, claim.work.build_run) == (None, False)
-                    ordinals = [
-                        member.enqueue_ordinal
-                        for page in client.load_inputs(claim.work.work_id, lease_token=claim.lease_token)
-                        for member in page.inputs
-                    ]
+                    ordinals = _ordinals(client, claim)
                     if FAILING in ordinals and not run.failed:
                         run.failed.append(claim.work.work_id)
                         client.fail(claim.work.work_id, lease_token=claim.lease_token, error="the CRM answered 503")
@@ -206,6 +202,12 @@ def _work_live(run: Run, pack: str) -> None:
                 if error.code() not in RETRIED:
                     raise
                 run.stop.wait(0.1)  # back off while Connectors restarts; ends at once on stop
+
+
+def _ordinals(client: ConnectorsClient, claim: Claim) -> list[int]:
+    """The ordinals of a claimed generation's members, as its Flow loads them."""
+    pages = client.load_inputs(claim.work.work_id, lease_token=claim.lease_token)
+    return [member.enqueue_ordinal for page in pages for member in page.inputs]
 
 
 def _ingest(run: Run, pack: str, delivered: list[int], until: threading.Event) -> None:
@@ -333,8 +335,8 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
     assert counter(metrics, "nexuscrm_flow_version_catch_up_behind", version=V2) == 0
 
     # Switched, V2's worker runs the next inputs live; V1 receives none of them.
-    stub = functools.partial(_step, run)
-    stub("SwitchFlowVersion", pb.SwitchFlowVersionRequest(version=V2, switched_by="ops", reason="built"), pack)
+    step = functools.partial(_step, run)
+    step("SwitchFlowVersion", pb.SwitchFlowVersionRequest(version=V2, switched_by="ops", reason="built"), pack)
     total = len(ordinals)
     switched = set(range(total + 1, total + 11))
     run.retrying(functools.partial(_deliver, pack, [_item(n) for n in sorted(switched)]))
@@ -344,7 +346,7 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
 
     # Rolled back, V1 catches up on what it missed as a build and runs the next inputs live; V2,
     # a standby again, receives them as builds.
-    rolled = stub("RollbackFlowVersion", pb.RollbackFlowVersionRequest(rolled_back_by="ops", reason="differs"), pack)
+    rolled = step("RollbackFlowVersion", pb.RollbackFlowVersionRequest(rolled_back_by="ops", reason="differs"), pack)
     assert (rolled.live.version, rolled.catch_up_inputs) == (V1, len(switched))
     after_rollback = set(range(total + 11, total + 21))
     run.retrying(functools.partial(_deliver, pack, [_item(n) for n in sorted(after_rollback)]))
@@ -353,17 +355,13 @@ def test_a_build_survives_a_killed_connectors_and_a_killed_worker_while_ingest_g
     assert {o for (build, o) in run.v2_runs() if build and o > total} == after_rollback
 
     # Switched again and V1 retired: every input ran live once, each version covers every input.
-    stub("SwitchFlowVersion", pb.SwitchFlowVersionRequest(version=V2, switched_by="ops", reason="fixed"), pack)
-    retired = stub("RetireFlowVersion", pb.RetireFlowVersionRequest(version=V1, retired_by="ops", reason="done"), pack)
+    step("SwitchFlowVersion", pb.SwitchFlowVersionRequest(version=V2, switched_by="ops", reason="fixed"), pack)
+    retired = step("RetireFlowVersion", pb.RetireFlowVersionRequest(version=V1, retired_by="ops", reason="done"), pack)
     assert retired.version.state == pb.FLOW_VERSION_STATE_RETIRED
     everything = ordinals | switched | after_rollback
-    live_counts = defaultdict(int, {o: len(w) for o, w in run.live_runs.items()})
-    for (build, ordinal), work_ids in run.v2_runs().items():
-        if not build:
-            live_counts[ordinal] += len(work_ids)
-    for (build, ordinal), count in v1_runs.items():
-        if not build:
-            live_counts[ordinal] += count
+    live_counts = Counter({o: len(w) for o, w in run.live_runs.items()})
+    live_counts.update({o: len(w) for (build, o), w in run.v2_runs().items() if not build})
+    live_counts.update({o: n for (build, o), n in v1_runs.items() if not build})
     assert live_counts == dict.fromkeys(everything, 1)
     with grpc.insecure_channel(run.address) as channel:
         final = _coverage(channel, pack)
@@ -389,9 +387,8 @@ def _run_v1(run: Run, pack: str, engine: sa.Engine) -> dict[tuple[bool, int], in
 
         def drained() -> bool:
             for claim in client.claim("v1", pack_install_ids=[pack], max_items=10, wait=dt.timedelta(seconds=0.2)):
-                for page in client.load_inputs(claim.work.work_id, lease_token=claim.lease_token):
-                    for member in page.inputs:
-                        runs[(claim.work.build_run, member.enqueue_ordinal)] += 1
+                for ordinal in _ordinals(client, claim):
+                    runs[(claim.work.build_run, ordinal)] += 1
                 client.complete(claim.work.work_id, lease_token=claim.lease_token)
             return _open_work(engine) == 0
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import itertools
-import operator
+from collections import defaultdict
 from typing import Any
 
 import grpc
@@ -55,10 +54,10 @@ def _with_flow_versions(clients: Clients, pack: str) -> dict[str, str]:
         if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # a Connectors from before Flow versions
             return {}
         raise
-    by_type = itertools.groupby(
-        sorted(versions, key=operator.attrgetter("work_type")), operator.attrgetter("work_type")
-    )
-    return {work_type: ", ".join(f"{v.version} {state_word(v)}" for v in of_type) for work_type, of_type in by_type}
+    states: dict[str, list[str]] = defaultdict(list)
+    for version in versions:
+        states[version.work_type].append(f"{version.version} {state_word(version)}")
+    return {work_type: ", ".join(states[work_type]) for work_type in sorted(states)}
 
 
 def retention_set(clients: Clients, args: argparse.Namespace) -> Outcome:
